@@ -1,0 +1,233 @@
+"""Async HTTP client for one broker cluster: the only code that speaks the wire to brokers.
+
+Used by the producer, the consumer, the tools and the tests. It knows URLs, not policy: routing,
+retries and backoff belong to the caller. Errors carry ``retriable`` so callers can decide.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from mqd.protocol import BATCH_CONTENT_TYPE, FETCH_CONTENT_TYPE, FetchAnswer, decode_fetch_answer
+
+
+class BrokerError(Exception):
+    """An error answer or a transport failure talking to a broker node."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        code: str | None = None,
+        body: dict[str, Any] | None = None,
+        retriable: bool = True,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.body = body or {}
+        self.retriable = retriable
+
+
+@dataclass(frozen=True, slots=True)
+class ProduceResult:
+    topic: str
+    partition: int
+    base_offset: int
+    last_offset: int
+    count: int
+    max_offset: int
+
+
+class BrokerClient:
+    """One aiohttp session shared by all requests to all nodes of a cluster."""
+
+    def __init__(
+        self,
+        *,
+        request_timeout: float = 30.0,
+        auth_token: str | None = None,
+        limit_per_host: int = 8,
+    ) -> None:
+        self._timeout = request_timeout
+        self._headers = {"Authorization": f"Bearer {auth_token}"} if auth_token else {}
+        self._limit_per_host = limit_per_host
+        self._session: aiohttp.ClientSession | None = None
+
+    async def start(self) -> None:
+        if self._session is None:
+            connector = aiohttp.TCPConnector(limit=0, limit_per_host=self._limit_per_host)
+            self._session = aiohttp.ClientSession(
+                connector=connector,
+                headers=self._headers,
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=5),
+            )
+
+    async def close(self) -> None:
+        if self._session is not None:
+            session, self._session = self._session, None
+            await session.close()
+
+    async def __aenter__(self) -> BrokerClient:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            raise RuntimeError("BrokerClient.start() was not called")
+        return self._session
+
+    # -- transport -----------------------------------------------------------------------------
+
+    async def _request(
+        self,
+        method: str,
+        url: str,
+        *,
+        json_body: Any = None,
+        data: bytes | None = None,
+        content_type: str | None = None,
+        timeout: float | None = None,
+        raw: bool = False,
+    ) -> Any:
+        headers = {"Content-Type": content_type} if content_type else None
+        body = data if data is not None else (
+            json.dumps(json_body).encode() if json_body is not None else None
+        )
+        if json_body is not None and headers is None:
+            headers = {"Content-Type": "application/json"}
+        try:
+            async with self.session.request(
+                method,
+                url,
+                data=body,
+                headers=headers,
+                timeout=aiohttp.ClientTimeout(total=timeout or self._timeout),
+            ) as resp:
+                payload = await resp.read()
+                if resp.status >= 400:
+                    try:
+                        err = json.loads(payload)
+                    except ValueError:
+                        err = {"reason": payload[:200].decode(errors="replace")}
+                    if not isinstance(err, dict):
+                        err = {"reason": str(err)}
+                    raise BrokerError(
+                        f"{method} {url}: {resp.status} {err.get('error', '')}: {err.get('reason', '')}",
+                        status=resp.status,
+                        code=err.get("error"),
+                        body=err,
+                        retriable=resp.status >= 500 or resp.status in (408, 421, 429),
+                    )
+                if raw:
+                    if resp.headers.get("Content-Type", "").split(";")[0] != FETCH_CONTENT_TYPE:
+                        raise BrokerError(f"{method} {url}: unexpected content type", status=resp.status)
+                    return payload
+                return json.loads(payload) if payload else None
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            raise BrokerError(f"{method} {url}: {type(exc).__name__}: {exc}") from exc
+
+    # -- endpoints -----------------------------------------------------------------------------
+
+    async def health(self, url: str, timeout: float = 2.0) -> dict[str, Any]:
+        return await self._request("GET", f"{url}/v1/health", timeout=timeout)
+
+    async def metadata(self, url: str) -> dict[str, Any]:
+        return await self._request("GET", f"{url}/v1/metadata")
+
+    async def stats(self, url: str) -> dict[str, Any]:
+        return await self._request("GET", f"{url}/v1/stats")
+
+    async def produce(
+        self, url: str, topic: str, partition: int, batches: bytes, acks: str = "master"
+    ) -> ProduceResult:
+        r = await self._request(
+            "POST",
+            f"{url}/v1/produce/{topic}/{partition}?acks={acks}",
+            data=batches,
+            content_type=BATCH_CONTENT_TYPE,
+        )
+        return ProduceResult(
+            r["topic"], r["partition"], r["base_offset"], r["last_offset"], r["count"], r["max_offset"]
+        )
+
+    async def fetch(
+        self,
+        url: str,
+        partitions: list[dict[str, Any]],
+        *,
+        client_id: str = "",
+        max_wait_ms: int = 500,
+        min_bytes: int = 1,
+        max_bytes: int = 32 * 1024 * 1024,
+        replica: str | None = None,
+    ) -> FetchAnswer:
+        """One request for many partitions: ``[{"topic", "partition", "offset", "max_bytes"}]``."""
+        body: dict[str, Any] = {
+            "client_id": client_id,
+            "max_wait_ms": max_wait_ms,
+            "min_bytes": min_bytes,
+            "max_bytes": max_bytes,
+            "partitions": partitions,
+        }
+        path = "/v1/fetch"
+        if replica is not None:
+            body["node"] = replica
+            path = "/v1/replica/fetch"
+        payload = await self._request(
+            "POST", url + path, json_body=body, raw=True, timeout=self._timeout + max_wait_ms / 1000
+        )
+        return decode_fetch_answer(payload)
+
+    async def list_offsets(self, url: str, partitions: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        r = await self._request("POST", f"{url}/v1/offsets", json_body={"partitions": partitions})
+        return list(r["partitions"])
+
+    async def heartbeat(
+        self, url: str, group: str, client_id: str, topics: list[str], session_timeout_ms: int
+    ) -> dict[str, Any]:
+        return await self._request(
+            "POST",
+            f"{url}/v1/groups/{group}/heartbeat",
+            json_body={
+                "client_id": client_id,
+                "topics": topics,
+                "session_timeout_ms": session_timeout_ms,
+            },
+        )
+
+    async def leave(self, url: str, group: str, client_id: str) -> dict[str, Any]:
+        return await self._request(
+            "POST", f"{url}/v1/groups/{group}/leave", json_body={"client_id": client_id}
+        )
+
+    async def commit(
+        self,
+        url: str,
+        group: str,
+        client_id: str,
+        offsets: list[dict[str, Any]],
+        force: bool = False,
+    ) -> dict[str, Any]:
+        return await self._request(
+            "POST",
+            f"{url}/v1/groups/{group}/commit",
+            json_body={"client_id": client_id, "offsets": offsets, "force": force},
+        )
+
+    async def committed(
+        self, url: str, group: str, partitions: list[dict[str, Any]] | None = None
+    ) -> list[dict[str, Any]]:
+        r = await self._request(
+            "POST", f"{url}/v1/groups/{group}/offsets", json_body={"partitions": partitions or []}
+        )
+        return list(r["offsets"])
