@@ -19,7 +19,8 @@ import numpy as np
 import pyarrow as pa
 
 MAGIC = b"MQB1"
-HEADER = struct.Struct("<4sIqIIqqHHI")  # magic, length, base_offset, crc, count, first_ts, max_ts, flags, reserved, header_count
+# magic, length, base_offset, crc, count, first_ts, max_ts, flags, reserved, header_count
+HEADER = struct.Struct("<4sIqIIqqHHI")
 HEADER_SIZE = HEADER.size  # 48
 assert HEADER_SIZE == 48
 CRC_FROM = 20  # the CRC covers bytes [20, length): everything after base_offset and crc
