@@ -231,3 +231,8 @@ class BrokerClient:
             "POST", f"{url}/v1/groups/{group}/offsets", json_body={"partitions": partitions or []}
         )
         return list(r["offsets"])
+
+    async def replica_offsets(self, url: str) -> dict[str, list[dict[str, Any]]]:
+        """The master's committed offsets of every consumer group (slaves pull these)."""
+        r = await self._request("GET", f"{url}/v1/replica/offsets")
+        return dict(r["groups"])

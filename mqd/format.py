@@ -122,7 +122,8 @@ def encode_batch(
         if ts.shape != (n,):
             raise BatchError("timestamps and values differ in length")
     v_off, v_data, _ = _binary_parts(values)
-    if keys is None:
+    k_valid: np.ndarray | None
+    if keys is None:  # no keys at all: every key null
         k_off, k_data, k_valid = np.zeros(n + 1, dtype=np.int32), b"", np.zeros(n, dtype=bool)
     else:
         k_off, k_data, k_valid = _binary_parts(keys)

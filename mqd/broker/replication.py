@@ -1,0 +1,301 @@
+"""Slave side of replication: copy the group master's partition logs and committed offsets.
+
+One long-poll loop asks the master's ``POST /v1/replica/fetch`` for every partition of the group at
+once, each at this node's log end (which also tells the master how far this slave has come, for
+``acks=all``), and appends what comes back verbatim (offsets preserved) after a full batch check,
+so a corrupt answer never reaches the slave's log. A second loop pulls ``GET /v1/replica/offsets``
+every second into the GroupStore.
+
+Divergence (an unclean master restart lost a tail this slave already copied): when the master's
+log end is below ours, or the batch the master returns for our log end starts before it, this
+slave truncates back and copies again. Like RocketMQ's HA (and Kafka before leader epochs) this
+cannot see a divergence whose batch boundaries happen to line up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+
+from mqd import format as fmt
+from mqd.broker.groups import GroupError, GroupStore
+from mqd.broker.storage import Storage, StorageError
+from mqd.client import BrokerClient, BrokerError
+from mqd.config import GroupSpec, MiB
+from mqd.protocol import FetchAnswer, PartitionFetch, ProtocolError, Status
+
+log = structlog.get_logger(__name__)
+
+
+class ReplicationError(Exception):
+    """One partition's answer from the master cannot be applied (the partition is retried later)."""
+
+    def __init__(self, message: str, *, retriable: bool = True) -> None:
+        super().__init__(message)
+        self.retriable = retriable
+
+
+class Backoff:
+    """Capped exponential backoff with jitter: base, 2*base, ... up to cap, each +-20%."""
+
+    def __init__(self, base_s: float, cap_s: float) -> None:
+        self.base_s = base_s
+        self.cap_s = cap_s
+        self.failures = 0
+
+    def next(self) -> float:
+        delay = min(self.cap_s, self.base_s * 2 ** min(self.failures, 30))
+        self.failures += 1
+        return delay * random.uniform(0.8, 1.2)
+
+    def reset(self) -> None:
+        self.failures = 0
+
+
+@dataclass(slots=True)
+class _PartitionState:
+    master_min_offset: int | None = None
+    master_max_offset: int | None = None
+    error: str | None = None
+    retry_at: float = 0.0  # monotonic; the partition is left out of requests until then
+    backoff: Backoff | None = None
+
+
+class Replicator:
+    """Slave side: long-polls its master's /v1/replica/fetch for all of its group's partitions,
+    appends verbatim, pulls committed offsets (GET /v1/replica/offsets) every second."""
+
+    def __init__(
+        self,
+        *,
+        node_id: str,
+        group: GroupSpec,
+        storage: Storage,
+        partitions: list[tuple[str, int]],
+        client: BrokerClient,
+        groups: GroupStore,
+        on_append: Callable[[str, int], None],
+        wait_ms: int,
+        max_bytes: int = 32 * MiB,
+        partition_max_bytes: int = 8 * MiB,
+        offsets_interval_s: float = 1.0,
+        backoff_s: float = 0.1,
+        backoff_max_s: float = 2.0,
+    ) -> None:
+        self.node_id = node_id
+        self.group = group
+        self.master = group.master
+        self._storage = storage
+        self._partitions = list(partitions)
+        self._client = client
+        self._groups = groups
+        self._on_append = on_append
+        self._wait_ms = wait_ms
+        self._max_bytes = max_bytes
+        self._partition_max_bytes = partition_max_bytes
+        self._offsets_interval_s = offsets_interval_s
+        self._backoff_s = backoff_s
+        self._backoff_max_s = backoff_max_s
+        self._states = {key: _PartitionState() for key in self._partitions}
+        self._rotation = 0
+        self._master_reachable = False
+        self._last_error: str | None = None
+        self._last_error_at: float | None = None
+        self._offsets_synced_at: float | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._started = False
+        self._stopped = False
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self._started or self._stopped:
+            return
+        self._started = True
+        self._tasks = [
+            asyncio.create_task(self._fetch_loop(), name=f"replica-fetch-{self.master.id}"),
+            asyncio.create_task(self._offsets_loop(), name=f"replica-offsets-{self.master.id}"),
+        ]
+        log.info("replication started", node=self.node_id, master=self.master.id,
+                 partitions=len(self._partitions))
+
+    async def stop(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+
+    def status(self) -> dict[str, Any]:
+        """Per partition lag, whether the master answers, the last error (GET /v1/stats)."""
+        parts = []
+        for (topic, partition), st in self._states.items():
+            plog = self._storage.get(topic, partition)
+            end = plog.max_offset if plog is not None else None
+            lag = None
+            if end is not None and st.master_max_offset is not None:
+                lag = max(0, st.master_max_offset - end)
+            parts.append({
+                "topic": topic, "partition": partition, "max_offset": end,
+                "master_max_offset": st.master_max_offset, "lag": lag, "error": st.error,
+            })
+        return {
+            "master": self.master.id,
+            "master_reachable": self._master_reachable,
+            "last_error": self._last_error,
+            "last_error_at": self._last_error_at,
+            "offsets_synced_at": self._offsets_synced_at,
+            "partitions": parts,
+        }
+
+    def _record_error(self, message: str) -> None:
+        self._last_error = message
+        self._last_error_at = time.time()
+
+    # -- log replication -------------------------------------------------------------------------
+
+    async def _fetch_loop(self) -> None:
+        backoff = Backoff(self._backoff_s, self._backoff_max_s)
+        loop = asyncio.get_running_loop()
+        while True:
+            now = loop.time()
+            request = self._fetch_request(now)
+            if not request:
+                # every partition is backing off (or there are none): wait for the first to be due
+                due = min((st.retry_at for st in self._states.values()), default=now + 1.0)
+                await asyncio.sleep(max(0.01, due - now))
+                continue
+            try:
+                answer = await self._client.fetch(
+                    self.master.url,
+                    request,
+                    client_id=self.node_id,
+                    max_wait_ms=self._wait_ms,
+                    min_bytes=1,
+                    max_bytes=self._max_bytes,
+                    replica=self.node_id,
+                )
+            except (BrokerError, ProtocolError) as exc:
+                if self._master_reachable or backoff.failures == 0:
+                    log.warning("master unreachable for replication", master=self.master.id, error=str(exc))
+                self._master_reachable = False
+                self._record_error(str(exc))
+                await asyncio.sleep(backoff.next())
+                continue
+            if not self._master_reachable:
+                log.info("replicating from master", master=self.master.id)
+            self._master_reachable = True
+            backoff.reset()
+            self._apply(answer, loop.time())
+
+    def _fetch_request(self, now: float) -> list[dict[str, Any]]:
+        # start at a different partition each round: the answer's byte budget goes to the first
+        # ones, so a fixed order would let a busy early partition starve the later ones
+        keys = list(self._states)
+        if keys:
+            self._rotation = (self._rotation + 1) % len(keys)
+            keys = keys[self._rotation :] + keys[: self._rotation]
+        out = []
+        for topic, partition in keys:
+            st = self._states[(topic, partition)]
+            plog = self._storage.get(topic, partition)
+            if plog is None or st.retry_at > now:
+                continue
+            out.append({"topic": topic, "partition": partition, "offset": plog.max_offset,
+                        "max_bytes": self._partition_max_bytes})
+        return out
+
+    def _apply(self, answer: FetchAnswer, now: float) -> None:
+        for p in answer.partitions:
+            key = (p.topic, p.partition)
+            st = self._states.get(key)
+            if st is None:
+                continue  # not asked for: ignore
+            try:
+                appended = self._apply_partition(p, st)
+            except (ReplicationError, StorageError, fmt.BatchError) as exc:
+                message = f"{p.topic}/{p.partition}: {exc}"
+                if st.error != message:
+                    log.error("replication failed for partition", topic=p.topic, partition=p.partition,
+                              error=str(exc))
+                st.error = message
+                self._record_error(message)
+                st.backoff = st.backoff or Backoff(self._backoff_s, self._backoff_max_s)
+                st.retry_at = now + st.backoff.next()
+                continue
+            if st.error is not None:
+                log.info("replication recovered for partition", topic=p.topic, partition=p.partition)
+            st.error = None
+            st.backoff = None
+            st.retry_at = 0.0
+            if appended:
+                self._on_append(p.topic, p.partition)
+
+    def _apply_partition(self, p: PartitionFetch, st: _PartitionState) -> bool:
+        """Apply one partition's answer; True when records were appended."""
+        plog = self._storage.get(p.topic, p.partition)
+        if plog is None:
+            raise ReplicationError("partition is not open on this node", retriable=False)
+        if p.status is Status.NOT_SERVED:
+            raise ReplicationError(f"master does not serve it: {p.error}")
+        st.master_min_offset, st.master_max_offset = p.min_offset, p.max_offset
+        if p.status is Status.OFFSET_TOO_SMALL:
+            # the master's retention passed our log end: our log cannot continue, restart at its start
+            log.warning("replica log behind the master's log start: restarting it",
+                        topic=p.topic, partition=p.partition, log_end=plog.max_offset,
+                        master_min_offset=p.min_offset)
+            plog.truncate_fully_and_start_at(p.min_offset)
+            return False
+        if p.max_offset < plog.max_offset:
+            # ahead of the master: it lost a tail (unclean restart) that we copied; follow it
+            log.warning("replica log ahead of the master: truncating", topic=p.topic, partition=p.partition,
+                        log_end=plog.max_offset, master_max_offset=p.max_offset)
+            plog.truncate_to(p.max_offset)
+            return False
+        if p.status is not Status.FOUND or len(p.data) == 0:
+            return False
+        data = bytes(p.data)
+        infos = fmt.validate(data)  # header, CRC and layout of every batch, before any write
+        first = infos[0].base_offset
+        if first < plog.max_offset:
+            # our log end falls inside a master batch: the logs diverged there
+            log.warning("replica log diverged from the master: truncating", topic=p.topic,
+                        partition=p.partition, log_end=plog.max_offset, master_batch=first)
+            plog.truncate_to(first)
+            if plog.max_offset != first:
+                return False  # our batches are cut elsewhere: ask again from the new end
+        elif first > plog.max_offset:
+            raise ReplicationError(f"master answered from offset {first}, log end is {plog.max_offset}")
+        plog.append_replica(data, infos)
+        return True
+
+    # -- committed offsets -------------------------------------------------------------------------
+
+    async def _offsets_loop(self) -> None:
+        backoff = Backoff(self._backoff_s, self._backoff_max_s)
+        last: dict[str, list[dict[str, Any]]] | None = None
+        while True:
+            try:
+                snapshot = await self._client.replica_offsets(self.master.url)
+                if snapshot != last:
+                    self._groups.merge_offsets(snapshot)
+                    last = snapshot
+                self._offsets_synced_at = time.time()
+                backoff.reset()
+                delay = self._offsets_interval_s
+            except (BrokerError, GroupError) as exc:
+                self._record_error(f"committed offsets: {exc}")
+                delay = backoff.next()
+            except (KeyError, TypeError, ValueError, AttributeError) as exc:
+                log.error("malformed committed offsets from master", master=self.master.id, error=str(exc))
+                self._record_error(f"committed offsets: malformed answer: {exc}")
+                delay = backoff.next()
+            await asyncio.sleep(delay)

@@ -1,0 +1,767 @@
+"""Broker storage: one append-only log of record batches per partition, in segment files.
+
+Layout: ``<data_dir>/logs/<topic>-<partition>/<base_offset:020d>.log|.index|.timeindex``.
+
+- ``.log``: batches exactly as they go on the wire (format.py). A fetch answers with these bytes.
+- ``.index``: one entry per batch, ``(relative offset u32, position u32)``.
+- ``.timeindex``: ``(max_timestamp i64, relative offset u32)``, an entry each time the segment's
+  largest timestamp grows, so the first entry with ``ts >= T`` names the first batch reaching ``T``.
+
+Both indexes are also kept in memory (``array``) so lookups are a bisect. They are derived data,
+written when a segment is rolled (closed). On open, a closed segment's index is trusted when it
+is consistent with the log file (its last entry's batch ends exactly at the file size); otherwise,
+and always for the active (last) segment, the index is rebuilt by scanning the log with CRC checks.
+A torn or corrupt tail is truncated (and later segments, which would leave a gap, are deleted), so
+a torn batch is never served.
+
+Threading: a log is used from the event loop thread; ``flush()`` (and ``Storage.flush_all()``)
+may run in a worker thread at the same time. A per-log ``threading.Lock`` guards the segment list,
+the indexes and the fds; fsync happens outside it, on a dup of the fd, so a concurrent roll or
+retention that closes the original fd cannot break it.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import mmap
+import os
+import threading
+from array import array
+from bisect import bisect_left, bisect_right
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import numpy as np
+import structlog
+
+from mqd.config import StorageConfig
+from mqd.format import HEADER_SIZE, BatchError, BatchInfo, read_header, scan_valid_prefix, set_base_offset
+
+log = structlog.get_logger(__name__)
+
+LOG_SUFFIX = ".log"
+INDEX_SUFFIX = ".index"
+TIMEINDEX_SUFFIX = ".timeindex"
+LOCK_FILE = ".lock"
+_U32_MAX = 2**32 - 1
+# positions are u32 in the index file; keep every segment well inside that
+MAX_SEGMENT_BYTES = 2**31
+_INDEX_DTYPE = np.dtype([("rel", "<u4"), ("pos", "<u4")])
+_TIMEINDEX_DTYPE = np.dtype([("ts", "<i8"), ("rel", "<u4")])
+_NO_TIMESTAMP = -(2**63)
+
+
+class StorageError(Exception):
+    """A log cannot be read or written, or an append breaks the log's offset rules."""
+
+    def __init__(self, message: str, *, retriable: bool) -> None:
+        super().__init__(message)
+        self.retriable = retriable
+
+
+def _segment_name(base_offset: int) -> str:
+    return f"{base_offset:020d}"
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _check_layout(data: bytes | bytearray, infos: list[BatchInfo]) -> None:
+    """``infos`` must describe ``data`` completely: contiguous whole batches from position 0."""
+    if not infos:
+        raise StorageError("append of no batches", retriable=False)
+    pos = 0
+    for info in infos:
+        if info.position != pos:
+            raise StorageError(f"batch infos do not describe the data (batch at {info.position})",
+                               retriable=False)
+        pos += info.length
+    if pos != len(data):
+        raise StorageError(f"batch infos cover {pos} of {len(data)} bytes", retriable=False)
+
+
+class _Segment:
+    """One segment file and its in-memory indexes (absolute offsets, positions in the file)."""
+
+    __slots__ = (
+        "base_offset", "dirty", "fd", "next_offset", "offsets", "path", "positions", "size",
+        "start_byte", "ts_offsets", "ts_values",
+    )
+
+    def __init__(self, path: Path, base_offset: int, fd: int, start_byte: int) -> None:
+        self.path = path  # the .log file
+        self.base_offset = base_offset
+        self.fd = fd
+        self.size = 0
+        self.start_byte = start_byte  # byte position of this segment in the partition's whole log
+        self.next_offset = base_offset
+        self.offsets = array("q")  # base offset of every batch
+        self.positions = array("q")  # file position of every batch
+        self.ts_values = array("q")  # strictly increasing max timestamps
+        self.ts_offsets = array("q")  # base offset of the batch where the max grew
+        self.dirty = False  # written since the last fsync
+
+    @property
+    def index_path(self) -> Path:
+        return self.path.with_suffix(INDEX_SUFFIX)
+
+    @property
+    def timeindex_path(self) -> Path:
+        return self.path.with_suffix(TIMEINDEX_SUFFIX)
+
+    @property
+    def max_timestamp(self) -> int:
+        return self.ts_values[-1] if self.ts_values else _NO_TIMESTAMP
+
+    def add_batch(self, base_offset: int, count: int, position: int, max_timestamp: int) -> None:
+        self.offsets.append(base_offset)
+        self.positions.append(position)
+        if max_timestamp > self.max_timestamp:
+            self.ts_values.append(max_timestamp)
+            self.ts_offsets.append(base_offset)
+        self.next_offset = base_offset + count
+
+    def reset_index(self) -> None:
+        self.offsets = array("q")
+        self.positions = array("q")
+        self.ts_values = array("q")
+        self.ts_offsets = array("q")
+        self.next_offset = self.base_offset
+
+    def batch_index(self, offset: int) -> int:
+        """Index of the batch containing ``offset`` (the caller checks the segment holds it)."""
+        return bisect_right(self.offsets, offset) - 1
+
+    def batch_end(self, i: int) -> int:
+        return self.positions[i + 1] if i + 1 < len(self.positions) else self.size
+
+    # -- index files -------------------------------------------------------------------------------
+
+    def write_indexes(self) -> None:
+        """Write both index files from memory (a rolled segment's index is never changed again)."""
+        index = np.empty(len(self.offsets), dtype=_INDEX_DTYPE)
+        index["rel"] = np.frombuffer(self.offsets, dtype=np.int64) - self.base_offset
+        index["pos"] = np.frombuffer(self.positions, dtype=np.int64)
+        tindex = np.empty(len(self.ts_values), dtype=_TIMEINDEX_DTYPE)
+        tindex["ts"] = np.frombuffer(self.ts_values, dtype=np.int64)
+        tindex["rel"] = np.frombuffer(self.ts_offsets, dtype=np.int64) - self.base_offset
+        for path, arr in ((self.index_path, index), (self.timeindex_path, tindex)):
+            with open(path, "wb") as fh:
+                fh.write(arr.tobytes())
+
+    def remove_indexes(self) -> None:
+        self.index_path.unlink(missing_ok=True)
+        self.timeindex_path.unlink(missing_ok=True)
+
+    def load_indexes(self) -> bool:
+        """Load the index files when they are consistent with the log file; False otherwise."""
+        try:
+            raw_index = self.index_path.read_bytes()
+            raw_tindex = self.timeindex_path.read_bytes()
+        except OSError:
+            return False
+        if (
+            not raw_index
+            or len(raw_index) % _INDEX_DTYPE.itemsize
+            or len(raw_tindex) % _TIMEINDEX_DTYPE.itemsize
+        ):
+            return False
+        index = np.frombuffer(raw_index, dtype=_INDEX_DTYPE)
+        tindex = np.frombuffer(raw_tindex, dtype=_TIMEINDEX_DTYPE)
+        rel = index["rel"].astype(np.int64)
+        pos = index["pos"].astype(np.int64)
+        t_rel = tindex["rel"].astype(np.int64)
+        t_ts = tindex["ts"]
+        if (
+            rel[0] != 0
+            or pos[0] != 0
+            or np.any(np.diff(rel) <= 0)
+            or np.any(np.diff(pos) < HEADER_SIZE)
+            or len(tindex) == 0
+            or t_rel[0] != 0
+            or np.any(np.diff(t_rel) <= 0)
+            or np.any(np.diff(t_ts) <= 0)
+            or t_rel[-1] > rel[-1]
+            or not np.all(np.isin(t_rel, rel))
+        ):
+            return False
+        # the last batch must end exactly at the end of the file and carry the expected offset
+        last_pos = int(pos[-1])
+        try:
+            head = os.pread(self.fd, HEADER_SIZE, last_pos)
+            info = read_header(head, 0)
+        except (OSError, BatchError):
+            return False
+        if last_pos + info.length != self.size:
+            return False
+        if info.base_offset != self.base_offset + int(rel[-1]):
+            return False
+        self.offsets = array("q", (rel + self.base_offset).tobytes())
+        self.positions = array("q", pos.tobytes())
+        self.ts_values = array("q", t_ts.astype(np.int64).tobytes())
+        self.ts_offsets = array("q", (t_rel + self.base_offset).tobytes())
+        self.next_offset = info.base_offset + info.count
+        return True
+
+    def scan(self) -> int:
+        """Rebuild the indexes from the log file; returns the byte length of its valid prefix."""
+        self.reset_index()
+        if self.size == 0:
+            return 0
+        with mmap.mmap(self.fd, self.size, access=mmap.ACCESS_READ) as mm:
+            view = memoryview(mm)
+            try:
+                infos, valid = scan_valid_prefix(view)
+            finally:
+                view.release()
+        expected = self.base_offset
+        for i, info in enumerate(infos):
+            if info.base_offset != expected:
+                # offsets must be dense: everything from a jump on is unusable
+                valid = info.position
+                infos = infos[:i]
+                break
+            expected = info.next_offset
+        for info in infos:
+            self.add_batch(info.base_offset, info.count, info.position, info.max_timestamp)
+        return valid
+
+
+class PartitionLog:
+    """The log of one partition: segments ordered by base offset, the last one takes appends."""
+
+    def __init__(self, topic: str, partition: int, directory: Path, config: StorageConfig) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.directory = directory
+        self._config = config
+        self._segments: list[_Segment] = []
+        self._bases: list[int] = []  # base offset of every segment, for bisect
+        self._lock = threading.Lock()
+        self._dir_dirty = False
+        self._closed = False
+        self._failed: str | None = None  # set when a failed write could not be undone
+
+    def __repr__(self) -> str:
+        return f"PartitionLog({self.topic}-{self.partition}, [{self.min_offset}, {self.max_offset}))"
+
+    # -- offsets -----------------------------------------------------------------------------------
+
+    @property
+    def min_offset(self) -> int:
+        """Log start offset: the first offset that can be read."""
+        return self._segments[0].base_offset
+
+    @property
+    def max_offset(self) -> int:
+        """Log end offset: the next offset to be written."""
+        return self._segments[-1].next_offset
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(s.size for s in self._segments)
+
+    @property
+    def segment_count(self) -> int:
+        return len(self._segments)
+
+    # -- open / recovery ---------------------------------------------------------------------------
+
+    def open(self) -> None:
+        """Create or recover the log (blocking)."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        bases: list[int] = []
+        for p in self.directory.iterdir():
+            if p.suffix != LOG_SUFFIX:
+                continue
+            try:
+                bases.append(int(p.stem))
+            except ValueError:
+                log.warning("ignoring unexpected file in log directory", path=str(p))
+        bases.sort()
+        try:
+            self._recover(bases)
+            if not self._segments:
+                self._new_segment(0)
+        except BaseException:
+            self._close_fds()
+            raise
+        log.debug("log opened", topic=self.topic, partition=self.partition, min_offset=self.min_offset,
+                  max_offset=self.max_offset, segments=len(self._segments))
+
+    def _recover(self, bases: list[int]) -> None:
+        start_byte = 0
+        for i, base in enumerate(bases):
+            path = self.directory / (_segment_name(base) + LOG_SUFFIX)
+            last = i == len(bases) - 1
+            if self._segments and base != self._segments[-1].next_offset:
+                log.warning("gap or overlap between segments: deleting the later segments",
+                            topic=self.topic, partition=self.partition,
+                            expected=self._segments[-1].next_offset, found=base,
+                            deleted=[_segment_name(b) for b in bases[i:]])
+                for b in bases[i:]:
+                    self._unlink_segment_files(self.directory / (_segment_name(b) + LOG_SUFFIX))
+                self._dir_dirty = True
+                return
+            seg = self._open_segment(path, base, start_byte)
+            if not last and seg.load_indexes():
+                self._append_segment(seg)
+                start_byte += seg.size
+                continue
+            valid = seg.scan()
+            if valid < seg.size:
+                log.warning("truncating torn or corrupt log tail", topic=self.topic,
+                            partition=self.partition, segment=path.name, bytes=seg.size - valid,
+                            at=valid)
+                os.ftruncate(seg.fd, valid)
+                os.fsync(seg.fd)
+                seg.size = valid
+                if not last:
+                    log.warning("deleting segments after a corrupt segment", topic=self.topic,
+                                partition=self.partition,
+                                deleted=[_segment_name(b) for b in bases[i + 1:]])
+                    for b in bases[i + 1:]:
+                        self._unlink_segment_files(self.directory / (_segment_name(b) + LOG_SUFFIX))
+                    self._dir_dirty = True
+                    last = True
+            if not last and seg.size == 0:
+                # an empty segment before others carries nothing: drop it
+                os.close(seg.fd)
+                self._unlink_segment_files(path)
+                continue
+            if not last:
+                seg.write_indexes()
+            self._append_segment(seg)
+            start_byte += seg.size
+            if last:
+                return
+
+    def _open_segment(self, path: Path, base: int, start_byte: int) -> _Segment:
+        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        seg = _Segment(path, base, fd, start_byte)
+        seg.size = os.fstat(fd).st_size
+        return seg
+
+    def _append_segment(self, seg: _Segment) -> None:
+        self._segments.append(seg)
+        self._bases.append(seg.base_offset)
+
+    def _new_segment(self, base: int) -> _Segment:
+        start_byte = self._segments[-1].start_byte + self._segments[-1].size if self._segments else 0
+        seg = self._create_segment(base, start_byte)
+        self._append_segment(seg)
+        return seg
+
+    def _create_segment(self, base: int, start_byte: int) -> _Segment:
+        path = self.directory / (_segment_name(base) + LOG_SUFFIX)
+        seg = self._open_segment(path, base, start_byte)
+        if seg.size:
+            # a leftover file under this name can only be stale: the log says nothing lives here
+            os.ftruncate(seg.fd, 0)
+            seg.size = 0
+        seg.remove_indexes()
+        self._dir_dirty = True
+        return seg
+
+    @staticmethod
+    def _unlink_segment_files(log_path: Path) -> None:
+        for suffix in (LOG_SUFFIX, INDEX_SUFFIX, TIMEINDEX_SUFFIX):
+            log_path.with_suffix(suffix).unlink(missing_ok=True)
+
+    # -- append ------------------------------------------------------------------------------------
+
+    def _check_writable(self) -> None:
+        if self._closed:
+            raise StorageError(f"{self.topic}-{self.partition}: log is closed", retriable=True)
+        if self._failed is not None:
+            raise StorageError(f"{self.topic}-{self.partition}: log failed: {self._failed}",
+                               retriable=False)
+
+    def append(self, data: bytes, infos: list[BatchInfo]) -> tuple[int, int]:
+        """Assign offsets to validated batches and write them; returns (first, last) offset."""
+        _check_layout(data, infos)
+        buf = bytearray(data)
+        with self._lock:
+            self._check_writable()
+            first = next_offset = self.max_offset
+            for info in infos:
+                set_base_offset(buf, info.position, next_offset)
+                next_offset += info.count
+            fd = self._write_locked(buf, infos, first)
+        self._sync_after_append(fd)
+        return first, next_offset - 1
+
+    def append_replica(self, data: bytes, infos: list[BatchInfo]) -> None:
+        """Append a master's batches verbatim (slave side): they must continue this log exactly."""
+        _check_layout(data, infos)
+        with self._lock:
+            self._check_writable()
+            expected = self.max_offset
+            for info in infos:
+                if info.base_offset != expected:
+                    raise StorageError(
+                        f"{self.topic}-{self.partition}: replica batch at offset {info.base_offset}, "
+                        f"log end is {expected}",
+                        retriable=False,
+                    )
+                expected = info.next_offset
+            fd = self._write_locked(data, infos, self.max_offset)
+        self._sync_after_append(fd)
+
+    def _write_locked(self, data: bytes | bytearray, infos: list[BatchInfo], first: int) -> int:
+        count = sum(info.count for info in infos)
+        seg = self._segments[-1]
+        if seg.size > 0 and (
+            seg.size + len(data) > self._config.segment_bytes
+            or first + count - seg.base_offset > _U32_MAX
+        ):
+            seg = self._roll_locked(first)
+        if seg.size + len(data) > _U32_MAX:
+            raise StorageError(f"{len(data)} bytes do not fit a segment", retriable=False)
+        start = seg.size
+        try:
+            view = memoryview(data)
+            written = 0
+            while written < len(view):
+                written += os.write(seg.fd, view[written:])
+        except OSError as exc:
+            self._undo_write(seg, start, exc)
+            retriable = exc.errno in (errno.ENOSPC, errno.EDQUOT)
+            raise StorageError(f"{self.topic}-{self.partition}: write failed: {exc}",
+                               retriable=retriable) from exc
+        seg.size = start + len(data)
+        seg.dirty = True
+        offset = first
+        for info in infos:
+            seg.add_batch(offset, info.count, start + info.position, info.max_timestamp)
+            offset += info.count
+        return seg.fd
+
+    def _undo_write(self, seg: _Segment, size: int, exc: OSError) -> None:
+        try:
+            os.ftruncate(seg.fd, size)
+        except OSError as exc2:
+            # the file may now hold a partial batch we cannot take back: refuse further writes
+            self._failed = f"write failed ({exc}) and could not be undone ({exc2})"
+            log.error("log failed", topic=self.topic, partition=self.partition, reason=self._failed)
+
+    def _sync_after_append(self, fd: int) -> None:
+        if self._config.fsync != "always":
+            return
+        # only the loop thread appends, rolls and closes, so fd is still open here
+        try:
+            os.fsync(fd)
+            if self._dir_dirty:
+                self._dir_dirty = False
+                _fsync_dir(self.directory)
+        except OSError as exc:
+            raise StorageError(f"{self.topic}-{self.partition}: fsync failed: {exc}",
+                               retriable=False) from exc
+
+    def _roll_locked(self, base: int) -> _Segment:
+        old = self._segments[-1]
+        old.write_indexes()
+        seg = self._new_segment(base)
+        log.debug("segment rolled", topic=self.topic, partition=self.partition, base_offset=base,
+                  previous_bytes=old.size)
+        return seg
+
+    # -- read --------------------------------------------------------------------------------------
+
+    def _locate(self, offset: int) -> tuple[int, int]:
+        """(segment index, batch index) of the batch holding ``offset``; min <= offset < max."""
+        si = bisect_right(self._bases, offset) - 1
+        return si, self._segments[si].batch_index(offset)
+
+    def read(self, offset: int, max_bytes: int) -> bytes:
+        """Whole stored batches from the one holding ``offset``, up to ``max_bytes`` (at least one)."""
+        with self._lock:
+            if self._closed or not self.min_offset <= offset < self.max_offset:
+                return b""
+            si, bi = self._locate(offset)
+            plan: list[tuple[int, int, int]] = []  # (fd, position, length)
+            budget = max_bytes
+            while si < len(self._segments):
+                seg = self._segments[si]
+                start = seg.positions[bi] if bi < len(seg.positions) else seg.size
+                if start < seg.size:
+                    limit = start + max(budget, 0)
+                    if seg.size <= limit:
+                        end = seg.size
+                    else:
+                        k = bisect_right(seg.positions, limit) - 1  # batches before k end by limit
+                        if k > bi:
+                            end = seg.positions[k]
+                        elif not plan:
+                            end = seg.batch_end(bi)  # the first batch goes out whole
+                        else:
+                            break
+                    plan.append((seg.fd, start, end - start))
+                    budget -= end - start
+                    if end < seg.size or budget <= 0:
+                        break
+                si, bi = si + 1, 0
+            chunks = []
+            for fd, pos, length in plan:
+                chunk = os.pread(fd, length, pos)
+                if len(chunk) != length:
+                    raise StorageError(
+                        f"{self.topic}-{self.partition}: short read at {pos} (file changed underneath)",
+                        retriable=False,
+                    )
+                chunks.append(chunk)
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    def bytes_behind(self, offset: int) -> int:
+        """Bytes from the batch holding ``offset`` to the log end (how cold a read at offset is)."""
+        with self._lock:
+            active = self._segments[-1]
+            end_byte = active.start_byte + active.size
+            if offset >= self.max_offset:
+                return 0
+            offset = max(offset, self.min_offset)
+            si, bi = self._locate(offset)
+            seg = self._segments[si]
+            return end_byte - (seg.start_byte + seg.positions[bi])
+
+    def offset_for_timestamp(self, ts_ms: int) -> int:
+        """First offset of the first batch with max_timestamp >= ts_ms; max_offset when none."""
+        with self._lock:
+            for seg in self._segments:
+                if seg.max_timestamp >= ts_ms:
+                    return seg.ts_offsets[bisect_left(seg.ts_values, ts_ms)]
+            return self.max_offset
+
+    # -- truncation and retention ------------------------------------------------------------------
+
+    def truncate_to(self, offset: int) -> None:
+        """Drop every batch at or after ``offset`` (the batch holding it too): replica divergence.
+
+        The log end becomes the base offset of the batch holding ``offset``. At or below the log
+        start the log is emptied and restarts at ``offset``.
+        """
+        with self._lock:
+            self._check_writable()
+            if offset >= self.max_offset:
+                return
+            if offset <= self.min_offset:
+                self._reset_locked(offset)
+                return
+            si, bi = self._locate(offset)
+            seg = self._segments[si]
+            for victim in reversed(self._segments[si + 1:]):
+                os.close(victim.fd)
+                self._unlink_segment_files(victim.path)
+            del self._segments[si + 1:]
+            del self._bases[si + 1:]
+            new_size = seg.positions[bi]
+            new_end = seg.offsets[bi]
+            log.warning("truncating log", topic=self.topic, partition=self.partition, to=new_end,
+                        requested=offset, bytes=seg.size - new_size)
+            os.ftruncate(seg.fd, new_size)
+            seg.size = new_size
+            del seg.offsets[bi:]
+            del seg.positions[bi:]
+            ti = bisect_left(seg.ts_offsets, new_end)
+            del seg.ts_offsets[ti:]
+            del seg.ts_values[ti:]
+            seg.next_offset = new_end
+            seg.remove_indexes()  # it is the active segment again: its index is rebuilt on open
+            self._sync_truncation(seg)
+
+    def truncate_fully_and_start_at(self, offset: int) -> None:
+        """Drop the whole log and restart it empty at ``offset`` (a replica behind the master's start)."""
+        if offset < 0:
+            raise StorageError(f"negative offset {offset}", retriable=False)
+        with self._lock:
+            self._check_writable()
+            self._reset_locked(offset)
+
+    def _reset_locked(self, offset: int) -> None:
+        log.warning("resetting log", topic=self.topic, partition=self.partition, start=offset,
+                    dropped_from=self.min_offset, dropped_to=self.max_offset)
+        old = self._segments
+        for victim in old:
+            os.close(victim.fd)
+        # create the new segment before deleting: a crash in between leaves segments that open()
+        # resolves to a consistent log (an empty leading segment or a gap is dropped)
+        seg = self._create_segment(offset, 0)
+        self._segments, self._bases = [seg], [offset]
+        for victim in old:
+            if victim.base_offset != offset:
+                self._unlink_segment_files(victim.path)
+        self._sync_truncation(seg)
+
+    def _sync_truncation(self, seg: _Segment) -> None:
+        # truncation must reach the disk before new data lands in the freed offsets
+        if self._config.fsync == "never":
+            self._dir_dirty = True
+            return
+        try:
+            os.fsync(seg.fd)
+            _fsync_dir(self.directory)
+            self._dir_dirty = False
+        except OSError as exc:
+            raise StorageError(f"{self.topic}-{self.partition}: fsync failed: {exc}",
+                               retriable=False) from exc
+
+    def apply_retention(self, now_ms: int) -> int:
+        """Delete closed segments past retention_ms or beyond retention_bytes; returns how many."""
+        retention_ms = self._config.retention_ms
+        retention_bytes = self._config.retention_bytes
+        if retention_ms < 0 and retention_bytes < 0:
+            return 0
+        deleted = 0
+        with self._lock:
+            if self._closed:
+                return 0
+            total = self.size_bytes
+            while len(self._segments) > 1:
+                seg = self._segments[0]
+                too_old = retention_ms >= 0 and seg.max_timestamp < now_ms - retention_ms
+                too_big = retention_bytes >= 0 and total > retention_bytes
+                if not (too_old or too_big):
+                    break
+                os.close(seg.fd)
+                self._unlink_segment_files(seg.path)
+                del self._segments[0]
+                del self._bases[0]
+                total -= seg.size
+                deleted += 1
+                self._dir_dirty = True
+                log.info("segment deleted by retention", topic=self.topic, partition=self.partition,
+                         segment=seg.path.name, bytes=seg.size, reason="age" if too_old else "size",
+                         min_offset=self.min_offset)
+        return deleted
+
+    # -- durability and shutdown -------------------------------------------------------------------
+
+    def flush(self) -> None:
+        """fsync everything written so far; safe from a worker thread while the loop appends."""
+        with self._lock:
+            if self._closed:
+                return
+            fds = [os.dup(seg.fd) for seg in self._segments if seg.dirty]
+            for seg in self._segments:
+                seg.dirty = False
+            sync_dir, self._dir_dirty = self._dir_dirty, False
+        error: OSError | None = None
+        for fd in fds:
+            try:
+                os.fsync(fd)
+            except OSError as exc:
+                error = error or exc
+            finally:
+                os.close(fd)
+        if sync_dir and error is None:
+            try:
+                _fsync_dir(self.directory)
+            except OSError as exc:
+                error = exc
+        if error is not None:
+            raise StorageError(f"{self.topic}-{self.partition}: fsync failed: {error}",
+                               retriable=False) from error
+
+    def close(self) -> None:
+        """Flush (unless fsync = never) and close every fd. Idempotent."""
+        if self._closed:
+            return
+        try:
+            if self._config.fsync != "never" and self._failed is None:
+                self.flush()
+        finally:
+            with self._lock:
+                self._closed = True
+                self._close_fds()
+
+    def _close_fds(self) -> None:
+        for seg in self._segments:
+            try:
+                os.close(seg.fd)
+            except OSError:
+                pass
+
+
+class Storage:
+    """Every partition log of one broker node under ``<data_dir>/logs``."""
+
+    def __init__(self, data_dir: Path, config: StorageConfig) -> None:
+        if config.segment_bytes > MAX_SEGMENT_BYTES:
+            raise StorageError(f"segment_bytes {config.segment_bytes} exceeds {MAX_SEGMENT_BYTES}",
+                               retriable=False)
+        self.data_dir = Path(data_dir)
+        self.logs_dir = self.data_dir / "logs"
+        self.config = config
+        self._logs: dict[tuple[str, int], PartitionLog] = {}
+        self._lock_fd: int | None = None
+        self._closed = False
+
+    def open(self, partitions: Iterable[tuple[str, int]]) -> None:
+        """Create or recover the logs of ``partitions`` (blocking). May be called again to add more."""
+        if self._closed:
+            raise StorageError("storage is closed", retriable=False)
+        if self._lock_fd is None:
+            self.logs_dir.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.logs_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as exc:
+                os.close(fd)
+                raise StorageError(f"{self.logs_dir} is in use by another process", retriable=False) from exc
+            self._lock_fd = fd
+        for topic, partition in partitions:
+            if (topic, partition) in self._logs:
+                continue
+            if not topic or "/" in topic or topic in (".", "..") or partition < 0:
+                raise StorageError(f"invalid partition {topic!r}/{partition}", retriable=False)
+            plog = PartitionLog(topic, partition, self.logs_dir / f"{topic}-{partition}", self.config)
+            plog.open()
+            self._logs[(topic, partition)] = plog
+
+    def get(self, topic: str, partition: int) -> PartitionLog | None:
+        return self._logs.get((topic, partition))
+
+    def logs(self) -> Iterator[PartitionLog]:
+        return iter(list(self._logs.values()))
+
+    def flush_all(self) -> None:
+        """fsync every log (the server calls this from a worker thread every fsync_interval_ms)."""
+        error: StorageError | None = None
+        for plog in list(self._logs.values()):
+            try:
+                plog.flush()
+            except StorageError as exc:
+                log.error("flush failed", topic=plog.topic, partition=plog.partition, error=str(exc))
+                error = error or exc
+        if error is not None:
+            raise error
+
+    def apply_retention(self, now_ms: int) -> None:
+        for plog in list(self._logs.values()):
+            plog.apply_retention(now_ms)
+
+    def close(self) -> None:
+        """Flush and close every log and release the directory lock. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            for plog in self._logs.values():
+                try:
+                    plog.close()
+                except StorageError as exc:
+                    log.error("closing log failed", topic=plog.topic, partition=plog.partition,
+                              error=str(exc))
+        finally:
+            if self._lock_fd is not None:
+                os.close(self._lock_fd)
+                self._lock_fd = None
+
+
+__all__ = ["MAX_SEGMENT_BYTES", "PartitionLog", "Storage", "StorageError"]
