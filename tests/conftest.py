@@ -1,0 +1,88 @@
+"""Shared fixtures: real broker clusters (tests/harness.py) and a started BrokerClient."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))  # so tests can `from harness import ...`
+
+from harness import Cluster
+
+from mqd.client import BrokerClient
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    # remember each phase's outcome so fixtures can print node logs when a test failed
+    rep = yield
+    setattr(item, f"rep_{rep.when}", rep)
+    return rep
+
+
+@pytest.fixture
+def cluster_factory(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Callable[..., Cluster]]:
+    """``cluster_factory(topics={"events": 8}, groups=1, slaves=0, node_settings=..., overrides=...,
+    start=True)`` -> a started :class:`Cluster`; every cluster is stopped at teardown, and node logs
+    are printed when the test failed."""
+    clusters: list[Cluster] = []
+
+    def make(*, start: bool = True, **kwargs: Any) -> Cluster:
+        cluster = Cluster(tmp_path / f"cluster{len(clusters)}", **kwargs)
+        clusters.append(cluster)
+        if start:
+            cluster.start()
+        return cluster
+
+    try:
+        yield make
+    finally:
+        failed = any(
+            getattr(getattr(request.node, f"rep_{when}", None), "failed", False)
+            for when in ("setup", "call")
+        )
+        for cluster in clusters:
+            cluster.stop()
+            if failed:
+                print(cluster.dump_logs(), file=sys.stderr)
+
+
+@pytest.fixture(scope="module")
+def module_cluster_factory(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[Callable[..., Cluster]]:
+    """Like ``cluster_factory`` but shared by a whole test module (for read-mostly tests); node logs
+    are printed at module teardown when any test failed meanwhile."""
+    clusters: list[Cluster] = []
+    failed_before = request.session.testsfailed
+
+    def make(*, start: bool = True, **kwargs: Any) -> Cluster:
+        cluster = Cluster(tmp_path_factory.mktemp("cluster"), **kwargs)
+        clusters.append(cluster)
+        if start:
+            cluster.start()
+        return cluster
+
+    try:
+        yield make
+    finally:
+        failed = request.session.testsfailed > failed_before
+        for cluster in clusters:
+            cluster.stop()
+            if failed:
+                print(cluster.dump_logs(), file=sys.stderr)
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[BrokerClient]:
+    """A started BrokerClient with a short request timeout."""
+    c = BrokerClient(request_timeout=10.0)
+    await c.start()
+    try:
+        yield c
+    finally:
+        await c.close()
