@@ -1,19 +1,580 @@
-"""The ``mqd`` command. Each subcommand imports its module lazily so ``mqd --help`` stays fast."""
+"""The ``mqd`` command. Each subcommand imports its module lazily so ``mqd --help`` stays fast.
+
+Exit codes: 0 ok / healthy, 1 failure / degraded, 2 bad config or usage, 3 not running.
+"""
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
 import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, NoReturn
 
 import click
 
 from mqd.config import ConfigError
 
+EXIT_OK = 0
+EXIT_FAIL = 1  # also "degraded" for status
+EXIT_CONFIG = 2
+EXIT_NOT_RUNNING = 3
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+DEFAULT_CONFIG = "/etc/mqd/mqd.toml"
+_SERVICE_ENV = frozenset(
+    ("NOTIFY_SOCKET", "JOURNAL_STREAM", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS", "LISTEN_PID")
+)
+
+
+def _die(message: str, code: int) -> NoReturn:
+    click.echo(message, err=True)
+    sys.exit(code)
+
+
+def _config_option(f: Any) -> Any:
+    return click.option(
+        "--config", "-c", "config_path", type=click.Path(path_type=Path), default=DEFAULT_CONFIG,
+        envvar="MQD_CONFIG", show_default=True, show_envvar=True, help="The daemon's TOML file.",
+    )(f)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
 @click.version_option(package_name="mqd")
 def main() -> None:
-    """mqd: pull a partitioned message queue and land it exactly once as Parquet for Spark."""
+    """mqd: pull a partitioned message queue and land it exactly once as Parquet for Spark.
+
+    \b
+    Daemon:      run, start, stop, status, top, reload, pause, resume
+    Config:      config check
+    Cluster:     broker, produce
+    Spark:       spark
+    \b
+    Exit codes: 0 ok/healthy, 1 failed/degraded, 2 bad config or usage, 3 not running.
+    Every command takes --help, with examples.
+    """
+
+
+# -- helpers ------------------------------------------------------------------------------------
+
+
+def _load(config_path: Path) -> Any:
+    """The daemon config, or exit 2 with the file, key path and what is allowed."""
+    from mqd.config import load_daemon_config
+
+    try:
+        return load_daemon_config(config_path)
+    except ConfigError as exc:
+        _die(f"error: {exc}", EXIT_CONFIG)
+
+
+@dataclass(frozen=True, slots=True)
+class _Runtime:
+    """Where a running daemon is found; read from the config even when the file has become invalid,
+    so ``mqd stop``/``status`` still reach a daemon whose file someone broke."""
+
+    pid_file: Path
+    state_dir: Path
+    admin_url: str | None
+    admin_token: str | None
+    shutdown_timeout: float
+
+
+def _runtime(config_path: Path) -> _Runtime:
+    from mqd.config import DaemonSection, load_daemon_config, read_toml
+
+    try:
+        cfg = load_daemon_config(config_path)
+        daemon, admin = cfg.daemon, cfg.admin
+        port: int = admin.port
+        host: str = admin.host
+        token = admin.auth_token
+        enabled = admin.enabled
+    except ConfigError as exc:
+        try:
+            data = read_toml(config_path)
+        except ConfigError:
+            _die(f"error: {exc}", EXIT_CONFIG)
+        click.echo(f"warning: {exc}\nwarning: using the file's daemon and admin keys as they are", err=True)
+        base = config_path.resolve().parent
+        raw_d: dict[str, Any] = data["daemon"] if isinstance(data.get("daemon"), dict) else {}
+        raw_a: dict[str, Any] = data["admin"] if isinstance(data.get("admin"), dict) else {}
+        known = {k: v for k, v in raw_d.items() if k in DaemonSection.model_fields}
+        try:
+            daemon = DaemonSection.model_validate(known)
+        except ValueError:
+            daemon = DaemonSection()
+        daemon = daemon.model_copy(update={
+            k: (p if p.is_absolute() else base / p)
+            for k in ("state_dir", "pid_file") for p in [Path(getattr(daemon, k))]
+        })
+        port = raw_a.get("port", 9480) if isinstance(raw_a.get("port", 9480), int) else 9480
+        host = str(raw_a.get("host", "127.0.0.1"))
+        token = raw_a.get("auth_token") if isinstance(raw_a.get("auth_token"), str) else None
+        enabled = raw_a.get("enabled", True) is not False
+    url = None
+    if enabled and port:
+        host = "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
+        url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+    return _Runtime(daemon.pid_file, daemon.state_dir, url, token, daemon.shutdown_timeout)
+
+
+def _admin_url(rt: _Runtime, pid: int) -> str | None:
+    """The running daemon's admin URL: its admin.json (right even for port 0), else the config's."""
+    from mqd.runner import read_json
+
+    data = read_json(rt.state_dir / "admin.json")
+    if data and data.get("pid") == pid and isinstance(data.get("url"), str):
+        return str(data["url"])
+    return rt.admin_url
+
+
+def _http(method: str, url: str, body: Any = None, token: str | None = None, timeout: float = 5.0) -> Any:
+    """JSON over HTTP to the admin endpoint; raises click.ClickException with the server's reason."""
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, method=method)
+    if data is not None:
+        req.add_header("Content-Type", "application/json")
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return json.loads(resp.read() or b"null")
+    except urllib.error.HTTPError as exc:
+        try:
+            err = json.loads(exc.read())
+            reason = err.get("reason") or err.get("error") or str(exc)
+        except ValueError:
+            reason = str(exc)
+        raise click.ClickException(f"{method} {url}: {exc.code}: {reason}") from None
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        raise click.ClickException(f"{method} {url}: {getattr(exc, 'reason', exc)}") from None
+
+
+def _running(rt: _Runtime) -> int | None:
+    from mqd.runner import running_pid
+
+    return running_pid(rt.pid_file)
+
+
+def _not_running(rt: _Runtime, as_json: bool = False) -> NoReturn:
+    from mqd.runner import read_json
+
+    last = read_json(rt.state_dir / "last_exit.json")
+    if as_json:
+        click.echo(json.dumps({"state": "not running", "pid_file": str(rt.pid_file), "last_exit": last}))
+    else:
+        msg = f"mqd is not running (pid file {rt.pid_file})"
+        if last:
+            msg += f"\n  last exit: code {last.get('exit_code')}, {last.get('reason')}"
+        click.echo(msg)
+    sys.exit(EXIT_NOT_RUNNING)
+
+
+# -- daemon commands --------------------------------------------------------------------------------
+
+
+@main.command()
+@_config_option
+@click.option("--burst", is_flag=True, help="Exit once every assigned partition is caught up and landed.")
+def run(config_path: Path, burst: bool) -> None:
+    """Run the daemon in the foreground (what systemd starts).
+
+    Logs go to stderr: readable on a terminal, JSON lines otherwise. SIGTERM or Ctrl-C drains and
+    exits 0; a second one exits at once (nothing acknowledged is lost either way). SIGHUP reloads.
+
+    \b
+    Examples:
+      mqd run --config config/mqd.toml
+      mqd run -c config/mqd.toml --burst       # land the backlog, then exit
+      MQD_LOG__LEVEL=debug mqd run -c /etc/mqd/mqd.toml
+    """
+    from mqd.runner import run as run_daemon
+
+    cfg = _load(config_path)
+    sys.exit(run_daemon(config_path, cfg, burst=burst))
+
+
+@main.command()
+@_config_option
+@click.option("--wait", "wait_s", default=30.0, show_default=True, type=float,
+              help="Seconds to wait until the daemon is up.")
+def start(config_path: Path, wait_s: float) -> None:
+    """Start the daemon in the background (pid file, log file) and wait until it is up.
+
+    \b
+    Examples:
+      mqd start --config config/mqd.toml
+      mqd start -c config/mqd.toml && mqd status -c config/mqd.toml
+    """
+    from mqd.runner import read_json
+
+    cfg = _load(config_path)
+    rt = _runtime(config_path)
+    pid = _running(rt)
+    if pid is not None:
+        click.echo(f"mqd is already running (pid {pid})")
+        sys.exit(EXIT_OK)
+    log_file: Path = cfg.daemon.log_file
+    try:
+        log_file.parent.mkdir(parents=True, exist_ok=True)
+        logf = open(log_file, "ab")  # handed to the child
+    except OSError as exc:
+        _die(f"error: cannot open log file {log_file}: {exc}", EXIT_FAIL)
+    # a detached daemon must not talk to the caller's service manager
+    env = {k: v for k, v in os.environ.items() if k not in _SERVICE_ENV}
+    cmd = [sys.executable, "-m", "mqd.cli", "run", "--config", str(config_path.resolve())]
+    with logf:
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
+                                env=env, start_new_session=True, close_fds=True)
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        code = proc.poll()
+        if code is not None:
+            tail = _tail(log_file, 15)
+            _die(f"mqd failed to start (exit code {code}); last lines of {log_file}:\n{tail}", EXIT_FAIL)
+        info = read_json(rt.state_dir / "admin.json")
+        if not cfg.admin.enabled:
+            if _running(rt) == proc.pid:
+                break
+        elif info and info.get("pid") == proc.pid:
+            try:
+                state = _http("GET", f"{info['url']}/status", timeout=2).get("state")
+            except click.ClickException:
+                state = None
+            if state not in (None, "starting"):
+                break
+        time.sleep(0.1)
+    else:
+        _die(f"mqd (pid {proc.pid}) is not up after {wait_s:.0f}s; it keeps trying, see {log_file}",
+             EXIT_FAIL)
+    click.echo(f"mqd started (pid {proc.pid}), logging to {log_file}")
+
+
+def _tail(path: Path, lines: int) -> str:
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, fh.tell() - 16384))
+            return b"\n".join(fh.read().splitlines()[-lines:]).decode(errors="replace")
+    except OSError as exc:
+        return f"(cannot read: {exc})"
+
+
+@main.command()
+@_config_option
+@click.option("--timeout", "timeout_s", type=float, default=None,
+              help="Seconds to wait for the drain [default: daemon.shutdown_timeout + 10].")
+@click.option("--force", is_flag=True, help="SIGKILL the daemon if it has not stopped by the timeout.")
+def stop(config_path: Path, timeout_s: float | None, force: bool) -> None:
+    """Stop the daemon: SIGTERM, wait for the drain, report how it ended.
+
+    The daemon stops fetching, publishes what is buffered, commits and leaves its group. Running
+    stop again during the drain is a second SIGTERM: the daemon exits at once (code 130); records
+    not yet published are fetched again later, nothing acknowledged is lost.
+
+    \b
+    Examples:
+      mqd stop --config config/mqd.toml
+      mqd stop -c config/mqd.toml --timeout 60 --force
+    """
+    from mqd.runner import read_json
+
+    rt = _runtime(config_path)
+    pid = _running(rt)
+    if pid is None:
+        click.echo("mqd is not running")
+        sys.exit(EXIT_OK)
+    timeout = rt.shutdown_timeout + 10 if timeout_s is None else timeout_s
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        click.echo("mqd is not running")
+        sys.exit(EXIT_OK)
+    except PermissionError:
+        _die(f"error: not allowed to signal pid {pid} (run as its user)", EXIT_FAIL)
+    click.echo(f"stopping mqd (pid {pid}), waiting up to {timeout:.0f}s for the drain ...")
+    t0 = time.monotonic()
+    if not _wait_gone(rt, pid, timeout):
+        if not force:
+            _die(f"mqd (pid {pid}) is still running after {timeout:.0f}s; `mqd stop --force` kills it",
+                 EXIT_FAIL)
+        os.kill(pid, signal.SIGKILL)
+        _wait_gone(rt, pid, 10)
+        _die(f"mqd (pid {pid}) killed after {timeout:.0f}s; buffered records were not landed and will be "
+             "fetched again", EXIT_FAIL)
+    last = read_json(rt.state_dir / "last_exit.json") or {}
+    took = time.monotonic() - t0
+    if last.get("pid") == pid and last.get("clean"):
+        stats = last.get("stats") or {}
+        landed = stats.get("records_published", stats.get("records"))
+        extra = f"; it landed {landed} records since it started" if isinstance(landed, int) else ""
+        click.echo(f"mqd stopped cleanly in {took:.1f}s{extra}")
+        sys.exit(EXIT_OK)
+    if last.get("pid") == pid:
+        _die(f"mqd stopped with exit code {last.get('exit_code')}: {last.get('reason')}", EXIT_FAIL)
+    _die(f"mqd (pid {pid}) is gone but left no exit record in {rt.state_dir}", EXIT_FAIL)
+
+
+def _wait_gone(rt: _Runtime, pid: int, timeout: float) -> bool:
+    import psutil
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if _running(rt) != pid:
+            try:
+                proc = psutil.Process(pid)
+                if proc.status() == psutil.STATUS_ZOMBIE:
+                    return True
+            except psutil.NoSuchProcess:
+                return True
+        time.sleep(0.05)
+    return False
+
+
+def _fetch_status(rt: _Runtime, pid: int) -> dict[str, Any]:
+    url = _admin_url(rt, pid)
+    if url is None:
+        raise click.ClickException("the admin endpoint is disabled (admin.enabled = false)")
+    data = _http("GET", f"{url}/status")
+    if not isinstance(data, dict):
+        raise click.ClickException(f"GET {url}/status: not a JSON object")
+    return data
+
+
+@main.command()
+@_config_option
+@click.option("--json", "as_json", is_flag=True, help="Print the full status JSON.")
+@click.option("--watch", "-w", is_flag=True, help="Live view, refreshed every --interval (= `mqd top`).")
+@click.option("--interval", default=1.0, show_default=True, type=click.FloatRange(min=0.1))
+@click.option("--iterations", type=int, default=None, hidden=True)
+def status(config_path: Path, as_json: bool, watch: bool, interval: float, iterations: int | None) -> None:
+    """Show whether the daemon runs and how it is doing.
+
+    Exit code: 0 healthy, 1 degraded (or its admin endpoint does not answer), 3 not running.
+
+    \b
+    Examples:
+      mqd status --config config/mqd.toml
+      mqd status -c config/mqd.toml --json | jq .health
+      mqd status -c config/mqd.toml --watch
+    """
+    rt = _runtime(config_path)
+    if watch:
+        _watch(rt, interval, iterations)
+        return
+    pid = _running(rt)
+    if pid is None:
+        _not_running(rt, as_json)
+    try:
+        data = _fetch_status(rt, pid)
+    except click.ClickException as exc:
+        if as_json:
+            click.echo(json.dumps({"state": "running", "pid": pid, "health": {
+                "status": "degraded", "reasons": [f"admin endpoint unreachable: {exc.message}"]}}))
+        else:
+            click.echo(f"mqd is running (pid {pid}) but its admin endpoint does not answer: {exc.message}")
+        sys.exit(EXIT_FAIL)
+    healthy = (data.get("health") or {}).get("status") == "ok"
+    if as_json:
+        click.echo(json.dumps(data, indent=2, default=str))
+    else:
+        from mqd.admin import render_summary
+
+        click.echo(render_summary(data))
+    sys.exit(EXIT_OK if healthy else EXIT_FAIL)
+
+
+@main.command()
+@_config_option
+@click.option("--interval", default=1.0, show_default=True, type=click.FloatRange(min=0.1))
+@click.option("--iterations", type=int, default=None, hidden=True)
+def top(config_path: Path, interval: float, iterations: int | None) -> None:
+    """Live view: per partition position, lag, rate, pull node, flow control; totals and backlog.
+
+    \b
+    Example:
+      mqd top --config config/mqd.toml
+    """
+    _watch(_runtime(config_path), interval, iterations)
+
+
+def _watch(rt: _Runtime, interval: float, iterations: int | None) -> None:
+    from mqd.admin import TopView
+
+    view = TopView()
+    tty = sys.stdout.isatty()
+    n = 0
+    try:
+        while iterations is None or n < iterations:
+            n += 1
+            pid = _running(rt)
+            if pid is None:
+                _not_running(rt)
+            try:
+                text = view.render(_fetch_status(rt, pid), width=_width())
+            except click.ClickException as exc:
+                text = f"mqd (pid {pid}): admin endpoint does not answer: {exc.message}"
+            click.echo(("\x1b[H\x1b[2J" if tty else "") + text + ("" if tty else "\n"))
+            if iterations is None or n < iterations:
+                time.sleep(interval)
+    except KeyboardInterrupt:
+        pass
+
+
+def _width() -> int:
+    import shutil
+
+    return shutil.get_terminal_size((120, 40)).columns
+
+
+@main.command()
+@_config_option
+@click.option("--wait", "wait_s", default=30.0, show_default=True, type=float,
+              help="Seconds to wait for the daemon to report the result.")
+def reload(config_path: Path, wait_s: float) -> None:
+    """Re-read the config file in the running daemon (SIGHUP) and report the result.
+
+    A valid change (topics, thresholds, log level) applies without losing data; an invalid file is
+    refused and the daemon keeps its running config. The file is checked here first.
+
+    \b
+    Example:
+      mqd reload --config /etc/mqd/mqd.toml      # or: systemctl reload mqd
+    """
+    _load(config_path)  # an invalid file: say so here (exit 2), do not bother the daemon
+    rt = _runtime(config_path)
+    pid = _running(rt)
+    if pid is None:
+        _not_running(rt)
+    try:
+        before = (_fetch_status(rt, pid).get("runner") or {}).get("reload", {}).get("count")
+    except click.ClickException:
+        before = None
+    os.kill(pid, signal.SIGHUP)
+    if before is None:
+        click.echo(f"SIGHUP sent to mqd (pid {pid}); its log says how the reload went")
+        return
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        time.sleep(0.1)
+        try:
+            rel = (_fetch_status(rt, pid).get("runner") or {}).get("reload", {})
+        except click.ClickException:
+            continue
+        if (rel.get("count") or 0) > before:
+            if rel.get("ok"):
+                click.echo("config reloaded")
+                return
+            _die(f"reload refused, the daemon keeps its running config:\n{rel.get('error')}", EXIT_FAIL)
+    _die(f"mqd (pid {pid}) did not report a reload within {wait_s:.0f}s", EXIT_FAIL)
+
+
+def _pause_resume(config_path: Path, partitions: tuple[str, ...], action: str) -> None:
+    from mqd.admin import AdminError, parse_partition_spec
+
+    try:
+        for p in partitions:
+            parse_partition_spec(p)
+    except AdminError as exc:
+        _die(f"error: {exc}", EXIT_CONFIG)
+    rt = _runtime(config_path)
+    pid = _running(rt)
+    if pid is None:
+        _not_running(rt)
+    url = _admin_url(rt, pid)
+    if url is None:
+        _die("error: the admin endpoint is disabled (admin.enabled = false)", EXIT_FAIL)
+    try:
+        res = _http("POST", f"{url}/{action}", {"partitions": list(partitions)}, token=rt.admin_token)
+    except click.ClickException as exc:
+        _die(f"error: {exc.message}", EXIT_FAIL)
+    key = "paused" if action == "pause" else "resumed"
+    done = ", ".join(f"{d['topic']}:{d['partition']}" for d in res.get(key, []))
+    click.echo(f"{key}: {done or 'nothing'}")
+
+
+@main.command()
+@_config_option
+@click.argument("partitions", nargs=-1, required=True, metavar="TOPIC[:PARTITION]...")
+def pause(config_path: Path, partitions: tuple[str, ...]) -> None:
+    """Stop fetching partitions of the running daemon (a bare topic: all its owned partitions).
+
+    Buffered records of a paused partition are still landed; nothing is skipped.
+
+    \b
+    Examples:
+      mqd pause -c config/mqd.toml events:3
+      mqd pause -c config/mqd.toml events clicks:0
+    """
+    _pause_resume(config_path, partitions, "pause")
+
+
+@main.command()
+@_config_option
+@click.argument("partitions", nargs=-1, required=True, metavar="TOPIC[:PARTITION]...")
+def resume(config_path: Path, partitions: tuple[str, ...]) -> None:
+    """Fetch paused partitions again.
+
+    \b
+    Example:
+      mqd resume -c config/mqd.toml events:3
+    """
+    _pause_resume(config_path, partitions, "resume")
+
+
+# -- config -----------------------------------------------------------------------------------------
+
+
+@main.group()
+def config() -> None:
+    """Config file tools."""
+
+
+@config.command("check")
+@click.argument("files", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--show", is_flag=True, help="Print the effective config (defaults and MQD_* applied) as JSON.")
+def config_check(files: tuple[Path, ...], show: bool) -> None:
+    """Validate config files: a daemon file, a broker node file or a cluster layout (told by its keys).
+
+    Exit code 0 when every file is valid, 2 otherwise (each problem names the file and key path).
+
+    \b
+    Examples:
+      mqd config check config/mqd.toml
+      mqd config check config/*.toml
+      MQD_CONSUMER__GROUP=etl mqd config check --show /etc/mqd/mqd.toml
+    """
+    from mqd.config import check_file
+
+    failed = False
+    for path in files:
+        try:
+            kind, model = check_file(path)
+        except ConfigError as exc:
+            failed = True
+            click.echo(f"error: {exc}", err=True)
+            continue
+        click.echo(f"{path}: ok ({kind} config)")
+        if show:
+            click.echo(json.dumps(_masked(model.model_dump(mode="json")), indent=2))  # type: ignore[attr-defined]
+    sys.exit(EXIT_CONFIG if failed else EXIT_OK)
+
+
+def _masked(data: Any) -> Any:
+    if isinstance(data, dict):
+        return {k: ("<hidden>" if "token" in k and v else _masked(v)) for k, v in data.items()}
+    if isinstance(data, list):
+        return [_masked(v) for v in data]
+    return data
+
+
+# -- cluster and spark --------------------------------------------------------------------------------
 
 
 @main.command()
@@ -62,5 +623,26 @@ def produce(bootstrap: str, topic: str, count: int, size: int, rate: float, keys
                          keys=keys, batch=batch, acks=acks, token=token))
 
 
+@main.command()
+@_config_option
+@click.option("--once", is_flag=True, help="Process what has landed (availableNow trigger), then exit.")
+@click.option("--master", default=None, help="Spark master URL [default: spark.master of the config].")
+def spark(config_path: Path, once: bool, master: str | None) -> None:
+    """Run the Spark job that appends landed Parquet files into the output table.
+
+    \b
+    Examples:
+      mqd spark --config config/mqd.toml --once
+      mqd spark -c config/mqd.toml --master spark://spark-master:7077
+    """
+    cfg = _load(config_path)
+    from mqd import log as mqdlog
+    from mqd.spark.job import run as run_job
+
+    mqdlog.configure(cfg.log.level, cfg.log.format)
+    rc = run_job(cfg, once=once, master=master)
+    sys.exit(rc if isinstance(rc, int) else EXIT_OK)
+
+
 if __name__ == "__main__":
-    main()
+    main(prog_name="mqd")

@@ -2,20 +2,28 @@
 
 Every model rejects unknown keys; a bad file raises ConfigError naming the file, the key path and
 what is allowed. ``MQD_<SECTION>__<KEY>`` environment variables override daemon keys (containers,
-secrets): ``MQD_CONSUMER__GROUP=g`` sets ``consumer.group``.
+secrets): ``MQD_CONSUMER__GROUP=g`` sets ``consumer.group``; numbers, booleans and lists take TOML
+syntax (``MQD_CONSUMER__TOPICS='["a", "b"]'``). Files are validated strictly: ``"100"`` is not a
+number.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import socket
+import sys
 import tomllib
+from collections.abc import Mapping
+from difflib import get_close_matches
 from pathlib import Path
-from typing import Any, Literal, Self
+from types import UnionType
+from typing import Any, Literal, Self, TypeVar, Union, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 MiB = 1024 * 1024
+BUILTIN_ALLOCATIONS = ("averagely", "averagely-by-circle", "consistent-hash")  # mqd.consumer.allocation
 
 
 class ConfigError(Exception):
@@ -26,6 +34,14 @@ class ConfigError(Exception):
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=False)
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _no_nul_in_paths(cls, value: Any) -> Any:
+        # the OS refuses such a path later, with a ValueError far from the config file
+        if isinstance(value, Path) and "\0" in str(value):
+            raise ValueError("a path may not contain a NUL character")
+        return value
 
 
 # ---------------------------------------------------------------------------------------------
@@ -131,6 +147,7 @@ class BrokerConfig(_Model):
     auth_token: str | None = Field(default=None, repr=False)
     tls_cert: Path | None = None
     tls_key: Path | None = None
+    tls_ca_file: Path | None = None  # CA bundle to verify peers' certificates (default: system store)
     log_level: str = "info"
     log_format: Literal["auto", "json", "console"] = "auto"
     storage: StorageConfig = StorageConfig()
@@ -171,12 +188,28 @@ class ConsumerConfig(_Model):
     check_crc: bool = True
     offset_file: Path = Path("state/offsets.json")  # broadcast mode
     auth_token: str | None = Field(default=None, repr=False)
+    tls_ca_file: Path | None = None  # CA bundle to verify brokers' certificates (default: system store)
 
     @model_validator(mode="after")
     def _timestamp_needs_time(self) -> Self:
         if self.consume_from == "timestamp" and self.consume_timestamp_ms is None:
             raise ValueError('consume_from = "timestamp" needs consume_timestamp_ms')
+        if self.error_backoff_max_ms < self.error_backoff_ms:
+            raise ValueError("error_backoff_max_ms must be >= error_backoff_ms")
         return self
+
+    @field_validator("allocation")
+    @classmethod
+    def _known_allocation(cls, value: str) -> str:
+        names = set(BUILTIN_ALLOCATIONS)
+        # strategies registered by embedding code count too; importing the consumer here would make
+        # every CLI call pay for pyarrow and aiohttp, so only look if it is loaded already
+        loaded = sys.modules.get("mqd.consumer.allocation")
+        if loaded is not None:
+            names.update(loaded.strategy_names())
+        if value not in names:
+            raise ValueError(f"unknown allocation strategy {value!r}; allowed: {', '.join(sorted(names))}")
+        return value
 
     @property
     def effective_client_id(self) -> str:
@@ -216,7 +249,8 @@ class SparkConfig(_Model):
 class AdminConfig(_Model):
     enabled: bool = True
     host: str = "127.0.0.1"
-    port: int = Field(default=9480, ge=0, le=65535)
+    port: int = Field(default=9480, ge=0, le=65535)  # 0: any free port (written to state_dir/admin.json)
+    auth_token: str | None = Field(default=None, repr=False)  # needed by POST /pause, /resume when set
 
 
 class LogConfig(_Model):
@@ -247,16 +281,64 @@ class MqdConfig(_Model):
 # loading
 
 
-def _format_errors(path: Path, exc: ValidationError) -> str:
+_M = TypeVar("_M", bound=BaseModel)
+_SECRET_HINTS = ("token", "password", "secret", "key")
+
+
+def _model_at(model: type[BaseModel], loc: tuple[int | str, ...]) -> type[BaseModel] | None:
+    """The model class that holds the key at ``loc`` (list indexes skipped), for "allowed keys"."""
+    current: type[BaseModel] = model
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        field = current.model_fields.get(part)
+        if field is None:
+            return None
+        ann: Any = field.annotation
+        while get_origin(ann) in (list, Union, UnionType):
+            ann = next((a for a in get_args(ann) if a is not type(None)), None)
+        if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
+            return None
+        current = ann
+    return current
+
+
+def _format_errors(
+    path: Path,
+    exc: ValidationError,
+    model: type[BaseModel],
+    env_keys: Mapping[tuple[str, str], str] | None = None,
+) -> str:
+    """One line per problem: key path, what is wrong, what is allowed, and where the value came from."""
     lines = [f"{path}: invalid configuration"]
     for err in exc.errors():
-        loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
-        msg = err["msg"]
+        loc = tuple(err["loc"])
+        where = ".".join(str(p) for p in loc) or "(top level)"
+        value = err.get("input")
+        shown = "<hidden>" if any(h in where.lower() for h in _SECRET_HINTS) else repr(value)
+        if len(shown) > 80:
+            shown = shown[:77] + "..."
         if err["type"] == "extra_forbidden":
+            parent = _model_at(model, loc[:-1])
+            allowed = sorted(parent.model_fields) if parent else []
             msg = "unknown key"
-        elif err["type"] == "literal_error":
-            msg = f"{msg}"
-        lines.append(f"  {loc}: {msg} (got {err.get('input')!r})")
+            close = get_close_matches(str(loc[-1]), allowed, n=1)
+            if close:
+                msg += f" (did you mean {close[0]!r}?)"
+                if any(h in close[0] for h in _SECRET_HINTS):  # a misspelt secret is still a secret
+                    shown = "<hidden>"
+            if allowed:
+                msg += f"; allowed keys: {', '.join(allowed)}"
+        elif err["type"] == "missing":
+            msg = "required key is missing"
+            shown = ""
+        else:
+            msg = err["msg"].removeprefix("Value error, ")
+        origin = (env_keys or {}).get((str(loc[0]), str(loc[1]))) if len(loc) >= 2 else None
+        suffix = f" (got {shown})" if shown else ""
+        if origin:
+            suffix += f" [from environment variable {origin}]"
+        lines.append(f"  {where}: {msg}{suffix}")
     return "\n".join(lines)
 
 
@@ -266,46 +348,94 @@ def read_toml(path: Path) -> dict[str, Any]:
             return tomllib.load(fh)
     except FileNotFoundError:
         raise ConfigError(f"{path}: config file not found") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{path}: is a directory, not a config file") from None
     except PermissionError:
         raise ConfigError(f"{path}: config file not readable (permission denied)") from None
+    except OSError as exc:  # name too long, I/O error, ...
+        raise ConfigError(f"{path}: cannot read config file: {exc.strerror or exc}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not valid UTF-8: {exc}") from None
+    except ValueError as exc:  # a NUL in the file name
+        raise ConfigError(f"{str(path)!r}: not a usable file name: {exc}") from None
+
+
+def _validate(
+    model: type[_M], path: Path, data: dict[str, Any], env_keys: Mapping[tuple[str, str], str] | None = None
+) -> _M:
+    """Strict validation: TOML has real types, so "100" is not accepted where a number is expected.
+
+    JSON mode lets strict validation take strings for paths and ints for floats, nothing looser.
+    """
+    try:
+        return model.model_validate_json(json.dumps(data, default=str), strict=True)
+    except ValidationError as exc:
+        raise ConfigError(_format_errors(path, exc, model, env_keys)) from None
 
 
 def _resolve(base: Path, p: Path) -> Path:
     return p if p.is_absolute() else (base / p)
 
 
-def _env_overrides(data: dict[str, Any], environ: dict[str, str]) -> dict[str, Any]:
+def _resolve_opt(base: Path, p: Path | None) -> Path | None:
+    return None if p is None else _resolve(base, p)
+
+
+def _scalar_kind(model: type[BaseModel], section: str, key: str) -> str:
+    """"str" when the field takes text (str, Path, a Literal of strings), else "value"."""
+    sect = model.model_fields.get(section)
+    sub = sect.annotation if sect else None
+    if not (isinstance(sub, type) and issubclass(sub, BaseModel)) or key not in sub.model_fields:
+        return "str"
+    ann: Any = sub.model_fields[key].annotation
+    union = get_origin(ann) in (Union, UnionType)
+    args = [a for a in get_args(ann) if a is not type(None)] if union else [ann]
+    for a in args:
+        if a in (str, Path) or (get_origin(a) is Literal and all(isinstance(v, str) for v in get_args(a))):
+            return "str"
+    return "value"
+
+
+def _env_overrides(
+    data: dict[str, Any], environ: Mapping[str, str]
+) -> tuple[dict[str, Any], dict[tuple[str, str], str]]:
+    """Apply ``MQD_<SECTION>__<KEY>=value``. Text fields take the value as is; numbers, booleans and
+    lists take TOML syntax (``MQD_CONSUMER__TOPICS='["a", "b"]'``). Returns the data and which keys
+    came from which variable (so errors can name the variable, not the file)."""
     out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in data.items()}
-    for name, value in environ.items():
+    origins: dict[tuple[str, str], str] = {}
+    for name, value in sorted(environ.items()):
         if not name.startswith("MQD_") or "__" not in name:
             continue
         section, _, key = name[4:].lower().partition("__")
         parsed: Any = value
-        try:  # TOML scalar or array syntax, so numbers, booleans and lists work too
-            parsed = tomllib.loads(f"v = {value}")["v"]
-        except tomllib.TOMLDecodeError:
-            pass
-        out.setdefault(section, {})
-        if isinstance(out[section], dict):
-            out[section][key] = parsed
-    return out
+        if _scalar_kind(MqdConfig, section, key) == "value":
+            try:
+                parsed = tomllib.loads(f"v = {value}")["v"]
+            except tomllib.TOMLDecodeError:
+                pass  # left as text: validation names the variable and what it expects
+        section_data = out.setdefault(section, {})
+        if isinstance(section_data, dict):
+            section_data[key] = parsed
+            origins[(section, key)] = name
+    return out, origins
 
 
-def load_daemon_config(path: str | Path, environ: dict[str, str] | None = None) -> MqdConfig:
+def load_daemon_config(path: str | Path, environ: Mapping[str, str] | None = None) -> MqdConfig:
     """Load ``mqd.toml``; relative paths in it are taken relative to the file's folder."""
     path = Path(path)
-    data = _env_overrides(read_toml(path), dict(os.environ if environ is None else environ))
-    try:
-        cfg = MqdConfig.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError(_format_errors(path, exc)) from None
+    data, origins = _env_overrides(read_toml(path), os.environ if environ is None else environ)
+    cfg = _validate(MqdConfig, path, data, origins)
     base = path.resolve().parent
     return cfg.model_copy(
         update={
             "consumer": cfg.consumer.model_copy(
-                update={"offset_file": _resolve(base, cfg.consumer.offset_file)}
+                update={
+                    "offset_file": _resolve(base, cfg.consumer.offset_file),
+                    "tls_ca_file": _resolve_opt(base, cfg.consumer.tls_ca_file),
+                }
             ),
             "landing": cfg.landing.model_copy(update={"dir": _resolve(base, cfg.landing.dir)}),
             "spark": cfg.spark.model_copy(
@@ -326,27 +456,47 @@ def load_daemon_config(path: str | Path, environ: dict[str, str] | None = None) 
 
 def load_cluster_config(path: str | Path) -> ClusterConfig:
     path = Path(path)
-    try:
-        return ClusterConfig.model_validate(read_toml(path))
-    except ValidationError as exc:
-        raise ConfigError(_format_errors(path, exc)) from None
+    return _validate(ClusterConfig, path, read_toml(path))
 
 
 def load_broker_config(path: str | Path) -> tuple[BrokerConfig, ClusterConfig]:
     """Load a node's file and the cluster layout it points to; check the node is in the layout."""
     path = Path(path)
-    try:
-        cfg = BrokerConfig.model_validate(read_toml(path))
-    except ValidationError as exc:
-        raise ConfigError(_format_errors(path, exc)) from None
+    cfg = _validate(BrokerConfig, path, read_toml(path))
     base = path.resolve().parent
     cfg = cfg.model_copy(
         update={
             "cluster_file": _resolve(base, cfg.cluster_file),
             "data_dir": _resolve(base, cfg.data_dir),
+            "tls_cert": _resolve_opt(base, cfg.tls_cert),
+            "tls_key": _resolve_opt(base, cfg.tls_key),
+            "tls_ca_file": _resolve_opt(base, cfg.tls_ca_file),
         }
     )
     cluster = load_cluster_config(cfg.cluster_file)
     if cluster.node(cfg.node_id) is None:
         raise ConfigError(f"{path}: node_id: {cfg.node_id!r} is not a node of {cfg.cluster_file}")
     return cfg, cluster
+
+
+ConfigKind = Literal["daemon", "broker", "cluster"]
+
+
+def detect_kind(data: Mapping[str, Any]) -> ConfigKind:
+    """Which kind of file this is, by its keys: a node file names its node, a layout lists groups."""
+    if "node_id" in data or "cluster_file" in data:
+        return "broker"
+    if "groups" in data:
+        return "cluster"
+    return "daemon"
+
+
+def check_file(path: str | Path, environ: Mapping[str, str] | None = None) -> tuple[ConfigKind, object]:
+    """Validate any mqd config file (``mqd config check``); raises ConfigError, returns kind and model."""
+    path = Path(path)
+    kind = detect_kind(read_toml(path))
+    if kind == "broker":
+        return kind, load_broker_config(path)[0]
+    if kind == "cluster":
+        return kind, load_cluster_config(path)
+    return kind, load_daemon_config(path, environ)

@@ -1,43 +1,120 @@
-"""structlog set-up: JSON lines under systemd or without a TTY, console output on a TTY."""
+"""structlog set-up: JSON lines under systemd or without a TTY, console output on a TTY.
+
+structlog loggers and stdlib loggers (aiohttp, asyncio, py4j/pyspark) go through the same processors,
+so every line has the same shape: ``timestamp``, ``level``, ``logger``, ``event`` and the bound
+context. The pull path binds ``topic``/``partition``/``node`` with ``structlog.contextvars`` (or a
+bound logger); ``merge_contextvars`` puts them on every line logged inside that context, including
+lines from stdlib loggers.
+"""
 
 from __future__ import annotations
 
 import logging
 import os
 import sys
-from typing import Any
+from typing import IO, Any
 
 import structlog
 
+LEVELS = ("debug", "info", "warning", "error")
 
-def configure(level: str = "info", fmt: str = "auto", stream: Any = None) -> None:
-    stream = stream or sys.stderr
-    if fmt == "auto":
-        fmt = "console" if stream.isatty() and "JOURNAL_STREAM" not in os.environ else "json"
-    renderer: Any = (
-        structlog.dev.ConsoleRenderer() if fmt == "console" else structlog.processors.JSONRenderer()
-    )
-    shared: list[Any] = [
+# chatty libraries: their INFO lines are per request
+_QUIET = {"aiohttp.access": logging.WARNING, "py4j": logging.WARNING, "py4j.clientserver": logging.WARNING}
+
+
+def _level_number(level: str) -> int:
+    number = logging.getLevelName(level.upper())
+    if not isinstance(number, int):
+        raise ValueError(f"unknown log level {level!r}; allowed: {', '.join(LEVELS)}")
+    return number
+
+
+def under_journal(stream: IO[Any]) -> bool:
+    """True when ``stream`` is the journal socket systemd connected (JOURNAL_STREAM = dev:inode)."""
+    value = os.environ.get("JOURNAL_STREAM", "")
+    if not value:
+        return False
+    try:
+        st = os.fstat(stream.fileno())
+    except (OSError, ValueError, AttributeError):
+        return False
+    return value == f"{st.st_dev}:{st.st_ino}"
+
+
+def resolve_format(fmt: str, stream: IO[Any]) -> str:
+    if fmt not in ("auto", "json", "console"):
+        raise ValueError(f"unknown log format {fmt!r}; allowed: auto, json, console")
+    if fmt != "auto":
+        return fmt
+    try:
+        tty = stream.isatty()
+    except (ValueError, AttributeError):
+        tty = False
+    return "console" if tty and not under_journal(stream) else "json"
+
+
+def shared_processors() -> list[Any]:
+    """What every line gets, whether it was logged by structlog or by a stdlib logger."""
+    return [
         structlog.contextvars.merge_contextvars,
         structlog.stdlib.add_log_level,
         structlog.stdlib.add_logger_name,
+        structlog.stdlib.ExtraAdder(),
         structlog.processors.TimeStamper(fmt="iso", utc=True),
-        structlog.processors.format_exc_info,
+        structlog.processors.StackInfoRenderer(),
     ]
+
+
+def _final_processors(fmt: str, colors: bool) -> list[Any]:
+    if fmt == "console":
+        # ConsoleRenderer formats exceptions itself (and prettier than format_exc_info)
+        return [
+            structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+            structlog.dev.ConsoleRenderer(colors=colors),
+        ]
+    return [
+        structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+        structlog.processors.format_exc_info,
+        structlog.processors.UnicodeDecoder(),
+        structlog.processors.JSONRenderer(default=str),
+    ]
+
+
+def configure(level: str = "info", fmt: str = "auto", stream: IO[Any] | None = None) -> str:
+    """Set up logging for the whole process; returns the format chosen ("json" or "console")."""
+    stream = stream or sys.stderr
+    number = _level_number(level)
+    chosen = resolve_format(fmt, stream)
+    shared = shared_processors()
     structlog.configure(
         processors=[*shared, structlog.stdlib.ProcessorFormatter.wrap_for_formatter],
         logger_factory=structlog.stdlib.LoggerFactory(),
-        wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level.upper())),
+        wrapper_class=structlog.make_filtering_bound_logger(number),
+        # not cached, so set_level() also reaches module-level loggers made before it
         cache_logger_on_first_use=False,
     )
-    # stdlib loggers (aiohttp, py4j) go through the same processors
     handler = logging.StreamHandler(stream)
     handler.setFormatter(
-        structlog.stdlib.ProcessorFormatter(foreign_pre_chain=shared, processors=[
-            structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer])
+        structlog.stdlib.ProcessorFormatter(
+            foreign_pre_chain=shared,
+            processors=_final_processors(chosen, colors=chosen == "console"),
+        )
     )
     root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(getattr(logging, level.upper()))
-    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
-    logging.getLogger("py4j").setLevel(logging.WARNING)
+    for old in root.handlers[:]:
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(number)
+    for name, lvl in _QUIET.items():
+        logging.getLogger(name).setLevel(max(lvl, number))
+    logging.captureWarnings(True)
+    return chosen
+
+
+def set_level(level: str) -> None:
+    """Change the level at run time (config reload) without touching handlers or format."""
+    number = _level_number(level)
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(number))
+    logging.getLogger().setLevel(number)
+    for name, lvl in _QUIET.items():
+        logging.getLogger(name).setLevel(max(lvl, number))

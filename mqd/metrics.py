@@ -6,7 +6,7 @@ per batch, never per record.
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 
@@ -64,3 +64,11 @@ publish_latency = Histogram(
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
 )
 landing_errors = Counter("mqd_landing_errors", "Landing write failures", ["kind"], registry=REGISTRY)
+
+# -- process (mqd.runner) ---------------------------------------------------------------------------
+# Added by the ops work: process figures (RSS, CPU, fds) and the service's own life cycle.
+ProcessCollector(registry=REGISTRY)
+reloads = Counter("mqd_reloads", "Config reloads", ["result"], registry=REGISTRY)  # ok | refused
+daemon_state = Gauge(
+    "mqd_daemon_state", "1 for the runner's current state", ["state"], registry=REGISTRY
+)

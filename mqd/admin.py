@@ -1,0 +1,421 @@
+"""The daemon's admin HTTP endpoint (aiohttp, 127.0.0.1 by default) and the views of its status.
+
+- ``GET /healthz``  liveness: 200 while the working loop turns, 503 when it is stuck.
+- ``GET /readyz``   readiness: 200 when running and healthy, 503 with the reasons otherwise.
+- ``GET /metrics``  Prometheus text format (``mqd.metrics.REGISTRY``).
+- ``GET /status``   JSON: state, health, assignment, positions, lag, pull node, flow-control, errors.
+- ``GET /``         a small HTML page of the same, refreshed every 2 s.
+- ``POST /pause``, ``POST /resume``  body ``{"partitions": ["topic", "topic:3"]}`` (or
+  ``?partition=topic:3``, repeatable): a bare topic means every owned partition of it.
+
+The server knows nothing about the daemon: it serves an :class:`AdminTarget` (the runner).
+The text and HTML views are pure functions of the status JSON so ``mqd status``/``mqd top`` render
+exactly what the endpoint serves.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import structlog
+from aiohttp import web
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from mqd import metrics
+from mqd.config import AdminConfig
+
+log = structlog.get_logger(__name__)
+
+PartitionSpec = tuple[str, int | None]
+_TOPIC = re.compile(r"^[A-Za-z0-9._-]+$")
+
+
+class AdminError(Exception):
+    """Bad input to the admin endpoint or a failed call to it. Not retriable unless it says so."""
+
+    def __init__(self, message: str, *, retriable: bool = False) -> None:
+        super().__init__(message)
+        self.retriable = retriable
+
+
+def parse_partition_spec(text: str) -> PartitionSpec:
+    """``"events"`` -> ("events", None); ``"events:3"`` -> ("events", 3). Raises AdminError."""
+    topic, sep, part = text.strip().partition(":")
+    if not _TOPIC.match(topic):
+        raise AdminError(f"bad topic in {text!r}: use TOPIC or TOPIC:PARTITION (letters, digits, ._-)")
+    if not sep:
+        return topic, None
+    if not part.isdigit():
+        raise AdminError(f"bad partition in {text!r}: must be a number >= 0")
+    return topic, int(part)
+
+
+class AdminTarget(Protocol):
+    """What the endpoint serves; the runner implements it around the Daemon."""
+
+    def status(self) -> dict[str, Any]: ...
+
+    def liveness(self) -> tuple[bool, str]: ...
+
+    def readiness(self) -> tuple[bool, list[str]]: ...
+
+    def pause(self, specs: Sequence[PartitionSpec]) -> list[tuple[str, int]]: ...
+
+    def resume(self, specs: Sequence[PartitionSpec]) -> list[tuple[str, int]]: ...
+
+
+class AdminServer:
+    """Build in __init__, bind in start(), stop() is idempotent."""
+
+    def __init__(
+        self,
+        config: AdminConfig,
+        target: AdminTarget,
+        *,
+        registry: CollectorRegistry = metrics.REGISTRY,
+    ) -> None:
+        self._config = config
+        self._target = target
+        self._registry = registry
+        self._app = web.Application(client_max_size=64 * 1024)
+        self._app.add_routes(
+            [
+                web.get("/", self._index),
+                web.get("/healthz", self._healthz),
+                web.get("/readyz", self._readyz),
+                web.get("/metrics", self._metrics),
+                web.get("/status", self._status),
+                web.post("/pause", self._pause),
+                web.post("/resume", self._resume),
+            ]
+        )
+        self._runner: web.AppRunner | None = None
+        self._url: str | None = None
+
+    @property
+    def url(self) -> str:
+        if self._url is None:
+            raise RuntimeError("AdminServer.start() was not called")
+        return self._url
+
+    async def start(self) -> None:
+        if self._runner is not None:
+            return
+        runner = web.AppRunner(self._app, access_log=None, handle_signals=False)
+        await runner.setup()
+        try:
+            site = web.TCPSite(runner, self._config.host, self._config.port, reuse_address=True)
+            await site.start()
+        except OSError as exc:
+            await runner.cleanup()
+            raise AdminError(
+                f"admin endpoint cannot listen on {self._config.host}:{self._config.port}: {exc}",
+                retriable=True,
+            ) from exc
+        self._runner = runner
+        host, port = runner.addresses[0][:2]
+        host = f"[{host}]" if ":" in host else host
+        self._url = f"http://{host}:{port}"
+        log.info("admin endpoint listening", url=self._url)
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            runner, self._runner = self._runner, None
+            await runner.cleanup()
+
+    # -- handlers --------------------------------------------------------------------------------
+
+    async def _healthz(self, request: web.Request) -> web.Response:
+        ok, reason = self._target.liveness()
+        return web.json_response({"status": "ok" if ok else "stuck", "reason": reason},
+                                 status=200 if ok else 503)
+
+    async def _readyz(self, request: web.Request) -> web.Response:
+        ok, reasons = self._target.readiness()
+        return web.json_response({"ready": ok, "reasons": reasons}, status=200 if ok else 503)
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        body = generate_latest(self._registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def _status(self, request: web.Request) -> web.Response:
+        return web.json_response(self._target.status(), dumps=_dumps)
+
+    async def _index(self, request: web.Request) -> web.Response:
+        return web.Response(text=render_html(self._target.status()), content_type="text/html")
+
+    async def _pause(self, request: web.Request) -> web.Response:
+        return await self._pause_resume(request, pause=True)
+
+    async def _resume(self, request: web.Request) -> web.Response:
+        return await self._pause_resume(request, pause=False)
+
+    async def _pause_resume(self, request: web.Request, *, pause: bool) -> web.Response:
+        if self._config.auth_token and request.headers.get("Authorization") != (
+            f"Bearer {self._config.auth_token}"
+        ):
+            return _error(401, "unauthorized", "this endpoint needs Authorization: Bearer <admin.auth_token>")
+        try:
+            specs = [parse_partition_spec(s) for s in await _partition_args(request)]
+            if not specs:
+                raise AdminError('name partitions: {"partitions": ["topic", "topic:3"]}')
+            done = self._target.pause(specs) if pause else self._target.resume(specs)
+        except AdminError as exc:
+            return _error(400, "bad_request", str(exc))
+        except KeyError as exc:  # the daemon refused a partition it does not own
+            return _error(404, "not_assigned", str(exc.args[0]) if exc.args else str(exc))
+        key = "paused" if pause else "resumed"
+        log.info(f"partitions {key} by admin request", partitions=[f"{t}:{p}" for t, p in done])
+        return web.json_response({key: [{"topic": t, "partition": p} for t, p in done]})
+
+
+async def _partition_args(request: web.Request) -> list[str]:
+    items = list(request.query.getall("partition", []))
+    if request.can_read_body:
+        try:
+            body = await request.json()
+        except ValueError as exc:
+            raise AdminError(f"body is not JSON: {exc}") from None
+        parts = body.get("partitions") if isinstance(body, dict) else None
+        if not isinstance(parts, list) or not all(isinstance(p, str) for p in parts):
+            raise AdminError('body must be {"partitions": ["topic", "topic:3", ...]}')
+        items.extend(parts)
+    return items
+
+
+def _error(status: int, code: str, reason: str) -> web.Response:
+    return web.json_response({"error": code, "reason": reason}, status=status)
+
+
+def _dumps(obj: Any) -> str:
+    return json.dumps(obj, default=str)
+
+
+# -- views ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionRow:
+    topic: str
+    partition: int
+    position: int | None
+    committed: int | None
+    log_end: int | None
+    lag: int | None
+    node: str
+    flow: str
+    paused: bool
+    parked: bool
+    error: str
+
+    @property
+    def state(self) -> str:
+        """What holds the partition back, if anything: parked (offset policy), paused, flow control."""
+        return "parked" if self.parked else "paused" if self.paused else self.flow
+
+
+def _section(d: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+    value = d.get(key)
+    return value if isinstance(value, Mapping) else {}
+
+
+def _first(d: Mapping[str, Any], *keys: str, default: Any = None) -> Any:
+    for k in keys:
+        if k in d and d[k] is not None:
+            return d[k]
+    return default
+
+
+def _int_or_none(v: Any) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def partition_rows(status: Mapping[str, Any]) -> list[PartitionRow]:
+    """Per-partition rows from the status JSON (the consumer's ``assignment`` list or mapping)."""
+    consumer = _section(status, "consumer")
+    raw = _first(consumer, "assignment", "partitions", default=[])
+    entries: list[tuple[str | None, Mapping[str, Any]]] = []
+    if isinstance(raw, Mapping):
+        entries = [(str(k), v) for k, v in raw.items() if isinstance(v, Mapping)]
+    elif isinstance(raw, list):
+        entries = [(None, v) for v in raw if isinstance(v, Mapping)]
+    rows = []
+    for key, e in entries:
+        topic, part = e.get("topic"), e.get("partition")
+        if (topic is None or part is None) and key:
+            sep = "/" if "/" in key else ":"
+            topic, _, p = key.rpartition(sep)
+            part = int(p) if p.isdigit() else None
+        if not isinstance(topic, str) or not isinstance(part, int):
+            continue
+        position = _int_or_none(_first(e, "position", "offset"))
+        log_end = _int_or_none(_first(e, "log_end", "max_offset"))
+        lag = _int_or_none(e.get("lag"))
+        if lag is None and position is not None and log_end is not None:
+            lag = max(0, log_end - position)
+        flow = _first(e, "flow_control", "flow", "flow_state", default="")
+        if isinstance(flow, Mapping):
+            flow = flow.get("reason") or flow.get("state") or ""
+        rows.append(
+            PartitionRow(
+                topic=topic,
+                partition=part,
+                position=position,
+                committed=_int_or_none(e.get("committed")),
+                log_end=log_end,
+                lag=lag,
+                node=str(_first(e, "pull_node", "node", default="")),
+                flow=str(flow or ""),
+                paused=bool(e.get("paused")),
+                parked=bool(e.get("parked")),
+                error=str(_first(e, "last_error", "error", default="")),
+            )
+        )
+    rows.sort(key=lambda r: (r.topic, r.partition))
+    return rows
+
+
+def _fmt(n: float | None, unit: str = "") -> str:
+    if n is None:
+        return "-"
+    for div, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(n) >= div:
+            return f"{n / div:.1f}{suffix}{unit}"
+    return f"{n:.0f}{unit}" if isinstance(n, float) else f"{n}{unit}"
+
+
+class TopView:
+    """``mqd top``: keeps the previous sample to compute rates and the backlog's progress."""
+
+    def __init__(self) -> None:
+        self._prev: dict[tuple[str, int], int] = {}
+        self._prev_time: float | None = None
+        self._consumed = 0  # records consumed since the view started, the progress bar's numerator
+
+    def render(self, status: Mapping[str, Any], now: float | None = None, width: int = 100) -> str:
+        now = time.monotonic() if now is None else now
+        rows = partition_rows(status)
+        dt = (now - self._prev_time) if self._prev_time is not None else 0.0
+        rates: dict[tuple[str, int], float | None] = {}
+        for r in rows:
+            before = self._prev.get((r.topic, r.partition))
+            if dt > 0 and before is not None and r.position is not None:
+                delta = max(0, r.position - before)
+                rates[(r.topic, r.partition)] = delta / dt
+                self._consumed += delta
+            else:
+                rates[(r.topic, r.partition)] = None
+        self._prev = {(r.topic, r.partition): r.position for r in rows if r.position is not None}
+        self._prev_time = now
+
+        health = _section(status, "health")
+        state = status.get("state", "?")
+        head = f"mqd  state={state}  health={health.get('status', '?')}"
+        reasons = health.get("reasons") or []
+        if reasons:
+            head += "  (" + "; ".join(map(str, reasons)) + ")"
+        lines = [head[:width]]
+        fmt = "{:<20} {:>4} {:>12} {:>10} {:>10} {:<14} {:<16} {}"
+        lines.append(fmt.format("TOPIC", "PART", "POSITION", "LAG", "RATE/s", "NODE", "FLOW", "ERROR"))
+        total_lag = 0
+        total_rate = 0.0
+        known_rate = False
+        for r in rows:
+            rate = rates[(r.topic, r.partition)]
+            if rate is not None:
+                total_rate += rate
+                known_rate = True
+            total_lag += r.lag or 0
+            flow = r.state or "-"
+            lines.append(
+                fmt.format(
+                    r.topic[:20], r.partition, _fmt(r.position), _fmt(r.lag), _fmt(rate), r.node[:14] or "-",
+                    flow[:16], r.error[:max(0, width - 95)],
+                ).rstrip()
+            )
+        rate_all = total_rate if known_rate else None
+        lines.append(
+            f"total  partitions={len(rows)}  lag={_fmt(total_lag)}  rate={_fmt(rate_all, '/s')}"
+            + _published(status)
+        )
+        done, todo = self._consumed, total_lag
+        if todo or done:
+            frac = done / (done + todo) if done + todo else 1.0
+            bar_w = max(10, min(50, width - 40))
+            filled = round(frac * bar_w)
+            eta = f"  eta {todo / total_rate:.0f}s" if todo and known_rate and total_rate > 0 else ""
+            lines.append(f"backlog [{'#' * filled}{'.' * (bar_w - filled)}] {frac * 100:5.1f}%  "
+                         f"{_fmt(done)} done, {_fmt(todo)} to go{eta}")
+        return "\n".join(lines)
+
+
+def _published(status: Mapping[str, Any]) -> str:
+    stats = status.get("stats")
+    if not isinstance(stats, Mapping):
+        return ""
+    recs = _first(stats, "records_published", "records")
+    files = _first(stats, "files_published", "files")
+    out = ""
+    if isinstance(recs, int):
+        out += f"  published={_fmt(recs)} records"
+    if isinstance(files, int):
+        out += f" in {files} files"
+    return out
+
+
+def render_summary(status: Mapping[str, Any]) -> str:
+    """The human summary of ``mqd status``."""
+    health = _section(status, "health")
+    runner = _section(status, "runner")
+    consumer = _section(status, "consumer")
+    rows = partition_rows(status)
+    lines = [
+        f"mqd is {status.get('state', 'running')}: {health.get('status', 'unknown')}"
+        + (f" (pid {runner.get('pid')}, up {_fmt(runner.get('uptime_s'), 's')})" if runner else ""),
+    ]
+    for reason in health.get("reasons") or []:
+        lines.append(f"  ! {reason}")
+    if consumer:
+        member = _first(consumer, "member_id", "client_id", default="?")
+        gen = consumer.get("generation", "?")
+        lines.append(f"  group {consumer.get('group', '?')}, member {member}, generation {gen}")
+    lag = sum(r.lag or 0 for r in rows)
+    paused = sum(1 for r in rows if r.paused)
+    errors = [r for r in rows if r.error]
+    lines.append(f"  {len(rows)} partitions assigned, {paused} paused, total lag {lag}" + _published(status))
+    for r in errors[:10]:
+        lines.append(f"  {r.topic}:{r.partition}: {r.error}")
+    reload = _section(runner, "reload")
+    if reload.get("count"):
+        lines.append(f"  last reload: {'ok' if reload.get('ok') else 'refused: ' + str(reload.get('error'))}")
+    return "\n".join(lines)
+
+
+def render_html(status: Mapping[str, Any]) -> str:
+    rows = partition_rows(status)
+    health = _section(status, "health")
+    esc = html.escape
+    body = [
+        f"<h1>mqd: {esc(str(status.get('state', '?')))} / {esc(str(health.get('status', '?')))}</h1>",
+        "<ul>" + "".join(f"<li>{esc(str(r))}</li>" for r in health.get("reasons") or []) + "</ul>",
+        "<table><tr><th>topic</th><th>partition</th><th>position</th><th>committed</th><th>log end</th>"
+        "<th>lag</th><th>pull node</th><th>flow</th><th>error</th></tr>",
+    ]
+    for r in rows:
+        cells = [r.topic, r.partition, r.position, r.committed, r.log_end, r.lag, r.node, r.state, r.error]
+        body.append("<tr>" + "".join(f"<td>{esc('' if c is None else str(c))}</td>" for c in cells) + "</tr>")
+    body.append("</table>")
+    body.append('<p><a href="/status">/status</a> · <a href="/metrics">/metrics</a> · '
+                '<a href="/healthz">/healthz</a> · <a href="/readyz">/readyz</a></p>')
+    return (
+        '<!doctype html><html><head><meta charset="utf-8"><meta http-equiv="refresh" content="2">'
+        "<title>mqd</title><style>body{font-family:sans-serif}td,th{padding:2px 8px;text-align:right}"
+        "</style></head><body>" + "".join(body) + "</body></html>"
+    )

@@ -1,0 +1,114 @@
+#!/bin/sh
+# Install mqd's systemd units and a starting config. `make install-systemd` runs it (as root).
+#
+#   sh systemd/install.sh            install, verify, `systemctl daemon-reload`
+#   sh systemd/install.sh --dry-run  say what would be done, change nothing
+#
+# Environment:
+#   MQD_BIN          the mqd executable [default: ./.venv/bin/mqd, else `command -v mqd`]
+#   DESTDIR          staging root for packaging [default: none]; no daemon-reload with it
+#   UNITDIR          [/etc/systemd/system]     CONFDIR  [/etc/mqd]
+#   SYSTEMD_VERSION  systemd version to target [default: `systemctl --version`]; >= 253 uses
+#                    Type=notify-reload (systemd sends SIGHUP itself), older Type=notify + ExecReload
+#   VERIFY=0         skip `systemd-analyze verify`
+#
+# Afterwards: edit /etc/mqd/mqd.toml, then `systemctl enable --now mqd` (and mqd-spark,
+# mqd-broker@<node-id> for broker nodes on this host, with /etc/mqd/broker-<node-id>.toml).
+set -eu
+
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(dirname "$here")
+dry=0
+[ "${1:-}" = "--dry-run" ] && dry=1
+
+DESTDIR=${DESTDIR:-}
+UNITDIR=${UNITDIR:-/etc/systemd/system}
+CONFDIR=${CONFDIR:-/etc/mqd}
+VERIFY=${VERIFY:-1}
+
+MQD_BIN=${MQD_BIN:-}
+if [ -z "$MQD_BIN" ]; then
+    if [ -x "$root/.venv/bin/mqd" ]; then
+        MQD_BIN="$root/.venv/bin/mqd"
+    elif command -v mqd >/dev/null 2>&1; then
+        MQD_BIN=$(command -v mqd)
+    else
+        echo "error: no mqd executable found; run 'make install' or set MQD_BIN" >&2
+        exit 1
+    fi
+fi
+case "$MQD_BIN" in
+    /*) ;;
+    *) echo "error: MQD_BIN must be an absolute path, got '$MQD_BIN'" >&2; exit 1 ;;
+esac
+case "$MQD_BIN" in
+    /home/*|/root/*|/run/user/*)
+        echo "warning: $MQD_BIN is hidden from the services by ProtectHome=yes; install mqd" \
+             "system-wide (python3 -m venv /opt/mqd && /opt/mqd/bin/pip install .) and set MQD_BIN" >&2 ;;
+    /tmp/*|/var/tmp/*)
+        echo "warning: $MQD_BIN is hidden from the services by PrivateTmp=yes" >&2 ;;
+esac
+
+if [ -z "${SYSTEMD_VERSION:-}" ]; then
+    SYSTEMD_VERSION=$(systemctl --version 2>/dev/null | awk 'NR==1 {print $2}' | tr -cd '0-9')
+fi
+SYSTEMD_VERSION=${SYSTEMD_VERSION:-0}
+
+run() {
+    if [ "$dry" = 1 ]; then echo "would run: $*"; else "$@"; fi
+}
+
+staging=$(mktemp -d)
+trap 'rm -rf "$staging"' EXIT INT TERM
+
+for unit in mqd.service mqd-broker@.service mqd-spark.service; do
+    sed "s|@MQD@|$MQD_BIN|g" "$here/$unit" > "$staging/$unit"
+done
+if [ "$SYSTEMD_VERSION" -ge 253 ]; then
+    # systemd sends SIGHUP itself and waits for RELOADING=1 ... READY=1
+    sed -i -e 's/^Type=notify$/Type=notify-reload/' -e '/^ExecReload=/d' "$staging/mqd.service"
+fi
+
+# The service's paths: state and landing under StateDirectory, pid file under RuntimeDirectory.
+sed -e 's|^# state_dir = "state" |state_dir = "/var/lib/mqd"|' \
+    -e 's|^# pid_file = "state/mqd.pid" |pid_file = "/run/mqd/mqd.pid"|' \
+    -e 's|^# log_file = "state/mqd.log" |log_file = "/var/lib/mqd/mqd.log"|' \
+    -e 's|^# dir = "landing" |dir = "/var/lib/mqd/landing"|' \
+    -e 's|^# offset_file = "state/offsets.json" |offset_file = "/var/lib/mqd/offsets.json"|' \
+    -e 's|^# output_dir = "warehouse/events" |output_dir = "/var/lib/mqd/warehouse/events"|' \
+    -e 's|^# checkpoint_dir = "warehouse/_checkpoints/events"|checkpoint_dir = "/var/lib/mqd/warehouse/_checkpoints/events"|' \
+    -e 's|^# quarantine_dir = "warehouse/_quarantine/events"|quarantine_dir = "/var/lib/mqd/warehouse/_quarantine/events"|' \
+    "$root/config/mqd.toml" > "$staging/mqd.toml"
+"$MQD_BIN" config check "$staging/mqd.toml" >/dev/null
+
+if [ "$VERIFY" = 1 ] && command -v systemd-analyze >/dev/null 2>&1; then
+    # a template is verified through an instance of it
+    cp "$staging/mqd-broker@.service" "$staging/mqd-broker@verify.service"
+    # verify exits 0 on "unknown key ... ignoring": any complaint about our files is an error
+    if ! out=$(SYSTEMD_LOG_LEVEL=warning systemd-analyze verify --man=no \
+            "$staging/mqd.service" "$staging/mqd-broker@verify.service" "$staging/mqd-spark.service" 2>&1) \
+        || printf '%s\n' "$out" | grep -q "^$staging/"; then
+        printf '%s\n' "$out" >&2
+        echo "error: systemd-analyze verify failed" >&2
+        exit 1
+    fi
+    [ -n "$out" ] && printf '%s\n' "$out" >&2
+    rm -f "$staging/mqd-broker@verify.service"
+    echo "units verified (systemd $SYSTEMD_VERSION)"
+fi
+
+run mkdir -p "$DESTDIR$UNITDIR" "$DESTDIR$CONFDIR"
+for unit in mqd.service mqd-broker@.service mqd-spark.service; do
+    run install -m 0644 "$staging/$unit" "$DESTDIR$UNITDIR/$unit"
+done
+if [ -e "$DESTDIR$CONFDIR/mqd.toml" ]; then
+    echo "keeping existing $DESTDIR$CONFDIR/mqd.toml"
+else
+    run install -m 0644 "$staging/mqd.toml" "$DESTDIR$CONFDIR/mqd.toml"
+fi
+
+if [ -z "$DESTDIR" ] && [ "$dry" = 0 ] && [ -d /run/systemd/system ]; then
+    systemctl daemon-reload
+fi
+echo "installed mqd units into $DESTDIR$UNITDIR (mqd: $MQD_BIN)"
+echo "next: edit $CONFDIR/mqd.toml, then: systemctl enable --now mqd mqd-spark"

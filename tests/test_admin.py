@@ -1,0 +1,232 @@
+"""The admin endpoint over real HTTP (port 0), and the status views it and the CLI share."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import aiohttp
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry, Counter
+from prometheus_client.parser import text_string_to_metric_families
+
+from mqd import metrics
+from mqd.admin import (
+    AdminError,
+    AdminServer,
+    PartitionSpec,
+    TopView,
+    parse_partition_spec,
+    partition_rows,
+    render_html,
+    render_summary,
+)
+from mqd.config import AdminConfig
+
+STATUS: dict[str, Any] = {
+    "state": "running",
+    "health": {"status": "ok", "reasons": []},
+    "consumer": {
+        "member_id": "host-1", "group": "g", "generation": 3,
+        "assignment": {
+            "events/0": {"topic": "events", "partition": 0, "position": 100, "committed": 90,
+                         "log_end": 150, "lag": 50, "pull_node": "broker-a-0", "paused": False,
+                         "flow_control": None, "parked": False, "last_error": None},
+            "events/1": {"topic": "events", "partition": 1, "position": 10, "committed": 10,
+                         "log_end": 10, "lag": 0, "pull_node": "broker-b-1", "paused": True,
+                         "flow_control": "records", "parked": False, "last_error": "<b>boom</b>"},
+        },
+    },
+    "stats": {"records_published": 1234, "files_published": 5},
+}
+
+
+class Target:
+    """A fixed status source that records pause/resume calls (the runner plays this part in mqd)."""
+
+    def __init__(self) -> None:
+        self.live = True
+        self.ready = True
+        self.calls: list[tuple[str, list[PartitionSpec]]] = []
+
+    def status(self) -> dict[str, Any]:
+        return STATUS
+
+    def liveness(self) -> tuple[bool, str]:
+        return self.live, "loop ok" if self.live else "working loop silent for 99s"
+
+    def readiness(self) -> tuple[bool, list[str]]:
+        return self.ready, [] if self.ready else ["no partitions assigned"]
+
+    def pause(self, specs: Sequence[PartitionSpec]) -> list[tuple[str, int]]:
+        self.calls.append(("pause", list(specs)))
+        if any(p == 99 for _, p in specs):
+            raise KeyError("partition events/99 is not assigned to this consumer")
+        return [(t, 0 if p is None else p) for t, p in specs]
+
+    def resume(self, specs: Sequence[PartitionSpec]) -> list[tuple[str, int]]:
+        self.calls.append(("resume", list(specs)))
+        return [(t, 0 if p is None else p) for t, p in specs]
+
+
+@pytest.fixture
+async def served() -> AsyncIterator[tuple[AdminServer, Target, aiohttp.ClientSession]]:
+    target = Target()
+    server = AdminServer(AdminConfig(port=0, auth_token="tok"), target)
+    await server.start()
+    session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10))
+    try:
+        yield server, target, session
+    finally:
+        await session.close()
+        await server.stop()
+        await server.stop()  # idempotent
+
+
+async def test_health_and_readiness_follow_the_target(served: Any) -> None:
+    """/healthz is liveness (503 when the loop is stuck), /readyz readiness with reasons."""
+    server, target, s = served
+    async with s.get(f"{server.url}/healthz") as r:
+        assert r.status == 200 and (await r.json())["status"] == "ok"
+    async with s.get(f"{server.url}/readyz") as r:
+        assert r.status == 200
+    target.live, target.ready = False, False
+    async with s.get(f"{server.url}/healthz") as r:
+        assert r.status == 503 and "silent" in (await r.json())["reason"]
+    async with s.get(f"{server.url}/readyz") as r:
+        assert r.status == 503 and (await r.json())["reasons"] == ["no partitions assigned"]
+
+
+async def test_metrics_parse_with_prometheus_parser(served: Any) -> None:
+    """/metrics is valid Prometheus text with the daemon's metric families."""
+    server, _, s = served
+    metrics.records_fetched.labels("events", "0").inc(7)
+    metrics.fetch_latency.labels("broker-a-0").observe(0.01)
+    async with s.get(f"{server.url}/metrics") as r:
+        assert r.status == 200
+        assert r.headers["Content-Type"].startswith("text/plain")
+        text = await r.text()
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    for name in ("mqd_records_fetched", "mqd_bytes_fetched", "mqd_fetch_latency_seconds",
+                 "mqd_fetch_requests", "mqd_flow_control_events", "mqd_offset_resets", "mqd_consumer_lag",
+                 "mqd_files_published", "mqd_commit_latency_seconds", "mqd_rebalances"):
+        assert name in families, name
+    fetched = [x for x in families["mqd_records_fetched"].samples
+               if x.name == "mqd_records_fetched_total" and x.labels == {"topic": "events", "partition": "0"}]
+    assert fetched and fetched[0].value >= 7
+
+
+async def test_metrics_of_a_given_registry() -> None:
+    """The server serves the registry it was given (tests and embedders use their own)."""
+    reg = CollectorRegistry()
+    Counter("only_here", "x", registry=reg).inc()
+    server = AdminServer(AdminConfig(port=0), Target(), registry=reg)
+    await server.start()
+    try:
+        async with aiohttp.ClientSession() as s, s.get(f"{server.url}/metrics") as r:
+            names = {f.name for f in text_string_to_metric_families(await r.text())}
+        assert "only_here" in names
+        assert not any(n.startswith("mqd_") for n in names)
+    finally:
+        await server.stop()
+
+
+async def test_status_json_and_html_page(served: Any) -> None:
+    """/status is the target's JSON; / renders it as HTML with user text escaped."""
+    server, _, s = served
+    async with s.get(f"{server.url}/status") as r:
+        assert await r.json() == STATUS
+    async with s.get(f"{server.url}/") as r:
+        page = await r.text()
+    assert r.headers["Content-Type"].startswith("text/html")
+    assert "broker-b-1" in page and "&lt;b&gt;boom&lt;/b&gt;" in page and "<b>boom" not in page
+
+
+async def test_pause_resume_need_the_token_and_valid_partitions(served: Any) -> None:
+    """POST /pause and /resume: 401 without the token, 400 on bad input, 404 for an unowned partition."""
+    server, target, s = served
+    auth = {"Authorization": "Bearer tok"}
+    async with s.post(f"{server.url}/pause", json={"partitions": ["events:1"]}) as r:
+        assert r.status == 401
+    async with s.post(f"{server.url}/pause", json={"partitions": ["events:1", "clicks"]}, headers=auth) as r:
+        assert r.status == 200
+        assert (await r.json())["paused"] == [{"topic": "events", "partition": 1},
+                                              {"topic": "clicks", "partition": 0}]
+    assert target.calls[-1] == ("pause", [("events", 1), ("clicks", None)])
+    async with s.post(f"{server.url}/resume?partition=events:1", headers=auth) as r:
+        assert r.status == 200 and (await r.json())["resumed"] == [{"topic": "events", "partition": 1}]
+    bads: list[dict[str, Any]] = [{"partitions": ["events:x"]}, {"partitions": []}, {"partitions": "events"},
+                                  {"nope": 1}]
+    for bad in bads:
+        async with s.post(f"{server.url}/pause", json=bad, headers=auth) as r:
+            assert r.status == 400, bad
+            assert (await r.json())["error"] == "bad_request"
+    async with s.post(f"{server.url}/pause", data=b"{not json", headers=auth) as r:
+        assert r.status == 400
+    async with s.post(f"{server.url}/pause", json={"partitions": ["events:99"]}, headers=auth) as r:
+        assert r.status == 404 and "not assigned" in (await r.json())["reason"]
+
+
+async def test_port_in_use_is_a_clear_retriable_error(served: Any) -> None:
+    """A second server on the same port fails with the address in the message."""
+    server, _, _ = served
+    port = int(server.url.rsplit(":", 1)[1])
+    other = AdminServer(AdminConfig(port=port), Target())
+    with pytest.raises(AdminError) as info:
+        await other.start()
+    assert f"127.0.0.1:{port}" in str(info.value) and info.value.retriable
+
+
+# -- pure views ------------------------------------------------------------------------------------
+
+
+def test_partition_spec_parsing() -> None:
+    """TOPIC and TOPIC:PARTITION parse; anything else is refused with the reason."""
+    assert parse_partition_spec("events") == ("events", None)
+    assert parse_partition_spec(" events:12 ") == ("events", 12)
+    for bad in ("", ":1", "events:", "events:-1", "events:a", "ev ents", "a/b:1"):
+        with pytest.raises(AdminError):
+            parse_partition_spec(bad)
+
+
+@given(st.from_regex(r"[A-Za-z0-9._-]{1,30}", fullmatch=True), st.integers(0, 10**6))
+def test_partition_spec_round_trip(topic: str, partition: int) -> None:
+    """Every valid topic name and partition number survives TOPIC:PARTITION."""
+    assert parse_partition_spec(f"{topic}:{partition}") == (topic, partition)
+
+
+def test_partition_rows_read_the_consumer_assignment() -> None:
+    """Rows come sorted with position, lag, node and what holds a partition back."""
+    rows = partition_rows(STATUS)
+    assert [(r.topic, r.partition, r.position, r.lag, r.node, r.state) for r in rows] == [
+        ("events", 0, 100, 50, "broker-a-0", ""),
+        ("events", 1, 10, 0, "broker-b-1", "paused"),
+    ]
+    assert partition_rows({}) == []
+    assert partition_rows({"consumer": {"assignment": "junk"}}) == []
+
+
+def test_top_view_rates_totals_and_backlog_progress() -> None:
+    """The live view computes rates between samples and shows a progress bar for the backlog."""
+    view = TopView()
+    first = view.render(STATUS, now=100.0)
+    assert "events" in first and "total  partitions=2  lag=50" in first
+    later = {**STATUS, "consumer": {**STATUS["consumer"], "assignment": {
+        "events/0": {**STATUS["consumer"]["assignment"]["events/0"], "position": 130, "lag": 20},
+        "events/1": STATUS["consumer"]["assignment"]["events/1"]}}}
+    second = view.render(later, now=102.0)
+    assert "rate=15/s" in second  # 30 records in 2 s
+    assert "backlog [" in second and "60.0%" in second  # 30 done, 20 to go
+    assert "eta 1s" in second
+
+
+def test_summary_mentions_health_reasons_and_errors() -> None:
+    """The `mqd status` text carries health, reasons, totals and partition errors."""
+    text = render_summary({**STATUS, "health": {"status": "degraded", "reasons": ["broker-a-0 down"]}})
+    assert text.startswith("mqd is running: degraded")
+    assert "! broker-a-0 down" in text
+    assert "2 partitions assigned, 1 paused, total lag 50" in text
+    assert "events:1: <b>boom</b>" in text
+    assert render_html({})  # an empty status still renders
