@@ -34,7 +34,11 @@ fmt: install
 demo: install
 	$(PY) -m mqd.demo
 
-bench: install
+$(VENV)/.bench-installed: $(VENV)/.installed
+	$(PY) -m pip install --quiet -e '.[dev,bench]'
+	touch $@
+
+bench: install $(VENV)/.bench-installed
 	$(PY) bench/bench.py
 
 chaos: install
