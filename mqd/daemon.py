@@ -1,0 +1,455 @@
+"""The daemon: Consumer -> LandingSink -> commit, on one asyncio loop (DESIGN.md §2-3).
+
+The working loop drains what the consumer has buffered, hands it to the sink, publishes the
+micro-batches that are due, and only then marks their offsets consumed (the consumer's offset
+store commits them periodically and on stop). The landing directory is the source of truth for
+positions: every newly assigned partition resumes after its last published offset.
+
+Failure handling:
+
+* publication conflict (another owner published first): the batch is dropped and the partition
+  re-seeks after what is landed;
+* landing directory unwritable (disk full, read-only, permissions): every owned partition is
+  paused, buffered records are kept, nothing is committed; publication is retried every
+  ``landing.disk_retry_interval`` and fetching resumes once it succeeds. ``health()`` says
+  degraded with the reason meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import deque
+from collections.abc import Awaitable, Iterable
+from typing import Any
+
+import structlog
+
+from mqd.client import BrokerClient, BrokerError
+from mqd.config import MqdConfig
+from mqd.consumer import Consumer, ConsumerError, TopicPartition
+from mqd.format import now_ms
+from mqd.landing import layout
+from mqd.landing.layout import LandingCorrupt, LandingError
+from mqd.landing.markers import IDLE_GRACE_MS, update_markers
+from mqd.landing.sink import FlushResult, LandingSink
+
+log = structlog.get_logger("mqd.daemon")
+
+_LOOP_WAIT = 0.5  # longest idle wait of the working loop (keeps last_loop_time fresh)
+_HOUSEKEEPING_INTERVAL = 2.0  # idle watermarks
+_MARKER_INTERVAL = 10.0  # completeness markers
+_METADATA_INTERVAL = 30.0  # partition counts for markers
+
+
+class Daemon:
+    """Pulls the configured topics and lands them exactly once. See the module docstring."""
+
+    def __init__(self, config: MqdConfig, *, burst: bool = False) -> None:
+        self._config = config
+        self.burst = burst
+        self._client = BrokerClient(
+            request_timeout=config.consumer.request_timeout, auth_token=config.consumer.auth_token
+        )
+        self.sink = LandingSink(config.landing)
+        self.consumer = Consumer(
+            config.consumer, start_position=self._start_position, listener=self, client=self._client
+        )
+        self.state = "created"  # created, starting, running, stopping, stopped, failed
+        self.last_loop_time = time.monotonic()
+        self._started_at: float | None = None
+        self._user_paused: set[TopicPartition] = set()
+        self._disk_paused: set[TopicPartition] = set()
+        self._landing_error: str | None = None
+        self._next_disk_retry = 0.0
+        self._stop_event = asyncio.Event()
+        self._work_task: asyncio.Task[None] | None = None
+        self._stop_task: asyncio.Task[None] | None = None
+        self._errors: deque[dict[str, Any]] = deque(maxlen=20)
+        self._partition_counts: dict[str, int] = {}
+        self._next_housekeeping = 0.0
+        self._next_markers = 0.0
+        self._next_metadata = 0.0
+        self._watermark_hour: dict[TopicPartition, int] = {}
+        self._commits = 0
+        self._markers = 0
+        self._consumer_started = False
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Open the landing directory, start the consumer (first assignment resolved from the
+        landing directory). An unwritable landing directory does not fail start: the daemon comes
+        up degraded, paused, and retries."""
+        if self.state != "created":
+            return
+        self.state = "starting"
+        self._started_at = time.monotonic()
+        await self._client.start()
+        try:
+            await self.sink.start()
+        except LandingError as exc:
+            self._set_landing_error(exc)
+        try:
+            await self.consumer.start()
+        except BaseException:
+            self.state = "failed"  # the consumer cleaned up after itself
+            await self.sink.close()
+            await self._client.close()
+            raise
+        self._consumer_started = True
+        if self._landing_error is not None:
+            self._pause_for_disk(self.consumer.assignment())
+        self.state = "running"
+        log.info("daemon started", landing=str(self._config.landing.dir), burst=self.burst,
+                 owned=len(self.consumer.assignment()))
+
+    async def run(self, shutdown: Awaitable[object] | None = None) -> None:
+        """Work until ``shutdown`` resolves (or, in burst mode, until everything owned is landed
+        and committed), then stop()."""
+        if self.state == "created":
+            await self.start()
+        if self.state != "running":
+            return
+        self._work_task = asyncio.create_task(self._work(), name="mqd-daemon-work")
+        waiters: set[asyncio.Future[Any]] = {self._work_task}
+        trigger = asyncio.ensure_future(shutdown) if shutdown is not None else None
+        if trigger is not None:
+            waiters.add(trigger)
+        try:
+            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if trigger is not None and not trigger.done():
+                trigger.cancel()
+            await self.stop()
+        if self._work_task.done() and not self._work_task.cancelled() and self._work_task.exception():
+            raise self._work_task.exception()  # type: ignore[misc]
+
+    async def stop(self, timeout: float | None = None) -> None:
+        """Stop fetching, publish what is buffered (bounded by ``timeout``, default
+        daemon.shutdown_timeout), commit, leave the group. Idempotent."""
+        if self._stop_task is None:
+            self._stop_task = asyncio.ensure_future(self._stop(timeout))
+        await asyncio.shield(self._stop_task)
+
+    async def _stop(self, timeout: float | None) -> None:
+        if not self._consumer_started or self.state == "stopped":
+            if self.state != "failed":
+                self.state = "stopped"
+            await self.sink.close()
+            await self._client.close()
+            return
+        self.state = "stopping"
+        self._stop_event.set()
+        if self._work_task is not None and not self._work_task.done():
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await self._work_task
+        deadline = timeout if timeout is not None else self._config.daemon.shutdown_timeout
+        owned = self.consumer.assignment()
+        self.consumer.pause(owned)  # stop fetching; what is buffered still lands
+        try:
+            await asyncio.wait_for(self._final_flush(), deadline)
+        except TimeoutError:
+            log.error("shutdown drain exceeded its deadline; unpublished records are fetched again "
+                      "on the next start", timeout_s=deadline, pending=self.sink.pending_records)
+        except Exception as exc:  # still commit what landed and leave the group
+            self._record_error("final_flush", exc)
+        try:
+            await self.consumer.commit()
+            self._commits += 1
+        except ConsumerError as exc:
+            self._record_error("final_commit", exc)
+        await self.consumer.stop()
+        await self.sink.close()
+        await self._client.close()
+        self.state = "stopped"
+        log.info("daemon stopped", **self.stats)
+
+    async def _final_flush(self) -> None:
+        self._drain()
+        if self._landing_error is None or await self._landing_writable():
+            await self._publish(None)
+
+    # -- the working loop ------------------------------------------------------------------------
+
+    async def _work(self) -> None:
+        try:
+            while not self._stop_event.is_set():
+                now = time.monotonic()
+                self.last_loop_time = now
+                if self._landing_error is not None:
+                    due_in: float | None = self._next_disk_retry - now  # overdue buffers wait for it
+                else:
+                    due_in = self.sink.next_due_in(now)
+                wait = _LOOP_WAIT if due_in is None else min(_LOOP_WAIT, due_in)
+                if wait > 0:
+                    await self.consumer.wait_for_data(wait)
+                self._drain()
+                await self._publish_due()
+                await self._housekeeping()
+                if self.burst and self._burst_done():
+                    await self._housekeeping(force=True)  # idle watermarks and markers, once more
+                    log.info("burst complete", **self.stats)
+                    return
+        except Exception as exc:
+            self.state = "failed"
+            self._record_error("work_loop", exc)
+            log.exception("working loop failed")
+            raise
+
+    def _drain(self) -> None:
+        room = max(1, self._config.landing.max_bytes - self.sink.pending_bytes)
+        for batch in self.consumer.fetched_batches(max_bytes=room):
+            if not self.consumer.is_owned(batch.tp, batch.generation):
+                continue  # revoked or re-seeked since it was fetched
+            self.sink.add(batch)
+
+    async def _publish_due(self) -> None:
+        now = time.monotonic()
+        if self._landing_error is not None:
+            if now < self._next_disk_retry:
+                return
+            if not await self._landing_writable():
+                return
+            await self._publish(None)
+            return
+        if self.burst and self.sink.pending_records and self.consumer.caught_up():
+            await self._publish(None)  # nothing more is coming: do not wait for max_age
+            return
+        due = self.sink.due(now)
+        if due:
+            await self._publish(due)
+
+    async def _publish(self, tps: list[tuple[str, int]] | None) -> None:
+        try:
+            results = await self.sink.flush(tps)
+        except LandingCorrupt as exc:
+            # a foreign file squats on a name we need, or state we cannot read: needs a human
+            self._set_landing_error(exc)
+            return
+        failed = False
+        for res in results:
+            self._apply(res)
+            failed = failed or res.error is not None
+        if not failed and self._landing_error is not None:
+            self._clear_landing_error()
+
+    def _apply(self, res: FlushResult) -> None:
+        tp = TopicPartition(*res.tp)
+        owned = tp in self.consumer.assignment()
+        if res.next_offset is not None and owned:
+            self.consumer.mark_consumed(tp, res.next_offset)
+        if res.conflict is not None and owned:
+            last = res.conflict.last_offset
+            self.consumer.seek(tp, 0 if last is None else last + 1)
+        if res.error is not None:
+            self._set_landing_error(res.error)
+
+    def _burst_done(self) -> bool:
+        return (
+            bool(self.consumer.assignment())
+            and self._landing_error is None
+            and self.sink.pending_records == 0
+            and self.consumer.caught_up()
+        )
+
+    # -- disk errors -----------------------------------------------------------------------------
+
+    def _set_landing_error(self, exc: Exception) -> None:
+        first = self._landing_error is None
+        self._landing_error = str(exc)
+        self._next_disk_retry = time.monotonic() + self._config.landing.disk_retry_interval
+        if first:
+            log.error("landing directory unwritable; fetching paused until it recovers", error=str(exc))
+            self._record_error("landing", exc)
+        self._pause_for_disk(self.consumer.assignment() if self.state != "starting" else ())
+
+    def _pause_for_disk(self, tps: Iterable[TopicPartition]) -> None:
+        fresh = [tp for tp in tps if tp not in self.consumer.paused()]
+        if fresh:
+            self.consumer.pause(fresh)
+            self._disk_paused.update(fresh)
+
+    def _clear_landing_error(self) -> None:
+        log.info("landing directory writable again; fetching resumes", was=self._landing_error)
+        self._landing_error = None
+        resume = [tp for tp in self._disk_paused if tp not in self._user_paused]
+        self._disk_paused.clear()
+        if resume:
+            self.consumer.resume(resume)
+
+    async def _landing_writable(self) -> bool:
+        try:
+            await self.sink.start()
+        except LandingError as exc:
+            self._landing_error = str(exc)
+            self._next_disk_retry = time.monotonic() + self._config.landing.disk_retry_interval
+            return False
+        if self.sink.pending_records == 0:
+            self._clear_landing_error()
+        return True
+
+    # -- watermarks and completeness markers -----------------------------------------------------
+
+    async def _housekeeping(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if self._landing_error is not None or (now < self._next_housekeeping and not force):
+            return
+        self._next_housekeeping = now + _HOUSEKEEPING_INTERVAL
+        try:
+            await self._idle_watermarks()
+            if now >= self._next_metadata or (force and not self._partition_counts):
+                self._next_metadata = now + _METADATA_INTERVAL
+                await self._refresh_partition_counts()
+            if now >= self._next_markers or force:
+                self._next_markers = now + _MARKER_INTERVAL
+                await self._update_markers()
+        except LandingError as exc:
+            self._set_landing_error(exc)
+        except (OSError, LandingCorrupt, BrokerError) as exc:
+            self._record_error("housekeeping", exc)
+
+    async def _idle_watermarks(self) -> None:
+        """A partition at its log end with nothing buffered vouches for event times up to now
+        (minus a grace for records in flight): its hours can be marked complete."""
+        assignment = self.consumer.status()["assignment"]
+        pending = self.sink.pending()
+        mark = now_ms() - IDLE_GRACE_MS
+        hour = mark // layout.HOUR_MS
+        for info in assignment.values():
+            tp = TopicPartition(info["topic"], info["partition"])
+            log_end = info.get("log_end")
+            if log_end is None or info["position"] < log_end or info.get("buffered_records"):
+                continue
+            if pending.get(tp) or self._watermark_hour.get(tp, -1) >= hour:
+                continue
+            await self.sink.run_blocking(self.sink.publisher.advance_watermark, tp.topic, tp.partition, mark)
+            self._watermark_hour[tp] = hour
+
+    async def _refresh_partition_counts(self) -> None:
+        counts: dict[str, int] = {}
+        for url in self._config.consumer.bootstrap:
+            try:
+                md = await self._client.metadata(url)
+            except BrokerError:
+                continue
+            for t in md.get("topics", []):
+                counts[str(t["name"])] = len(t.get("partitions", []))
+            break
+        if counts:
+            self._partition_counts = counts
+
+    async def _update_markers(self) -> None:
+        for topic in self._config.consumer.topics:
+            n = self._partition_counts.get(topic)
+            if not n:
+                continue
+            created = await self.sink.run_blocking(update_markers, self._config.landing.dir, topic, n)
+            self._markers += len(created)
+            for marker in created:
+                log.info("hour complete", marker=str(marker))
+
+    # -- rebalance listener ----------------------------------------------------------------------
+
+    def on_partitions_revoked(self, tps: set[TopicPartition]) -> None:
+        for tp in tps:
+            dropped = self.sink.forget(tp)
+            self._disk_paused.discard(tp)
+            self._watermark_hour.pop(tp, None)
+            if dropped:
+                log.info("revoked partition: unpublished records dropped", tp=str(tp), records=dropped)
+
+    def on_partitions_assigned(self, tps: set[TopicPartition]) -> None:
+        if self._landing_error is not None:
+            self._pause_for_disk(tps)
+        again = [tp for tp in tps if tp in self._user_paused]
+        if again:
+            self.consumer.pause(again)
+
+    async def _start_position(self, tp: TopicPartition) -> int | None:
+        try:
+            return await self.sink.resume_position(tp)
+        except (LandingError, LandingCorrupt) as exc:
+            self._record_error("resume_position", exc)
+            # retriable: the consumer retries the assignment; nothing is fetched without a position
+            raise ConsumerError(f"{tp}: cannot read landing state: {exc}", retriable=True) from exc
+
+    # -- operations ------------------------------------------------------------------------------
+
+    async def reload(self, config: MqdConfig) -> None:
+        """Apply a new config: topics and consumer thresholds, landing thresholds/compression."""
+        self.sink.reconfigure(config.landing)  # refuses a new landing dir before anything changes
+        self.consumer.update_config(config.consumer)
+        self._config = config
+        log.info("config reloaded")
+
+    def pause(self, tps: Iterable[Any]) -> None:
+        tps = [TopicPartition(*tp) for tp in tps]
+        self._user_paused.update(tps)
+        self.consumer.pause(tps)
+
+    def resume(self, tps: Iterable[Any]) -> None:
+        tps = [TopicPartition(*tp) for tp in tps]
+        self._user_paused.difference_update(tps)
+        self.consumer.resume([tp for tp in tps if tp not in self._disk_paused])
+
+    @property
+    def stats(self) -> dict[str, Any]:
+        s = self.sink.stats
+        return {
+            "records_published": s["records"],
+            "bytes_published": s["bytes"],
+            "files_published": s["files"],
+            "publish_conflicts": s["conflicts"],
+            "records_dropped": s["dropped"],
+            "commits": self._commits,
+            "markers": self._markers,
+        }
+
+    def health(self) -> tuple[str, list[str]]:
+        reasons: list[str] = []
+        if self.state not in ("running", "starting"):
+            reasons.append(f"daemon {self.state}")
+        if self._landing_error is not None:
+            reasons.append(f"landing: {self._landing_error}")
+        try:
+            cst = self.consumer.status()
+        except Exception as exc:  # status must never take the endpoint down
+            reasons.append(f"consumer status: {exc}")
+            cst = {}
+        for what, err in (cst.get("errors") or {}).items():
+            if err:
+                reasons.append(f"{what}: {err}")
+        parked = (cst.get("totals") or {}).get("parked")
+        if parked:
+            reasons.append(f"parked partitions: {', '.join(parked)}")
+        return ("ok" if not reasons else "degraded"), reasons
+
+    def status(self) -> dict[str, Any]:
+        health, reasons = self.health()
+        return {
+            "state": self.state,
+            "health": health,
+            "reasons": reasons,
+            "burst": self.burst,
+            "uptime_s": None if self._started_at is None else round(time.monotonic() - self._started_at, 3),
+            "last_loop_age_s": round(time.monotonic() - self.last_loop_time, 3),
+            "consumer": self.consumer.status() if self.state != "created" else None,
+            "landing": {
+                **self.sink.status(),
+                "error": self._landing_error,
+                "paused_for_disk": sorted(f"{t}/{p}" for t, p in self._disk_paused),
+            },
+            "user_paused": sorted(f"{t}/{p}" for t, p in self._user_paused),
+            "stats": self.stats,
+            "errors": list(self._errors),
+        }
+
+    def _record_error(self, where: str, exc: BaseException) -> None:
+        self._errors.append({
+            "where": where,
+            "error": f"{type(exc).__name__}: {exc}",
+            "retriable": getattr(exc, "retriable", None),
+            "at": layout.iso_now(),
+        })

@@ -1,0 +1,291 @@
+"""Landing directory layout, the landing schema, and Parquet encoding of one partition's records.
+
+Layout (DESIGN.md §3)::
+
+    <landing>/topic=<t>/dt=YYYY-MM-DD/hour=HH/part-<partition:05d>-<first_offset:020d>.parquet
+    <landing>/topic=<t>/dt=YYYY-MM-DD/hour=HH/_COMPLETE          completeness marker (JSON)
+    <landing>/_manifest/<t>/<partition:05d>/<YYYY-MM-DD>.jsonl    one line per published file
+    <landing>/_state/<t>/<partition:05d>.json|.lock               last published offset, watermark
+
+A data file holds one contiguous offset range of one (topic, partition, hour). Its name is keyed by
+partition and first offset, so two publishers of the same offsets collide on the name. Everything
+that is not data starts with ``_`` or ``.``, which Spark's file source ignores.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from mqd.format import RECORD_SCHEMA
+
+SCHEMA_VERSION = 1
+HOUR_MS = 3_600_000
+META_VERSION = b"mqd.schema_version"
+META_RANGES = b"mqd.ranges"
+
+# topic is dictionary-encoded: one string per file, not one per record
+LANDING_SCHEMA = pa.schema(
+    [
+        ("topic", pa.dictionary(pa.int32(), pa.string())),
+        ("partition", pa.int32()),
+        *RECORD_SCHEMA,
+    ]
+)
+
+_NAME = re.compile(r"^part-(\d{5})-(\d{20})\.parquet$")
+STATE_DIR = "_state"
+MANIFEST_DIR = "_manifest"
+MARKER_NAME = "_COMPLETE"
+
+
+class LandingError(Exception):
+    """The landing directory cannot be written (disk full, read-only, permissions). Retriable:
+    the daemon pauses fetching and retries until the disk accepts writes again."""
+
+    retriable = True
+
+    def __init__(self, message: str, *, errno: int | None = None) -> None:
+        super().__init__(message)
+        self.errno = errno
+
+
+class LandingCorrupt(Exception):
+    """A file or state record in the landing directory is not what mqd wrote. Not retriable."""
+
+    retriable = False
+
+
+@dataclass(frozen=True, slots=True)
+class FileRange:
+    """What one published file holds; also one manifest line."""
+
+    path: str  # relative to the landing root, '/' separated
+    topic: str
+    partition: int
+    first_offset: int
+    last_offset: int
+    count: int
+    ts_min: int  # ms since epoch
+    ts_max: int
+    bytes: int = 0
+    created: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "topic": self.topic,
+            "partition": self.partition,
+            "first_offset": self.first_offset,
+            "last_offset": self.last_offset,
+            "count": self.count,
+            "ts_min": self.ts_min,
+            "ts_max": self.ts_max,
+            "bytes": self.bytes,
+            "created": self.created,
+        }
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> FileRange:
+        try:
+            return cls(
+                path=str(d["path"]),
+                topic=str(d["topic"]),
+                partition=int(d["partition"]),
+                first_offset=int(d["first_offset"]),
+                last_offset=int(d["last_offset"]),
+                count=int(d["count"]),
+                ts_min=int(d["ts_min"]),
+                ts_max=int(d["ts_max"]),
+                bytes=int(d.get("bytes", 0)),
+                created=str(d.get("created", "")),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise LandingCorrupt(f"bad file range record {d!r}: {exc}") from None
+
+
+# ---------------------------------------------------------------------------------------------
+# names
+
+
+# folders exist for event times from 1970 to 9999; records stamped outside (a producer's clock or
+# a bug) keep their timestamp column but are filed under the nearest end of that range
+_MIN_HOUR = 0
+_MAX_HOUR = 253_402_300_799_999 // HOUR_MS
+
+
+def folder_hours(ts_ms: np.ndarray) -> np.ndarray:
+    """Hour index of the folder each timestamp is filed under."""
+    return np.clip(ts_ms // HOUR_MS, _MIN_HOUR, _MAX_HOUR)
+
+
+def hour_dir(topic: str, hour: int) -> str:
+    """``topic=t/dt=YYYY-MM-DD/hour=HH`` for an hour index (ms // HOUR_MS)."""
+    t = datetime.fromtimestamp(hour * 3600, UTC)
+    return f"topic={topic}/dt={t:%Y-%m-%d}/hour={t:%H}"
+
+
+def hour_of_dir(dt: str, hour: str) -> int:
+    """Hour index of ``dt=...``/``hour=...`` folder values; ValueError when they are not ours."""
+    t = datetime.strptime(f"{dt} {hour}", "%Y-%m-%d %H").replace(tzinfo=UTC)
+    return int(t.timestamp()) // 3600
+
+
+def file_name(partition: int, first_offset: int) -> str:
+    return f"part-{partition:05d}-{first_offset:020d}.parquet"
+
+
+def parse_file_name(name: str) -> tuple[int, int] | None:
+    """(partition, first_offset) of a data file name, None for anything else."""
+    m = _NAME.match(name)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def iso_now() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds")
+
+
+# ---------------------------------------------------------------------------------------------
+# Arrow / Parquet
+
+
+def concat(batches: list[pa.RecordBatch]) -> pa.Table:
+    """One zero-copy table over drained batches (chunks stay where they are)."""
+    return pa.Table.from_batches(batches, schema=RECORD_SCHEMA)
+
+
+def hour_runs(table: pa.Table) -> list[tuple[int, int, int]]:
+    """Split points of ``table`` into runs of consecutive records in the same hour:
+    ``[(hour, start_row, length), ...]``. Vectorised: numpy over the timestamp buffers."""
+    n = table.num_rows
+    if n == 0:
+        return []
+    ts = np.concatenate([c.to_numpy(zero_copy_only=False).view(np.int64) for c in table.column(1).chunks])
+    hours = folder_hours(ts)
+    cuts = np.flatnonzero(hours[1:] != hours[:-1]) + 1
+    starts = np.concatenate(([0], cuts))
+    ends = np.concatenate((cuts, [n]))
+    return [(int(hours[s]), int(s), int(e - s)) for s, e in zip(starts, ends, strict=True)]
+
+
+def landing_table(topic: str, partition: int, records: pa.Table) -> pa.Table:
+    """Records (RECORD_SCHEMA) plus the topic and partition columns, without per-record objects."""
+    n = records.num_rows
+    topic_col = pa.DictionaryArray.from_arrays(
+        pa.array(np.zeros(n, dtype=np.int32)), pa.array([topic], type=pa.string())
+    )
+    part_col = pa.array(np.full(n, partition, dtype=np.int32))
+    return pa.Table.from_arrays(
+        [topic_col, part_col, *records.columns], schema=LANDING_SCHEMA
+    )
+
+
+def describe(topic: str, partition: int, records: pa.Table) -> tuple[int, int, int, int, int]:
+    """(first_offset, last_offset, count, ts_min, ts_max) of a non-empty records table."""
+    offsets = records.column("offset")
+    mm = pc.min_max(records.column("timestamp").cast(pa.int64()))
+    return (
+        int(offsets[0].as_py()),
+        int(offsets[-1].as_py()),
+        records.num_rows,
+        int(mm["min"].as_py()),
+        int(mm["max"].as_py()),
+    )
+
+
+def write_parquet(path: Path, table: pa.Table, rng: FileRange, compression: str) -> int:
+    """Write ``table`` with the file's range in its metadata, fsync it, return its size."""
+    meta = {
+        META_VERSION: str(SCHEMA_VERSION).encode(),
+        META_RANGES: json.dumps([rng.to_json()]).encode(),
+    }
+    table = table.replace_schema_metadata(meta)
+    pq.write_table(
+        table,
+        path,
+        compression=None if compression == "none" else compression,
+        use_dictionary=["topic", "key"],  # values are mostly unique: a dictionary only costs CPU
+        write_statistics=["partition", "offset", "timestamp"],
+    )
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        return os.fstat(fd).st_size
+    finally:
+        os.close(fd)
+
+
+def read_ranges(path: Path) -> list[FileRange]:
+    """The ranges recorded in a data file's metadata; LandingCorrupt for foreign or broken files."""
+    try:
+        meta = pq.read_schema(path).metadata or {}
+    except (OSError, pa.ArrowInvalid) as exc:
+        raise LandingCorrupt(f"{path}: not a readable Parquet file: {exc}") from None
+    if meta.get(META_VERSION) != str(SCHEMA_VERSION).encode() or META_RANGES not in meta:
+        raise LandingCorrupt(f"{path}: not an mqd landing file (no {META_RANGES.decode()} metadata)")
+    try:
+        return [FileRange.from_json(d) for d in json.loads(meta[META_RANGES])]
+    except ValueError as exc:
+        raise LandingCorrupt(f"{path}: bad range metadata: {exc}") from None
+
+
+# ---------------------------------------------------------------------------------------------
+# durable small files
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def makedirs_durable(path: Path, stop_at: Path) -> None:
+    """Create ``path`` and fsync the parent of every folder created, up to ``stop_at``."""
+    if path.is_dir():
+        return
+    missing: list[Path] = []
+    p = path
+    while not p.is_dir() and p != stop_at and p != p.parent:
+        missing.append(p)
+        p = p.parent
+    for d in reversed(missing):
+        try:
+            d.mkdir()
+        except FileExistsError:
+            pass
+        fsync_dir(d.parent)
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Replace ``path`` with ``data``: temp file, fsync, rename, fsync of the folder."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def append_line(path: Path, line: bytes) -> None:
+    """Append one line with a single O_APPEND write and fsync it."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.write(fd, line)
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,130 @@
+"""Completeness markers: ``topic=t/dt=D/hour=H/_COMPLETE`` once an hour of a topic is whole.
+
+An hour is complete when every partition of the topic has a watermark at or past the hour's end.
+A partition's watermark (in its state file) is the larger of the highest event time it published
+and the wall-clock time at which its daemon saw it idle at the log end (minus a grace period for
+records in flight). Any daemon may write markers: the marker is created exclusively (idempotent)
+and the progress record is updated under a lock.
+
+Event times come from producers: a record stamped into an hour after its marker exists still lands
+(in that hour's folder) but arrives late. Markers are written only for hour folders that exist.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+from mqd.landing import layout
+from mqd.landing.layout import LandingCorrupt
+from mqd.landing.publisher import PartitionState
+
+IDLE_GRACE_MS = 10_000  # an idle partition vouches for event times older than now - grace
+
+
+def _state_dir(root: Path, topic: str) -> Path:
+    return root / layout.STATE_DIR / topic
+
+
+def read_watermarks(root: Path, topic: str, partitions: int) -> list[int | None]:
+    """Watermark per partition 0..partitions-1 (None: unknown, nothing published or seen idle)."""
+    out: list[int | None] = []
+    for p in range(partitions):
+        path = _state_dir(root, topic) / f"{p:05d}.json"
+        try:
+            st = PartitionState.from_json(json.loads(path.read_bytes()))
+        except FileNotFoundError:
+            out.append(None)
+            continue
+        except (ValueError, LandingCorrupt):
+            out.append(None)
+            continue
+        out.append(st.watermark_ms)
+    return out
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _hour_dirs(root: Path, topic: str, from_hour: int, to_hour: int) -> list[tuple[int, Path]]:
+    """Existing ``hour=`` folders of the topic with from_hour <= hour < to_hour."""
+    base = root / f"topic={topic}"
+    out: list[tuple[int, Path]] = []
+    if not base.is_dir():
+        return out
+    first_day = from_hour // 24
+    for day in sorted(base.glob("dt=*")):
+        try:
+            day_hour = layout.hour_of_dir(day.name[3:], "00")
+        except ValueError:
+            continue
+        if day_hour // 24 < first_day or day_hour >= to_hour:
+            continue
+        for hdir in day.glob("hour=*"):
+            try:
+                h = layout.hour_of_dir(day.name[3:], hdir.name[5:])
+            except ValueError:
+                continue
+            if from_hour <= h < to_hour:
+                out.append((h, hdir))
+    return sorted(out)
+
+
+def update_markers(root: Path, topic: str, partitions: int) -> list[Path]:
+    """Write the markers of every hour that became complete; returns the markers created."""
+    root = Path(root)
+    marks = read_watermarks(root, topic, partitions)
+    if not marks or any(m is None for m in marks):
+        return []
+    done_before = min(m for m in marks if m is not None) // layout.HOUR_MS  # hours < this are whole
+    progress = _state_dir(root, topic) / "_markers.json"
+    created: list[Path] = []
+    with _locked(_state_dir(root, topic) / "_markers.lock"):
+        try:
+            start = int(json.loads(progress.read_bytes())["complete_before_hour"])
+        except (FileNotFoundError, ValueError, KeyError, TypeError):
+            start = 0
+        if done_before <= start:
+            return []
+        for h, hdir in _hour_dirs(root, topic, start, done_before):
+            marker = hdir / layout.MARKER_NAME
+            body = {
+                "topic": topic,
+                "dt": hdir.parent.name[3:],
+                "hour": hdir.name[5:],
+                "partitions": partitions,
+                "hour_start_ms": h * layout.HOUR_MS,
+                "watermark_ms": min(m for m in marks if m is not None),
+                "created": layout.iso_now(),
+            }
+            if marker.exists():
+                continue
+            tmp = hdir / f".{layout.MARKER_NAME}.{os.getpid()}.tmp"
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                os.write(fd, json.dumps(body).encode() + b"\n")
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            try:
+                os.link(tmp, marker)  # never a half-written marker
+            except FileExistsError:
+                pass
+            finally:
+                tmp.unlink(missing_ok=True)
+            layout.fsync_dir(hdir)
+            created.append(marker)
+        layout.write_atomic(progress, json.dumps({"complete_before_hour": done_before}).encode())
+    return created

@@ -1,0 +1,242 @@
+"""The Structured Streaming job: landing directory -> output table (Parquet), exactly once.
+
+The source is Spark's file source on the landing directory with an explicit schema (never
+inferred); ``_``/``.`` paths (state, manifest, markers, temp files) are ignored by Spark, foreign
+non-Parquet files by ``pathGlobFilter``, and corrupt Parquet files by ``ignoreCorruptFiles`` (the
+job lists the files that are not in the manifest at start so nothing is skipped silently). The sink
+is Spark's file sink, exactly once through its checkpoint and ``_spark_metadata`` log: read the
+output with Spark (or anything that honours that log).
+
+``value_format = "json"`` parses values with the configured DDL schema into columns; rows whose
+value is not valid JSON for that schema go, with the reason, to a quarantine table written by a
+second query over the same source with its own checkpoint.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import zlib
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import structlog
+
+from mqd.config import MqdConfig
+from mqd.landing.publisher import read_manifest
+
+log = structlog.get_logger("mqd.spark")
+
+CORRUPT_COLUMN = "_mqd_corrupt_record"
+LANDING_DDL = (
+    "topic STRING, partition INT, offset BIGINT, timestamp TIMESTAMP, key BINARY, value BINARY, "
+    "headers ARRAY<STRUCT<key: STRING, value: BINARY>>, dt STRING, hour INT"
+)
+_LANDING_COLUMNS = ["topic", "partition", "offset", "timestamp", "key", "value", "headers", "dt", "hour"]
+
+
+class SparkJobError(Exception):
+    """The job cannot run as configured (bad partition columns, bad value schema). Not retriable."""
+
+    retriable = False
+
+
+def unlisted_files(landing: Path) -> list[Path]:
+    """Data-looking files in the landing directory that mqd did not publish (foreign or corrupt
+    files dropped in by hand, or a publication a crash left half done). Spark skips the corrupt
+    ones; this is how they get reported."""
+    known = {r.path for r in read_manifest(landing)}
+    out: list[Path] = []
+    if not landing.is_dir():
+        return out
+    for path in landing.rglob("*"):
+        rel = path.relative_to(landing)
+        if any(part.startswith(("_", ".")) for part in rel.parts) or not path.is_file():
+            continue
+        if rel.as_posix() not in known:
+            out.append(path)
+    return sorted(out)
+
+
+def build_session(config: MqdConfig, master: str | None = None) -> Any:
+    """A SparkSession sized for a small machine unless the master is a real cluster. When a
+    session is already active in this process (tests), it is reused as is."""
+    from pyspark.sql import SparkSession
+
+    sc = config.spark
+    builder = (
+        SparkSession.builder.master(master or sc.master)
+        .appName(sc.app_name)
+        .config("spark.sql.shuffle.partitions", str(sc.shuffle_partitions))
+        .config("spark.default.parallelism", str(sc.shuffle_partitions))
+        .config("spark.ui.enabled", "false")
+        .config("spark.driver.memory", sc.driver_memory)
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.sql.files.ignoreCorruptFiles", "true")
+        .config("spark.sql.streaming.schemaInference", "false")
+        .config("spark.sql.adaptive.enabled", "false")  # AQE brings nothing to small micro-batches
+    )
+    if (master or sc.master).startswith("local"):
+        builder = builder.config("spark.driver.host", "127.0.0.1").config(
+            "spark.driver.bindAddress", "127.0.0.1"
+        )
+    return builder.getOrCreate()
+
+
+def _source(spark: Any, config: MqdConfig) -> Any:
+    return (
+        spark.readStream.schema(LANDING_DDL)
+        .option("maxFilesPerTrigger", config.spark.max_files_per_trigger)
+        .option("pathGlobFilter", "*.parquet")
+        .option("ignoreCorruptFiles", "true")
+        .parquet(str(config.landing.dir))
+    )
+
+
+def _queries(spark: Any, config: MqdConfig) -> list[tuple[str, Any, Path, Path, list[str]]]:
+    """(name, dataframe, output path, checkpoint, partition columns) per streaming query."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    sc = config.spark
+    checkpoint = Path(sc.checkpoint_dir)
+    df = _source(spark, config)
+    # a foreign Parquet file read with the landing schema yields rows without partition/offset
+    foreign = F.col("partition").isNull() | F.col("offset").isNull()
+    if sc.value_format == "raw":
+        # reported by unlisted_files() at start; there is no quarantine table in raw mode
+        _check_partitioning(sc.partition_by, _LANDING_COLUMNS)
+        return [("main", df.where(~foreign), Path(sc.output_dir), checkpoint / "main", sc.partition_by)]
+
+    try:
+        value_schema = StructType.fromDDL(sc.value_schema)
+    except Exception as exc:  # Spark raises its own parse exception types
+        raise SparkJobError(f"spark.value_schema is not a valid Spark DDL schema: {exc}") from None
+    if not isinstance(value_schema, StructType):
+        raise SparkJobError("spark.value_schema must be a list of fields: 'a INT, b STRING'")
+    if CORRUPT_COLUMN in value_schema.fieldNames():
+        raise SparkJobError(f"spark.value_schema must not use the reserved column {CORRUPT_COLUMN}")
+    parse_schema = StructType([*value_schema.fields, StructField(CORRUPT_COLUMN, StringType())])
+    parsed = df.withColumn(
+        "_v",
+        F.from_json(
+            F.col("value").cast("string"),
+            parse_schema,
+            {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT_COLUMN},
+        ),
+    )
+    reason = (
+        F.when(foreign, F.lit("not an mqd landing record (foreign file)"))
+        .when(F.col("value").isNull(), F.lit("null value"))
+        .when(F.col("_v").isNull(), F.lit("value is not a JSON object"))
+        .when(F.col(f"_v.{CORRUPT_COLUMN}").isNotNull(), F.lit("value does not match value_schema"))
+    )
+    checked = parsed.withColumn("_reason", reason)
+    keep = [c for c in _LANDING_COLUMNS if c != "value"]
+    good = checked.where(F.col("_reason").isNull()).select(
+        *keep, *[F.col(f"_v.{f.name}").alias(f.name) for f in value_schema.fields]
+    )
+    clash = set(keep) & set(value_schema.fieldNames())
+    if clash:
+        raise SparkJobError(f"spark.value_schema fields clash with landing columns: {sorted(clash)}")
+    _check_partitioning(sc.partition_by, good.columns)
+    bad = checked.where(F.col("_reason").isNotNull()).select(
+        *_LANDING_COLUMNS,
+        F.col("_reason").alias("reason"),
+        F.col("_metadata.file_path").alias("source_file"),
+        F.current_timestamp().alias("quarantined_at"),
+    )
+    qparts = [c for c in sc.partition_by if c in _LANDING_COLUMNS]
+    return [
+        ("main", good, Path(sc.output_dir), checkpoint / "main", sc.partition_by),
+        ("quarantine", bad, Path(sc.quarantine_dir), checkpoint / "quarantine", qparts),
+    ]
+
+
+def _check_partitioning(partition_by: list[str], columns: list[str]) -> None:
+    missing = [c for c in partition_by if c not in columns]
+    if missing:
+        raise SparkJobError(f"spark.partition_by names unknown columns {missing}; columns are {columns}")
+
+
+def run(config: MqdConfig, *, once: bool, master: str | None = None) -> int:
+    """Run the job. ``once``: process what is in the landing directory (availableNow) and return;
+    otherwise run until SIGTERM/SIGINT. Returns a process exit code (0 ok, 1 query failed,
+    2 bad configuration)."""
+    landing = Path(config.landing.dir)
+    if not landing.is_dir():
+        log.error("landing_dir_missing", dir=str(landing))
+        return 2
+    stray = unlisted_files(landing)
+    if stray:
+        log.warning("landing_unlisted_files", count=len(stray), files=[str(p) for p in stray[:50]],
+                    note="not in the manifest: Spark reads them if they are valid Parquet with the "
+                    "landing schema and skips them if corrupt")
+    had_session = _active_session() is not None
+    spark = build_session(config, master)
+    started: list[Any] = []
+    stopping = threading.Event()
+
+    def _stop(signum: int, frame: FrameType | None) -> None:
+        stopping.set()
+        for q in started:
+            q.stop()
+
+    restore: list[tuple[signal.Signals, Any]] = []
+    if not once and threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            restore.append((sig, signal.signal(sig, _stop)))
+    try:
+        try:
+            plan = _queries(spark, config)
+        except SparkJobError as exc:
+            log.error("spark_job_config", error=str(exc))
+            return 2
+        for name, df, out, ckpt, parts in plan:
+            writer = (
+                df.writeStream.format("parquet")
+                .queryName(f"mqd-{name}-{zlib.crc32(str(out).encode()):08x}")
+                .option("path", str(out))
+                .option("checkpointLocation", str(ckpt))
+                .outputMode("append")
+            )
+            if parts:
+                writer = writer.partitionBy(*parts)
+            writer = writer.trigger(availableNow=True) if once else writer.trigger(
+                processingTime=config.spark.trigger_interval
+            )
+            started.append(writer.start())
+            log.info("spark_query_started", query=name, output=str(out), checkpoint=str(ckpt), once=once)
+        for q in started:
+            q.awaitTermination()
+            if q.exception() is not None and not stopping.is_set():
+                log.error("spark_query_failed", query=q.name, error=str(q.exception()))
+                return 1
+        for q in started:
+            progress = q.lastProgress or {}
+            log.info("spark_query_done", query=q.name, batch=progress.get("batchId"),
+                     rows=progress.get("numInputRows"))
+        return 0
+    except Exception as exc:
+        if stopping.is_set():
+            return 0
+        log.error("spark_job_failed", error=str(exc))
+        return 1
+    finally:
+        for q in started:
+            if q.isActive:
+                q.stop()
+        for sig, handler in restore:
+            signal.signal(sig, handler)
+        if not had_session:
+            spark.stop()
+
+
+def _active_session() -> Any:
+    from pyspark.sql import SparkSession
+
+    return SparkSession.getActiveSession()
+
+
+__all__ = ["LANDING_DDL", "SparkJobError", "build_session", "run", "unlisted_files"]
