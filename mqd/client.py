@@ -7,7 +7,9 @@ retries and backoff belong to the caller. Errors carry ``retriable`` so callers 
 from __future__ import annotations
 
 import json
+import ssl
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -44,8 +46,23 @@ class ProduceResult:
     max_offset: int
 
 
+def tls_context(ca_file: str | Path) -> ssl.SSLContext:
+    """A client TLS context that trusts the CA bundle ``ca_file`` (PEM), hostname checked as usual.
+
+    Raises BrokerError (not retriable) when the file cannot be read or holds no certificate.
+    """
+    try:
+        return ssl.create_default_context(cafile=str(ca_file))
+    except (OSError, ssl.SSLError) as exc:
+        raise BrokerError(f"cannot load CA file {ca_file}: {exc}", retriable=False) from exc
+
+
 class BrokerClient:
-    """One aiohttp session shared by all requests to all nodes of a cluster."""
+    """One aiohttp session shared by all requests to all nodes of a cluster.
+
+    ``ca_file``: PEM bundle used to verify the brokers' certificates on https URLs (default: the
+    system store, which ``SSL_CERT_FILE`` can also point elsewhere).
+    """
 
     def __init__(
         self,
@@ -53,15 +70,20 @@ class BrokerClient:
         request_timeout: float = 30.0,
         auth_token: str | None = None,
         limit_per_host: int = 8,
+        ca_file: str | Path | None = None,
     ) -> None:
         self._timeout = request_timeout
         self._headers = {"Authorization": f"Bearer {auth_token}"} if auth_token else {}
         self._limit_per_host = limit_per_host
+        # built here so a bad CA file fails at construction, not at the first https request
+        self._ssl: ssl.SSLContext | bool = tls_context(ca_file) if ca_file is not None else True
         self._session: aiohttp.ClientSession | None = None
 
     async def start(self) -> None:
         if self._session is None:
-            connector = aiohttp.TCPConnector(limit=0, limit_per_host=self._limit_per_host)
+            connector = aiohttp.TCPConnector(
+                limit=0, limit_per_host=self._limit_per_host, ssl=self._ssl
+            )
             self._session = aiohttp.ClientSession(
                 connector=connector,
                 headers=self._headers,
@@ -232,7 +254,12 @@ class BrokerClient:
         )
         return list(r["offsets"])
 
-    async def replica_offsets(self, url: str) -> dict[str, list[dict[str, Any]]]:
-        """The master's committed offsets of every consumer group (slaves pull these)."""
-        r = await self._request("GET", f"{url}/v1/replica/offsets")
+    async def replica_offsets(
+        self, url: str, timeout: float | None = None
+    ) -> dict[str, list[dict[str, Any]]]:
+        """A node's committed offsets of every consumer group (slaves pull the master's; a master
+        pulls its slaves' to recover commits they took while it was down)."""
+        r = await self._request("GET", f"{url}/v1/replica/offsets", timeout=timeout)
+        if not isinstance(r, dict) or not isinstance(r.get("groups"), dict):
+            raise BrokerError(f"GET {url}/v1/replica/offsets: malformed answer", retriable=True)
         return dict(r["groups"])

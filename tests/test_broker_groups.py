@@ -80,7 +80,7 @@ def test_corrupt_offsets_file_is_a_clear_error(tmp_path: Path) -> None:
 def test_unforced_commits_keep_the_maximum(offsets: list[int]) -> None:
     """Whatever the order of unforced commits, the stored offset is their maximum."""
     gs = GroupStore(Path("/nonexistent"))
-    gs._write = lambda snapshot: None  # type: ignore[method-assign]  # no disk for this property
+    gs._write = lambda generation, snapshot: None  # type: ignore[method-assign]  # no disk here
 
     async def run() -> int:
         for o in offsets:
@@ -95,6 +95,11 @@ def test_unforced_commits_keep_the_maximum(offsets: list[int]) -> None:
 
 def _o(partition: int, offset: int) -> dict[str, Any]:
     return {"topic": "events", "partition": partition, "offset": offset}
+
+
+def _plain(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Snapshot entries without their epochs, to compare with commit answers."""
+    return [{k: v for k, v in e.items() if k != "epoch"} for e in entries]
 
 
 def _group_on(cluster: Cluster, group_index: int) -> str:
@@ -160,7 +165,7 @@ async def test_commits_are_durable_forward_only_and_replicated(
 
     def slave_has_them() -> bool:
         got = cluster.get_json(slave, "/v1/replica/offsets")
-        return bool(got) and got["groups"].get("g") == expected
+        return bool(got) and _plain(got["groups"].get("g", [])) == expected
 
     deadline = time.monotonic() + 10
     while not await asyncio.to_thread(slave_has_them):
@@ -170,7 +175,7 @@ async def test_commits_are_durable_forward_only_and_replicated(
     await asyncio.to_thread(cluster.restart, master, sig=signal.SIGKILL)
     assert await client.committed(url, "g") == expected
     stored = json.loads((cluster.nodes[master].data_dir / "offsets.json").read_text())
-    assert stored["groups"]["g"] == expected
+    assert _plain(stored["groups"]["g"]) == expected
 
     # master down: after the liveness timeout the slave is the coordinator and has the offsets
     await asyncio.to_thread(cluster.kill, master)
@@ -184,3 +189,155 @@ async def test_commits_are_durable_forward_only_and_replicated(
             assert time.monotonic() < deadline, "slave never took over as coordinator"
             await asyncio.sleep(0.05)
     assert got == expected
+
+
+# -- epochs: forced commits and the master's merge of its slaves' offsets ----------------------------
+
+
+def _store(path: Path | None = None) -> GroupStore:
+    gs = GroupStore(path or Path("/nonexistent"))
+    if path is None:
+        gs._write = lambda generation, snapshot: None  # type: ignore[method-assign]  # no disk here
+    return gs
+
+
+async def test_forced_commit_wins_every_later_merge() -> None:
+    """A forced (backward) commit bumps the epoch: a peer still holding the larger old offset takes
+    the forced one, and merging the peer's stale snapshot back does not undo it."""
+    master, slave = _store(), _store()
+    await master.commit("g", [("t", 0, 30)], force=False)
+    slave.merge_offsets(master.offsets_snapshot())
+    stale = slave.offsets_snapshot()
+    await master.commit("g", [("t", 0, 3)], force=True)
+    assert await master.merge(stale) is False
+    assert master.committed("g", []) == [{"topic": "t", "partition": 0, "offset": 3}]
+    slave.merge_offsets(master.offsets_snapshot())
+    assert slave.offsets_snapshot() == {"g": [{"topic": "t", "partition": 0, "offset": 3, "epoch": 1}]}
+    # after the forced commit, unforced commits move forward again from the new position
+    assert (await master.commit("g", [("t", 0, 5)], force=False))[0]["offset"] == 5
+    assert (await master.commit("g", [("t", 0, 4)], force=False))[0]["offset"] == 5
+
+
+_op = st.tuples(st.sampled_from(["a", "b"]), st.sampled_from(["commit", "force", "merge"]),
+                st.integers(min_value=0, max_value=3), st.integers(min_value=0, max_value=100))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(_op, max_size=30))
+def test_merges_converge(ops: list[tuple[str, str, int, int]]) -> None:
+    """Whatever commits, forced commits and one-way merges happen on two nodes, merging both ways
+    leaves both with the same offsets (merges are a max over (epoch, offset): order does not matter)."""
+    stores = {"a": _store(), "b": _store()}
+
+    async def run() -> None:
+        for node, op, partition, offset in ops:
+            gs, other = stores[node], stores["b" if node == "a" else "a"]
+            if op == "merge":
+                await gs.merge(other.offsets_snapshot())
+            else:
+                await gs.commit("g", [("t", partition, offset)], force=op == "force")
+        await stores["a"].merge(stores["b"].offsets_snapshot())
+        await stores["b"].merge(stores["a"].offsets_snapshot())
+
+    asyncio.run(run())
+    assert stores["a"].offsets_snapshot() == stores["b"].offsets_snapshot()
+
+
+def test_malformed_snapshot_merges_nothing_and_old_files_load(tmp_path: Path) -> None:
+    """A peer snapshot with one bad entry is refused whole (ValueError naming it); an offsets file
+    written before epochs existed loads with epoch 0."""
+    (tmp_path / "offsets.json").write_text(
+        '{"version": 1, "groups": {"g": [{"topic": "t", "partition": 0, "offset": 7}]}}')
+    gs = GroupStore(tmp_path)
+    gs.load()
+    bad = {"g": [{"topic": "t", "partition": 1, "offset": 9},
+                 {"topic": "t", "partition": 0, "offset": -1}]}
+    with pytest.raises(ValueError, match="entry 1: offset"):
+        gs.merge_offsets(bad)
+    with pytest.raises(ValueError, match="must be an object"):
+        gs.merge_offsets(["g"])
+    assert gs.offsets_snapshot() == {"g": [{"topic": "t", "partition": 0, "offset": 7}]}
+
+
+def test_an_older_snapshot_never_replaces_a_newer_file(tmp_path: Path) -> None:
+    """Writes that finish out of order (a commit's and a merge's) leave the newest snapshot on
+    disk and no temp file behind."""
+    gs = GroupStore(tmp_path)
+    gs.load()
+    gs._write(2, {"g": [{"topic": "t", "partition": 0, "offset": 2}]})
+    gs._write(1, {"g": [{"topic": "t", "partition": 0, "offset": 1}]})
+    again = GroupStore(tmp_path)
+    again.load()
+    assert again.committed("g", []) == [{"topic": "t", "partition": 0, "offset": 2}]
+    assert [p.name for p in tmp_path.iterdir()] == ["offsets.json"]
+
+
+async def _commit_when_coordinator(client: BrokerClient, url: str, offsets: list[dict[str, Any]]) -> None:
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            await client.commit(url, "g", "c", offsets)
+            return
+        except BrokerError as exc:
+            assert exc.code == "not_coordinator", exc
+            assert time.monotonic() < deadline, "node never became the coordinator"
+            await asyncio.sleep(0.05)
+
+
+async def _until(check: Any, what: str) -> None:
+    deadline = time.monotonic() + 10
+    while not await check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.05)
+
+
+async def test_returning_master_takes_the_slaves_commits(cluster_factory: Any, client: BrokerClient) -> None:
+    """Commits a slave took as coordinator while the master was down are answered by the master as
+    soon as it is back (merged before it serves); later commits through the master, forced ones
+    included, reach the slave."""
+    cluster = cluster_factory(topics={"events": 2}, slaves=1)
+    master, slave = cluster.master(), cluster.slaves()[0]
+    murl, surl = cluster.url(master), cluster.url(slave)
+    await client.commit(murl, "g", "c", [_o(0, 10)])
+
+    async def slave_has(expected: list[dict[str, Any]]) -> bool:
+        got = await client.replica_offsets(surl)
+        return _plain(got.get("g", [])) == expected
+
+    await _until(lambda: slave_has([_o(0, 10)]), "the slave to pull the first commit")
+    await asyncio.to_thread(cluster.kill, master)
+    await _commit_when_coordinator(client, surl, [_o(0, 20), _o(1, 5)])
+
+    await asyncio.to_thread(cluster.start_node, master)
+    assert await client.committed(murl, "g") == [_o(0, 20), _o(1, 5)]
+
+    await client.commit(murl, "g", "c", [_o(0, 30)])
+    await _until(lambda: slave_has([_o(0, 30), _o(1, 5)]), "the slave to follow the master")
+    assert (await client.commit(murl, "g", "c", [_o(0, 3)], force=True))["committed"] == [_o(0, 3)]
+    await _until(lambda: slave_has([_o(0, 3), _o(1, 5)]), "the forced commit to reach the slave")
+    # both nodes now hold the same (epoch, offset); the master's pulls of the slave changed nothing
+    assert await client.replica_offsets(murl) == await client.replica_offsets(surl)
+    assert await client.committed(murl, "g") == [_o(0, 3), _o(1, 5)]
+
+
+async def test_master_pulls_commits_from_a_slave_it_could_not_reach_at_start(
+    cluster_factory: Any, client: BrokerClient
+) -> None:
+    """A master that starts while its slave is frozen (the start-up pull times out) still takes
+    the commits the slave took as coordinator, from its periodic pull once the slave answers."""
+    cluster = cluster_factory(topics={"events": 1}, slaves=1)
+    master, slave = cluster.master(), cluster.slaves()[0]
+    murl, surl = cluster.url(master), cluster.url(slave)
+    await asyncio.to_thread(cluster.kill, master)
+    await _commit_when_coordinator(client, surl, [_o(0, 42)])
+    cluster.send_signal(slave, signal.SIGSTOP)
+    try:
+        await asyncio.to_thread(cluster.start_node, master)
+        assert await client.committed(murl, "g") == []
+    finally:
+        cluster.send_signal(slave, signal.SIGCONT)
+
+    async def master_has_it() -> bool:
+        return await client.committed(murl, "g") == [_o(0, 42)]
+
+    await _until(master_has_it, "the master's periodic pull of the slave's commits")

@@ -135,3 +135,48 @@ async def test_stopping_node_answers_held_fetches(cluster_factory: Any, client: 
     assert answer.partitions[0].status == "NO_MESSAGE_IN_QUEUE"
     assert time.monotonic() - started < LONG_WAIT_MS / 1000 / 2
     assert code == 0
+
+
+async def test_held_fetch_is_cancelled_when_its_client_disconnects(
+    cluster: Cluster, client: BrokerClient
+) -> None:
+    """A client that drops its connection while its fetch is held stops counting as in flight at
+    once (the handler is cancelled), not when the 10 s max wait runs out."""
+    url = cluster.url(cluster.master())
+    end = await _end(client, url, 1)
+    body = (
+        b'{"client_id": "gone", "max_wait_ms": %d, "partitions": '
+        b'[{"topic": "events", "partition": 1, "offset": %d}]}' % (LONG_WAIT_MS, end)
+    )
+    host, port = url.removeprefix("http://").split(":")
+    _reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(b"POST /v1/fetch HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    await writer.drain()
+    await _wait_held(client, url, "gone")
+    writer.close()
+    await writer.wait_closed()
+    deadline = time.monotonic() + LONG_WAIT_MS / 1000 / 2
+    while (await client.stats(url))["inflight_fetch"].get("gone"):
+        assert time.monotonic() < deadline, "the held fetch outlived its client"
+        await asyncio.sleep(0.02)
+
+
+def test_client_stats_of_idle_clients_are_dropped() -> None:
+    """Per-client counters are bounded: a client idle past the limit with nothing in flight is
+    dropped, an active one or one with a fetch held is kept."""
+    from mqd.broker.server import _Stats
+
+    stats = _Stats(idle_s=600)
+    stats.count("old", "fetch", now=0.0)
+    stats.count("held", "fetch", now=0.0)
+    stats.fetch_started("held")
+    stats.count("new", "heartbeat", now=500.0)
+    assert stats.prune(now=700.0) == 1
+    view = stats.as_json("n")
+    assert sorted(view["clients"]) == ["held", "new"]
+    assert view["inflight_fetch"] == {"held": 1}
+    stats.fetch_done("held")
+    assert stats.as_json("n")["inflight_fetch"] == {}
+    assert stats.prune(now=1200.0) == 2
+    assert stats.as_json("n")["clients"] == {} and stats.as_json("n")["inflight_fetch_max_per_client"] == {}

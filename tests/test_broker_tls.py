@@ -51,3 +51,28 @@ async def test_https_cluster_serves_and_replicates(cluster_factory: Any, tmp_pat
             async with session.get(master.replace("https://", "http://") + "/v1/health",
                                    timeout=aiohttp.ClientTimeout(total=5)) as resp:
                 await resp.read()
+
+
+async def test_tls_ca_file_without_ssl_cert_file(cluster_factory: Any, tmp_path: Path) -> None:
+    """With ``tls_ca_file`` on the nodes and ``ca_file`` on the client (no SSL_CERT_FILE), a slave
+    replicates over HTTPS (acks=all succeeds) and the client reads the record back from it; a
+    client without the CA is refused; a CA file that does not exist is a clear, final error."""
+    from mqd.client import BrokerClient, BrokerError
+
+    cert, key = await asyncio.to_thread(_self_signed, tmp_path)
+    env = {"SSL_CERT_FILE": "/nonexistent/ca.pem"}  # the system store must not be what works here
+    cluster = cluster_factory(topics={"events": 1}, slaves=1, tls=(cert, key), env=env,
+                              node_settings={"tls_ca_file": str(cert)})
+    master, slave = cluster.url(cluster.master()), cluster.url(cluster.slaves()[0])
+    async with BrokerClient(request_timeout=10, ca_file=cert) as client:
+        r = await client.produce(master, "events", 0, fmt.encode_batch([b"pinned"]), acks="all")
+        assert r.base_offset == 0
+        answer = await client.fetch(slave, [{"topic": "events", "partition": 0, "offset": 0}],
+                                    max_wait_ms=0)
+        assert records_of(answer.partitions[0].data) == [(0, b"pinned")]
+    async with BrokerClient(request_timeout=10) as untrusting:
+        with pytest.raises(BrokerError, match=r"[Cc]ertificate"):
+            await untrusting.health(master)
+    with pytest.raises(BrokerError, match="cannot load CA file") as err:
+        BrokerClient(ca_file=tmp_path / "missing.pem")
+    assert err.value.retriable is False

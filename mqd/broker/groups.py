@@ -5,8 +5,13 @@ is the sorted member list and a version that grows on every change (join, leave,
 topics). Members silent for their session timeout are dropped by :meth:`GroupStore.expire`.
 
 Committed offsets live in ``<data_dir>/offsets.json``, replaced atomically (temp file, fsync, rename,
-directory fsync) on every commit batch; commits only move forward unless forced. Slaves pull the
-master's snapshot and max-merge it (:meth:`merge_offsets`).
+directory fsync) on every commit batch; commits only move forward unless forced.
+
+Replication is a symmetric max-merge of snapshots: slaves pull the master's, and a master pulls its
+slaves' (at start and every second), so commits a slave took as coordinator while the master was
+down survive the master's return. Each stored offset carries an ``epoch`` that a forced commit
+bumps; merges compare ``(epoch, offset)``, so a forced (backward) commit wins over the larger offset
+the other nodes still hold instead of being undone by the next merge.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -25,6 +31,11 @@ import structlog
 log = structlog.get_logger(__name__)
 
 OFFSETS_FILE = "offsets.json"
+MAX_OFFSET = 2**63 - 1
+
+# what is stored per (topic, partition): (epoch, offset), compared as a tuple by merges
+Committed = tuple[int, int]
+Snapshot = dict[str, list[dict[str, Any]]]
 
 
 class GroupError(Exception):
@@ -66,8 +77,13 @@ class GroupStore:
     def __init__(self, data_dir: Path) -> None:
         self._path = Path(data_dir) / OFFSETS_FILE
         self._groups: dict[str, _Group] = {}
-        self._offsets: dict[str, dict[tuple[str, int], int]] = {}
+        self._offsets: dict[str, dict[tuple[str, int], Committed]] = {}
         self._write_lock = asyncio.Lock()
+        # snapshots are numbered in the order the loop took them; a write never replaces the file
+        # with an older snapshot than the last one written (a commit's and a merge's writes may race)
+        self._generation = 0
+        self._written_generation = 0
+        self._replace_lock = threading.Lock()
 
     # -- persistence -------------------------------------------------------------------------------
 
@@ -84,18 +100,20 @@ class GroupStore:
             raise GroupError(f"{self._path}: cannot read: {exc}", retriable=False) from exc
         try:
             data = json.loads(raw)
-            groups = data["groups"]
-            loaded = {
-                str(g): {(str(e["topic"]), int(e["partition"])): int(e["offset"]) for e in entries}
-                for g, entries in groups.items()
-            }
+            if not isinstance(data, dict):
+                raise TypeError("not a JSON object")
+            loaded = parse_snapshot(data["groups"])
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             # the file is only ever replaced by rename, so this is outside damage: refuse to guess
             raise GroupError(f"{self._path}: corrupt offsets file: {exc}", retriable=False) from exc
         self._offsets = loaded
 
-    def _write(self, snapshot: dict[str, list[dict[str, Any]]]) -> None:
-        # unique temp name: a slave acting as coordinator may write from a commit and a merge at once
+    def _snapshot_for_write(self) -> tuple[int, Snapshot]:
+        self._generation += 1
+        return self._generation, self.offsets_snapshot()
+
+    def _write(self, generation: int, snapshot: Snapshot) -> None:
+        # unique temp name: a commit and a merge may write at the same time
         tmp = self._path.with_name(f"{self._path.name}.{uuid.uuid4().hex}.tmp")
         body = json.dumps({"version": 1, "groups": snapshot}, separators=(",", ":")).encode()
         try:
@@ -103,58 +121,88 @@ class GroupStore:
                 fh.write(body)
                 fh.flush()
                 os.fsync(fh.fileno())
-            os.replace(tmp, self._path)
-            _fsync_dir(self._path.parent)
+            with self._replace_lock:
+                if generation <= self._written_generation:
+                    tmp.unlink()  # a newer snapshot (which holds this one's changes) is on disk
+                    return
+                os.replace(tmp, self._path)
+                _fsync_dir(self._path.parent)
+                self._written_generation = generation
         except OSError as exc:
+            tmp.unlink(missing_ok=True)
             raise GroupError(f"{self._path}: cannot write: {exc}", retriable=True) from exc
 
     # -- committed offsets -------------------------------------------------------------------------
 
-    def offsets_snapshot(self) -> dict[str, list[dict[str, Any]]]:
+    def offsets_snapshot(self) -> Snapshot:
+        """Every group's committed offsets (GET /v1/replica/offsets, the file); ``epoch`` only
+        where a forced commit set one (absent means 0, the shape from before epochs)."""
         return {
-            g: [{"topic": t, "partition": p, "offset": o} for (t, p), o in sorted(offs.items())]
+            g: [
+                {"topic": t, "partition": p, "offset": o, **({"epoch": e} if e else {})}
+                for (t, p), (e, o) in sorted(offs.items())
+            ]
             for g, offs in sorted(self._offsets.items())
         }
 
-    def merge_offsets(self, snapshot: dict[str, list[dict[str, Any]]]) -> None:
-        """Max-merge a master's snapshot (slave pull); written durably when anything moved."""
+    def _merge(self, snapshot: Any) -> bool:
+        """Max-merge ``(epoch, offset)`` of a peer's snapshot into memory; True when anything moved."""
+        parsed = parse_snapshot(snapshot)  # all or nothing: a malformed snapshot changes nothing
         changed = False
-        for g, entries in snapshot.items():
-            offs = self._offsets.setdefault(str(g), {})
-            for e in entries:
-                key = (str(e["topic"]), int(e["partition"]))
-                offset = int(e["offset"])
-                if offset > offs.get(key, -1):
-                    offs[key] = offset
+        for g, entries in parsed.items():
+            offs = self._offsets.setdefault(g, {})
+            for key, value in entries.items():
+                if value > offs.get(key, (-1, -1)):
+                    offs[key] = value
                     changed = True
-        if changed:
-            self._write(self.offsets_snapshot())
+        return changed
+
+    def merge_offsets(self, snapshot: Any) -> None:
+        """Max-merge a peer's snapshot (blocking write when anything moved; the slave's pull loop).
+
+        Raises ValueError for a malformed snapshot (nothing merged), GroupError when the write fails.
+        """
+        if self._merge(snapshot):
+            self._write(*self._snapshot_for_write())
+
+    async def merge(self, snapshot: Any) -> bool:
+        """Like :meth:`merge_offsets`, with the write in a worker thread; True when anything moved."""
+        if not self._merge(snapshot):
+            return False
+        generation, data = self._snapshot_for_write()
+        await asyncio.get_running_loop().run_in_executor(None, self._write, generation, data)
+        return True
 
     async def commit(
         self, group: str, offsets: list[tuple[str, int, int]], force: bool
     ) -> list[dict[str, Any]]:
         """Store ``(topic, partition, offset)`` commits; returns what is stored for each afterwards.
 
-        A commit below the stored offset is ignored unless ``force``. The answer is sent only after
-        the file is on disk (fsync in a worker thread).
+        A commit below the stored offset is ignored unless ``force``; a forced commit bumps the
+        partition's epoch so it wins every later merge against the old offset. The answer is sent
+        only after the file is on disk (fsync in a worker thread).
         """
         async with self._write_lock:
             offs = self._offsets.setdefault(group, {})
             changed = False
             for topic, partition, offset in offsets:
                 key = (topic, partition)
-                if force or offset > offs.get(key, -1):
-                    changed = changed or offs.get(key) != offset
-                    offs[key] = offset
+                epoch, stored = offs.get(key, (0, -1))
+                if force:
+                    offs[key] = (epoch + 1, offset)
+                    changed = True
+                elif offset > stored:
+                    offs[key] = (epoch, offset)
+                    changed = True
             if changed:
-                snapshot = self.offsets_snapshot()
-                await asyncio.get_running_loop().run_in_executor(None, self._write, snapshot)
-            return [{"topic": t, "partition": p, "offset": offs[(t, p)]} for t, p, _ in offsets]
+                generation, snapshot = self._snapshot_for_write()
+                await asyncio.get_running_loop().run_in_executor(None, self._write, generation, snapshot)
+            return [{"topic": t, "partition": p, "offset": offs[(t, p)][1]} for t, p, _ in offsets]
 
     def committed(self, group: str, partitions: list[tuple[str, int]]) -> list[dict[str, Any]]:
         offs = self._offsets.get(group, {})
         keys = partitions or sorted(offs)
-        return [{"topic": t, "partition": p, "offset": offs[(t, p)]} for t, p in keys if (t, p) in offs]
+        return [{"topic": t, "partition": p, "offset": offs[(t, p)][1]} for t, p in keys if (t, p) in offs]
 
     # -- membership --------------------------------------------------------------------------------
 
@@ -200,3 +248,37 @@ class GroupStore:
     def members(self, group: str) -> tuple[list[str], int]:
         g = self._groups.get(group)
         return (g.sorted_members(), g.version) if g else ([], 0)
+
+
+def parse_snapshot(raw: Any) -> dict[str, dict[tuple[str, int], Committed]]:
+    """Check and convert a snapshot ``{group: [{"topic", "partition", "offset", "epoch"?}]}``.
+
+    ``epoch`` is optional (0): files and peers from before epochs existed. Raises ValueError naming
+    the bad entry.
+    """
+    if not isinstance(raw, dict):
+        raise ValueError(f"offsets snapshot must be an object, got {type(raw).__name__}")
+    out: dict[str, dict[tuple[str, int], Committed]] = {}
+    for g, entries in raw.items():
+        if not isinstance(entries, list):
+            raise ValueError(f"group {g!r}: must be a list")
+        offs: dict[tuple[str, int], Committed] = {}
+        for i, e in enumerate(entries):
+            if not isinstance(e, dict):
+                raise ValueError(f"group {g!r} entry {i}: must be an object")
+            topic = e.get("topic")
+            if not isinstance(topic, str) or not topic:
+                raise ValueError(f"group {g!r} entry {i}: topic must be a non-empty string")
+            partition, offset, epoch = (
+                _non_negative(e.get(name, 0 if name == "epoch" else None), f"group {g!r} entry {i}: {name}")
+                for name in ("partition", "offset", "epoch")
+            )
+            offs[(topic, partition)] = (epoch, offset)
+        out[str(g)] = offs
+    return out
+
+
+def _non_negative(value: Any, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_OFFSET:
+        raise ValueError(f"{what} must be an integer in [0, 2**63), got {value!r}")
+    return value

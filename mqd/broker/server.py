@@ -7,6 +7,15 @@ an ``asyncio.Event`` registered on each partition it asked for, and :meth:`Broke
 
 ``acks=all`` on a master waits until every live slave has replicated past the batch: a slave's
 replica fetch names the offset it wants next, which is how far it has come.
+
+Fetch hot path: while a fetch waits, each partition is only *planned* (byte ranges from the
+in-memory index, no I/O); once the answer is ready every range is read with ``preadv`` straight
+into one buffer, which goes to the socket as is. Stored bytes are copied once in user space and
+never parsed (the offset after the last batch comes from the index too).
+
+Committed offsets: a master max-merges its slaves' offsets (groups.py) when it starts, before it
+listens, and every second, so commits a slave took as coordinator while the master was down
+survive its return.
 """
 
 from __future__ import annotations
@@ -22,6 +31,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
+import numpy as np
 import structlog
 from aiohttp import web
 
@@ -29,8 +39,8 @@ from mqd import format as fmt
 from mqd.broker.cluster_state import ClusterState
 from mqd.broker.groups import GroupError, GroupStore
 from mqd.broker.replication import Replicator
-from mqd.broker.storage import PartitionLog, Storage, StorageError
-from mqd.client import BrokerClient
+from mqd.broker.storage import PartitionLog, ReadPlan, Storage, StorageError
+from mqd.client import BrokerClient, BrokerError
 from mqd.config import BrokerConfig, ClusterConfig, ConfigError, load_broker_config
 from mqd.protocol import BATCH_CONTENT_TYPE, FETCH_CONTENT_TYPE, Status, encode_fetch_answer
 
@@ -39,6 +49,10 @@ log = structlog.get_logger(__name__)
 MAX_OFFSET = 2**63 - 1
 MAX_SESSION_TIMEOUT_MS = 3_600_000
 SHUTDOWN_DRAIN_S = 5.0  # how long in-flight requests may take to finish on stop
+CLIENT_STATS_IDLE_S = 600.0  # per-client counters of a client silent this long are dropped
+STATS_PRUNE_INTERVAL_S = 60.0
+OFFSETS_PULL_INTERVAL_S = 1.0  # a master pulls its slaves' committed offsets this often
+OFFSETS_PULL_START_TIMEOUT_S = 2.0  # ... and once at start, before it serves, waiting at most this
 _MISSING: Any = object()
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -124,21 +138,47 @@ def _obj(value: Any, where: str) -> dict[str, Any]:
 
 
 class _Stats:
-    """Request counters for GET /v1/stats (tests and the benchmark read them)."""
+    """Request counters for GET /v1/stats (tests and the benchmark read them).
 
-    def __init__(self) -> None:
+    Per-client entries are bounded: a client with nothing in flight and silent for ``idle_s`` is
+    dropped by :meth:`prune` (client ids may be per process, so they would otherwise pile up).
+    """
+
+    def __init__(self, idle_s: float = CLIENT_STATS_IDLE_S) -> None:
+        self.idle_s = idle_s
         self.requests: dict[str, int] = defaultdict(int)
         self.clients: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+        self.last_seen: dict[str, float] = {}
         self.fetch_partitions = 0
         self.inflight: dict[str, int] = defaultdict(int)
         self.inflight_max: dict[str, int] = defaultdict(int)
+
+    def count(self, client_id: str, what: str, now: float | None = None) -> None:
+        self.clients[client_id][what] += 1
+        self.last_seen[client_id] = time.monotonic() if now is None else now
 
     def fetch_started(self, client_id: str) -> None:
         self.inflight[client_id] += 1
         self.inflight_max[client_id] = max(self.inflight_max[client_id], self.inflight[client_id])
 
     def fetch_done(self, client_id: str) -> None:
-        self.inflight[client_id] -= 1
+        left = self.inflight[client_id] - 1
+        if left > 0:
+            self.inflight[client_id] = left
+        else:
+            del self.inflight[client_id]
+
+    def prune(self, now: float | None = None) -> int:
+        """Drop the counters of clients idle for ``idle_s`` with nothing in flight; returns how many."""
+        now = time.monotonic() if now is None else now
+        idle = [
+            c for c, seen in self.last_seen.items() if now - seen > self.idle_s and c not in self.inflight
+        ]
+        for c in idle:
+            del self.last_seen[c]
+            self.clients.pop(c, None)
+            self.inflight_max.pop(c, None)
+        return len(idle)
 
     def as_json(self, node_id: str) -> dict[str, Any]:
         return {
@@ -171,7 +211,8 @@ class BrokerNode:
         self.config = config
         self.cluster = cluster
         self.node_id = config.node_id
-        self._client = BrokerClient(request_timeout=10.0, auth_token=config.auth_token)
+        self._client = BrokerClient(request_timeout=10.0, auth_token=config.auth_token,
+                                    ca_file=config.tls_ca_file)
         self.state = ClusterState(config, cluster, self._client, on_liveness_change=self._wake_acks)
         self.storage = Storage(config.data_dir, config.storage)
         self.groups = GroupStore(config.data_dir)
@@ -231,6 +272,11 @@ class BrokerNode:
         await loop.run_in_executor(None, self.groups.load)
         await loop.run_in_executor(None, self.storage.open, self.state.partitions)
         await self._client.start()
+        if self.state.is_master and self.state.group.slaves:
+            # a slave may have been the coordinator while this master was down: take its commits
+            # before answering any group request
+            await self._pull_slave_offsets(OFFSETS_PULL_START_TIMEOUT_S)
+            self._tasks.append(asyncio.create_task(self._offsets_pull_loop(), name="offsets-pull"))
         await self.state.start()
         if not self.state.is_master:
             self._replicator = Replicator(
@@ -245,11 +291,15 @@ class BrokerNode:
             )
             await self._replicator.start()
         self._tasks.append(asyncio.create_task(self._expiry_loop(), name="group-expiry"))
+        self._tasks.append(asyncio.create_task(self._stats_prune_loop(), name="stats-prune"))
         if self.config.storage.fsync == "interval":
             self._tasks.append(asyncio.create_task(self._flush_loop(), name="fsync"))
         if self.config.storage.retention_bytes >= 0 or self.config.storage.retention_ms >= 0:
             self._tasks.append(asyncio.create_task(self._retention_loop(), name="retention"))
-        self._runner = web.AppRunner(self._app, shutdown_timeout=SHUTDOWN_DRAIN_S, access_log=None)
+        # handler_cancellation: a fetch held for a client that went away is cancelled at once, so
+        # its waiter and in-flight count go with it instead of lasting until max_wait_ms
+        self._runner = web.AppRunner(self._app, shutdown_timeout=SHUTDOWN_DRAIN_S, access_log=None,
+                                     handler_cancellation=True)
         await self._runner.setup()
         spec = self.cluster.node(self.node_id)
         assert spec is not None
@@ -295,6 +345,42 @@ class BrokerNode:
         while True:
             await asyncio.sleep(max(0.025, self.groups.min_session_timeout(default) / 4))
             self.groups.expire()
+
+    async def _stats_prune_loop(self) -> None:
+        while True:
+            await asyncio.sleep(STATS_PRUNE_INTERVAL_S)
+            self.stats.prune()
+
+    async def _offsets_pull_loop(self) -> None:
+        while True:
+            await asyncio.sleep(OFFSETS_PULL_INTERVAL_S)
+            try:
+                await self._pull_slave_offsets(self._client_timeout_s())
+            except Exception:
+                log.exception("pulling committed offsets from slaves failed")
+
+    def _client_timeout_s(self) -> float:
+        return max(0.5, self.config.liveness_timeout_ms / 1000)
+
+    async def _pull_slave_offsets(self, timeout: float) -> None:
+        """Max-merge the committed offsets of every live slave into this master's store."""
+        slaves = self.state.live_slaves()
+        answers = await asyncio.gather(
+            *(self._client.replica_offsets(s.url, timeout=timeout) for s in slaves), return_exceptions=True
+        )
+        for slave, answer in zip(slaves, answers, strict=True):
+            if isinstance(answer, BrokerError):
+                log.debug("cannot pull committed offsets from slave", slave=slave.id, error=str(answer))
+                continue
+            if isinstance(answer, BaseException):
+                raise answer
+            try:
+                if await self.groups.merge(answer):
+                    log.info("merged committed offsets from slave", slave=slave.id)
+            except ValueError as exc:
+                log.error("malformed committed offsets from slave", slave=slave.id, error=str(exc))
+            except GroupError as exc:
+                log.error("cannot store committed offsets merged from slave", slave=slave.id, error=str(exc))
 
     async def _flush_loop(self) -> None:
         loop = asyncio.get_running_loop()
@@ -496,7 +582,7 @@ class BrokerNode:
             ))
         return items
 
-    async def _fetch(self, request: web.Request) -> web.Response:
+    async def _fetch(self, request: web.Request) -> web.StreamResponse:
         body = await _json_body(request)
         client_id = _str(body, "client_id", default="", empty=True)
         limits = self.config.limits
@@ -505,15 +591,15 @@ class BrokerNode:
         max_bytes = min(_int(body, "max_bytes", default=limits.max_fetch_bytes, minimum=1),
                         limits.max_fetch_bytes)
         items = self._parse_fetch(body, max_bytes)
-        self.stats.clients[client_id]["fetch"] += 1
+        self.stats.count(client_id, "fetch")
         self.stats.fetch_partitions += len(items)
         self.stats.fetch_started(client_id)
         try:
-            return await self._answer_fetch(items, max_wait, min_bytes, max_bytes, replica=False)
+            return await self._answer_fetch(request, items, max_wait, min_bytes, max_bytes, replica=False)
         finally:
             self.stats.fetch_done(client_id)
 
-    async def _replica_fetch(self, request: web.Request) -> web.Response:
+    async def _replica_fetch(self, request: web.Request) -> web.StreamResponse:
         body = await _json_body(request)
         slave = _str(body, "node")
         found = self.cluster.node(slave)
@@ -529,10 +615,10 @@ class BrokerNode:
             for it in items:
                 if self.state.holds(it.topic, it.partition):
                     self._record_replica_progress(slave, it.topic, it.partition, it.offset)
-        return await self._answer_fetch(items, max_wait, min_bytes, max_bytes, replica=True)
+        return await self._answer_fetch(request, items, max_wait, min_bytes, max_bytes, replica=True)
 
-    async def _answer_fetch(self, items: list[_FetchItem], max_wait_ms: int, min_bytes: int,
-                            max_bytes: int, *, replica: bool) -> web.Response:
+    async def _answer_fetch(self, request: web.Request, items: list[_FetchItem], max_wait_ms: int,
+                            min_bytes: int, max_bytes: int, *, replica: bool) -> web.StreamResponse:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max_wait_ms / 1000
         event = asyncio.Event()
@@ -541,7 +627,8 @@ class BrokerNode:
             self._waiters[key].add(event)
         try:
             while True:
-                entries, chunks, ready = self._collect(items, min_bytes, max_bytes, replica)
+                # planning finds byte ranges from the indexes only; nothing is read until ready
+                entries, plans, ready = self._collect(items, min_bytes, max_bytes, replica)
                 remaining = deadline - loop.time()
                 if ready or remaining <= 0 or self._closing:
                     break
@@ -557,27 +644,56 @@ class BrokerNode:
                     waiters.discard(event)
                     if not waiters:
                         del self._waiters[key]
-        parts = encode_fetch_answer(self.node_id, entries, chunks)
-        return web.Response(body=b"".join(parts), content_type=FETCH_CONTENT_TYPE)
+        # no await between planning and reading: a plan's file descriptors stay valid until then
+        head, data = self._read_answer(entries, plans)
+        response = web.StreamResponse(headers={"Content-Type": FETCH_CONTENT_TYPE})
+        response.content_length = len(head) + data.nbytes
+        await response.prepare(request)
+        await response.write(head)
+        if data.nbytes:
+            await response.write(data)
+        await response.write_eof()
+        return response
 
-    def _collect(self, items: list[_FetchItem], min_bytes: int, max_bytes: int,
-                 replica: bool) -> tuple[list[dict[str, Any]], list[bytes], bool]:
-        """Read every partition once; ``ready`` when the answer should go out without waiting."""
+    def _read_answer(self, entries: list[dict[str, Any]],
+                     plans: list[tuple[PartitionLog, ReadPlan] | None]) -> tuple[bytes, memoryview]:
+        """Read every planned range into one buffer (the only copy of the stored bytes before the
+        socket); returns the framed head and that buffer."""
+        # np.empty, not bytearray: the reads fill every byte, so zeroing it first is a wasted pass
+        view = np.empty(sum(plan.size for _, plan in filter(None, plans)), dtype=np.uint8).data
+        chunks: list[memoryview] = []
+        at = 0
+        for planned in plans:
+            if planned is None:
+                chunks.append(view[at:at])
+                continue
+            plog, plan = planned
+            chunk = view[at : at + plan.size]
+            plog.read_into(plan, chunk)
+            chunks.append(chunk)
+            at += plan.size
+        parts = encode_fetch_answer(self.node_id, entries, chunks)  # type: ignore[arg-type]
+        return b"".join(parts[:3]), view
+
+    def _collect(self, items: list[_FetchItem], min_bytes: int, max_bytes: int, replica: bool
+                 ) -> tuple[list[dict[str, Any]], list[tuple[PartitionLog, ReadPlan] | None], bool]:
+        """Plan every partition once; ``ready`` when the answer should go out without waiting."""
         entries: list[dict[str, Any]] = []
-        chunks: list[bytes] = []
+        plans: list[tuple[PartitionLog, ReadPlan] | None] = []
         total = 0
         urgent = False  # a status the client must act on now (moved offset, not served)
         for it in items:
             budget = min(it.max_bytes, max_bytes - total)
-            entry, chunk, waitable = self._read_partition(it, budget, total == 0, replica)
+            entry, planned, waitable = self._plan_partition(it, budget, total == 0, replica)
             entries.append(entry)
-            chunks.append(chunk)
-            total += len(chunk)
+            plans.append(planned)
+            if planned is not None:
+                total += planned[1].size
             urgent = urgent or not waitable
-        return entries, chunks, urgent or (total > 0 and total >= min_bytes) or min_bytes == 0
+        return entries, plans, urgent or (total > 0 and total >= min_bytes) or min_bytes == 0
 
-    def _read_partition(self, it: _FetchItem, budget: int, first: bool,
-                        replica: bool) -> tuple[dict[str, Any], bytes, bool]:
+    def _plan_partition(self, it: _FetchItem, budget: int, first: bool, replica: bool
+                        ) -> tuple[dict[str, Any], tuple[PartitionLog, ReadPlan] | None, bool]:
         topic, partition, offset = it.topic, it.partition, it.offset
         entry: dict[str, Any] = {"topic": topic, "partition": partition}
         plog = self.storage.get(topic, partition) if self.state.holds(topic, partition) else None
@@ -591,10 +707,10 @@ class BrokerNode:
                 error = f"not_served: partition lives on group {group.name}"
             entry.update(status=Status.NOT_SERVED.value, next_offset=offset, min_offset=0, max_offset=0,
                          suggest=None, error=error)
-            return entry, b"", False
+            return entry, None, False
         lo, hi = plog.min_offset, plog.max_offset
         authoritative = replica or self.state.is_master or self.config.offset_check_in_slave
-        chunk = b""
+        planned: tuple[PartitionLog, ReadPlan] | None = None
         waitable = False
         if hi == 0:
             status = Status.NO_MESSAGE_IN_QUEUE
@@ -616,13 +732,13 @@ class BrokerNode:
             next_offset = offset
             waitable = True
             if budget > 0 or first:
-                data = plog.read(offset, max(budget, 1))
-                if data and (len(data) <= budget or first):
-                    chunk = data
-                    next_offset = _end_offset(data)
+                plan = plog.plan_read(offset, max(budget, 1))
+                if plan is not None and (plan.size <= budget or first):
+                    planned = (plog, plan)
+                    next_offset = plan.next_offset
         entry.update(status=status.value, next_offset=next_offset, min_offset=lo, max_offset=hi,
                      suggest=None if replica else self._suggest(plog, status, offset, next_offset))
-        return entry, chunk, waitable
+        return entry, planned, waitable
 
     def _suggest(self, plog: PartitionLog, status: Status, offset: int, next_offset: int) -> str | None:
         threshold = self.config.slave_suggest_lag_bytes
@@ -697,7 +813,7 @@ class BrokerNode:
                 _bad(f"topics[{i}]: must be a non-empty string")
         timeout_ms = _int(body, "session_timeout_ms", default=self.config.session_timeout_ms,
                           minimum=100, maximum=MAX_SESSION_TIMEOUT_MS)
-        self.stats.clients[client_id]["heartbeat"] += 1
+        self.stats.count(client_id, "heartbeat")
         members, version = self.groups.heartbeat(group, client_id, topics, timeout_ms)
         return web.json_response({"members": members, "version": version, "coordinator": self.node_id})
 
@@ -726,7 +842,7 @@ class BrokerNode:
         if not isinstance(force, bool):
             _bad("force: must be a boolean")
         offsets = self._partition_list(_list(body, "offsets"), with_offset=True)
-        self.stats.clients[client_id]["commit"] += 1
+        self.stats.count(client_id, "commit")
         committed = await self.groups.commit(group, offsets, force)
         return web.json_response({"committed": committed})
 
@@ -738,16 +854,6 @@ class BrokerNode:
 
     async def _replica_offsets(self, request: web.Request) -> web.Response:
         return web.json_response({"groups": self.groups.offsets_snapshot()})
-
-
-def _end_offset(data: bytes) -> int:
-    """Offset after the last record of ``data`` (whole batches): walk batch headers, not records."""
-    pos, end, next_offset = 0, len(data), 0
-    while pos < end:
-        info = fmt.read_header(data, pos)
-        next_offset = info.next_offset
-        pos += info.length
-    return next_offset
 
 
 def _url_port(url: str) -> int:

@@ -233,6 +233,18 @@ class _Segment:
         return valid
 
 
+class ReadPlan:
+    """Byte ranges of whole batches to read (:meth:`PartitionLog.plan_read`) and the offset after
+    the last of them."""
+
+    __slots__ = ("next_offset", "ranges", "size")
+
+    def __init__(self, ranges: list[tuple[int, int, int]], next_offset: int) -> None:
+        self.ranges = ranges  # (fd, file position, length), in log order
+        self.size = sum(length for _, _, length in ranges)
+        self.next_offset = next_offset
+
+
 class PartitionLog:
     """The log of one partition: segments ordered by base offset, the last one takes appends."""
 
@@ -479,36 +491,77 @@ class PartitionLog:
         si = bisect_right(self._bases, offset) - 1
         return si, self._segments[si].batch_index(offset)
 
-    def read(self, offset: int, max_bytes: int) -> bytes:
-        """Whole stored batches from the one holding ``offset``, up to ``max_bytes`` (at least one)."""
+    def plan_read(self, offset: int, max_bytes: int) -> ReadPlan | None:
+        """Where the whole stored batches from the one holding ``offset`` lie, up to ``max_bytes``
+        (at least one batch), found from the in-memory index: one contiguous range per segment.
+
+        None when ``offset`` is outside ``[min_offset, max_offset)``. The plan names file
+        descriptors: read it with :meth:`read_into` before the event loop runs anything else (a
+        roll, retention or truncation may close them).
+        """
         with self._lock:
             if self._closed or not self.min_offset <= offset < self.max_offset:
-                return b""
+                return None
             si, bi = self._locate(offset)
-            plan: list[tuple[int, int, int]] = []  # (fd, position, length)
+            ranges: list[tuple[int, int, int]] = []  # (fd, position, length)
             budget = max_bytes
+            next_offset = offset
             while si < len(self._segments):
                 seg = self._segments[si]
                 start = seg.positions[bi] if bi < len(seg.positions) else seg.size
                 if start < seg.size:
                     limit = start + max(budget, 0)
                     if seg.size <= limit:
-                        end = seg.size
+                        end, after = seg.size, len(seg.positions)
                     else:
                         k = bisect_right(seg.positions, limit) - 1  # batches before k end by limit
                         if k > bi:
-                            end = seg.positions[k]
-                        elif not plan:
-                            end = seg.batch_end(bi)  # the first batch goes out whole
+                            end, after = seg.positions[k], k
+                        elif not ranges:
+                            end, after = seg.batch_end(bi), bi + 1  # the first batch goes out whole
                         else:
                             break
-                    plan.append((seg.fd, start, end - start))
+                    ranges.append((seg.fd, start, end - start))
+                    next_offset = seg.offsets[after] if after < len(seg.offsets) else seg.next_offset
                     budget -= end - start
                     if end < seg.size or budget <= 0:
                         break
                 si, bi = si + 1, 0
-            chunks = []
-            for fd, pos, length in plan:
+            return ReadPlan(ranges, next_offset) if ranges else None
+
+    def read_into(self, plan: ReadPlan, buffer: memoryview) -> None:
+        """Read ``plan`` into ``buffer`` (exactly ``plan.size`` bytes): one copy, no allocation."""
+        if buffer.nbytes != plan.size:
+            raise ValueError(f"buffer holds {buffer.nbytes} bytes, the plan {plan.size}")
+        with self._lock:
+            if self._closed:
+                raise StorageError(f"{self.topic}-{self.partition}: log is closed", retriable=True)
+            at = 0
+            for fd, pos, length in plan.ranges:
+                view = buffer[at : at + length]
+                got = os.preadv(fd, [view], pos)
+                while 0 < got < length:  # preadv may stop early (signals, very large reads)
+                    n = os.preadv(fd, [view[got:]], pos + got)
+                    if n == 0:
+                        break
+                    got += n
+                if got != length:
+                    raise StorageError(
+                        f"{self.topic}-{self.partition}: short read at {pos} (file changed underneath)",
+                        retriable=False,
+                    )
+                at += length
+
+    def read(self, offset: int, max_bytes: int) -> bytes:
+        """Whole stored batches from the one holding ``offset``, up to ``max_bytes`` (at least one)."""
+        plan = self.plan_read(offset, max_bytes)
+        if plan is None:
+            return b""
+        chunks = []
+        with self._lock:
+            if self._closed:
+                return b""
+            for fd, pos, length in plan.ranges:
                 chunk = os.pread(fd, length, pos)
                 if len(chunk) != length:
                     raise StorageError(
@@ -764,4 +817,4 @@ class Storage:
                 self._lock_fd = None
 
 
-__all__ = ["MAX_SEGMENT_BYTES", "PartitionLog", "Storage", "StorageError"]
+__all__ = ["MAX_SEGMENT_BYTES", "PartitionLog", "ReadPlan", "Storage", "StorageError"]
