@@ -154,7 +154,12 @@ class BrokerClient:
                     if resp.headers.get("Content-Type", "").split(";")[0] != FETCH_CONTENT_TYPE:
                         raise BrokerError(f"{method} {url}: unexpected content type", status=resp.status)
                     return payload
-                return json.loads(payload) if payload else None
+                try:
+                    return json.loads(payload) if payload else None
+                except ValueError as exc:  # a damaged 2xx answer: the next try may be fine
+                    raise BrokerError(
+                        f"{method} {url}: malformed answer: {exc}", status=resp.status, retriable=True
+                    ) from exc
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             raise BrokerError(f"{method} {url}: {type(exc).__name__}: {exc}") from exc
 

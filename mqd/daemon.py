@@ -50,7 +50,9 @@ class Daemon:
         self._config = config
         self.burst = burst
         self._client = BrokerClient(
-            request_timeout=config.consumer.request_timeout, auth_token=config.consumer.auth_token
+            request_timeout=config.consumer.request_timeout,
+            auth_token=config.consumer.auth_token,
+            ca_file=config.consumer.tls_ca_file,
         )
         self.sink = LandingSink(config.landing)
         self.consumer = Consumer(

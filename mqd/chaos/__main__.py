@@ -1,0 +1,106 @@
+"""``python -m mqd.chaos``: a seeded fault-injection run against real processes (``make chaos``).
+
+Exits 0 when every invariant held, 1 when one did not, 2 on bad arguments. As root it re-executes
+itself under ``unshare -m`` so the landing tmpfs and read-only bind mounts (mqd.chaos.disk) live in a
+private mount namespace that the kernel removes with the run, however the run ends.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from mqd import log as mqdlog
+from mqd.chaos.runner import ALL_KINDS, ChaosOptions, format_summary, run_chaos
+
+_NS_ENV = "MQD_CHAOS_MOUNT_NS"
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m mqd.chaos", description=__doc__.splitlines()[0])
+    p.add_argument("--rounds", type=int, default=20)
+    p.add_argument("--seed", type=int, default=None, help="default: from the clock (printed)")
+    p.add_argument("--root", type=Path, default=None, help="work directory (default: a new temp dir)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="write the summary JSON here (default: $TMPDIR/mqd-chaos-<seed>.json)")
+    p.add_argument("--groups", type=int, default=2)
+    p.add_argument("--slaves", type=int, default=1)
+    p.add_argument("--partitions", type=int, default=4)
+    p.add_argument("--daemons", type=int, default=2)
+    p.add_argument("--faults-per-round", type=int, default=2)
+    p.add_argument("--hold-min", type=float, default=2.0)
+    p.add_argument("--hold-max", type=float, default=5.0)
+    p.add_argument("--round-timeout", type=float, default=60.0)
+    p.add_argument("--run-timeout", type=float, default=1800.0)
+    p.add_argument("--batch-records", type=int, default=20)
+    p.add_argument("--produce-interval", type=float, default=0.1)
+    p.add_argument("--kinds", default=",".join(ALL_KINDS), help="comma-separated fault kinds to draw from")
+    p.add_argument("--no-spark", action="store_true", help="skip the Spark job and the table check")
+    p.add_argument("--no-unshare", action="store_true", help="do not re-execute in a mount namespace")
+    p.add_argument("--keep", action="store_true", help="keep the work directory")
+    return p
+
+
+def _maybe_unshare(args: argparse.Namespace) -> None:
+    if args.no_unshare or os.environ.get(_NS_ENV) or os.geteuid() != 0:
+        return
+    unshare = shutil.which("unshare")
+    if unshare is None:
+        return
+    env = {**os.environ, _NS_ENV: "1"}
+    argv = [unshare, "-m", "--propagation", "private", sys.executable, "-m", "mqd.chaos", *sys.argv[1:]]
+    os.execve(unshare, argv, env)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    _maybe_unshare(args)
+    mqdlog.configure("info", "console" if sys.stderr.isatty() else "json")
+    seed = args.seed if args.seed is not None else int(time.time()) % 1_000_000
+    try:
+        options = ChaosOptions(
+            root=args.root or Path("."),
+            rounds=args.rounds,
+            seed=seed,
+            groups=args.groups,
+            slaves=args.slaves,
+            partitions=args.partitions,
+            daemons=args.daemons,
+            faults_per_round=args.faults_per_round,
+            hold_min=args.hold_min,
+            hold_max=args.hold_max,
+            round_timeout=args.round_timeout,
+            run_timeout=args.run_timeout,
+            batch_records=args.batch_records,
+            produce_interval=args.produce_interval,
+            spark=not args.no_spark,
+            kinds=tuple(k for k in args.kinds.split(",") if k),
+        )
+        options.validate()
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    root = args.root or Path(tempfile.mkdtemp(prefix="mqd-chaos-"))
+    options = dataclasses.replace(options, root=root)
+    print(f"chaos: seed {seed}, {args.rounds} rounds, work dir {root}", flush=True)
+    summary = asyncio.run(run_chaos(options))
+    out = args.out or Path(tempfile.gettempdir()) / f"mqd-chaos-{seed}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    print(format_summary(summary), flush=True)
+    print(f"summary JSON: {out}", flush=True)
+    if summary["ok"] and not args.keep and args.root is None:
+        shutil.rmtree(root, ignore_errors=True)
+    return 0 if summary["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

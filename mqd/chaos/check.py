@@ -1,0 +1,208 @@
+"""End-of-run checks: broker log vs acknowledgements, landing files vs log, Spark table vs log.
+
+The broker log, read back from every partition's master directly (no proxy), is what the queue
+holds. Acknowledged records must be in it at their acknowledged offsets; the log may hold more
+(a produce whose answer was lost in transit is written but not acknowledged). The landing files and
+the Spark table must hold every log record exactly once, with the same value at the same offset.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.parse
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from mqd import format as fmt
+from mqd.chaos.load import Ack, record_value
+from mqd.client import BrokerClient
+
+_COLUMNS = ["partition", "offset", "value"]
+
+
+@dataclass
+class Comparison:
+    """One copy (landing or table) against the log."""
+
+    rows: int = 0
+    distinct: int = 0
+    lost: int = 0  # in the log, not in the copy
+    duplicates: int = 0  # rows beyond the first per (partition, offset)
+    mismatched: int = 0  # same offset, different value
+    not_in_log: int = 0  # offsets the log does not have
+    examples: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not (self.lost or self.duplicates or self.mismatched or self.not_in_log)
+
+    def to_json(self) -> dict[str, object]:
+        return asdict(self)
+
+
+@dataclass
+class LogCheck:
+    records: int = 0
+    acknowledged: int = 0
+    acked_missing: int = 0  # acknowledged, not in the log at that offset (a broker loss)
+    unacknowledged_written: int = 0  # in the log, never acknowledged (answer lost in transit)
+    examples: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, object]:
+        return asdict(self)
+
+
+async def read_log(client: BrokerClient, url_of: dict[int, str], topic: str) -> dict[int, pa.Table]:
+    """Every record of every partition, ``{partition: table(offset, value)}``, from each master."""
+    out: dict[int, pa.Table] = {}
+    for partition, url in url_of.items():
+        batches: list[pa.RecordBatch] = []
+        offset = 0
+        for _ in range(1_000_000):  # bounded: each round trip moves forward or ends the loop
+            answer = await client.fetch(
+                url, [{"topic": topic, "partition": partition, "offset": offset}], max_wait_ms=0,
+                max_bytes=8 * 1024 * 1024,
+            )
+            p = answer.partitions[0]
+            data = bytes(p.data)
+            if not data:
+                break
+            for info in fmt.scan(data, crc=True):
+                rb = fmt.to_arrow(data, info, offset)
+                if rb.num_rows:
+                    batches.append(rb.select(["offset", "value"]))
+                    offset = int(rb.column("offset")[-1].as_py()) + 1
+            if offset >= p.max_offset:
+                break
+        schema = pa.schema([("offset", pa.int64()), ("value", pa.binary())])
+        table = pa.Table.from_batches(batches, schema) if batches else schema.empty_table()
+        out[partition] = table.combine_chunks()
+    return out
+
+
+def check_log(log: dict[int, pa.Table], acks: Iterable[Ack]) -> LogCheck:
+    res = LogCheck(records=sum(t.num_rows for t in log.values()))
+    by_partition: dict[int, list[Ack]] = {}
+    for a in acks:
+        res.acknowledged += a.count
+        by_partition.setdefault(a.partition, []).append(a)
+    for partition in sorted(set(log) | set(by_partition)):
+        t = log.get(partition)
+        log_off = t.column("offset").to_numpy() if t is not None else np.empty(0, np.int64)
+        mine = by_partition.get(partition, [])
+        acked = np.concatenate([np.arange(a.base_offset, a.base_offset + a.count) for a in mine] or
+                               [np.empty(0, np.int64)])
+        res.unacknowledged_written += int(np.setdiff1d(log_off, acked).size)
+        if not acked.size:
+            continue
+        want = pa.array([record_value(partition, a.first_seq + i) for a in mine for i in range(a.count)],
+                        pa.binary())
+        idx = np.minimum(np.searchsorted(log_off, acked), max(len(log_off) - 1, 0))
+        present = (log_off[idx] == acked) if len(log_off) else np.zeros(acked.size, bool)
+        same = np.zeros(acked.size, bool)
+        if t is not None and len(log_off):
+            got = t.column("value").take(pa.array(idx))
+            same = pc.fill_null(pc.equal(got, want), False).to_numpy(zero_copy_only=False)
+        bad = ~(present & same)
+        res.acked_missing += int(bad.sum())
+        if bad.any() and len(res.examples) < 5:
+            first = acked[bad][:5].tolist()
+            res.examples.append(f"partition {partition}: acked offsets not in the log {first}")
+    return res
+
+
+def compare(log: dict[int, pa.Table], copy: pa.Table) -> Comparison:
+    """``copy`` has columns partition, offset, value."""
+    res = Comparison(rows=copy.num_rows)
+    parts = copy.column("partition").to_numpy() if copy.num_rows else np.empty(0, np.int32)
+    for partition in sorted(set(log) | {int(p) for p in np.unique(parts)}):
+        mine = copy.filter(pc.equal(copy.column("partition"), partition)) if copy.num_rows else copy
+        mine = mine.sort_by("offset")
+        offs = mine.column("offset").to_numpy()
+        uniq, first_idx, counts = np.unique(offs, return_index=True, return_counts=True)
+        res.distinct += int(uniq.size)
+        res.duplicates += int((counts - 1).sum())
+        t = log.get(partition)
+        log_off = t.column("offset").to_numpy() if t is not None else np.empty(0, np.int64)
+        lost = np.setdiff1d(log_off, uniq)
+        extra = np.setdiff1d(uniq, log_off)
+        res.lost += int(lost.size)
+        res.not_in_log += int(extra.size)
+        if lost.size and len(res.examples) < 5:
+            res.examples.append(f"partition {partition}: {lost.size} offsets lost, first {lost[:5].tolist()}")
+        if extra.size and len(res.examples) < 5:
+            res.examples.append(f"partition {partition}: offsets not in the log {extra[:5].tolist()}")
+        if counts.max(initial=1) > 1 and len(res.examples) < 5:
+            res.examples.append(f"partition {partition}: duplicated offsets {uniq[counts > 1][:5].tolist()}")
+        if t is None or not uniq.size:
+            continue
+        both, in_log, in_copy = np.intersect1d(log_off, uniq, return_indices=True)
+        log_vals = t.column("value").take(pa.array(in_log))
+        copy_vals = mine.column("value").take(pa.array(first_idx[in_copy]))
+        bad = pc.invert(pc.fill_null(pc.equal(log_vals, copy_vals), False))
+        n_bad = int(pc.sum(bad).as_py() or 0)
+        res.mismatched += n_bad
+        if n_bad and len(res.examples) < 5:
+            first_bad = both[np.flatnonzero(bad.to_numpy(zero_copy_only=False))[:5]].tolist()
+            res.examples.append(f"partition {partition}: values differ at {first_bad}")
+    return res
+
+
+def as_copy(partition: int, table: pa.Table) -> pa.Table:
+    """A ``read_log`` table as a copy for ``compare`` (adds the partition column)."""
+    return table.add_column(0, "partition", pa.array(np.full(table.num_rows, partition), pa.int32()))
+
+
+def _data_files(root: Path) -> list[Path]:
+    """Published data files: ``_``/``.`` paths are state, manifests and temp files."""
+    out = []
+    for path in root.rglob("*.parquet"):
+        rel = path.relative_to(root).parts
+        if not any(part.startswith(("_", ".")) for part in rel):
+            out.append(path)
+    return sorted(out)
+
+
+def read_parquet_files(paths: Iterable[Path]) -> pa.Table:
+    schema = pa.schema([("partition", pa.int32()), ("offset", pa.int64()), ("value", pa.binary())])
+    tables = [pq.read_table(p, columns=_COLUMNS).select(_COLUMNS).cast(schema) for p in paths]
+    return pa.concat_tables(tables) if tables else schema.empty_table()
+
+
+def read_landing(landing: Path, topic: str) -> pa.Table:
+    root = landing / f"topic={topic}"
+    return read_parquet_files(_data_files(root) if root.is_dir() else [])
+
+
+def spark_committed_files(output_dir: Path) -> list[Path]:
+    """The files Spark's file sink committed, from its ``_spark_metadata`` log (the only correct way
+    to read a file sink's output: files of failed batches may lie in the directory)."""
+    meta = output_dir / "_spark_metadata"
+    added: set[str] = set()
+    deleted: set[str] = set()
+    if not meta.is_dir():
+        return []
+    for entry in sorted(meta.iterdir()):
+        if entry.name.startswith(".") or entry.name.endswith(".crc"):
+            continue
+        for line in entry.read_text().splitlines()[1:]:  # first line is the log version
+            if not line.strip():
+                continue
+            rec = json.loads(line)
+            (deleted if rec.get("action") == "delete" else added).add(rec["path"])
+    paths = []
+    for uri in sorted(added - deleted):
+        parsed = urllib.parse.urlparse(uri)
+        paths.append(Path(urllib.parse.unquote(parsed.path)))
+    return paths
+
+
+def read_table_output(output_dir: Path, topic: str) -> pa.Table:
+    files = [p for p in spark_committed_files(output_dir) if f"topic={topic}" in p.parts]
+    return read_parquet_files(files)

@@ -1,0 +1,637 @@
+"""A chaos run: real brokers and daemons on 127.0.0.1, seeded faults under a steady produce load.
+
+Each round picks one to ``faults_per_round`` fault categories (daemon, broker, disk, network) and one
+kind in each, applies them together for a seeded hold time, ends them, and measures the recovery:
+the time from the faults' end (stopped processes restarted and healthy) until the landing directory
+holds everything acknowledged before it and records produced after it (the daemons publish again).
+At the end the load stops, every process is brought back, the daemons land the rest and stop, and
+the broker log, the landing files and (optionally) the Spark table are compared (mqd.chaos.check).
+
+Determinism: the schedule (kinds, targets, hold times) comes from ``random.Random(seed)`` and
+nothing else; what the faults hit inside a process depends on timing, which is not seeded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import structlog
+
+from mqd.chaos import check
+from mqd.chaos.disk import LandingDisk
+from mqd.chaos.load import ProduceLoad
+from mqd.chaos.procs import ChaosCluster, ChaosError, DaemonProc, to_toml, wait_until
+from mqd.chaos.proxy import Faults
+from mqd.client import BrokerClient, BrokerError
+from mqd.landing import layout
+
+log = structlog.get_logger("mqd.chaos")
+
+CATEGORIES: dict[str, tuple[str, ...]] = {
+    "daemon": ("daemon_kill", "daemon_freeze", "daemon_churn"),
+    "broker": ("master_kill", "slave_kill"),
+    "disk": ("landing_readonly", "landing_full"),
+    "network": ("net_corrupt", "net_truncate", "net_reset", "net_slow", "net_hang"),
+}
+ALL_KINDS: tuple[str, ...] = tuple(k for kinds in CATEGORIES.values() for k in kinds)
+
+_NET_FAULTS: dict[str, Faults] = {
+    "net_corrupt": Faults(corrupt=0.05),
+    "net_truncate": Faults(truncate=0.05),
+    "net_reset": Faults(reset=0.05),
+    "net_slow": Faults(delay=0.5, delay_s=0.4),
+    "net_hang": Faults(blackhole=True),
+}
+
+
+@dataclass
+class ChaosOptions:
+    root: Path
+    rounds: int = 20
+    seed: int = 1
+    groups: int = 2
+    slaves: int = 1
+    partitions: int = 4
+    daemons: int = 2
+    faults_per_round: int = 2
+    hold_min: float = 2.0
+    hold_max: float = 5.0
+    round_timeout: float = 60.0  # recovery deadline of one round
+    run_timeout: float = 1800.0
+    settle_timeout: float = 120.0
+    batch_records: int = 20
+    produce_interval: float = 0.1  # per partition
+    session_timeout: float = 3.0
+    spark: bool = True
+    spark_timeout: float = 600.0
+    kinds: tuple[str, ...] = ALL_KINDS
+    landing_tmpfs_mb: int = 32
+
+    def validate(self) -> None:
+        unknown = set(self.kinds) - set(ALL_KINDS)
+        if unknown:
+            raise ValueError(f"unknown fault kinds {sorted(unknown)}; known: {', '.join(ALL_KINDS)}")
+        if self.rounds < 0 or self.daemons < 1 or self.partitions < 1 or self.faults_per_round < 1:
+            raise ValueError("rounds >= 0, daemons >= 1, partitions >= 1, faults_per_round >= 1")
+        if not 0 < self.hold_min <= self.hold_max:
+            raise ValueError("need 0 < hold_min <= hold_max")
+
+
+@dataclass
+class RoundRecord:
+    number: int
+    kinds: list[str]
+    hold_s: float
+    recovery_s: float | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+class ChaosRun:
+    """Build in __init__; ``await run()`` does everything and always cleans up."""
+
+    def __init__(self, options: ChaosOptions) -> None:
+        options.validate()
+        self.opts = options
+        self.root = options.root.resolve()
+        self.rng = random.Random(options.seed)  # what each round does
+        self.target_rng = random.Random(options.seed + 1)  # whom it hits: plans do not depend on it
+        self.topic = "chaos"
+        self.cluster = ChaosCluster(
+            self.root,
+            topic=self.topic,
+            partitions=options.partitions,
+            groups=options.groups,
+            slaves=options.slaves,
+            seed=options.seed,
+            node_settings={
+                "liveness_interval_ms": 200,
+                "liveness_timeout_ms": 1000,
+                "replica_wait_ms": 300,
+                "acks_all_timeout_ms": 3000,
+                "log_level": "info",
+                "log_format": "json",
+                "storage": {"fsync": "interval", "fsync_interval_ms": 200},
+            },
+        )
+        self.landing = self.root / "landing"
+        self.disk = LandingDisk(self.landing, options.landing_tmpfs_mb)
+        env = self.cluster.env
+        self.daemons = [self._daemon(f"d{i}", env) for i in range(options.daemons)]
+        self.extra = self._daemon(f"d{options.daemons}", env)  # joins and leaves (daemon_churn)
+        self.client = BrokerClient(request_timeout=5.0)
+        self.load = ProduceLoad(
+            self.client, self.cluster, batch_records=options.batch_records, interval=options.produce_interval
+        )
+        self.rounds: list[RoundRecord] = []
+        self.faults: Counter[str] = Counter()
+        self.failures: list[str] = []
+        self.crashes: Counter[str] = Counter()
+        self._supervisor: asyncio.Task[None] | None = None
+        self._started = 0.0
+
+    # -- setup -------------------------------------------------------------------------------------
+
+    def _daemon(self, name: str, env: dict[str, str]) -> DaemonProc:
+        return DaemonProc(name, self.root / f"{name}.toml", self.root, env)
+
+    def _write_daemon_config(self, d: DaemonProc) -> None:
+        o = self.opts
+        state = self.root / "state" / d.name
+        warehouse = self.root / "warehouse"
+        body = {
+            "consumer": {
+                "group": "chaos",
+                "client_id": d.name,
+                "bootstrap": self.cluster.urls,
+                "topics": [self.topic],
+                "consume_from": "first",
+                "session_timeout": o.session_timeout,
+                "heartbeat_interval": 0.5,
+                "rebalance_interval": 2.0,
+                "metadata_refresh_interval": 2.0,
+                "commit_interval": 1.0,
+                "request_timeout": 5.0,
+                "fetch_max_wait_ms": 300,
+                "error_backoff_max_ms": 1000,
+            },
+            "landing": {"dir": str(self.landing), "max_age": 0.5, "disk_retry_interval": 0.5},
+            "spark": {
+                "master": "local[2]",
+                "output_dir": str(warehouse / "events"),
+                "checkpoint_dir": str(warehouse / "_checkpoints" / "events"),
+                "quarantine_dir": str(warehouse / "_quarantine" / "events"),
+                "shuffle_partitions": 2,
+                "driver_memory": "512m",
+            },
+            "admin": {"enabled": False},
+            "log": {"level": "info", "format": "json"},
+            "daemon": {
+                "state_dir": str(state),
+                "pid_file": str(state / "mqd.pid"),
+                "log_file": str(state / "mqd.log"),
+                "shutdown_timeout": 10.0,
+                "watchdog": False,
+            },
+        }
+        d.config_path.write_text(to_toml(body))
+
+    async def _setup(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.disk.setup()
+        if not self.disk.available:
+            log.warning("chaos.disk_faults_unavailable", reason=self.disk.reason)
+        await self.cluster.start()
+        for d in [*self.daemons, self.extra]:
+            self._write_daemon_config(d)
+        for d in self.daemons:
+            d.spawn()
+        await self.client.start()
+        self._supervisor = asyncio.create_task(self._supervise())
+        self.load.start()
+        # round 1 starts from a working pipeline, not from daemons still importing pyarrow
+        await wait_until(lambda: _true(self.load.acknowledged > 0), 30, "the first acknowledged produce")
+        await self._caught_up(dict(self.load.acked_end), 60, "the daemons to start landing")
+
+    async def _supervise(self) -> None:
+        """Restart what exits unasked, like systemd's Restart=on-failure, and count it as a crash."""
+        while True:
+            await asyncio.sleep(0.2)
+            for d in [*self.daemons, self.extra]:
+                code = d.check()
+                if code is not None:
+                    self.crashes[d.name] += 1
+                    self.failures.append(f"daemon {d.name} exited by itself with {code}:\n{d.tail(20)}")
+                    log.error("chaos.daemon_crashed", daemon=d.name, code=code)
+                    if d is not self.extra:
+                        d.spawn()
+            for n in self.cluster.nodes.values():
+                code = n.check()
+                if code is not None:
+                    self.crashes[n.id] += 1
+                    self.failures.append(f"node {n.id} exited by itself with {code}:\n{n.tail(20)}")
+                    log.error("chaos.node_crashed", node=n.id, code=code)
+                    n.spawn()
+
+    # -- faults ------------------------------------------------------------------------------------
+
+    def _available(self) -> dict[str, list[str]]:
+        out: dict[str, list[str]] = {}
+        for cat, kinds in CATEGORIES.items():
+            ok = [k for k in kinds if k in self.opts.kinds]
+            if cat == "disk" and not self.disk.available:
+                ok = []
+            if not self.opts.slaves:
+                ok = [k for k in ok if k != "slave_kill"]
+            if ok:
+                out[cat] = ok
+        return out
+
+    def _plan_round(self) -> tuple[list[str], float]:
+        available = self._available()
+        cats = sorted(available)
+        n = self.rng.randint(1, min(self.opts.faults_per_round, len(cats))) if cats else 0
+        kinds = [self.rng.choice(available[c]) for c in sorted(self.rng.sample(cats, n))]
+        hold = round(self.rng.uniform(self.opts.hold_min, self.opts.hold_max), 2)
+        if "daemon_freeze" in kinds:  # it must outlive the session, or it is no fault at all
+            hold = max(hold, self.opts.session_timeout * 1.5 + 0.5)
+        return kinds, hold
+
+    async def _fault(self, kind: str, hold: float, rec: RoundRecord) -> None:
+        """Apply ``kind`` for ``hold`` seconds, then undo it (restart what was stopped)."""
+        rng = self.target_rng
+        if kind in _NET_FAULTS:
+            nodes = list(self.cluster.nodes.values())
+            hit = nodes if kind != "net_hang" else [rng.choice(nodes)]
+            rec.notes.append(f"{kind} on {[n.id for n in hit]}")
+            for n in hit:
+                n.proxy.faults = _NET_FAULTS[kind]
+            try:
+                await asyncio.sleep(hold)
+            finally:
+                for n in hit:
+                    n.proxy.clear()
+        elif kind in ("master_kill", "slave_kill"):
+            candidates = self.cluster.masters() if kind == "master_kill" else self.cluster.slaves()
+            node = rng.choice(candidates)
+            rec.notes.append(f"{kind} {node.id}")
+            await node.terminate(signal.SIGKILL)
+            await asyncio.sleep(hold)
+            await self.cluster.restart(node)
+        elif kind == "daemon_kill":
+            d = rng.choice(self.daemons)
+            rec.notes.append(f"SIGKILL {d.name}")
+            await d.terminate(signal.SIGKILL)
+            await asyncio.sleep(hold)
+            d.spawn()
+        elif kind == "daemon_freeze":
+            d = rng.choice(self.daemons)
+            rec.notes.append(f"SIGSTOP {d.name} for {hold}s")
+            if d.running:
+                d.send(signal.SIGSTOP)
+                await asyncio.sleep(hold)
+                if d.running:
+                    d.send(signal.SIGCONT)
+        elif kind == "daemon_churn":
+            leaver = rng.choice(self.daemons)
+            rec.notes.append(f"{self.extra.name} joins, {leaver.name} leaves and comes back")
+            self.extra.spawn()
+            await asyncio.sleep(hold / 2)
+            self._check_clean_exit(leaver, await leaver.terminate(signal.SIGTERM, timeout=20.0))
+            await asyncio.sleep(hold / 2)
+            leaver.spawn()
+            self._check_clean_exit(self.extra, await self.extra.terminate(signal.SIGTERM, timeout=20.0))
+        elif kind == "landing_readonly":
+            rec.notes.append("landing read-only")
+            await self.disk.make_readonly()
+            try:
+                await asyncio.sleep(hold)
+            finally:
+                await self.disk.make_writable()
+        elif kind == "landing_full":
+            filled = await self.disk.fill()
+            rec.notes.append(f"landing full ({filled} filler bytes)")
+            try:
+                await asyncio.sleep(hold)
+            finally:
+                await self.disk.drain()
+        else:
+            raise ValueError(f"unknown fault kind {kind!r}")
+
+    def _check_clean_exit(self, d: DaemonProc, code: int | None) -> None:
+        """A daemon told to stop (SIGTERM) must drain, commit and exit 0."""
+        if code not in (0, None):
+            self.failures.append(f"daemon {d.name} exited with {code} on SIGTERM:\n{d.tail(20)[-2000:]}")
+
+    def _daemon_events(self) -> dict[str, int]:
+        """Warnings and errors the daemons logged, and the events that show a fault took effect."""
+        shown = {"pull node switched", "publish_conflict", "rebalanced", "revoked partition: unpublished "
+                 "records dropped", "group session expired; releasing partitions"}
+        counts: Counter[str] = Counter()
+        for d in [*self.daemons, self.extra]:
+            try:
+                lines = d.log_path.read_text(errors="replace").splitlines()
+            except OSError:
+                continue
+            for line in lines:
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    continue
+                if not isinstance(rec, dict):
+                    continue
+                event = (str(rec.get("event", "")).splitlines() or [""])[0][:80]
+                if rec.get("level") in ("warning", "error") or event in shown:
+                    counts[event] += 1
+        return dict(counts.most_common(20))
+
+    # -- progress ----------------------------------------------------------------------------------
+
+    def landed_end(self) -> dict[int, int]:
+        """Per partition, the offset after the last published one (from the landing state files)."""
+        out: dict[int, int] = {}
+        for p in range(self.opts.partitions):
+            path = self.landing / layout.STATE_DIR / self.topic / f"{p:05d}.json"
+            try:
+                last = json.loads(path.read_text()).get("last_offset")
+            except (OSError, ValueError):
+                last = None
+            out[p] = 0 if last is None else int(last) + 1
+        return out
+
+    async def _caught_up(self, target: dict[int, int], timeout: float, what: str, *, beyond: bool = False
+                         ) -> float:
+        """Wait until every partition has landed up to ``target``; with ``beyond``, also until some
+        partition has landed past it (records produced after the fault: the pipeline flows again)."""
+        started = time.monotonic()
+
+        async def done() -> bool:
+            landed = self.landed_end()
+            if not all(landed[p] >= end for p, end in target.items()):
+                return False
+            return not beyond or any(landed[p] > end for p, end in target.items())
+
+        await wait_until(done, timeout, what, interval=0.1)
+        return time.monotonic() - started
+
+    async def _round(self, number: int) -> RoundRecord:
+        kinds, hold = self._plan_round()
+        rec = RoundRecord(number, kinds, hold)
+        self.rounds.append(rec)
+        log.info("chaos.round", round=number, kinds=kinds, hold_s=hold)
+        self.faults.update(kinds)
+        results = await asyncio.gather(*(self._fault(k, hold, rec) for k in kinds), return_exceptions=True)
+        for kind, res in zip(kinds, results, strict=True):
+            if isinstance(res, BaseException):
+                self.failures.append(f"round {number}: applying {kind} failed: {res!r}")
+        target = dict(self.load.acked_end)
+        try:
+            rec.recovery_s = round(
+                await self._caught_up(
+                    target, self.opts.round_timeout, f"round {number} recovery", beyond=True
+                ),
+                3,
+            )
+        except ChaosError as exc:
+            self.failures.append(f"round {number} ({', '.join(kinds)}): {exc}; landed {self.landed_end()}, "
+                                 f"acked {target}")
+        log.info("chaos.round_done", round=number, recovery_s=rec.recovery_s, notes=rec.notes)
+        return rec
+
+    # -- end ---------------------------------------------------------------------------------------
+
+    async def _log_end(self) -> dict[int, int]:
+        out: dict[int, int] = {}
+        for p in range(self.opts.partitions):
+            url = self.cluster.master_of(p).direct_url
+            r = await self.client.list_offsets(url, [{"topic": self.topic, "partition": p, "spec": "latest"}])
+            out[p] = int(r[0]["offset"])
+        return out
+
+    async def _settle(self) -> dict[str, Any]:
+        await self.load.stop()
+        for n in self.cluster.nodes.values():
+            n.proxy.clear()
+            if not n.running:
+                await self.cluster.restart(n)
+        await self.disk.make_writable()
+        await self.disk.drain()
+        for d in self.daemons:
+            if d.frozen and d.running:
+                d.send(signal.SIGCONT)
+            if not d.running:
+                d.spawn()
+        end = await self._log_end()
+        try:
+            took = await self._caught_up(end, self.opts.settle_timeout, "the daemons to land the whole log")
+        except ChaosError as exc:
+            self.failures.append(f"final catch-up: {exc}; landed {self.landed_end()}, log end {end}")
+            took = None
+        if self._supervisor is not None:
+            self._supervisor.cancel()
+            await asyncio.gather(self._supervisor, return_exceptions=True)
+            self._supervisor = None
+        codes = {}
+        for d in [*self.daemons, self.extra]:
+            if d.running:
+                codes[d.name] = await d.terminate(signal.SIGTERM, timeout=20.0)
+                self._check_clean_exit(d, codes[d.name])
+        return {"log_end": end, "catch_up_s": took, "daemon_exit_codes": codes}
+
+    async def _verify(self) -> dict[str, Any]:
+        url_of = {p: self.cluster.master_of(p).direct_url for p in range(self.opts.partitions)}
+        log_tables = await check.read_log(self.client, url_of, self.topic)
+        log_check = check.check_log(log_tables, self.load.acks)
+        landing = await asyncio.to_thread(check.read_landing, self.landing, self.topic)
+        landed = check.compare(log_tables, landing)
+        out: dict[str, Any] = {"log": log_check.to_json(), "landing": landed.to_json()}
+        if log_check.acked_missing:
+            self.failures.append(f"broker lost {log_check.acked_missing} acknowledged records: "
+                                 f"{log_check.examples}")
+        if not landed.ok:
+            self.failures.append(f"landing differs from the log: {landed.examples}")
+        out["replicas"] = await self._verify_replicas(log_tables)
+        if self.opts.spark:
+            out["table"] = await self._spark(log_tables)
+        else:
+            out["table"] = {"skipped": "--no-spark"}
+        return out
+
+    async def _verify_replicas(self, log_tables: dict[int, Any]) -> dict[str, Any]:
+        """Every slave, once caught up, holds its master's log byte for byte (record for record)."""
+        out: dict[str, Any] = {}
+        for slave in self.cluster.slaves():
+            parts = [p for p in range(self.opts.partitions) if self.cluster.master_of(p).group == slave.group]
+            want = {p: log_tables[p].num_rows for p in parts}
+
+            async def caught_up(slave_url: str = slave.direct_url, want: dict[int, int] = want) -> bool:
+                try:
+                    r = await self.client.list_offsets(
+                        slave_url, [{"topic": self.topic, "partition": p, "spec": "latest"} for p in want]
+                    )
+                except BrokerError:
+                    return False
+                return all(int(e["offset"]) >= want[int(e["partition"])] for e in r)
+
+            try:
+                await wait_until(caught_up, 30, f"{slave.id} to catch up", interval=0.2)
+            except ChaosError as exc:
+                self.failures.append(str(exc))
+            slave_log = await check.read_log(self.client, {p: slave.direct_url for p in parts}, self.topic)
+            copies = [check.as_copy(p, t) for p, t in slave_log.items()]
+            cmp = check.compare({p: log_tables[p] for p in parts}, pa.concat_tables(copies))
+            if not cmp.ok:
+                self.failures.append(f"slave {slave.id} differs from its master: {cmp.examples}")
+            out[slave.id] = {"distinct": cmp.distinct, "lost": cmp.lost, "mismatched": cmp.mismatched,
+                             "not_in_master_log": cmp.not_in_log}
+        return out
+
+    async def _spark(self, log_tables: dict[int, Any]) -> dict[str, Any]:
+        config = str(self.daemons[0].config_path)
+        argv = [sys.executable, "-m", "mqd.cli", "spark", "--config", config, "--once"]
+        spark_log = self.root / "spark.log"
+        started = time.monotonic()
+        with open(spark_log, "ab") as fh:
+            proc = await asyncio.create_subprocess_exec(
+                *argv, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=self.root
+            )
+            try:
+                code = await asyncio.wait_for(proc.wait(), self.opts.spark_timeout)
+            except TimeoutError:
+                proc.kill()
+                await proc.wait()
+                self.failures.append(f"mqd spark --once did not finish in {self.opts.spark_timeout}s")
+                return {"error": "timeout"}
+        if code != 0:
+            tail = spark_log.read_text(errors="replace")[-3000:]
+            self.failures.append(f"mqd spark --once exited with {code}:\n{tail}")
+            return {"error": f"exit {code}"}
+        output = self.root / "warehouse" / "events"
+        table = await asyncio.to_thread(check.read_table_output, output, self.topic)
+        cmp = check.compare(log_tables, table)
+        if not cmp.ok:
+            self.failures.append(f"table differs from the log: {cmp.examples}")
+        return {**cmp.to_json(), "spark_s": round(time.monotonic() - started, 1)}
+
+    # -- the run -----------------------------------------------------------------------------------
+
+    async def run(self) -> dict[str, Any]:
+        self._started = time.monotonic()
+        deadline = self._started + self.opts.run_timeout
+        result: dict[str, Any] = {}
+        try:
+            await asyncio.wait_for(self._body(deadline, result), self.opts.run_timeout + 60)
+        except (ChaosError, BrokerError, OSError, TimeoutError) as exc:
+            self.failures.append(f"run aborted: {type(exc).__name__}: {exc}")
+        except Exception as exc:  # a bug here must still end in a summary and a clean machine
+            log.exception("chaos.internal_error")
+            self.failures.append(f"run aborted by an internal error: {type(exc).__name__}: {exc}")
+        finally:
+            await self._cleanup()
+        return self.summary(result)
+
+    async def _body(self, deadline: float, result: dict[str, Any]) -> None:
+        await self._setup()
+        for i in range(1, self.opts.rounds + 1):
+            if time.monotonic() > deadline:
+                self.failures.append(f"run deadline reached after {i - 1} rounds")
+                break
+            await self._round(i)
+        result["settle"] = await self._settle()
+        result.update(await self._verify())
+
+    async def _cleanup(self) -> None:
+        if self._supervisor is not None:
+            self._supervisor.cancel()
+            await asyncio.gather(self._supervisor, return_exceptions=True)
+        await self.load.stop()
+        for d in [*self.daemons, self.extra]:
+            await d.terminate(signal.SIGKILL)
+        await self.cluster.stop()
+        await self.client.close()
+        if self.failures and self.disk.available:  # the tmpfs dies with the run: keep a copy to look at
+            await asyncio.to_thread(
+                shutil.copytree, self.landing, self.root / "landing-copy", dirs_exist_ok=True,
+                ignore=shutil.ignore_patterns(".chaos-filler"),
+            )
+        self.disk.teardown()
+
+    def kill_all_now(self) -> None:
+        for d in [*self.daemons, self.extra]:
+            d.kill_now()
+        self.cluster.kill_all_now()
+        self.disk.teardown()
+
+    def summary(self, result: dict[str, Any]) -> dict[str, Any]:
+        recoveries = [r.recovery_s for r in self.rounds if r.recovery_s is not None]
+        by_kind: dict[str, float] = {}
+        for r in self.rounds:
+            for k in r.kinds:
+                if r.recovery_s is not None:
+                    by_kind[k] = max(by_kind.get(k, 0.0), r.recovery_s)
+        injected: Counter[str] = Counter()
+        for n in self.cluster.nodes.values():
+            injected.update(n.proxy.stats.injected)
+        landing = result.get("landing", {})
+        table = result.get("table", {})
+        log_res = result.get("log", {})
+        return {
+            "ok": not self.failures,
+            "seed": self.opts.seed,
+            "rounds": len(self.rounds),
+            "faults": dict(sorted(self.faults.items())),
+            "proxy_injected": dict(sorted(injected.items())),
+            "disk_faults": self.disk.reason if self.disk.available else f"unavailable: {self.disk.reason}",
+            "records": {
+                "acknowledged": self.load.acknowledged,
+                "produce_errors": dict(sorted(self.load.errors.items())),
+                "in_log": log_res.get("records"),
+                "unacknowledged_written": log_res.get("unacknowledged_written"),
+                "acked_missing_from_log": log_res.get("acked_missing"),
+                "landed_distinct": landing.get("distinct"),
+                "losses": landing.get("lost"),
+                "duplicates": landing.get("duplicates"),
+                "mismatched": landing.get("mismatched"),
+            },
+            "table": table,
+            "replicas": result.get("replicas"),
+            "max_recovery_s": max(recoveries) if recoveries else None,
+            "max_recovery_s_by_kind": dict(sorted(by_kind.items())),
+            "crashes": dict(self.crashes),
+            "daemon_log_events": self._daemon_events(),
+            "duration_s": round(time.monotonic() - self._started, 1),
+            "round_log": [asdict(r) for r in self.rounds],
+            "settle": result.get("settle"),
+            "failures": self.failures,
+        }
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
+def format_summary(s: dict[str, Any]) -> str:
+    r = s["records"]
+    t = s.get("table") or {}
+    table = (f"table: distinct {t.get('distinct')}, lost {t.get('lost')}, duplicates {t.get('duplicates')}, "
+             f"mismatched {t.get('mismatched')}") if "distinct" in t else f"table: {t}"
+    lines = [
+        f"chaos {'PASSED' if s['ok'] else 'FAILED'}: seed {s['seed']}, {s['rounds']} rounds, "
+        f"{s['duration_s']}s",
+        "faults: " + ", ".join(f"{k} {v}" for k, v in s["faults"].items()),
+        "proxy injected: " + (", ".join(f"{k} {v}" for k, v in s["proxy_injected"].items()) or "none"),
+        f"disk faults: {s['disk_faults']}",
+        f"records: acknowledged {r['acknowledged']}, in log {r['in_log']} "
+        f"({r['unacknowledged_written']} written but not acknowledged), "
+        f"landed distinct {r['landed_distinct']}",
+        f"losses {r['losses']}, duplicates {r['duplicates']}, mismatched {r['mismatched']}, "
+        f"acknowledged missing from the log {r['acked_missing_from_log']}",
+        table,
+        "replicas: " + (", ".join(f"{k} lost {v['lost']} mismatched {v['mismatched']}"
+                                  for k, v in (s.get("replicas") or {}).items()) or "none"),
+        f"max recovery: {s['max_recovery_s']}s; by kind: {s['max_recovery_s_by_kind']}",
+        f"crashes: {s['crashes'] or 'none'}",
+        "daemon log: " + (", ".join(f"{k} {v}" for k, v in s.get("daemon_log_events", {}).items())
+                          or "quiet"),
+    ]
+    lines.extend(f"FAILURE: {f}" for f in s["failures"])
+    return "\n".join(lines)
+
+
+async def run_chaos(options: ChaosOptions) -> dict[str, Any]:
+    chaos = ChaosRun(options)
+    try:
+        return await chaos.run()
+    finally:
+        chaos.kill_all_now()
