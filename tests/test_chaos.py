@@ -334,9 +334,7 @@ def test_disk_full_and_read_only_stop_root_and_are_undone(tmp_path: Path) -> Non
 # -- the short chaos run ----------------------------------------------------------------------------
 
 
-# net_corrupt is left out until BrokerClient turns a corrupted JSON answer into a BrokerError
-# (tests/test_chaos_findings.py); ``make chaos`` draws it.
-_SHORT_KINDS = ",".join(k for k in ALL_KINDS if k != "net_corrupt")
+_SHORT_KINDS = ",".join(ALL_KINDS)
 
 
 @pytest.mark.slow

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mqd import format as fmt
-from mqd.protocol import Status, decode_fetch_answer, encode_fetch_answer, ProtocolError
+from mqd.protocol import ProtocolError, Status, decode_fetch_answer, encode_fetch_answer
 
 records = st.lists(
     st.tuples(
