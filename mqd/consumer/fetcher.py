@@ -447,7 +447,8 @@ class FetchManager:
                 if pbuf is None:
                     pbuf = pa.py_buffer(data)  # zero-copy view of the answer
                 cut = expected if info.base_offset < expected else None
-                records = format.to_arrow(pbuf, info, start_offset=cut)
+                # a CRC match means these are the bytes the broker validated deeply on produce
+                records = format.to_arrow(pbuf, info, start_offset=cut, deep_check=not check)
                 batches.append(
                     FetchedBatch(ps.tp, ps.generation, records, expected, info.next_offset, info.length)
                 )
