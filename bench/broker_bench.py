@@ -22,12 +22,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-import common  # first: puts the project and tests/ on sys.path
-from common import MB, RESULTS, Workload, machine_facts, write_json
-from harness import Cluster
+import common  # first: puts the project on sys.path
+from common import MB, RESULTS, Workload, machine_facts, rates, timed_workers, write_json
 
 from mqd import format as fmt
 from mqd.client import BrokerClient
+from mqd.localcluster import LocalCluster
 from mqd.producer import Producer
 
 TOPIC = "events"
@@ -48,17 +48,13 @@ async def bench_produce(url: str, work: Workload, producers: int) -> dict[str, A
                     return
                 await producer.send_encoded(TOPIC, p, body)
 
-        t0 = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(producers)))
-        seconds = time.perf_counter() - t0
+        seconds = await timed_workers(worker, producers)
     return {
         "records": work.records,
         "producers": producers,
         "batch": work.batch,
         "requests": len(encoded),
-        "seconds": round(seconds, 3),
-        "records_per_s": round(work.records / seconds),
-        "mb_per_s": round(work.nbytes / MB / seconds, 1),
+        **rates(work.records, work.nbytes, seconds),
     }
 
 
@@ -97,9 +93,7 @@ async def bench_fetch(
         "records": records,
         "requests": requests,
         "records_per_request": round(records / max(requests, 1)),
-        "seconds": round(seconds, 3),
-        "records_per_s": round(records / seconds),
-        "mb_per_s": round(work.nbytes / MB / seconds, 1),
+        **rates(records, work.nbytes, seconds),
         "wire_mb_per_s": round(wire / MB / seconds, 1),
     }
 
@@ -109,7 +103,7 @@ def run(
 ) -> dict[str, Any]:
     work = Workload(records, size, partitions, batch)
     with tempfile.TemporaryDirectory(prefix="mqd-broker-bench-") as tmp:
-        cluster = Cluster(
+        cluster = LocalCluster(
             Path(tmp),
             topics={TOPIC: partitions},
             groups=1,

@@ -6,6 +6,7 @@ The scripts in bench/ run as ``python bench/<name>.py``; this module is imported
 
 from __future__ import annotations
 
+import asyncio
 import importlib.metadata
 import json
 import os
@@ -15,7 +16,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,17 +30,16 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 if str(ROOT) not in sys.path:  # `python bench/x.py` puts bench/, not the project, on the path
     sys.path.insert(0, str(ROOT))
-if str(ROOT / "tests") not in sys.path:  # the test harness starts broker clusters
-    sys.path.insert(1, str(ROOT / "tests"))
 
 from mqd.format import HEADERS_TYPE, RECORD_SCHEMA  # noqa: E402
+from mqd.fsutil import fsync_dir  # noqa: E402
 from mqd.landing.layout import (  # noqa: E402
     FileRange,
     file_name,
-    fsync_dir,
     landing_table,
     write_parquet,
 )
+from mqd.localcluster import spawn_logged  # noqa: E402
 from mqd.producer import synthetic_values  # noqa: E402
 
 MB = 1e6
@@ -77,6 +77,22 @@ class Workload:
         for p, values in self.chunks():
             counts[p] += len(values)
         return counts
+
+
+async def timed_workers(worker: Callable[[], Awaitable[None]], count: int) -> float:
+    """Run ``count`` copies of ``worker`` at once; the seconds until the last one returns."""
+    t0 = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(count)))
+    return time.perf_counter() - t0
+
+
+def rates(records: int, nbytes: int, seconds: float) -> dict[str, Any]:
+    """``seconds``, ``records_per_s`` and ``mb_per_s`` of a result, rounded as every table shows them."""
+    return {
+        "seconds": round(seconds, 3),
+        "records_per_s": round(records / seconds),
+        "mb_per_s": round(nbytes / MB / seconds, 1),
+    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -167,15 +183,12 @@ class WatchedProcess:
         self._stats: ProcessStats | None = None
 
     def start(self) -> None:
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                self.argv,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                cwd=self.cwd,
-                env={**os.environ, **(self.env or {}), "PYTHONUNBUFFERED": "1"},
-            )
+        self.proc = spawn_logged(
+            self.argv,
+            self.log_path,
+            cwd=self.cwd,
+            env={**os.environ, **(self.env or {}), "PYTHONUNBUFFERED": "1"},
+        )
         self.started = time.perf_counter()
         self.started_at = time.time()
         self._sampler = threading.Thread(target=self._sample, name="rss-sampler", daemon=True)
@@ -462,9 +475,7 @@ def sink_ceiling(work: Workload, out_dir: Path, *, max_records: int, compression
     return {
         "records": work.records,
         "files": writer.files,
-        "seconds": round(wall, 3),
-        "records_per_s": round(work.records / wall),
-        "mb_per_s": round(work.nbytes / MB / wall, 1),
+        **rates(work.records, work.nbytes, wall),
         "cpu_s": round(cpu, 2),
     }
 

@@ -30,12 +30,11 @@ from typing import Any
 import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
-
-from harness import Cluster  # noqa: E402
+sys.path[:0] = [str(ROOT)]
 
 from mqd import format as fmt  # noqa: E402
 from mqd.client import BrokerClient  # noqa: E402
+from mqd.localcluster import LocalCluster  # noqa: E402
 
 TOPIC = "events"
 MiB = 1024 * 1024
@@ -87,7 +86,7 @@ def top_self(collapsed: Path, n: int = 15) -> list[tuple[str, int]]:
     return counts.most_common(n)
 
 
-async def main_async(args: argparse.Namespace, cluster: Cluster) -> dict[str, Any]:
+async def main_async(args: argparse.Namespace, cluster: LocalCluster) -> dict[str, Any]:
     url = cluster.url(cluster.master())
     node = cluster.nodes[cluster.master()]
     assert node.proc is not None
@@ -137,7 +136,7 @@ def main() -> None:
     ap.add_argument("--py-spy", type=Path, default=None, help="collapsed-stack output file")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="mqd-fetch-profile-") as tmp:
-        cluster = Cluster(
+        cluster = LocalCluster(
             Path(tmp),
             topics={TOPIC: args.partitions},
             node_settings={"log_level": "warning", "storage": {"fsync": "never"}},

@@ -14,18 +14,25 @@ there). ``python -m mqd.demo --records N`` changes the count.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
+
+from mqd.localcluster import (
+    NodeAddress,
+    broker_argv,
+    cluster_toml,
+    free_port,
+    get_json,
+    node_toml,
+    spawn_logged,
+    stop_process,
+    wait_started,
+)
 
 TOPIC = "events"
 PARTITIONS = 8
@@ -34,28 +41,14 @@ GROUP = "demo"
 _OWNED = ("broker", "landing", "warehouse", "state", "broker.toml", "cluster.toml", "mqd.toml", "broker.log")
 
 
-def _port(preferred: int = 9400) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind(("127.0.0.1", preferred))
-            return preferred
-        except OSError:
-            s.bind(("127.0.0.1", 0))
-            return int(s.getsockname()[1])
-
-
 def _write_configs(base: Path, port: int) -> tuple[Path, Path]:
     url = f"http://127.0.0.1:{port}"
-    (base / "cluster.toml").write_text(
-        '[[groups]]\nname = "broker-a"\n\n'
-        f'[[groups.nodes]]\nid = "single"\nurl = "{url}"\nrole = "master"\n\n'
-        f'[[topics]]\nname = "{TOPIC}"\npartitions = {PARTITIONS}\n'
-    )
+    node = NodeAddress("single", "broker-a", "master", url)
+    topics = [{"name": TOPIC, "partitions": PARTITIONS}]
+    (base / "cluster.toml").write_text(cluster_toml([node.group], [node], topics))
     broker = base / "broker.toml"
-    broker.write_text(
-        'node_id = "single"\ncluster_file = "cluster.toml"\ndata_dir = "broker"\nhost = "127.0.0.1"\n'
-        f'port = {port}\nlog_level = "warning"\nlog_format = "json"\n'
-    )
+    settings = {"log_level": "warning", "log_format": "json"}
+    broker.write_text(node_toml(node.id, Path("cluster.toml"), Path("broker"), port, settings))
     daemon = base / "mqd.toml"
     daemon.write_text(
         f'[consumer]\ngroup = "{GROUP}"\nclient_id = "demo-daemon"\nbootstrap = ["{url}"]\n'
@@ -70,28 +63,12 @@ def _write_configs(base: Path, port: int) -> tuple[Path, Path]:
     return broker, daemon
 
 
-def _health(url: str) -> dict[str, Any] | None:
-    try:
-        with urllib.request.urlopen(f"{url}/v1/health", timeout=1) as resp:
-            data = json.loads(resp.read())
-            return data if isinstance(data, dict) else None
-    except (urllib.error.URLError, OSError, ValueError):
-        return None
+def _healthy(url: str) -> bool:
+    return get_json(f"{url}/v1/health", 1) is not None
 
 
 def _step(msg: str) -> None:
     print(f"\n== {msg}", flush=True)
-
-
-def _stop(proc: subprocess.Popen[bytes] | None, timeout: float = 15.0) -> None:
-    if proc is None or proc.poll() is not None:
-        return
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout)
 
 
 def run(base: Path, records: int, timeout: float = 300.0) -> int:
@@ -105,33 +82,25 @@ def run(base: Path, records: int, timeout: float = 300.0) -> int:
             shutil.rmtree(p)
         elif p.exists():
             p.unlink()
-    port = _port()
+    port = free_port(9400)
     url = f"http://127.0.0.1:{port}"
     broker_cfg, daemon_cfg = _write_configs(base, port)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     broker: subprocess.Popen[bytes] | None = None
     try:
         _step(f"starting a single-node broker on {url} (log: {base / 'broker.log'})")
-        with open(base / "broker.log", "ab") as log:
-            broker = subprocess.Popen(
-                [sys.executable, "-m", "mqd.cli", "broker", "--config", str(broker_cfg)],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=env,
+        broker = spawn_logged(broker_argv(broker_cfg), base / "broker.log", env=env)
+        try:
+            wait_started(broker, lambda: _healthy(url), name="broker", timeout=30, interval=0.1)
+        except RuntimeError:
+            print(
+                f"error: the broker exited with {broker.returncode}; see {base / 'broker.log'}",
+                file=sys.stderr,
             )
-        deadline = time.monotonic() + 30
-        while _health(url) is None:
-            if broker.poll() is not None:
-                print(
-                    f"error: the broker exited with {broker.returncode}; see {base / 'broker.log'}",
-                    file=sys.stderr,
-                )
-                return 1
-            if time.monotonic() > deadline:
-                print("error: the broker did not become healthy in 30 s", file=sys.stderr)
-                return 1
-            time.sleep(0.1)
+            return 1
+        except TimeoutError:
+            print("error: the broker did not become healthy in 30 s", file=sys.stderr)
+            return 1
 
         _step(f"producing {records:,} records of 100 bytes to {TOPIC!r} ({PARTITIONS} partitions)")
         code = produce_cli(url, TOPIC, records, 100, 0.0, 0, 1000, "master", None)
@@ -160,7 +129,8 @@ def run(base: Path, records: int, timeout: float = 300.0) -> int:
         config = load_daemon_config(daemon_cfg)
         return _spark(config, records)
     finally:
-        _stop(broker)
+        if broker is not None:
+            stop_process(broker, timeout=15.0)
 
 
 def _spark(config: Any, records: int) -> int:

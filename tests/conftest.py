@@ -1,7 +1,8 @@
-"""Shared fixtures: real broker clusters (tests/harness.py) and a started BrokerClient."""
+"""Shared fixtures: real broker clusters (tests/harness.py), a started BrokerClient, a Spark session."""
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -24,15 +25,16 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     return rep
 
 
-@pytest.fixture
-def cluster_factory(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Callable[..., Cluster]]:
-    """``cluster_factory(topics={"events": 8}, groups=1, slaves=0, node_settings=..., overrides=...,
-    start=True)`` -> a started :class:`Cluster`; every cluster is stopped at teardown, and node logs
-    are printed when the test failed."""
+@contextlib.contextmanager
+def _clusters(
+    root_for: Callable[[int], Path], failed: Callable[[], bool]
+) -> Iterator[Callable[..., Cluster]]:
+    """A cluster factory (``root_for(n)`` is the n-th cluster's folder) that stops every cluster it
+    made on exit and prints their node logs when ``failed()``."""
     clusters: list[Cluster] = []
 
     def make(*, start: bool = True, **kwargs: Any) -> Cluster:
-        cluster = Cluster(tmp_path / f"cluster{len(clusters)}", **kwargs)
+        cluster = Cluster(root_for(len(clusters)), **kwargs)
         clusters.append(cluster)
         if start:
             cluster.start()
@@ -41,14 +43,27 @@ def cluster_factory(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[
     try:
         yield make
     finally:
-        failed = any(
+        show_logs = failed()
+        for cluster in clusters:
+            cluster.stop()
+            if show_logs:
+                print(cluster.dump_logs(), file=sys.stderr)
+
+
+@pytest.fixture
+def cluster_factory(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Callable[..., Cluster]]:
+    """``cluster_factory(topics={"events": 8}, groups=1, slaves=0, node_settings=..., overrides=...,
+    start=True)`` -> a started :class:`Cluster`; every cluster is stopped at teardown, and node logs
+    are printed when the test failed."""
+
+    def failed() -> bool:
+        return any(
             getattr(getattr(request.node, f"rep_{when}", None), "failed", False)
             for when in ("setup", "call")
         )
-        for cluster in clusters:
-            cluster.stop()
-            if failed:
-                print(cluster.dump_logs(), file=sys.stderr)
+
+    with _clusters(lambda n: tmp_path / f"cluster{n}", failed) as make:
+        yield make
 
 
 @pytest.fixture(scope="module")
@@ -57,24 +72,25 @@ def module_cluster_factory(
 ) -> Iterator[Callable[..., Cluster]]:
     """Like ``cluster_factory`` but shared by a whole test module (for read-mostly tests); node logs
     are printed at module teardown when any test failed meanwhile."""
-    clusters: list[Cluster] = []
     failed_before = request.session.testsfailed
-
-    def make(*, start: bool = True, **kwargs: Any) -> Cluster:
-        cluster = Cluster(tmp_path_factory.mktemp("cluster"), **kwargs)
-        clusters.append(cluster)
-        if start:
-            cluster.start()
-        return cluster
-
-    try:
+    with _clusters(
+        lambda n: tmp_path_factory.mktemp("cluster"), lambda: request.session.testsfailed > failed_before
+    ) as make:
         yield make
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[Any]:
+    """A local[2] Spark session shared by a test module (imported and started only where a test
+    asks for it: the JVM takes seconds)."""
+    from mqd.config import MqdConfig, SparkConfig
+    from mqd.spark import job
+
+    session = job.build_session(MqdConfig(spark=SparkConfig(master="local[2]", shuffle_partitions=2)))
+    try:
+        yield session
     finally:
-        failed = request.session.testsfailed > failed_before
-        for cluster in clusters:
-            cluster.stop()
-            if failed:
-                print(cluster.dump_logs(), file=sys.stderr)
+        session.stop()
 
 
 @pytest.fixture

@@ -5,13 +5,12 @@ from __future__ import annotations
 import asyncio
 import shutil
 import ssl
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
-from harness import records_of
+from harness import records_of, self_signed_cert
 
 from mqd import format as fmt
 from mqd.protocol import decode_fetch_answer
@@ -19,20 +18,10 @@ from mqd.protocol import decode_fetch_answer
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl tool")
 
 
-def _self_signed(tmp_path: Path) -> tuple[Path, Path]:
-    cert, key = tmp_path / "node.crt", tmp_path / "node.key"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
-         "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
-        check=True, capture_output=True, timeout=60,
-    )
-    return cert, key
-
-
 async def test_https_cluster_serves_and_replicates(cluster_factory: Any, tmp_path: Path) -> None:
     """Over HTTPS (certificate trusted through SSL_CERT_FILE) a produce is acked with acks=all by a
     replicating slave and served back by the slave; plain HTTP to the TLS port gets no answer."""
-    cert, key = await asyncio.to_thread(_self_signed, tmp_path)
+    cert, key = await asyncio.to_thread(self_signed_cert, tmp_path)
     cluster = cluster_factory(topics={"events": 1}, slaves=1, tls=(cert, key),
                               env={"SSL_CERT_FILE": str(cert)})
     master, slave = cluster.url(cluster.master()), cluster.url(cluster.slaves()[0])
@@ -59,7 +48,7 @@ async def test_tls_ca_file_without_ssl_cert_file(cluster_factory: Any, tmp_path:
     client without the CA is refused; a CA file that does not exist is a clear, final error."""
     from mqd.client import BrokerClient, BrokerError
 
-    cert, key = await asyncio.to_thread(_self_signed, tmp_path)
+    cert, key = await asyncio.to_thread(self_signed_cert, tmp_path)
     env = {"SSL_CERT_FILE": "/nonexistent/ca.pem"}  # the system store must not be what works here
     cluster = cluster_factory(topics={"events": 1}, slaves=1, tls=(cert, key), env=env,
                               node_settings={"tls_ca_file": str(cert)})

@@ -14,6 +14,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from harness import Cluster
+from test_consumer_support import FAST
 
 from mqd import format as fmt
 from mqd.client import BrokerClient, BrokerError
@@ -31,18 +32,7 @@ from mqd.landing import read_manifest
 
 _ids = itertools.count()
 
-FAST_CONSUMER: dict[str, Any] = {
-    "fetch_max_wait_ms": 200,
-    "heartbeat_interval": 0.2,
-    "session_timeout": 3.0,
-    "rebalance_interval": 2.0,
-    "metadata_refresh_interval": 1.0,
-    "commit_interval": 0.3,
-    "request_timeout": 5.0,
-    "error_backoff_ms": 50,
-    "error_backoff_max_ms": 400,
-    "consume_from": "first",
-}
+FAST_CONSUMER: dict[str, Any] = {**FAST, "consume_from": "first"}
 
 
 def daemon_config(cluster: Cluster, root: Path, *, consumer: dict[str, Any] | None = None,

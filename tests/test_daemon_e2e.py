@@ -8,7 +8,6 @@ import os
 import random
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,15 +25,6 @@ pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 PARTITIONS = 8
 PER_PARTITION = 12_500  # 100,000 records
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[Any]:
-    session = job.build_session(MqdConfig(spark=SparkConfig(master="local[2]", shuffle_partitions=2)))
-    try:
-        yield session
-    finally:
-        session.stop()
 
 
 def spark_config(cfg: MqdConfig, root: Path) -> MqdConfig:

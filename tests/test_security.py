@@ -17,7 +17,7 @@ from typing import Any
 
 import psutil
 import pytest
-from harness import Cluster, to_toml, wait_for
+from harness import Cluster, self_signed_cert, to_toml, wait_for
 
 from mqd.chaos.check import read_landing
 from mqd.client import BrokerClient, BrokerError
@@ -27,16 +27,6 @@ TOKEN = "tok-3f9a7c1e-never-log-me"
 WRONG = "wrong-b71d2e-never-log-me-either"
 REPO = Path(__file__).resolve().parent.parent
 needs_openssl = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl tool")
-
-
-def _self_signed(d: Path) -> tuple[Path, Path]:
-    cert, key = d / "node.crt", d / "node.key"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
-         "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
-        check=True, capture_output=True, timeout=60,
-    )
-    return cert, key
 
 
 def _daemon_config(
@@ -66,7 +56,7 @@ def _mqd(args: list[str], env: dict[str, str], timeout: float, log: Path) -> int
 
 @pytest.fixture
 def tls(tmp_path: Path) -> tuple[Path, Path]:
-    return _self_signed(tmp_path)
+    return self_signed_cert(tmp_path)
 
 
 @needs_openssl

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,15 +25,6 @@ from mqd.spark import job
 pytestmark = pytest.mark.spark
 
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[Any]:
-    session = job.build_session(MqdConfig(spark=SparkConfig(master="local[2]", shuffle_partitions=2)))
-    try:
-        yield session
-    finally:
-        session.stop()
 
 
 def make_config(root: Path, **spark_kw: Any) -> MqdConfig:

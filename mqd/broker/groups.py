@@ -28,6 +28,8 @@ from typing import Any
 
 import structlog
 
+from mqd.fsutil import fsync_dir
+
 log = structlog.get_logger(__name__)
 
 OFFSETS_FILE = "offsets.json"
@@ -60,14 +62,6 @@ class _Group:
 
     def sorted_members(self) -> list[str]:
         return sorted(self.members)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class GroupStore:
@@ -126,7 +120,7 @@ class GroupStore:
                     tmp.unlink()  # a newer snapshot (which holds this one's changes) is on disk
                     return
                 os.replace(tmp, self._path)
-                _fsync_dir(self._path.parent)
+                fsync_dir(self._path.parent)
                 self._written_generation = generation
         except OSError as exc:
             tmp.unlink(missing_ok=True)

@@ -37,6 +37,7 @@ import structlog
 
 from mqd.config import StorageConfig
 from mqd.format import HEADER_SIZE, BatchError, BatchInfo, read_header, scan_valid_prefix, set_base_offset
+from mqd.fsutil import fsync_dir
 
 log = structlog.get_logger(__name__)
 
@@ -62,14 +63,6 @@ class StorageError(Exception):
 
 def _segment_name(base_offset: int) -> str:
     return f"{base_offset:020d}"
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _check_layout(data: bytes | bytearray, infos: list[BatchInfo]) -> None:
@@ -471,7 +464,7 @@ class PartitionLog:
             os.fsync(fd)
             if self._dir_dirty:
                 self._dir_dirty = False
-                _fsync_dir(self.directory)
+                fsync_dir(self.directory)
         except OSError as exc:
             raise StorageError(f"{self.topic}-{self.partition}: fsync failed: {exc}",
                                retriable=False) from exc
@@ -658,7 +651,7 @@ class PartitionLog:
             return
         try:
             os.fsync(seg.fd)
-            _fsync_dir(self.directory)
+            fsync_dir(self.directory)
             self._dir_dirty = False
         except OSError as exc:
             raise StorageError(f"{self.topic}-{self.partition}: fsync failed: {exc}",
@@ -714,7 +707,7 @@ class PartitionLog:
                 os.close(fd)
         if sync_dir and error is None:
             try:
-                _fsync_dir(self.directory)
+                fsync_dir(self.directory)
             except OSError as exc:
                 error = exc
         if error is not None:

@@ -15,10 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
-import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -29,6 +27,7 @@ from typing import Any
 import aiohttp
 
 from mqd.chaos.proxy import FaultProxy
+from mqd.localcluster import broker_argv, cluster_toml, free_port, group_names, node_toml, spawn_logged
 
 _PR_SET_PDEATHSIG = 1
 
@@ -39,12 +38,6 @@ class ChaosError(Exception):
     def __init__(self, message: str, *, retriable: bool = False) -> None:
         super().__init__(message)
         self.retriable = retriable
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec
@@ -67,35 +60,6 @@ async def wait_until(
         if time.monotonic() >= deadline:
             raise ChaosError(f"timed out after {timeout:.1f}s waiting for {what}")
         await asyncio.sleep(interval)
-
-
-def _toml_value(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, int | float):
-        return repr(v)
-    if isinstance(v, str | Path):
-        return json.dumps(str(v))  # JSON string escapes are valid TOML basic strings
-    if isinstance(v, list | tuple):
-        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
-    raise TypeError(f"cannot write {type(v).__name__} to TOML")
-
-
-def to_toml(data: Mapping[str, Any]) -> str:
-    """Scalars, lists of scalars and one level of tables: all our config files need."""
-    lines: list[str] = []
-    tables: list[tuple[str, Mapping[str, Any]]] = []
-    for key, value in data.items():
-        if value is None:
-            continue
-        if isinstance(value, Mapping):
-            tables.append((key, value))
-        else:
-            lines.append(f"{key} = {_toml_value(value)}")
-    for name, table in tables:
-        lines.append(f"\n[{name}]")
-        lines.extend(f"{k} = {_toml_value(v)}" for k, v in table.items() if v is not None)
-    return "\n".join(lines) + "\n"
 
 
 class Proc:
@@ -123,18 +87,14 @@ class Proc:
     def spawn(self) -> None:
         if self.running:
             raise ChaosError(f"{self.name} is already running")
-        with open(self.log_path, "ab") as log:
-            log.write(f"===== start {self.name} at {time.time():.3f} =====\n".encode())
-            log.flush()
-            self.proc = subprocess.Popen(
-                self.argv,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                cwd=self.cwd,
-                env=self.env,
-                preexec_fn=_die_with_parent,
-            )
+        self.proc = spawn_logged(
+            self.argv,
+            self.log_path,
+            cwd=self.cwd,
+            env=self.env,
+            banner=f"start {self.name}",
+            preexec_fn=_die_with_parent,
+        )
         self.frozen = False
         self.stopping = False
 
@@ -212,7 +172,7 @@ class Node(Proc):
         self.data_dir = root / "data" / node_id
         super().__init__(
             node_id,
-            [sys.executable, "-m", "mqd.cli", "broker", "--config", str(self.config_path)],
+            broker_argv(self.config_path),
             root / f"{node_id}.log",
             root,
             env,
@@ -245,13 +205,11 @@ class ChaosCluster:
         seed: int,
         node_settings: Mapping[str, Any] | None = None,
     ) -> None:
-        if not 1 <= groups <= 26:
-            raise ValueError("groups must be in 1..26")
+        self.group_names = group_names(groups)
         self.root = root
         self.topic = topic
         self.partitions = partitions
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        self.group_names = [f"broker-{chr(ord('a') + i)}" for i in range(groups)]
         self.nodes: dict[str, Node] = {}
         for gi, g in enumerate(self.group_names):
             for i in range(slaves + 1):
@@ -286,24 +244,11 @@ class ChaosCluster:
             await self.wait_healthy(n, timeout)
 
     def _write_configs(self) -> None:
-        lines: list[str] = []
-        for g in self.group_names:
-            lines.append(f'[[groups]]\nname = "{g}"\n')
-            for n in self.nodes.values():
-                if n.group == g:
-                    lines.append(f'[[groups.nodes]]\nid = "{n.id}"\nurl = "{n.url}"\nrole = "{n.role}"\n')
-        lines.append("[[topics]]\n" + to_toml({"name": self.topic, "partitions": self.partitions}))
-        self.cluster_path.write_text("\n".join(lines))
+        topics = [{"name": self.topic, "partitions": self.partitions}]
+        self.cluster_path.write_text(cluster_toml(self.group_names, self.nodes.values(), topics))
         for n in self.nodes.values():
-            body = {
-                "node_id": n.id,
-                "cluster_file": str(self.cluster_path),
-                "data_dir": str(n.data_dir),
-                "host": "127.0.0.1",
-                "port": n.port,
-                **self.node_settings,
-            }
-            n.config_path.write_text(to_toml(body))
+            body = node_toml(n.id, self.cluster_path, n.data_dir, n.port, self.node_settings)
+            n.config_path.write_text(body)
 
     async def health(self, node: Node, timeout: float = 1.0) -> dict[str, Any] | None:
         try:

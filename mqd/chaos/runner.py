@@ -32,10 +32,11 @@ import structlog
 from mqd.chaos import check
 from mqd.chaos.disk import LandingDisk
 from mqd.chaos.load import ProduceLoad
-from mqd.chaos.procs import ChaosCluster, ChaosError, DaemonProc, to_toml, wait_until
+from mqd.chaos.procs import ChaosCluster, ChaosError, DaemonProc, wait_until
 from mqd.chaos.proxy import Faults
 from mqd.client import BrokerClient, BrokerError
 from mqd.landing import layout
+from mqd.localcluster import daemon_section, to_toml
 
 log = structlog.get_logger("mqd.chaos")
 
@@ -177,13 +178,7 @@ class ChaosRun:
             },
             "admin": {"enabled": False},
             "log": {"level": "info", "format": "json"},
-            "daemon": {
-                "state_dir": str(state),
-                "pid_file": str(state / "mqd.pid"),
-                "log_file": str(state / "mqd.log"),
-                "shutdown_timeout": 10.0,
-                "watchdog": False,
-            },
+            "daemon": daemon_section(state),
         }
         d.config_path.write_text(to_toml(body))
 

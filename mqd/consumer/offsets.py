@@ -23,6 +23,7 @@ from mqd import metrics
 from mqd.client import BrokerClient, BrokerError
 from mqd.consumer.coordinator import GroupCoordinator
 from mqd.consumer.state import ConsumerError, TopicPartition
+from mqd.fsutil import fsync_dir
 
 log = structlog.get_logger("mqd.consumer.offsets")
 
@@ -225,8 +226,4 @@ class LocalFileOffsetStore(OffsetStore):
             os.link(self.path, bak_tmp)
             os.replace(bak_tmp, self.backup)
         os.replace(tmp, self.path)
-        dfd = os.open(self.path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+        fsync_dir(self.path.parent)

@@ -28,6 +28,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from mqd.format import RECORD_SCHEMA
+from mqd.fsutil import atomic_write, fsync_dir
 
 SCHEMA_VERSION = 1
 HOUR_MS = 3_600_000
@@ -242,13 +243,8 @@ def read_ranges(path: Path) -> list[FileRange]:
 # ---------------------------------------------------------------------------------------------
 # durable small files
 
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+# The landing code calls these through this module (bench/profile/probe.py times them here).
+write_atomic = atomic_write
 
 
 def makedirs_durable(path: Path, stop_at: Path) -> None:
@@ -266,19 +262,6 @@ def makedirs_durable(path: Path, stop_at: Path) -> None:
         except FileExistsError:
             pass
         fsync_dir(d.parent)
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Replace ``path`` with ``data``: temp file, fsync, rename, fsync of the folder."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
 
 
 def append_line(path: Path, line: bytes) -> None:

@@ -12,13 +12,11 @@ Event times come from producers: a record stamped into an hour after its marker 
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
+from mqd import fsutil
 from mqd.landing import layout
 from mqd.landing.layout import LandingCorrupt
 from mqd.landing.publisher import PartitionState
@@ -45,17 +43,6 @@ def read_watermarks(root: Path, topic: str, partitions: int) -> list[int | None]
             continue
         out.append(st.watermark_ms)
     return out
-
-
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
 
 
 def _hour_dirs(root: Path, topic: str, from_hour: int, to_hour: int) -> list[tuple[int, Path]]:
@@ -91,7 +78,7 @@ def update_markers(root: Path, topic: str, partitions: int) -> list[Path]:
     done_before = min(m for m in marks if m is not None) // layout.HOUR_MS  # hours < this are whole
     progress = _state_dir(root, topic) / "_markers.json"
     created: list[Path] = []
-    with _locked(_state_dir(root, topic) / "_markers.lock"):
+    with fsutil.locked(_state_dir(root, topic) / "_markers.lock"):
         try:
             start = int(json.loads(progress.read_bytes())["complete_before_hour"])
         except (FileNotFoundError, ValueError, KeyError, TypeError):

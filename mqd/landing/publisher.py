@@ -23,12 +23,10 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import json
 import os
 import secrets
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -36,6 +34,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from mqd import fsutil
 from mqd.landing import layout
 from mqd.landing.layout import FileRange, LandingCorrupt, LandingError
 
@@ -163,16 +162,8 @@ class Publisher:
                     removed += 1
         return removed
 
-    @contextlib.contextmanager
-    def _locked(self, topic: str, partition: int) -> Iterator[None]:
-        path = self._lock_path(topic, partition)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(fd)  # closing releases the flock
+    def _locked(self, topic: str, partition: int) -> contextlib.AbstractContextManager[None]:
+        return fsutil.locked(self._lock_path(topic, partition))
 
     # -- state ----------------------------------------------------------------------------------
 
