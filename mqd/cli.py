@@ -21,6 +21,11 @@ import click
 
 from mqd.config import ConfigError
 
+# Arrow fixes its allocator when pyarrow is first imported, so this must happen before any command
+# imports it: the system allocator returns memory that mimalloc keeps per encoding thread (about
+# 30 MB less peak RSS on a 2M-record backlog, bench/profile). An operator's choice wins.
+os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
+
 EXIT_OK = 0
 EXIT_FAIL = 1  # also "degraded" for status
 EXIT_CONFIG = 2

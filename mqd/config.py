@@ -219,7 +219,7 @@ class ConsumerConfig(_Model):
 class LandingConfig(_Model):
     dir: Path = Path("landing")
     max_records: int = Field(default=500_000, ge=1)
-    max_bytes: int = Field(default=128 * MiB, ge=1)
+    max_bytes: int = Field(default=32 * MiB, ge=1)
     max_age: float = Field(default=5.0, gt=0)
     compression: Literal["snappy", "zstd", "gzip", "lz4", "none"] = "snappy"
     disk_retry_interval: float = Field(default=1.0, gt=0)

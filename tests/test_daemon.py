@@ -179,6 +179,39 @@ async def test_idle_partition_lands_within_max_age(cluster_factory: Any, tmp_pat
             await asyncio.wait_for(run, 30)
 
 
+async def test_small_sink_publishes_while_fetching_and_stop_lands_everything(
+    cluster_factory: Any, tmp_path: Path
+) -> None:
+    """With landing.max_bytes far below the backlog, the working loop cuts many files and keeps
+    fetching while they are published (publication tasks, not awaited). Still every record lands
+    exactly once, a burst run ends by itself and commits the log ends; and a graceful stop of a
+    running daemon (max_age far away) publishes what it holds, in-flight publications included,
+    and commits."""
+    cluster = cluster_factory(topics={"events": 4}, groups=2)
+    async with BrokerClient(request_timeout=10) as client:
+        await produce_numbered(client, cluster, 4, 3000, per_batch=200)
+        d = Daemon(daemon_config(cluster, tmp_path, max_bytes=32 * 1024), burst=True)
+        await asyncio.wait_for(d.run(), 60)
+        assert d.state == "stopped" and d.stats["records_published"] == 12_000
+        assert d.stats["files_published"] > 8  # cut by size, not one file per partition
+        assert_exactly_once(tmp_path / "landing", 4, 3000)
+        assert await committed(client, cluster, "landing") == {p: 3000 for p in range(4)}
+
+        await produce_numbered(client, cluster, 4, 1000, start=3000, per_batch=100)
+        d2 = Daemon(daemon_config(cluster, tmp_path, max_bytes=16 * 1024, max_age=60.0))
+        stop = asyncio.Event()
+        run = asyncio.create_task(d2.run(stop.wait()))
+        try:
+            await wait_until(lambda: d2.consumer.caught_up() and d2.stats["files_published"] > 0, 20,
+                             "fetched to the log end")
+        finally:
+            stop.set()
+            await asyncio.wait_for(run, 30)
+        assert d2.state == "stopped" and d2.stats["records_published"] == 4000
+        assert_exactly_once(tmp_path / "landing", 4, 4000)
+        assert await committed(client, cluster, "landing") == {p: 4000 for p in range(4)}
+
+
 async def test_unwritable_landing_pauses_fetching_and_recovers(cluster_factory: Any, tmp_path: Path) -> None:
     """While the landing directory cannot be written the daemon is degraded with the reason,
     fetching is paused and nothing is committed; once it is writable again everything lands

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import json
 import multiprocessing
 import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -345,3 +349,104 @@ async def test_stale_temp_files_are_removed_at_start(tmp_path: Path) -> None:
     await s.start()
     await s.close()
     assert not old.exists() and fresh.exists()
+
+
+async def test_age_counts_from_fetch_time(tmp_path: Path) -> None:
+    """A buffer's age starts when its first record was fetched, not when it was drained into the
+    sink, so records that waited in the consumer do not get a fresh max_age."""
+    s = LandingSink(cfg(tmp_path, max_age=1.0))
+    tp = TopicPartition("events", 0)
+    s.add(dataclasses.replace(fetched("events", 0, 0, 3), fetched_at=100.0))
+    s.add(dataclasses.replace(fetched("events", 0, 3, 3), fetched_at=100.8))  # joins: age unchanged
+    assert s.next_due_in(now=100.5) == pytest.approx(0.5)
+    assert s.due(now=100.99) == []
+    assert s.due(now=101.0) == [tp]
+    await s.close()
+
+
+async def test_publish_lead_moves_the_age_cut_earlier(tmp_path: Path) -> None:
+    """After publications were measured, an age cut happens that much before max_age (so the file
+    is visible by max_age), and never earlier than half of max_age."""
+    s = LandingSink(cfg(tmp_path, max_age=1.0))
+    await s.start()
+    tp = TopicPartition("events", 0)
+    assert s.publish_lead == 0.0
+    s.add(fetched("events", 0, 0, 5))
+    await s.flush()
+    lead = s.publish_lead
+    assert 0.0 < lead <= 0.5
+    s.add(fetched("events", 0, 5, 5), now=200.0)
+    assert s.due(now=200.0 + 1.0 - lead - 0.001) == []
+    assert s.due(now=200.0 + 1.0 - lead + 1e-6) == [tp]
+    assert s.next_due_in(now=200.0) == pytest.approx(1.0 - lead)
+    for _ in range(10):
+        s._observe_publish(30.0)  # a stalled disk
+    assert s.publish_lead == pytest.approx(0.5)
+    await s.close()
+
+
+def hold(pool: ThreadPoolExecutor) -> threading.Event:
+    """Occupy the one-thread ``pool`` until the returned event is set: publications queue behind
+    it, which keeps them in flight for as long as a test needs."""
+    gate = threading.Event()
+    pool.submit(gate.wait, 10)
+    return gate
+
+
+async def wait_for(cond: Any, what: str, timeout: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not cond():
+        if asyncio.get_running_loop().time() > deadline:
+            raise TimeoutError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.005)
+
+
+async def test_busy_partition_is_skipped_and_its_publications_stay_ordered(tmp_path: Path) -> None:
+    """From flush_partition() on, a partition is busy: due()/next_due_in() skip it. A second flush
+    of it waits for the first and publishes what was added meanwhile, after it, in offset order."""
+    pool = ThreadPoolExecutor(1)
+    s = LandingSink(cfg(tmp_path, max_age=1.0), executor=pool)
+    await s.start()
+    tp = TopicPartition("events", 0)
+    await s.resume_position(tp)
+    gate = hold(pool)
+    s.add(fetched("events", 0, 0, 10), now=100.0)
+    first = s.flush_partition(tp)
+    assert s.busy(tp) and s.due(now=1000.0) == [] and s.next_due_in(now=1000.0) is None
+    t1 = asyncio.create_task(first)
+    await wait_for(lambda: s.inflight_bytes > 0, "first publication in flight")
+    s.add(fetched("events", 0, 10, 5), now=100.0)
+    assert s.due(now=1000.0) == []  # still busy: the next cut waits
+    t2 = asyncio.create_task(s.flush_partition(tp))
+    gate.set()
+    r1, r2 = await asyncio.wait_for(asyncio.gather(t1, t2), 10)
+    assert r1 is not None and r2 is not None
+    assert [(r.first_offset, r.last_offset) for r in r1.published + r2.published] == [(0, 9), (10, 14)]
+    assert not s.busy(tp) and s.expected(tp) == 14 and s.inflight_bytes == 0
+    await s.close()
+    pool.shutdown()
+    assert landed_offsets(tmp_path / "landing", "events", 0) == list(range(15))
+
+
+async def test_revoke_during_publication_keeps_it_but_forgets_the_partition(tmp_path: Path) -> None:
+    """A publication in flight when its partition is revoked still completes (it is conditional,
+    hence valid), but it neither restores dropped records nor sets the sink's position: the next
+    owner reads the position from the landing directory."""
+    pool = ThreadPoolExecutor(1)
+    s = LandingSink(cfg(tmp_path), executor=pool)
+    await s.start()
+    tp = TopicPartition("events", 1)
+    await s.resume_position(tp)
+    gate = hold(pool)
+    s.add(fetched("events", 1, 0, 10))
+    task = asyncio.create_task(s.flush_partition(tp))
+    await wait_for(lambda: s.inflight_bytes > 0, "publication in flight")
+    s.add(fetched("events", 1, 10, 5))
+    assert s.forget(tp) == 5
+    gate.set()
+    res = await asyncio.wait_for(task, 10)
+    assert res is not None and res.next_offset == 10
+    assert s.expected(tp) is None and s.pending() == {}
+    assert await s.resume_position(tp) == 10
+    await s.close()
+    pool.shutdown()

@@ -15,9 +15,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import time
 from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import pyarrow as pa
@@ -58,6 +59,8 @@ class FetchedBatch:
     first_offset: int  # offset of records[0]
     next_offset: int  # offset after the last record
     nbytes: int  # wire bytes it held (for budgets)
+    # monotonic time the answer was received: the landing sink's max_age clock starts here
+    fetched_at: float = field(default_factory=time.monotonic, compare=False)
 
 
 class ConsumerError(Exception):
