@@ -574,7 +574,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--groups", type=int, default=3, help="broker groups")
     ap.add_argument("--slaves", type=int, default=1, help="slaves per group")
     ap.add_argument("--landing-max-records", type=int, default=500_000)
-    ap.add_argument("--landing-max-mb", type=int, default=128)
+    ap.add_argument("--landing-max-mb", type=int, default=32, help="landing.max_bytes (the daemon default)")
     ap.add_argument("--landing-max-age", type=float, default=5.0)
     ap.add_argument("--compression", default="snappy", choices=["snappy", "zstd", "gzip", "lz4", "none"])
     ap.add_argument(
