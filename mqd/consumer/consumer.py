@@ -21,7 +21,7 @@ from mqd.client import BrokerClient, BrokerError
 from mqd.config import ConsumerConfig
 from mqd.consumer.allocation import Strategy, get_strategy
 from mqd.consumer.coordinator import GroupCoordinator
-from mqd.consumer.fetcher import FetchManager
+from mqd.consumer.fetcher import FetchManager, backoff_delay
 from mqd.consumer.metadata import ClusterMetadata, MetadataCache
 from mqd.consumer.offsets import BrokerOffsetStore, LocalFileOffsetStore, OffsetStore
 from mqd.consumer.state import (
@@ -361,9 +361,7 @@ class Consumer:
                 failures = 0
                 continue
             failures += 1
-            cfg = self._config
-            delay = min(cfg.error_backoff_max_ms, cfg.error_backoff_ms * 2 ** min(failures - 1, 20)) / 1000
-            await asyncio.sleep(delay)
+            await asyncio.sleep(backoff_delay(self._config, failures))
             self._rebalance_wake.set()
 
     async def rebalance(self) -> bool:

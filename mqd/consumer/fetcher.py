@@ -52,7 +52,8 @@ class _Sent:
     offset: int
 
 
-def _backoff(cfg: ConsumerConfig, failures: int) -> float:
+def backoff_delay(cfg: ConsumerConfig, failures: int) -> float:
+    """Seconds to wait after ``failures`` errors in a row: doubling from error_backoff_ms, capped."""
     return min(cfg.error_backoff_max_ms, cfg.error_backoff_ms * 2 ** min(failures - 1, 20)) / 1000
 
 
@@ -208,7 +209,7 @@ class NodeFetcher:
         self.failures += 1
         self.errors += 1
         self.last_error = str(exc)
-        delay = _backoff(m.config, self.failures)
+        delay = backoff_delay(m.config, self.failures)
         self.backoff_until = m.clock() + delay
         if isinstance(exc, BrokerError):
             kind = "transport" if exc.status is None else f"http_{exc.status}"
@@ -422,7 +423,7 @@ class FetchManager:
     def _partition_error(self, ps: PartitionState, message: str) -> None:
         ps.errors += 1
         ps.last_error = message
-        ps.retry_at = self.clock() + _backoff(self.config, ps.errors)
+        ps.retry_at = self.clock() + backoff_delay(self.config, ps.errors)
 
     def _decode(
         self, ps: PartitionState, offset: int, data: memoryview
