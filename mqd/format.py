@@ -88,7 +88,8 @@ def _binary_parts(values: Sequence[bytes | None] | pa.Array) -> tuple[np.ndarray
         bufs = arr.buffers()
         offsets = np.frombuffer(bufs[1], dtype=np.int32, count=len(arr) + 1)
         start = int(offsets[0])
-        data = bytes(bufs[2])[start : int(offsets[-1])] if bufs[2] is not None else b""
+        end = int(offsets[-1])
+        data = bufs[2].slice(start, end - start).to_pybytes() if bufs[2] is not None else b""
         valid = None
         if arr.null_count:
             valid = ~np.asarray(arr.is_null().to_numpy(zero_copy_only=False))
