@@ -38,7 +38,7 @@ from typing import Any
 import pyarrow as pa
 import structlog
 
-from mqd.client import BrokerClient, BrokerError
+from mqd.client import BrokerClient
 from mqd.config import MqdConfig
 from mqd.consumer import Consumer, ConsumerError, TopicPartition
 from mqd.consumer.state import wait_event
@@ -53,7 +53,6 @@ log = structlog.get_logger("mqd.daemon")
 _LOOP_WAIT = 0.5  # longest idle wait of the working loop (keeps last_loop_time fresh)
 _HOUSEKEEPING_INTERVAL = 2.0  # idle watermarks
 _MARKER_INTERVAL = 10.0  # completeness markers
-_METADATA_INTERVAL = 30.0  # partition counts for markers
 
 
 def _use_system_memory_pool() -> None:
@@ -93,10 +92,8 @@ class Daemon:
         self._work_task: asyncio.Task[None] | None = None
         self._stop_task: asyncio.Task[None] | None = None
         self._errors: deque[dict[str, Any]] = deque(maxlen=20)
-        self._partition_counts: dict[str, int] = {}
         self._next_housekeeping = 0.0
         self._next_markers = 0.0
-        self._next_metadata = 0.0
         self._watermark_hour: dict[TopicPartition, int] = {}
         self._commits = 0
         self._markers = 0
@@ -408,15 +405,12 @@ class Daemon:
         self._next_housekeeping = now + _HOUSEKEEPING_INTERVAL
         try:
             await self._idle_watermarks()
-            if now >= self._next_metadata or (force and not self._partition_counts):
-                self._next_metadata = now + _METADATA_INTERVAL
-                await self._refresh_partition_counts()
             if now >= self._next_markers or force:
                 self._next_markers = now + _MARKER_INTERVAL
                 await self._update_markers()
         except LandingError as exc:
             self._set_landing_error(exc)
-        except (OSError, LandingCorrupt, BrokerError) as exc:
+        except (OSError, LandingCorrupt) as exc:
             self._record_error("housekeeping", exc)
 
     async def _idle_watermarks(self) -> None:
@@ -437,22 +431,9 @@ class Daemon:
             await self.sink.run_blocking(self.sink.publisher.advance_watermark, tp.topic, tp.partition, mark)
             self._watermark_hour[tp] = hour
 
-    async def _refresh_partition_counts(self) -> None:
-        counts: dict[str, int] = {}
-        for url in self._config.consumer.bootstrap:
-            try:
-                md = await self._client.metadata(url)
-            except BrokerError:
-                continue
-            for t in md.get("topics", []):
-                counts[str(t["name"])] = len(t.get("partitions", []))
-            break
-        if counts:
-            self._partition_counts = counts
-
     async def _update_markers(self) -> None:
         for topic in self._config.consumer.topics:
-            n = self._partition_counts.get(topic)
+            n = self.consumer.partition_count(topic)  # the consumer's metadata cache
             if not n:
                 continue
             created = await self.sink.run_blocking(update_markers, self._config.landing.dir, topic, n)

@@ -296,6 +296,11 @@ class Consumer:
         """Persist marked offsets now; raises ConsumerError (retriable) when the store fails."""
         await self._offsets.persist()
 
+    def partition_count(self, topic: str) -> int | None:
+        """Partitions of ``topic`` in the cached metadata (None before the first metadata answer)."""
+        md = self._metadata.current
+        return None if md is None else len(md.topics.get(topic, ()))
+
     def positions(self) -> dict[TopicPartition, int]:
         return {tp: ps.position for tp, ps in self._state.partitions.items()}
 
