@@ -469,6 +469,32 @@ def test_append_replica_keeps_offsets_and_checks_continuity(opened: Opened) -> N
     assert plog.max_offset == 5 and plog.read(0, 10**6) == data
 
 
+def test_append_replica_splits_a_large_answer_at_segment_boundaries(tmp_path: Path) -> None:
+    """A catch-up answer worth many segments lands in many segments, as on the master, so size
+    retention on a slave can delete them (one oversized active segment would never be deleted)."""
+    o = Opened(tmp_path, segment_bytes=4096, retention_bytes=9000, fsync="always")
+    try:
+        plog = o.log
+        batches, offset = [], 0
+        for i in range(40):
+            batches.append(stored(make_batch(2, size=400, tag=i), offset))
+            offset += 2
+        data = b"".join(batches)
+        plog.append_replica(data, fmt.validate(data))
+        sizes = [p.stat().st_size for p in segment_files(o.root)]
+        assert len(sizes) > 5 and max(sizes) <= 4096 and sum(sizes) == len(data)
+        assert plog.read(0, 10**6)[: len(batches[0])] == batches[0]
+        assert o.storage is not None
+        o.storage.apply_retention(now_ms=10**13)
+        assert plog.min_offset > 0 and plog.size_bytes <= 9000 + 4096
+        start = plog.min_offset
+        plog = o.reopen()
+        assert (plog.min_offset, plog.max_offset) == (start, 80)
+        assert plog.read(78, 10**6) == batches[-1]
+    finally:
+        o.close()
+
+
 # -- property ------------------------------------------------------------------------------------------
 
 _ops = st.lists(

@@ -22,6 +22,7 @@ retention that closes the original fd cannot break it.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import fcntl
 import mmap
@@ -63,6 +64,23 @@ class StorageError(Exception):
 
 def _segment_name(base_offset: int) -> str:
     return f"{base_offset:020d}"
+
+
+def _segment_chunks(infos: list[BatchInfo], used: int, segment_bytes: int) -> list[tuple[int, int]]:
+    """Split consecutive batches into [lo, hi) runs that each fit what is left of a segment
+    (a run always holds at least one batch, as a batch is never split)."""
+    runs: list[tuple[int, int]] = []
+    lo, size = 0, used
+    for i, info in enumerate(infos):
+        if size > 0 and size + info.length > segment_bytes:  # batch i opens the next segment
+            if i > lo:
+                runs.append((lo, i))
+                lo = i
+            size = 0
+        size += info.length
+    if lo < len(infos):
+        runs.append((lo, len(infos)))
+    return runs
 
 
 def _check_layout(data: bytes | bytearray, infos: list[BatchInfo]) -> None:
@@ -416,10 +434,18 @@ class PartitionLog:
                         retriable=False,
                     )
                 expected = info.next_offset
-            fd = self._write_locked(data, infos, self.max_offset)
-        self._sync_after_append(fd)
+            # Split at segment boundaries: one catch-up answer can hold many segments' worth, and a
+            # single oversized segment would keep size retention from ever deleting anything here.
+            fds = []
+            for lo, hi in _segment_chunks(infos, self._segments[-1].size, self._config.segment_bytes):
+                start = infos[lo].position
+                end = infos[hi - 1].position + infos[hi - 1].length
+                chunk = [dataclasses.replace(info, position=info.position - start) for info in infos[lo:hi]]
+                fds.append(self._write_locked(memoryview(data)[start:end], chunk, infos[lo].base_offset))
+        for fd in fds:
+            self._sync_after_append(fd)
 
-    def _write_locked(self, data: bytes | bytearray, infos: list[BatchInfo], first: int) -> int:
+    def _write_locked(self, data: bytes | bytearray | memoryview, infos: list[BatchInfo], first: int) -> int:
         count = sum(info.count for info in infos)
         seg = self._segments[-1]
         if seg.size > 0 and (
