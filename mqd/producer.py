@@ -20,7 +20,6 @@ import sys
 import time
 import zlib
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -28,6 +27,7 @@ import pyarrow as pa
 
 from mqd import format as fmt
 from mqd.client import BrokerClient, BrokerError, ProduceResult
+from mqd.metadata import ClusterMetadata, MetadataError, TopicPartition
 
 __all__ = [
     "BrokerError",
@@ -53,43 +53,11 @@ def key_partition(key: bytes, partitions: int) -> int:
     return zlib.crc32(key) % partitions
 
 
-@dataclass(frozen=True, slots=True)
-class _Node:
-    id: str
-    url: str
-    alive: bool
-
-
-@dataclass(frozen=True, slots=True)
-class _Route:
-    master: str | None  # node id of the partition's master
-
-
-class _Metadata:
-    """The parsed ``/v1/metadata`` answer: nodes and, per topic, the master of each partition."""
-
-    def __init__(self, raw: dict[str, Any]) -> None:
-        try:
-            self.nodes: dict[str, _Node] = {}
-            for group in raw["groups"]:
-                for n in group["nodes"]:
-                    self.nodes[str(n["id"])] = _Node(str(n["id"]), str(n["url"]), bool(n.get("alive", True)))
-            self.topics: dict[str, list[_Route]] = {}
-            for t in raw["topics"]:
-                parts = sorted(t["partitions"], key=lambda p: int(p["partition"]))
-                if [int(p["partition"]) for p in parts] != list(range(len(parts))):
-                    raise ValueError(f"topic {t['name']!r}: partitions are not 0..n-1")
-                self.topics[str(t["name"])] = [_Route(p.get("master")) for p in parts]
-        except (KeyError, TypeError, ValueError) as exc:
-            raise BrokerError(f"malformed metadata answer: {exc}", code="bad_metadata") from exc
-
-    def master_url(self, topic: str, partition: int) -> tuple[str | None, bool]:
-        """(url, alive) of the partition's master; url is None when the layout names no master."""
-        route = self.topics[topic][partition]
-        node = self.nodes.get(route.master) if route.master is not None else None
-        if node is None:
-            return None, False
-        return node.url, node.alive
+def _parse_metadata(raw: Any) -> ClusterMetadata:
+    try:
+        return ClusterMetadata.parse(raw)
+    except MetadataError as exc:
+        raise BrokerError(str(exc), code="bad_metadata") from exc
 
 
 class TokenBucket:
@@ -162,7 +130,7 @@ class Producer:
         self._retry_timeout = retry_timeout
         self._own_client = client is None
         self._client = client or BrokerClient(request_timeout=request_timeout, auth_token=token)
-        self._meta: _Metadata | None = None
+        self._meta: ClusterMetadata | None = None
         self._meta_version = 0
         self._meta_lock = asyncio.Lock()
         self._rr: dict[str, int] = {}
@@ -215,7 +183,7 @@ class Producer:
                         raise
                     last = exc
                     continue
-                self._meta = _Metadata(raw)
+                self._meta = _parse_metadata(raw)
                 self._meta_version += 1
                 return
             raise BrokerError(
@@ -235,7 +203,7 @@ class Producer:
         meta = self._require_meta()
         return {name: len(parts) for name, parts in meta.topics.items()}
 
-    def _require_meta(self) -> _Metadata:
+    def _require_meta(self) -> ClusterMetadata:
         if self._meta is None:
             raise RuntimeError("Producer.start() was not called")
         return self._meta
@@ -265,18 +233,17 @@ class Producer:
         backoff = _BACKOFF_START
         last: BrokerError | None = None
         while True:
-            url, alive = self._require_meta().master_url(topic, partition)
-            if url is not None:
-                try:
-                    return await self._client.produce(url, topic, partition, batches, acks=self._acks)
-                except BrokerError as exc:
-                    if not _worth_retrying(exc):
-                        raise
-                    last = exc
+            url, alive = self._require_meta().master_url(TopicPartition(topic, partition))
+            try:
+                return await self._client.produce(url, topic, partition, batches, acks=self._acks)
+            except BrokerError as exc:
+                if not _worth_retrying(exc):
+                    raise
+                last = exc
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise BrokerError(
-                    f"{topic}/{partition}: master unavailable ({url or 'no master in metadata'}"
+                    f"{topic}/{partition}: master unavailable ({url}"
                     f"{'' if alive else ', reported down by the cluster'}); "
                     f"gave up after {self._retry_timeout:.1f}s: {last}",
                     status=503,

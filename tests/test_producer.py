@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 
 from mqd import format as fmt
 from mqd.client import BrokerClient, BrokerError
-from mqd.producer import Producer, TokenBucket, _Metadata, key_partition, produce_cli, synthetic_values
+from mqd.metadata import TopicPartition
+from mqd.producer import Producer, TokenBucket, _parse_metadata, key_partition, produce_cli, synthetic_values
 
 needs_broker = pytest.mark.skipif(
     importlib.util.find_spec("mqd.broker.server") is None, reason="mqd.broker.server not written yet"
@@ -108,14 +109,17 @@ def test_producer_rejects_bad_arguments(kwargs: dict[str, Any], match: str) -> N
 def test_metadata_parsing_rejects_malformed_answers() -> None:
     """A metadata answer without the expected shape is a BrokerError, not a KeyError."""
     with pytest.raises(BrokerError, match="malformed metadata"):
-        _Metadata({"groups": []})
+        _parse_metadata({"groups": []})
     with pytest.raises(BrokerError, match="partitions are not"):
-        _Metadata({"groups": [], "topics": [{"name": "t", "partitions": [{"partition": 1}]}]})
+        _parse_metadata({
+            "groups": [{"name": "g", "nodes": [{"id": "n", "url": "http://h:1", "role": "master"}]}],
+            "topics": [{"name": "t", "partitions": [{"partition": 1, "group": "g", "master": "n"}]}],
+        })
 
 
 def test_metadata_routes_to_master() -> None:
     """A partition routes to its group's master URL, with the answering node's liveness view."""
-    meta = _Metadata(
+    meta = _parse_metadata(
         {
             "groups": [
                 {
@@ -129,7 +133,7 @@ def test_metadata_routes_to_master() -> None:
             "topics": [{"name": "t", "partitions": [{"partition": 0, "group": "broker-a", "master": "a0"}]}],
         }
     )
-    assert meta.master_url("t", 0) == ("http://h:1", False)
+    assert meta.master_url(TopicPartition("t", 0)) == ("http://h:1", False)
 
 
 def test_synthetic_values_encode_and_decode() -> None:
@@ -337,9 +341,10 @@ async def test_stale_route_gets_421_and_is_refreshed(
         for p in t["partitions"]:
             p["master"] = cluster.slaves(0)[0]
     async with Producer(cluster.bootstrap) as producer:
-        producer._meta = _Metadata(raw)  # stale routing, the rest is real
+        producer._meta = _parse_metadata(raw)  # stale routing, the rest is real
         result = await producer.send_batch("events", 0, [b"rerouted"])
-        assert producer._require_meta().master_url("events", 0)[0] == cluster.url(cluster.master(0))
+        routed, _ = producer._require_meta().master_url(TopicPartition("events", 0))
+        assert routed == cluster.url(cluster.master(0))
     assert result.base_offset == 0
     table = await _read_all(client, cluster.url(cluster.master(0)), "events", 0)
     assert table.column("value").to_pylist() == [b"rerouted"]

@@ -10,125 +10,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-import zlib
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable
 
 import structlog
 
 from mqd.client import BrokerClient, BrokerError
-from mqd.consumer.state import ConsumerError, TopicPartition, wait_event
+from mqd.consumer.state import ConsumerError, wait_event
+from mqd.metadata import ClusterMetadata, MetadataError
 
 log = structlog.get_logger("mqd.consumer.metadata")
-
-
-@dataclass(frozen=True, slots=True)
-class NodeInfo:
-    id: str
-    url: str
-    role: str  # "master" | "slave"
-    group: str
-    alive: bool
-
-
-@dataclass(frozen=True, slots=True)
-class PartitionInfo:
-    tp: TopicPartition
-    group: str
-    master: str
-    replicas: tuple[str, ...]
-
-
-class MetadataError(ConsumerError):
-    """A metadata answer that does not have the documented shape."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message, retriable=True)
-
-
-class ClusterMetadata:
-    """One immutable snapshot of the layout: groups, nodes, partitions -> group/master/replicas."""
-
-    def __init__(
-        self,
-        nodes: dict[str, NodeInfo],
-        groups: list[tuple[str, list[str]]],
-        partitions: dict[TopicPartition, PartitionInfo],
-        version: int = 0,
-    ) -> None:
-        self.nodes = nodes
-        self.groups = groups  # in cluster order: the coordinator lookup indexes into it
-        self.partitions = partitions
-        self.version = version
-        self.topics: dict[str, list[TopicPartition]] = {}
-        for tp in sorted(partitions):
-            self.topics.setdefault(tp.topic, []).append(tp)
-
-    @classmethod
-    def parse(cls, data: Any) -> ClusterMetadata:
-        try:
-            nodes: dict[str, NodeInfo] = {}
-            groups: list[tuple[str, list[str]]] = []
-            for g in data["groups"]:
-                name = str(g["name"])
-                ids = []
-                for n in g["nodes"]:
-                    node = NodeInfo(
-                        id=str(n["id"]),
-                        url=str(n["url"]).rstrip("/"),
-                        role=str(n["role"]),
-                        group=name,
-                        alive=bool(n.get("alive", True)),
-                    )
-                    nodes[node.id] = node
-                    ids.append(node.id)
-                groups.append((name, ids))
-            partitions: dict[TopicPartition, PartitionInfo] = {}
-            for t in data["topics"]:
-                for p in t["partitions"]:
-                    tp = TopicPartition(str(t["name"]), int(p["partition"]))
-                    info = PartitionInfo(
-                        tp, str(p["group"]), str(p["master"]), tuple(str(r) for r in p.get("replicas", ()))
-                    )
-                    if info.master not in nodes or any(r not in nodes for r in info.replicas):
-                        raise MetadataError(f"metadata: partition {tp} names an unknown node")
-                    partitions[tp] = info
-            return cls(nodes, groups, partitions, int(data.get("cluster_version", 0)))
-        except MetadataError:
-            raise
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise MetadataError(f"malformed metadata answer: {type(exc).__name__}: {exc}") from exc
-
-    def partitions_for(self, topics: Iterable[str]) -> list[TopicPartition]:
-        """Sorted partitions of ``topics`` (RocketMQ's mqSet); unknown topics contribute none."""
-        out: list[TopicPartition] = []
-        for t in sorted(set(topics)):
-            out.extend(self.topics.get(t, ()))
-        return out
-
-    def is_alive(self, node_id: str) -> bool:
-        node = self.nodes.get(node_id)
-        return node is not None and node.alive
-
-    def candidates(self, tp: TopicPartition) -> list[str]:
-        """Nodes that can serve reads of ``tp``, master first."""
-        info = self.partitions.get(tp)
-        if info is None:
-            return []
-        return [info.master, *info.replicas]
-
-    def coordinator(self, group: str) -> NodeInfo | None:
-        """Master of ``groups[crc32(group) % len(groups)]``, or its first live slave while it is down."""
-        if not self.groups:
-            return None
-        _, ids = self.groups[zlib.crc32(group.encode()) % len(self.groups)]
-        members = [self.nodes[i] for i in ids]
-        ordered = [n for n in members if n.role == "master"] + [n for n in members if n.role != "master"]
-        for n in ordered:
-            if n.alive:
-                return n
-        return ordered[0] if ordered else None
 
 
 class MetadataCache:

@@ -19,11 +19,11 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
 import pyarrow as pa
 
 from mqd import metrics
+from mqd.metadata import TopicPartition
 
 
 async def wait_event(event: asyncio.Event, timeout: float | None) -> bool:
@@ -41,9 +41,6 @@ async def wait_event(event: asyncio.Event, timeout: float | None) -> bool:
     return event.is_set()
 
 
-class TopicPartition(NamedTuple):
-    topic: str
-    partition: int
 
     def __str__(self) -> str:
         return f"{self.topic}/{self.partition}"
