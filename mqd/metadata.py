@@ -16,6 +16,9 @@ class TopicPartition(NamedTuple):
     topic: str
     partition: int
 
+    def __str__(self) -> str:
+        return f"{self.topic}/{self.partition}"
+
 
 @dataclass(frozen=True, slots=True)
 class NodeInfo:
