@@ -21,13 +21,16 @@ survive its return.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import json
+import re
 import signal
 import ssl
 import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
+from importlib import resources
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -54,6 +57,7 @@ STATS_PRUNE_INTERVAL_S = 60.0
 OFFSETS_PULL_INTERVAL_S = 1.0  # a master pulls its slaves' committed offsets this often
 OFFSETS_PULL_START_TIMEOUT_S = 2.0  # ... and once at start, before it serves, waiting at most this
 _MISSING: Any = object()
+_PARTITION_RE = re.compile(r"-?[0-9]+")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -75,6 +79,17 @@ class ApiError(Exception):
 
 def _bad(reason: str) -> NoReturn:
     raise ApiError(400, "bad_request", reason)
+
+
+@functools.cache
+def openapi_spec() -> bytes | None:
+    """The OpenAPI description shipped in the package (mqd/broker/openapi.yaml), read once; None
+    when the install lacks it (GET /v1/openapi.yaml then answers 500, the node still serves)."""
+    try:
+        return resources.files(__package__ or "mqd.broker").joinpath("openapi.yaml").read_bytes()
+    except OSError as exc:
+        log.error("openapi.yaml is missing from the mqd install", error=str(exc))
+        return None
 
 
 # -- request parsing ---------------------------------------------------------------------------------
@@ -229,6 +244,7 @@ class BrokerNode:
         self._started = False
         self._stopped = False
         self.url: str | None = None
+        self._openapi_spec = openapi_spec()
         self._app = self._build_app()
 
     # -- lifecycle ---------------------------------------------------------------------------------
@@ -251,6 +267,7 @@ class BrokerNode:
         r.add_post("/v1/groups/{group}/offsets", self._committed, name="committed")
         r.add_post("/v1/replica/fetch", self._replica_fetch, name="replica_fetch")
         r.add_get("/v1/replica/offsets", self._replica_offsets, name="replica_offsets")
+        r.add_get("/v1/openapi.yaml", self._openapi, name="openapi")
         return app
 
     def _ssl_context(self) -> ssl.SSLContext | None:
@@ -496,6 +513,12 @@ class BrokerNode:
     async def _metadata(self, request: web.Request) -> web.Response:
         return web.json_response(self.state.metadata())
 
+    async def _openapi(self, request: web.Request) -> web.Response:
+        spec = self._openapi_spec
+        if spec is None:
+            raise ApiError(500, "internal_error", "openapi.yaml is not installed with this node")
+        return web.Response(body=spec, content_type="application/yaml")
+
     async def _get_stats(self, request: web.Request) -> web.Response:
         body = self.stats.as_json(self.node_id)
         if self._replicator is not None:
@@ -511,10 +534,15 @@ class BrokerNode:
 
     async def _produce(self, request: web.Request) -> web.Response:
         topic = request.match_info["topic"]
+        raw_partition = request.match_info["partition"]
+        # ASCII digits only: int() alone also takes "1_0", " 1", "+1" and non-ASCII digits (U+0661),
+        # which would write to a partition the path does not name
+        if _PARTITION_RE.fullmatch(raw_partition) is None:
+            _bad(f"partition must be an integer, got {raw_partition!r}")
         try:
-            partition = int(request.match_info["partition"])
-        except ValueError:
-            _bad(f"partition must be an integer, got {request.match_info['partition']!r}")
+            partition = int(raw_partition)
+        except ValueError:  # more digits than int() parses
+            _bad(f"partition must be an integer, got {raw_partition[:40]!r}")
         acks = request.query.get("acks", "master")
         if acks not in ("master", "all"):
             _bad(f"acks must be 'master' or 'all', got {acks!r}")
