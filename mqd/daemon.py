@@ -9,9 +9,10 @@ newly assigned partition resumes after its last published offset.
 
 Publication tasks: at most one per partition (files stay in offset order; the next cut of a busy
 partition waits for its task), at most ``sink.workers`` publishing at once. A task's result is
-applied (mark consumed, or re-seek after a conflict) only if the partition still has the
-generation it had when the task started: a revoke (or a seek) in between makes the publication no
-less valid (it was conditional), but the partition's position is no longer ours to move. When
+marked consumed in any case (it was conditional, so what it landed is the truth, and commits only
+move forward), but a re-seek after a conflict is applied only if the partition still has the
+generation it had when the task started: after a revoke (or a seek) in between, the partition's
+position is no longer ours to move. When
 everything due is already being published, the loop waits for a task to end (or for data, or a
 timeout) instead of spinning.
 
@@ -343,8 +344,13 @@ class Daemon:
     def _apply(self, res: FlushResult, generation: int | None) -> None:
         tp = TopicPartition(*res.tp)
         owned = generation is not None and self.consumer.generation(tp) == generation
-        if res.next_offset is not None and owned:
+        # Whatever is landed may be committed, owned or not: a publication that ends after a revoke,
+        # or the landed end a conflict revealed, is the truth (commits only move forward), and the
+        # new owner may never publish past it to commit it itself.
+        if res.next_offset is not None:
             self.consumer.mark_consumed(tp, res.next_offset)
+        if res.conflict is not None and res.conflict.last_offset is not None:
+            self.consumer.mark_consumed(tp, res.conflict.last_offset + 1)
         if res.conflict is not None and owned:
             last = res.conflict.last_offset
             self.consumer.seek(tp, 0 if last is None else last + 1)
@@ -460,11 +466,14 @@ class Daemon:
 
     async def _start_position(self, tp: TopicPartition) -> int | None:
         try:
-            return await self.sink.resume_position(tp)
+            position = await self.sink.resume_position(tp)
         except (LandingError, LandingCorrupt) as exc:
             self._record_error("resume_position", exc)
             # retriable: the consumer retries the assignment; nothing is fetched without a position
             raise ConsumerError(f"{tp}: cannot read landing state: {exc}", retriable=True) from exc
+        if position is not None:
+            self.consumer.mark_consumed(tp, position)  # a lost or lagging broker commit catches up
+        return position
 
     # -- operations ------------------------------------------------------------------------------
 

@@ -155,6 +155,26 @@ async def test_two_daemons_owning_the_same_partitions_never_duplicate(
         total = sum(d.stats["records_published"] for d in daemons)
         assert total == 12_000
         assert sum(d.stats["publish_conflicts"] for d in daemons) >= 1
+        for i in range(2):  # the loser of a conflict commits the landed end it learned, too
+            stored = json.loads((tmp_path / f"state{i}" / "offsets.json").read_text())
+            assert stored["offsets"] == {"events": {str(p): 3000 for p in range(4)}}
+
+
+async def test_assignment_commits_the_landed_position_with_nothing_new_to_land(
+    cluster_factory: Any, tmp_path: Path
+) -> None:
+    """A group whose broker commits are behind the landing directory (lost, or a new group on the
+    same landing dir) commits the landed position as soon as it is assigned, without waiting to
+    publish something new: the broker's view catches up with the source of truth."""
+    cluster = cluster_factory(topics={"events": 2}, groups=1)
+    async with BrokerClient(request_timeout=10) as client:
+        await produce_numbered(client, cluster, 2, 700, per_batch=100)
+        await asyncio.wait_for(Daemon(daemon_config(cluster, tmp_path), burst=True).run(), 60)
+        assert await committed(client, cluster, "landing") == {0: 700, 1: 700}
+        late = Daemon(daemon_config(cluster, tmp_path, consumer={"group": "late"}), burst=True)
+        await asyncio.wait_for(late.run(), 60)
+        assert late.stats["records_published"] == 0
+        assert await committed(client, cluster, "late") == {0: 700, 1: 700}
 
 
 async def test_idle_partition_lands_within_max_age(cluster_factory: Any, tmp_path: Path) -> None:
