@@ -17,6 +17,38 @@ import aiohttp
 from mqd.protocol import BATCH_CONTENT_TYPE, FETCH_CONTENT_TYPE, FetchAnswer, decode_fetch_answer
 
 
+class FetchBody(bytearray):
+    """A fetch answer's bytes. A bytearray subclass takes weak references, so the consumer can
+    charge the body to its budget until the last zero-copy slice of it is gone."""
+
+
+async def _read_fetch_body(resp: aiohttp.ClientResponse) -> FetchBody:
+    """Read the body into one buffer of Content-Length bytes, chunk by chunk. ``resp.read()``
+    keeps every chunk until it joins them: twice the answer's size for a moment."""
+    size = resp.content_length
+    if size is None or resp.headers.get("Content-Encoding"):
+        return FetchBody(await resp.read())
+    body = FetchBody(size)
+    content = resp.content
+    content.set_read_chunk_size(1 << 20)  # fewer pause/resume round trips than the 64 KiB default
+    pos = 0
+    with memoryview(body) as view:
+        while True:
+            chunk, _ = await content.readchunk()
+            if not chunk:
+                if content.at_eof():
+                    break
+                continue
+            end = pos + len(chunk)
+            if end > size:
+                raise aiohttp.ClientPayloadError(f"answer longer than its Content-Length {size}")
+            view[pos:end] = chunk
+            pos = end
+    if pos != size:
+        raise aiohttp.ClientPayloadError(f"answer of {pos} bytes, Content-Length {size}")
+    return body
+
+
 class BrokerError(Exception):
     """An error answer or a transport failure talking to a broker node."""
 
@@ -135,7 +167,11 @@ class BrokerClient:
                 headers=headers,
                 timeout=aiohttp.ClientTimeout(total=timeout or self._timeout),
             ) as resp:
-                payload = await resp.read()
+                payload: bytes | FetchBody
+                if raw and resp.status < 400:
+                    payload = await _read_fetch_body(resp)
+                else:
+                    payload = await resp.read()
                 if resp.status >= 400:
                     try:
                         err = json.loads(payload)

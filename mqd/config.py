@@ -177,7 +177,9 @@ class ConsumerConfig(_Model):
     max_queued_bytes: int = Field(default=100 * MiB, ge=1)
     max_offset_span: int = Field(default=2000, ge=1)
     flow_control_retry_ms: int = Field(default=50, ge=1)
-    max_buffered_bytes: int = Field(default=256 * MiB, ge=1)  # daemon-wide budget
+    # daemon-wide budget; the daemon charges whole fetch answers until published. 80 MiB keeps
+    # its peak RSS under 300 MB on any backlog (bench/memab.py, docs/architecture.md)
+    max_buffered_bytes: int = Field(default=80 * MiB, ge=1)
     fetch_max_wait_ms: int = Field(default=500, ge=0)
     fetch_min_bytes: int = Field(default=1, ge=0)
     fetch_max_bytes: int = Field(default=32 * MiB, ge=1)

@@ -80,7 +80,8 @@ class Daemon:
         )
         self.sink = LandingSink(config.landing)
         self.consumer = Consumer(
-            config.consumer, start_position=self._start_position, listener=self, client=self._client
+            config.consumer, start_position=self._start_position, listener=self, client=self._client,
+            budget_held=True,  # the budget bounds answers until published, not only until drained
         )
         self.state = "created"  # created, starting, running, stopping, stopped, failed
         self.last_loop_time = time.monotonic()
@@ -298,6 +299,10 @@ class Daemon:
             return
         if self.burst and self.sink.pending_records and self.consumer.caught_up():
             due = list(self.sink.pending())  # nothing more is coming: do not wait for max_age
+        elif self.sink.pending_records and self.consumer.memory_bound():
+            # the budget is held by answers the sink's buffers pin: one answer spans several
+            # partitions, so cut them all, else fetching waits for max_age
+            due = list(self.sink.pending())
         else:
             due = self.sink.due(now)
         for key in due:

@@ -101,7 +101,12 @@ class Consumer:
         listener: RebalanceListener | None = None,
         client: BrokerClient | None = None,
         auto_mark: bool = False,
+        budget_held: bool = False,
     ) -> None:
+        """``budget_held``: ``max_buffered_bytes`` bounds every fetch answer still in memory, also
+        after its batches were drained, until the caller drops them (the daemon: until they are
+        published). Otherwise it bounds the batches buffered here, and what was drained is the
+        caller's."""
         self._config = config
         self.client_id = config.effective_client_id
         self._strategy: Strategy = get_strategy(config.allocation)  # unknown name: fail early
@@ -114,7 +119,7 @@ class Consumer:
             auth_token=config.auth_token,
             ca_file=config.tls_ca_file,
         )
-        self._state = SubscriptionState(_limits(config))
+        self._state = SubscriptionState(_limits(config), budget_held=budget_held)
         self._metadata = MetadataCache(
             self._client,
             config.bootstrap,
@@ -240,6 +245,16 @@ class Consumer:
             for b in out:
                 self._offsets.mark(b.tp, b.next_offset)
         return out
+
+    def memory_bound(self) -> bool:
+        """Fetching is held back by the byte budget (less than one partition's share left, or a
+        quarter of a budget smaller than that) while nothing is left to drain: only dropping
+        drained batches lets it go on."""
+        state = self._state
+        if state.buffered_records:
+            return False
+        low = min(self._config.partition_max_bytes, state.limits.max_buffered_bytes // 4)
+        return state.budget_blocked or state.budget_left() < low
 
     async def wait_for_data(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds until something is buffered; True when it is."""
@@ -539,6 +554,9 @@ class Consumer:
                 "buffered_bytes": state.buffered_bytes,
                 "buffered_records": state.buffered_records,
                 "budget_bytes": state.limits.max_buffered_bytes,
+                "reserved_bytes": state.reserved_bytes,
+                "pinned_bytes": state.pinned_bytes,
+                "pinned_answers": state.pinned_bodies,
                 "requests_per_node": {n: s["requests"] for n, s in nodes.items()},
                 "rebalances": self.rebalances,
                 "offset_resets": self._fetch.offset_resets,

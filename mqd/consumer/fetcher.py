@@ -43,6 +43,10 @@ log = structlog.get_logger("mqd.consumer.fetcher")
 # an answer that keeps failing to decode parks the partition instead of looping on it forever
 MAX_CORRUPT_ANSWERS = 3
 _ILLEGAL = (Status.OFFSET_TOO_SMALL, Status.OFFSET_OVERFLOW_BADLY, Status.NO_MESSAGE_IN_QUEUE)
+# a fetch answer's framing and JSON head: 64 bytes, plus this per partition (ids, statuses and
+# offsets; generous for topic names up to ~150 characters)
+_HEAD_BYTES = 64
+_ENTRY_BYTES = 320
 
 
 @dataclass(slots=True)
@@ -143,10 +147,22 @@ class NodeFetcher:
                 # a held-back partition is due soon: do not let a long poll for the others keep
                 # it waiting, since only one request may be in flight to this node
                 wait_ms = min(wait_ms, max(0, int((next_at - now) * 1000)))
-            self._send(node.url, chosen, min(cfg.fetch_max_bytes, budget), wait_ms)
+            # reserve what the answer can really hold: its partitions' shares, not fetch_max_bytes
+            max_bytes = min(cfg.fetch_max_bytes, budget, len(chosen) * cfg.partition_max_bytes)
+            head = 0
+            if state.budget_held:  # the whole body is charged on arrival: reserve its head too
+                head = _HEAD_BYTES + _ENTRY_BYTES * len(chosen)
+                max_bytes = min(max_bytes, budget - head)
+                if max_bytes <= 0:
+                    metrics.flow_control_events.labels("budget").inc()
+                    m.budget_waiting = True
+                    return None
+            self._send(node.url, chosen, max_bytes, max_bytes + head, wait_ms)
         return None if next_at is None else next_at - now
 
-    def _send(self, url: str, chosen: list[PartitionState], max_bytes: int, wait_ms: int) -> None:
+    def _send(
+        self, url: str, chosen: list[PartitionState], max_bytes: int, reserve: int, wait_ms: int
+    ) -> None:
         m, cfg = self._m, self._m.config
         part_max = min(cfg.partition_max_bytes, max_bytes)
         sent = [_Sent(ps, ps.generation, ps.position) for ps in chosen]
@@ -161,7 +177,7 @@ class NodeFetcher:
         ]
         for ps in chosen:
             ps.in_flight = True
-        m.state.reserved_bytes += max_bytes
+        m.state.reserved_bytes += reserve
         self.requests += 1
         metrics.fetch_requests.labels(self.node_id).inc()
         metrics.fetch_partitions.labels(self.node_id).observe(len(sent))
@@ -177,7 +193,7 @@ class NodeFetcher:
             name=f"mqd-fetch-request-{self.node_id}",
         )
         self._request.add_done_callback(
-            functools.partial(self._on_done, sent, max_bytes, time.perf_counter())
+            functools.partial(self._on_done, sent, reserve, time.perf_counter())
         )
 
     def _on_done(self, sent: list[_Sent], reserved: int, t0: float, task: asyncio.Task[FetchAnswer]) -> None:
@@ -199,8 +215,10 @@ class NodeFetcher:
             return
         self.failures = 0
         self.last_error = None
+        answer = task.result()
+        m.state.pin(answer.buffer, len(answer.buffer))  # replaces the reservation just returned
         try:
-            m.handle_answer(self.node_id, task.result(), sent)
+            m.handle_answer(self.node_id, answer, sent)
         except Exception:
             log.exception("fetch answer handling failed", node=self.node_id)
 

@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import itertools
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -39,11 +40,6 @@ async def wait_event(event: asyncio.Event, timeout: float | None) -> bool:
         async with asyncio.timeout(max(timeout, 0.0)):
             await event.wait()
     return event.is_set()
-
-
-
-    def __str__(self) -> str:
-        return f"{self.topic}/{self.partition}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,12 +187,21 @@ class SubscriptionState:
     """The owned partitions and their buffered data. Positions move here (assign, seek, append) and
     in the fetch callback (offset resets)."""
 
-    def __init__(self, limits: FlowLimits) -> None:
+    def __init__(self, limits: FlowLimits, *, budget_held: bool = False) -> None:
         self.limits = limits
         self.partitions: dict[TopicPartition, PartitionState] = {}
         self.buffered_bytes = 0
         self.buffered_records = 0
         self.reserved_bytes = 0  # max_bytes of fetches in flight, counted against the budget
+        # Bytes of fetch answer bodies still in memory: batches are zero-copy slices, so a body
+        # lives until the last slice of any of its partitions is gone, wherever it went (queue,
+        # drained and held by the caller, a sink, a publication). With ``budget_held`` the budget
+        # charges these instead of the buffered batch bytes: drained batches stay charged until
+        # the caller drops them, so the budget bounds what the process really holds.
+        self.pinned_bytes = 0
+        self.pinned_bodies = 0
+        self.budget_held = budget_held
+        self._loop: asyncio.AbstractEventLoop | None = None
         # set when an answer did not fit the budget: no node fetches until something is drained,
         # so a nearly full budget does not turn into a loop of answers that are thrown away
         self.budget_blocked = False
@@ -274,7 +279,39 @@ class SubscriptionState:
             self.on_fetchable(None)  # budget freed: any node may fetch again
 
     def budget_left(self) -> int:
-        return self.limits.max_buffered_bytes - self.buffered_bytes - self.reserved_bytes
+        # pinned covers every buffered batch once answers are tracked; max() keeps untracked
+        # batches (an answer that could not be tracked, hand-made ones) counted
+        held = max(self.pinned_bytes, self.buffered_bytes) if self.budget_held else self.buffered_bytes
+        return self.limits.max_buffered_bytes - held - self.reserved_bytes
+
+    def pin(self, body: object, nbytes: int) -> bool:
+        """Charge an answer body of ``nbytes`` until it is freed; False when it cannot be tracked
+        (it does not take weak references, e.g. plain bytes)."""
+        try:
+            fin = weakref.finalize(body, self._freed_from_any_thread, nbytes)
+        except TypeError:
+            return False
+        fin.atexit = False
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+        self.pinned_bytes += nbytes
+        self.pinned_bodies += 1
+        return True
+
+    def _freed_from_any_thread(self, nbytes: int) -> None:
+        # runs wherever the last slice died: a landing worker thread, or the loop in the middle
+        # of any statement; counters are only touched on the loop, between callbacks
+        loop = self._loop
+        if loop is not None:
+            with contextlib.suppress(RuntimeError):  # loop closed: nothing left to account
+                loop.call_soon_threadsafe(self._unpin, nbytes)
+
+    def _unpin(self, nbytes: int) -> None:
+        self.pinned_bytes -= nbytes
+        self.pinned_bodies -= 1
+        if self.budget_held:
+            self.budget_blocked = False
+            self.on_fetchable(None)  # budget freed: any node may fetch again
 
     def append(self, ps: PartitionState, batch: FetchedBatch) -> None:
         ps.queue.append(batch)

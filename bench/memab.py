@@ -1,0 +1,157 @@
+"""Interleaved A/B runs of the daemon on one backlog: throughput and peak RSS per code tree.
+
+One cluster and one backlog (bench.py's workload), then rounds of daemon runs, round-robin over
+the variants so a load burst from other processes hits every variant alike. A variant is a code
+tree (a checkout of mqd; default this one) plus daemon config overrides; each run gets its own
+consumer group and landing directory, so every run lands the whole backlog from offset 0.
+
+    python bench/memab.py --records 2000000 --rounds 3 \\
+        --variant base=/tmp/mqd-base --variant new=. \\
+        --variant new96=.:consumer.max_buffered_bytes=100663296
+    python bench/memab.py --memory ...   # bench.py's memory run instead: slow sink, RSS only
+
+Main run (default): ``mqd run --burst`` lands the backlog, timed like bench.py (records/s from
+'daemon started' to exit) with the kernel's peak RSS. ``--memory``: the sink is throttled to
+``--slow-sink-mbps`` (bench/slow_sink.py of the variant's tree) with ``max_buffered_bytes``
+``--memory-buffer-mb`` and landing max_bytes 8 MiB, like bench.py; RSS peak over
+``--memory-seconds``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), str(HERE.parent)]
+
+import common  # noqa: E402
+from common import WatchedProcess, Workload  # noqa: E402
+
+from mqd.localcluster import LocalCluster  # noqa: E402
+
+_bench: Any = importlib.import_module("bench")  # bench/bench.py
+TOPIC = _bench.TOPIC
+
+
+def parse_variant(spec: str) -> tuple[str, Path, dict[str, dict[str, Any]]]:
+    """``name=tree[:section.key=value,...]``; section ``env`` sets the daemon's environment."""
+    name, _, rest = spec.partition("=")
+    tree, _, items = rest.partition(":")
+    over: dict[str, dict[str, Any]] = {}
+    for item in filter(None, items.split(",")):
+        key, _, val = item.partition("=")
+        section, _, field = key.partition(".")
+        value: Any = val
+        for conv in (int, float):
+            try:
+                value = conv(val)
+                break
+            except ValueError:
+                pass
+        over.setdefault(section, {})[field] = value
+    return name, Path(tree or ".").resolve(), over
+
+
+def run_once(name: str, tree: Path, over: dict[str, dict[str, Any]], urls: list[str], workdir: Path,
+             args: argparse.Namespace, n: int) -> dict[str, Any]:
+    group = f"ab-{name}-{n}-{int(time.time() * 1000) % 10**8}"
+    landing = workdir / f"landing-{group}"
+    memory = args.memory
+    cfg_path = _bench.daemon_config(
+        workdir / f"{group}.toml", urls, topic=TOPIC, group=group, landing=landing,
+        landing_max_records=500_000, landing_max_bytes=(8 if memory else 32) * 2**20,
+        landing_max_age=5.0, compression="snappy",
+        max_buffered_bytes=args.memory_buffer_mb * 2**20 if memory else None,
+    )
+    env = {"PYTHONPATH": str(tree), **{k: str(v) for k, v in over.get("env", {}).items()}}
+    over = {k: v for k, v in over.items() if k != "env"}
+    if over:
+        import tomllib
+
+        cfg = tomllib.loads(cfg_path.read_text())
+        for section, kv in over.items():
+            cfg.setdefault(section, {}).update(kv)
+        cfg_path.write_text(_bench.to_toml(cfg))
+    slow_sink = [sys.executable, str(tree / "bench" / "slow_sink.py")]
+    head = slow_sink if memory else [sys.executable, "-m", "mqd.cli"]
+    if memory:
+        env["MQD_BENCH_SINK_BYTES_PER_S"] = str(args.slow_sink_mbps * 1e6)
+    proc = WatchedProcess([*head, "run", "--config", str(cfg_path), "--burst"],
+                          log_path=workdir / f"{group}.log", cwd=workdir, env=env, sample_interval=0.05)
+    proc.start()
+    if memory:
+        deadline = time.monotonic() + args.memory_seconds
+        while time.monotonic() < deadline and proc.running():
+            time.sleep(0.05)
+        stats = proc.terminate(timeout=30)
+        landed = _bench.LandedCounter(landing, TOPIC)()
+        return {"variant": name, "peak_rss_mb": round(stats.peak_rss_mb, 1), "landed": landed}
+    stats = proc.wait(args.timeout)
+    if stats.exit_code != 0:
+        raise RuntimeError(f"{name}: exit {stats.exit_code}; see {proc.log_path}")
+    landed = _bench.LandedCounter(landing, TOPIC)()
+    started = common.log_event_time(proc.log_path, "daemon started") or stats.started_at
+    seconds = max(stats.ended_at - started, 1e-3)
+    return {
+        "variant": name,
+        "records_per_s": round(landed / seconds),
+        "peak_rss_mb": round(stats.peak_rss_mb, 1),
+        "cpu_s": round(stats.cpu_s, 2),
+        "landed": landed,
+        "files": len(_bench.landed_files(landing, TOPIC)),
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--records", type=int, default=2_000_000)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--variant", action="append", required=True, help="name=tree[:section.key=value,...]")
+    ap.add_argument("--memory", action="store_true", help="the memory run (slow sink) instead")
+    ap.add_argument("--memory-seconds", type=float, default=30.0)
+    ap.add_argument("--memory-buffer-mb", type=int, default=64)
+    ap.add_argument("--slow-sink-mbps", type=float, default=5.0)
+    ap.add_argument("--timeout", type=float, default=300.0)
+    ap.add_argument("--out", type=Path, default=None, help="JSON lines of every run")
+    args = ap.parse_args()
+    variants = [parse_variant(v) for v in args.variant]
+    work = Workload(args.records, 100, 12, 1000)
+    workdir = Path(tempfile.mkdtemp(prefix="mqd-ab-"))
+    cluster = LocalCluster(
+        workdir / "cluster", topics={TOPIC: 12}, groups=3, slaves=1,
+        node_settings={"log_level": "warning", "liveness_interval_ms": 500, "liveness_timeout_ms": 3000},
+    )
+    results: list[dict[str, Any]] = []
+    with cluster:
+        urls = list(cluster.urls.values())
+        asyncio.run(_bench.produce_workload(urls, TOPIC, work, 4))
+        for r in range(args.rounds):
+            for name, tree, over in variants:
+                res = run_once(name, tree, over, urls, workdir, args, r)
+                res["round"] = r
+                results.append(res)
+                print(json.dumps(res), flush=True)
+                if args.out:
+                    with args.out.open("a") as f:
+                        f.write(json.dumps(res) + "\n")
+    print("\nvariant | runs | records/s median (min..max) | peak RSS MB median (min..max)")
+    for name, _, _ in variants:
+        rows = [x for x in results if x["variant"] == name]
+        rss = [x["peak_rss_mb"] for x in rows]
+        rps = [x.get("records_per_s") for x in rows if x.get("records_per_s")]
+        rps_s = f"{statistics.median(rps):,.0f} ({min(rps):,}..{max(rps):,})" if rps else "-"
+        print(f"{name} | {len(rows)} | {rps_s} | {statistics.median(rss)} ({min(rss)}..{max(rss)})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
