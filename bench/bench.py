@@ -226,6 +226,30 @@ async def committed_total(urls: list[str], group: str) -> int | None:
     return None
 
 
+async def wait_replicated(
+    cluster: LocalCluster, topic: str, partitions: int, timeout: float = 300.0
+) -> float:
+    """Wait until every slave holds its master's log end of ``topic``; returns the seconds waited.
+    The consumer runs start on an idle cluster: slaves still copying the backlog would take CPU
+    from the run by a varying amount (the alternative broker has no replication at all)."""
+    t0 = time.monotonic()
+    specs = [{"topic": topic, "partition": p, "spec": "latest"} for p in range(partitions)]
+    async with BrokerClient(request_timeout=10) as client:
+        for g in range(len(cluster.group_names)):
+            rows = await client.list_offsets(cluster.url(cluster.master(g)), specs)
+            ends = {int(r["partition"]): int(r["offset"]) for r in rows if r.get("error") is None}
+            for slave in cluster.slaves(g):
+                while True:
+                    got = await client.list_offsets(cluster.url(slave), specs)
+                    if all(int(r["offset"]) >= ends[int(r["partition"])] for r in got
+                           if int(r["partition"]) in ends and r.get("error") is None):
+                        break
+                    if time.monotonic() - t0 > timeout:
+                        raise RuntimeError(f"{slave} did not catch up with its master within {timeout} s")
+                    await asyncio.sleep(0.1)
+    return time.monotonic() - t0
+
+
 def run_mqd(cluster: LocalCluster, work: Workload, workdir: Path, args: argparse.Namespace) -> dict[str, Any]:
     urls = list(cluster.urls.values())
     landing = workdir / "landing-mqd"
@@ -677,6 +701,10 @@ def main(argv: list[str] | None = None) -> int:
             urls = list(cluster.urls.values())
             result["produce"] = asyncio.run(produce_workload(urls, TOPIC, work, args.producers))
             log(f"produced: {result['produce']['records_per_s']:,} records/s")
+            if args.slaves:
+                waited = asyncio.run(wait_replicated(cluster, TOPIC, args.partitions))
+                result["replication_wait_s"] = round(waited, 2)
+                log(f"slaves caught up {result['replication_wait_s']} s after the produce")
             if not daemon_available():
                 for part in ("mqd", "latency", "memory"):
                     result[part] = {"skipped": "mqd.daemon is not available yet"}
