@@ -8,7 +8,9 @@ node needs to start, which is fine in tests.
 
 from __future__ import annotations
 
+import json
 import subprocess
+import urllib.request
 from pathlib import Path
 
 from mqd.localcluster import (
@@ -30,6 +32,7 @@ __all__ = [
     "STOP_TIMEOUT",
     "Cluster",
     "NodeProcess",
+    "fetch_all",
     "free_port",
     "records_of",
     "self_signed_cert",
@@ -51,6 +54,22 @@ def records_of(data: bytes | memoryview, start_offset: int | None = None) -> lis
         rb = fmt.to_arrow(buf, info, start_offset)
         out.extend(zip(rb.column("offset").to_pylist(), rb.column("value").to_pylist(), strict=True))
     return out
+
+
+def fetch_all(url: str, topic: str, partition: int) -> list[tuple[int, bytes]]:
+    """``(offset, value)`` of every record a node holds for ``topic``/``partition`` from offset 0, by
+    one synchronous fetch (no long poll); every batch is validated (magic, length, CRC, offsets)."""
+    from mqd import format as fmt
+    from mqd.protocol import decode_fetch_answer
+
+    body = json.dumps({"partitions": [{"topic": topic, "partition": partition, "offset": 0}],
+                       "max_wait_ms": 0, "max_bytes": 64 * 1024 * 1024}).encode()
+    req = urllib.request.Request(url + "/v1/fetch", data=body, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as resp:  # a non-2xx answer raises HTTPError
+        data = bytes(decode_fetch_answer(resp.read()).partitions[0].data)
+    if data:
+        fmt.validate(data)
+    return records_of(data)
 
 
 def self_signed_cert(d: Path) -> tuple[Path, Path]:

@@ -18,12 +18,11 @@ import urllib.parse
 from typing import Any
 
 import pytest
-from harness import Cluster, records_of, wait_for
+from harness import Cluster, fetch_all, records_of, wait_for
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mqd import format as fmt
-from mqd.protocol import decode_fetch_answer
 
 TOPIC = "events"
 PARTITIONS = 2
@@ -247,16 +246,7 @@ def test_log_is_intact_after_the_fuzzing(node: Cluster) -> None:
             def caught_up(
                 node_id: str = node_id, p: int = p, want: list[bytes] = want
             ) -> list[tuple[int, bytes]] | None:
-                body = json.dumps({"partitions": [{"topic": TOPIC, "partition": p, "offset": 0}],
-                                   "max_wait_ms": 0, "max_bytes": 64 * 1024 * 1024}).encode()
-                status, raw, _ = Http(node.url(node_id)).request(
-                    "POST", "/v1/fetch", body, {"Content-Type": "application/json"}
-                )
-                assert status == 200, raw[:300]
-                data = bytes(decode_fetch_answer(raw).partitions[0].data)
-                if data:
-                    fmt.validate(data)  # every batch: magic, length, CRC, offsets arrays
-                got = records_of(data)
+                got = fetch_all(node.url(node_id), TOPIC, p)  # validates every batch
                 return got if len(got) == len(want) else None
 
             got = wait_for(caught_up, timeout=10, what=f"{node_id} to hold partition {p}")

@@ -29,7 +29,7 @@ import jsonschema_rs
 import pytest
 import schemathesis
 import yaml
-from harness import Cluster, records_of, wait_for
+from harness import Cluster, fetch_all, records_of, wait_for
 from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import (
@@ -223,7 +223,7 @@ def test_produce_partition_must_be_plain_digits(node: Cluster) -> None:
     ("1_0", " 0", "+0", an Arabic-Indic digit one) are a 400 and write nothing, where they used to
     land in partition 10, 0, 0 and 1."""
     url = node.url(node.master())
-    before = [len(_fetch_all(node, node.master(), p)) for p in (0, 2)]
+    before = [len(fetch_all(url, TOPIC, p)) for p in (0, 2)]
     for raw in ("1_0", "%200", "+0", "%D9%A1", "0x0", "%EF%BC%90"):
         req = urllib.request.Request(f"{url}/v1/produce/{TOPIC}/{raw}", data=fmt.encode_batch([b"x"]),
                                      headers={"Content-Type": "application/x-mqd-batches"})
@@ -231,7 +231,7 @@ def test_produce_partition_must_be_plain_digits(node: Cluster) -> None:
             urllib.request.urlopen(req, timeout=10)
         body = json.loads(err.value.read())
         assert err.value.code == 400 and body["error"] == "bad_request", (raw, body)
-    assert [len(_fetch_all(node, node.master(), p)) for p in (0, 2)] == before
+    assert [len(fetch_all(url, TOPIC, p)) for p in (0, 2)] == before
 
 
 def test_bearer_auth_answers_conform(cluster_factory: Any) -> None:
@@ -290,22 +290,9 @@ def test_logs_are_intact_after_the_run(node: Cluster) -> None:
         for node_id in holders:
             def caught_up(node_id: str = node_id, p: int = p, n: int = len(want)
                           ) -> tuple[list[tuple[int, bytes]]] | None:
-                got = _fetch_all(node, node_id, p)
+                got = fetch_all(node.url(node_id), TOPIC, p)
                 return (got,) if len(got) >= n else None
             (got,) = wait_for(caught_up, timeout=10, what=f"{node_id} to hold partition {p}")
             assert [o for o, _ in got] == list(range(len(got))), f"{node_id} partition {p}"
             assert got == want, f"{node_id} partition {p}"
     assert _produced[0], "no produce was accepted: the 200 path was never checked"
-
-
-def _fetch_all(node: Cluster, node_id: str, partition: int) -> list[tuple[int, bytes]]:
-    body = json.dumps({"partitions": [{"topic": TOPIC, "partition": partition, "offset": 0}],
-                       "max_wait_ms": 0, "max_bytes": 64 * 1024 * 1024}).encode()
-    req = urllib.request.Request(node.url(node_id) + "/v1/fetch", data=body,
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=10) as resp:
-        raw = resp.read()
-    data = bytes(decode_fetch_answer(raw).partitions[0].data)
-    if data:
-        fmt.validate(data)  # magic, length, CRC, offsets arrays of every batch
-    return records_of(data)
