@@ -86,6 +86,27 @@ async def timed_workers(worker: Callable[[], Awaitable[None]], count: int) -> fl
     return time.perf_counter() - t0
 
 
+def parse_overrides(items: str) -> dict[str, dict[str, Any]]:
+    """``section.key=value,...`` -> {section: {key: value}}: daemon config overrides of a benchmark
+    variant (section ``env`` is the daemon's environment). Values become int, float or bool when
+    they read as one."""
+    over: dict[str, dict[str, Any]] = {}
+    for item in filter(None, items.split(",")):
+        key, eq, text = item.partition("=")
+        section, dot, name = key.partition(".")
+        if not eq or not dot:
+            raise SystemExit(f"bad variant item {item!r}: want section.key=value")
+        value: Any = {"true": True, "false": False}.get(text, text)
+        for conv in (int, float):
+            try:
+                value = conv(text)
+                break
+            except ValueError:
+                pass
+        over.setdefault(section, {})[name] = value
+    return over
+
+
 def rates(records: int, nbytes: int, seconds: float) -> dict[str, Any]:
     """``seconds``, ``records_per_s`` and ``mb_per_s`` of a result, rounded as every table shows them."""
     return {

@@ -23,6 +23,7 @@ import argparse
 import asyncio
 import importlib
 import json
+import shutil
 import statistics
 import sys
 import tempfile
@@ -46,19 +47,7 @@ def parse_variant(spec: str) -> tuple[str, Path, dict[str, dict[str, Any]]]:
     """``name=tree[:section.key=value,...]``; section ``env`` sets the daemon's environment."""
     name, _, rest = spec.partition("=")
     tree, _, items = rest.partition(":")
-    over: dict[str, dict[str, Any]] = {}
-    for item in filter(None, items.split(",")):
-        key, _, val = item.partition("=")
-        section, _, field = key.partition(".")
-        value: Any = val
-        for conv in (int, float):
-            try:
-                value = conv(val)
-                break
-            except ValueError:
-                pass
-        over.setdefault(section, {})[field] = value
-    return name, Path(tree or ".").resolve(), over
+    return name, Path(tree or ".").resolve(), common.parse_overrides(items)
 
 
 def run_once(name: str, tree: Path, over: dict[str, dict[str, Any]], urls: list[str], workdir: Path,
@@ -94,11 +83,16 @@ def run_once(name: str, tree: Path, over: dict[str, dict[str, Any]], urls: list[
             time.sleep(0.05)
         stats = proc.terminate(timeout=30)
         landed = _bench.LandedCounter(landing, TOPIC)()
+        shutil.rmtree(landing, ignore_errors=True)  # a whole backlog per run: do not keep them all
         return {"variant": name, "peak_rss_mb": round(stats.peak_rss_mb, 1), "landed": landed}
     stats = proc.wait(args.timeout)
     if stats.exit_code != 0:
-        raise RuntimeError(f"{name}: exit {stats.exit_code}; see {proc.log_path}")
+        # the work dir is removed on the way out: show the log's end here
+        tail = proc.log_path.read_text(errors="replace")[-3000:]
+        raise RuntimeError(f"{name}: exit {stats.exit_code}:\n{tail}")
     landed = _bench.LandedCounter(landing, TOPIC)()
+    files = len(_bench.landed_files(landing, TOPIC))
+    shutil.rmtree(landing, ignore_errors=True)
     started = common.log_event_time(proc.log_path, "daemon started") or stats.started_at
     seconds = max(stats.ended_at - started, 1e-3)
     return {
@@ -107,8 +101,29 @@ def run_once(name: str, tree: Path, over: dict[str, dict[str, Any]], urls: list[
         "peak_rss_mb": round(stats.peak_rss_mb, 1),
         "cpu_s": round(stats.cpu_s, 2),
         "landed": landed,
-        "files": len(_bench.landed_files(landing, TOPIC)),
+        "files": files,
     }
+
+
+def run_rounds(workdir: Path, work: Workload, variants: list[tuple[str, Path, dict[str, dict[str, Any]]]],
+               args: argparse.Namespace, results: list[dict[str, Any]]) -> None:
+    """One cluster and backlog in ``workdir``, then ``args.rounds`` rounds over the variants."""
+    cluster = LocalCluster(
+        workdir / "cluster", topics={TOPIC: 12}, groups=3, slaves=1,
+        node_settings={"log_level": "warning", "liveness_interval_ms": 500, "liveness_timeout_ms": 3000},
+    )
+    with cluster:
+        urls = list(cluster.urls.values())
+        asyncio.run(_bench.produce_workload(urls, TOPIC, work, 4))
+        for r in range(args.rounds):
+            for name, tree, over in variants:
+                res = run_once(name, tree, over, urls, workdir, args, r)
+                res["round"] = r
+                results.append(res)
+                print(json.dumps(res), flush=True)
+                if args.out:
+                    with args.out.open("a") as f:
+                        f.write(json.dumps(res) + "\n")
 
 
 def main() -> int:
@@ -125,24 +140,9 @@ def main() -> int:
     args = ap.parse_args()
     variants = [parse_variant(v) for v in args.variant]
     work = Workload(args.records, 100, 12, 1000)
-    workdir = Path(tempfile.mkdtemp(prefix="mqd-ab-"))
-    cluster = LocalCluster(
-        workdir / "cluster", topics={TOPIC: 12}, groups=3, slaves=1,
-        node_settings={"log_level": "warning", "liveness_interval_ms": 500, "liveness_timeout_ms": 3000},
-    )
     results: list[dict[str, Any]] = []
-    with cluster:
-        urls = list(cluster.urls.values())
-        asyncio.run(_bench.produce_workload(urls, TOPIC, work, 4))
-        for r in range(args.rounds):
-            for name, tree, over in variants:
-                res = run_once(name, tree, over, urls, workdir, args, r)
-                res["round"] = r
-                results.append(res)
-                print(json.dumps(res), flush=True)
-                if args.out:
-                    with args.out.open("a") as f:
-                        f.write(json.dumps(res) + "\n")
+    with tempfile.TemporaryDirectory(prefix="mqd-ab-") as tmp:
+        run_rounds(Path(tmp), work, variants, args, results)
     print("\nvariant | runs | records/s median (min..max) | peak RSS MB median (min..max)")
     for name, _, _ in variants:
         rows = [x for x in results if x["variant"] == name]

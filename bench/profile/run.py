@@ -37,7 +37,7 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent), str(HERE), str(HERE.parents[1]), str(HERE.parents[1] / "tests")]
 
 import collapse  # noqa: E402
-import common  # noqa: E402,F401
+import common  # noqa: E402
 import numpy as np  # noqa: E402
 import psutil  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
@@ -56,26 +56,10 @@ LATENCY_TOPIC = "latency"
 PYSPY = Path(sys.executable).parent / "py-spy"
 
 
-def _value(text: str) -> Any:
-    for conv in (int, float):
-        try:
-            return conv(text)
-        except ValueError:
-            pass
-    return {"true": True, "false": False}.get(text, text)
-
-
 def parse_variant(spec: str) -> tuple[str, dict[str, dict[str, Any]]]:
     """``name[:section.key=value,...]`` -> (name, {section: {key: value}})."""
     name, _, rest = spec.partition(":")
-    over: dict[str, dict[str, Any]] = {}
-    for item in filter(None, rest.split(",")):
-        key, eq, val = item.partition("=")
-        section, dot, field = key.partition(".")
-        if not eq or not dot:
-            raise SystemExit(f"bad variant item {item!r}: want section.key=value")
-        over.setdefault(section, {})[field] = _value(val)
-    return name, over
+    return name, common.parse_overrides(rest)
 
 
 def write_config(
