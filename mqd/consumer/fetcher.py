@@ -128,9 +128,8 @@ class NodeFetcher:
         state, cfg = m.state, m.config
         budget = state.budget_left()
         if budget <= 0 or state.budget_blocked:
-            metrics.flow_control_events.labels("budget").inc()
-            m.budget_waiting = True
-            return None  # a drain, or an answer releasing its reservation, wakes every fetcher
+            self._wait_for_budget()
+            return None  # a drain, or a reservation or answer body released, wakes every fetcher
         chosen: list[PartitionState] = []
         next_at: float | None = None
         for ps in state.partitions.values():
@@ -147,18 +146,19 @@ class NodeFetcher:
                 # a held-back partition is due soon: do not let a long poll for the others keep
                 # it waiting, since only one request may be in flight to this node
                 wait_ms = min(wait_ms, max(0, int((next_at - now) * 1000)))
-            # reserve what the answer can really hold: its partitions' shares, not fetch_max_bytes
-            max_bytes = min(cfg.fetch_max_bytes, budget, len(chosen) * cfg.partition_max_bytes)
-            head = 0
-            if state.budget_held:  # the whole body is charged on arrival: reserve its head too
-                head = _HEAD_BYTES + _ENTRY_BYTES * len(chosen)
-                max_bytes = min(max_bytes, budget - head)
-                if max_bytes <= 0:
-                    metrics.flow_control_events.labels("budget").inc()
-                    m.budget_waiting = True
-                    return None
+            # reserve what the answer can really hold: its partitions' shares, not fetch_max_bytes;
+            # with budget_held the whole body is charged on arrival, so its head is reserved too
+            head = _HEAD_BYTES + _ENTRY_BYTES * len(chosen) if state.budget_held else 0
+            max_bytes = min(cfg.fetch_max_bytes, budget - head, len(chosen) * cfg.partition_max_bytes)
+            if max_bytes <= 0:
+                self._wait_for_budget()
+                return None
             self._send(node.url, chosen, max_bytes, max_bytes + head, wait_ms)
         return None if next_at is None else next_at - now
+
+    def _wait_for_budget(self) -> None:
+        metrics.flow_control_events.labels("budget").inc()
+        self._m.budget_waiting = True
 
     def _send(
         self, url: str, chosen: list[PartitionState], max_bytes: int, reserve: int, wait_ms: int
