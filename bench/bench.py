@@ -241,8 +241,11 @@ async def wait_replicated(
             for slave in cluster.slaves(g):
                 while True:
                     got = await client.list_offsets(cluster.url(slave), specs)
-                    if all(int(r["offset"]) >= ends[int(r["partition"])] for r in got
-                           if int(r["partition"]) in ends and r.get("error") is None):
+                    if all(
+                        int(r["offset"]) >= ends[int(r["partition"])]
+                        for r in got
+                        if int(r["partition"]) in ends and r.get("error") is None
+                    ):
                         break
                     if time.monotonic() - t0 > timeout:
                         raise RuntimeError(f"{slave} did not catch up with its master within {timeout} s")

@@ -98,9 +98,19 @@ async def main_async(args: argparse.Namespace, cluster: LocalCluster) -> dict[st
         if args.py_spy:
             exe = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
             spy = await asyncio.create_subprocess_exec(
-                exe, "record", "--format", "raw", "--rate", "500", "--nonblocking",
-                "-o", str(args.py_spy), "--pid", str(proc.pid),
-                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                exe,
+                "record",
+                "--format",
+                "raw",
+                "--rate",
+                "500",
+                "--nonblocking",
+                "-o",
+                str(args.py_spy),
+                "--pid",
+                str(proc.pid),
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
             )
             await asyncio.sleep(1.0)  # let it attach
         cpu0 = proc.cpu_times()

@@ -50,15 +50,28 @@ def parse_variant(spec: str) -> tuple[str, Path, dict[str, dict[str, Any]]]:
     return name, Path(tree or ".").resolve(), common.parse_overrides(items)
 
 
-def run_once(name: str, tree: Path, over: dict[str, dict[str, Any]], urls: list[str], workdir: Path,
-             args: argparse.Namespace, n: int) -> dict[str, Any]:
+def run_once(
+    name: str,
+    tree: Path,
+    over: dict[str, dict[str, Any]],
+    urls: list[str],
+    workdir: Path,
+    args: argparse.Namespace,
+    n: int,
+) -> dict[str, Any]:
     group = f"ab-{name}-{n}-{int(time.time() * 1000) % 10**8}"
     landing = workdir / f"landing-{group}"
     memory = args.memory
     cfg_path = _bench.daemon_config(
-        workdir / f"{group}.toml", urls, topic=TOPIC, group=group, landing=landing,
-        landing_max_records=500_000, landing_max_bytes=(8 if memory else 32) * 2**20,
-        landing_max_age=5.0, compression="snappy",
+        workdir / f"{group}.toml",
+        urls,
+        topic=TOPIC,
+        group=group,
+        landing=landing,
+        landing_max_records=500_000,
+        landing_max_bytes=(8 if memory else 32) * 2**20,
+        landing_max_age=5.0,
+        compression="snappy",
         max_buffered_bytes=args.memory_buffer_mb * 2**20 if memory else None,
     )
     env = {"PYTHONPATH": str(tree), **{k: str(v) for k, v in over.get("env", {}).items()}}
@@ -74,8 +87,13 @@ def run_once(name: str, tree: Path, over: dict[str, dict[str, Any]], urls: list[
     head = slow_sink if memory else [sys.executable, "-m", "mqd.cli"]
     if memory:
         env["MQD_BENCH_SINK_BYTES_PER_S"] = str(args.slow_sink_mbps * 1e6)
-    proc = WatchedProcess([*head, "run", "--config", str(cfg_path), "--burst"],
-                          log_path=workdir / f"{group}.log", cwd=workdir, env=env, sample_interval=0.05)
+    proc = WatchedProcess(
+        [*head, "run", "--config", str(cfg_path), "--burst"],
+        log_path=workdir / f"{group}.log",
+        cwd=workdir,
+        env=env,
+        sample_interval=0.05,
+    )
     proc.start()
     if memory:
         deadline = time.monotonic() + args.memory_seconds
@@ -105,11 +123,19 @@ def run_once(name: str, tree: Path, over: dict[str, dict[str, Any]], urls: list[
     }
 
 
-def run_rounds(workdir: Path, work: Workload, variants: list[tuple[str, Path, dict[str, dict[str, Any]]]],
-               args: argparse.Namespace, results: list[dict[str, Any]]) -> None:
+def run_rounds(
+    workdir: Path,
+    work: Workload,
+    variants: list[tuple[str, Path, dict[str, dict[str, Any]]]],
+    args: argparse.Namespace,
+    results: list[dict[str, Any]],
+) -> None:
     """One cluster and backlog in ``workdir``, then ``args.rounds`` rounds over the variants."""
     cluster = LocalCluster(
-        workdir / "cluster", topics={TOPIC: 12}, groups=3, slaves=1,
+        workdir / "cluster",
+        topics={TOPIC: 12},
+        groups=3,
+        slaves=1,
         node_settings={"log_level": "warning", "liveness_interval_ms": 500, "liveness_timeout_ms": 3000},
     )
     with cluster:

@@ -134,8 +134,9 @@ class AdminServer:
 
     async def _healthz(self, request: web.Request) -> web.Response:
         ok, reason = self._target.liveness()
-        return web.json_response({"status": "ok" if ok else "stuck", "reason": reason},
-                                 status=200 if ok else 503)
+        return web.json_response(
+            {"status": "ok" if ok else "stuck", "reason": reason}, status=200 if ok else 503
+        )
 
     async def _readyz(self, request: web.Request) -> web.Response:
         ok, reasons = self._target.readiness()
@@ -336,8 +337,14 @@ class TopView:
             flow = r.state or "-"
             lines.append(
                 fmt.format(
-                    r.topic[:20], r.partition, _fmt(r.position), _fmt(r.lag), _fmt(rate), r.node[:14] or "-",
-                    flow[:16], r.error[:max(0, width - 95)],
+                    r.topic[:20],
+                    r.partition,
+                    _fmt(r.position),
+                    _fmt(r.lag),
+                    _fmt(rate),
+                    r.node[:14] or "-",
+                    flow[:16],
+                    r.error[: max(0, width - 95)],
                 ).rstrip()
             )
         rate_all = total_rate if known_rate else None
@@ -351,8 +358,10 @@ class TopView:
             bar_w = max(10, min(50, width - 40))
             filled = round(frac * bar_w)
             eta = f"  eta {todo / total_rate:.0f}s" if todo and known_rate and total_rate > 0 else ""
-            lines.append(f"backlog [{'#' * filled}{'.' * (bar_w - filled)}] {frac * 100:5.1f}%  "
-                         f"{_fmt(done)} done, {_fmt(todo)} to go{eta}")
+            lines.append(
+                f"backlog [{'#' * filled}{'.' * (bar_w - filled)}] {frac * 100:5.1f}%  "
+                f"{_fmt(done)} done, {_fmt(todo)} to go{eta}"
+            )
         return "\n".join(lines)
 
 
@@ -412,8 +421,10 @@ def render_html(status: Mapping[str, Any]) -> str:
         cells = [r.topic, r.partition, r.position, r.committed, r.log_end, r.lag, r.node, r.state, r.error]
         body.append("<tr>" + "".join(f"<td>{esc('' if c is None else str(c))}</td>" for c in cells) + "</tr>")
     body.append("</table>")
-    body.append('<p><a href="/status">/status</a> · <a href="/metrics">/metrics</a> · '
-                '<a href="/healthz">/healthz</a> · <a href="/readyz">/readyz</a></p>')
+    body.append(
+        '<p><a href="/status">/status</a> · <a href="/metrics">/metrics</a> · '
+        '<a href="/healthz">/healthz</a> · <a href="/readyz">/readyz</a></p>'
+    )
     return (
         '<!doctype html><html><head><meta charset="utf-8"><meta http-equiv="refresh" content="2">'
         "<title>mqd</title><style>body{font-family:sans-serif}td,th{padding:2px 8px;text-align:right}"

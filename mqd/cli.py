@@ -44,8 +44,15 @@ def _die(message: str, code: int) -> NoReturn:
 
 def _config_option(f: Any) -> Any:
     return click.option(
-        "--config", "-c", "config_path", type=click.Path(path_type=Path), default=DEFAULT_CONFIG,
-        envvar="MQD_CONFIG", show_default=True, show_envvar=True, help="The daemon's TOML file.",
+        "--config",
+        "-c",
+        "config_path",
+        type=click.Path(path_type=Path),
+        default=DEFAULT_CONFIG,
+        envvar="MQD_CONFIG",
+        show_default=True,
+        show_envvar=True,
+        help="The daemon's TOML file.",
     )(f)
 
 
@@ -114,10 +121,13 @@ def _runtime(config_path: Path) -> _Runtime:
             daemon = DaemonSection.model_validate(known)
         except ValueError:
             daemon = DaemonSection()
-        daemon = daemon.model_copy(update={
-            k: (p if p.is_absolute() else base / p)
-            for k in ("state_dir", "pid_file") for p in [Path(getattr(daemon, k))]
-        })
+        daemon = daemon.model_copy(
+            update={
+                k: (p if p.is_absolute() else base / p)
+                for k in ("state_dir", "pid_file")
+                for p in [Path(getattr(daemon, k))]
+            }
+        )
         port = raw_a.get("port", 9480) if isinstance(raw_a.get("port", 9480), int) else 9480
         host = str(raw_a.get("host", "127.0.0.1"))
         token = raw_a.get("auth_token") if isinstance(raw_a.get("auth_token"), str) else None
@@ -207,8 +217,14 @@ def run(config_path: Path, burst: bool) -> None:
 
 @main.command()
 @_config_option
-@click.option("--wait", "wait_s", default=30.0, show_default=True, type=float,
-              help="Seconds to wait until the daemon is up.")
+@click.option(
+    "--wait",
+    "wait_s",
+    default=30.0,
+    show_default=True,
+    type=float,
+    help="Seconds to wait until the daemon is up.",
+)
 def start(config_path: Path, wait_s: float) -> None:
     """Start the daemon in the background (pid file, log file) and wait until it is up.
 
@@ -235,8 +251,15 @@ def start(config_path: Path, wait_s: float) -> None:
     env = {k: v for k, v in os.environ.items() if k not in _SERVICE_ENV}
     cmd = [sys.executable, "-m", "mqd.cli", "run", "--config", str(config_path.resolve())]
     with logf:
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
-                                env=env, start_new_session=True, close_fds=True)
+        proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=logf,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+            close_fds=True,
+        )
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
         code = proc.poll()
@@ -256,8 +279,9 @@ def start(config_path: Path, wait_s: float) -> None:
                 break
         time.sleep(0.1)
     else:
-        _die(f"mqd (pid {proc.pid}) is not up after {wait_s:.0f}s; it keeps trying, see {log_file}",
-             EXIT_FAIL)
+        _die(
+            f"mqd (pid {proc.pid}) is not up after {wait_s:.0f}s; it keeps trying, see {log_file}", EXIT_FAIL
+        )
     click.echo(f"mqd started (pid {proc.pid}), logging to {log_file}")
 
 
@@ -273,8 +297,13 @@ def _tail(path: Path, lines: int) -> str:
 
 @main.command()
 @_config_option
-@click.option("--timeout", "timeout_s", type=float, default=None,
-              help="Seconds to wait for the drain [default: daemon.shutdown_timeout + 10].")
+@click.option(
+    "--timeout",
+    "timeout_s",
+    type=float,
+    default=None,
+    help="Seconds to wait for the drain [default: daemon.shutdown_timeout + 10].",
+)
 @click.option("--force", is_flag=True, help="SIGKILL the daemon if it has not stopped by the timeout.")
 def stop(config_path: Path, timeout_s: float | None, force: bool) -> None:
     """Stop the daemon: SIGTERM, wait for the drain, report how it ended.
@@ -307,12 +336,17 @@ def stop(config_path: Path, timeout_s: float | None, force: bool) -> None:
     t0 = time.monotonic()
     if not _wait_gone(rt, pid, timeout):
         if not force:
-            _die(f"mqd (pid {pid}) is still running after {timeout:.0f}s; `mqd stop --force` kills it",
-                 EXIT_FAIL)
+            _die(
+                f"mqd (pid {pid}) is still running after {timeout:.0f}s; `mqd stop --force` kills it",
+                EXIT_FAIL,
+            )
         os.kill(pid, signal.SIGKILL)
         _wait_gone(rt, pid, 10)
-        _die(f"mqd (pid {pid}) killed after {timeout:.0f}s; buffered records were not landed and will be "
-             "fetched again", EXIT_FAIL)
+        _die(
+            f"mqd (pid {pid}) killed after {timeout:.0f}s; buffered records were not landed and will be "
+            "fetched again",
+            EXIT_FAIL,
+        )
     last = read_json(rt.state_dir / "last_exit.json") or {}
     took = time.monotonic() - t0
     if last.get("pid") == pid and last.get("clean"):
@@ -380,8 +414,18 @@ def status(config_path: Path, as_json: bool, watch: bool, interval: float, itera
         data = _fetch_status(rt, pid)
     except click.ClickException as exc:
         if as_json:
-            click.echo(json.dumps({"state": "running", "pid": pid, "health": {
-                "status": "degraded", "reasons": [f"admin endpoint unreachable: {exc.message}"]}}))
+            click.echo(
+                json.dumps(
+                    {
+                        "state": "running",
+                        "pid": pid,
+                        "health": {
+                            "status": "degraded",
+                            "reasons": [f"admin endpoint unreachable: {exc.message}"],
+                        },
+                    }
+                )
+            )
         else:
             click.echo(f"mqd is running (pid {pid}) but its admin endpoint does not answer: {exc.message}")
         sys.exit(EXIT_FAIL)
@@ -440,8 +484,14 @@ def _width() -> int:
 
 @main.command()
 @_config_option
-@click.option("--wait", "wait_s", default=30.0, show_default=True, type=float,
-              help="Seconds to wait for the daemon to report the result.")
+@click.option(
+    "--wait",
+    "wait_s",
+    default=30.0,
+    show_default=True,
+    type=float,
+    help="Seconds to wait for the daemon to report the result.",
+)
 def reload(config_path: Path, wait_s: float) -> None:
     """Re-read the config file in the running daemon (SIGHUP) and report the result.
 
@@ -583,8 +633,13 @@ def _masked(data: Any) -> Any:
 
 
 @main.command()
-@click.option("--config", "config_path", required=True, type=click.Path(path_type=Path),
-              help="The node's TOML file (see config/).")
+@click.option(
+    "--config",
+    "config_path",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="The node's TOML file (see config/).",
+)
 def broker(config_path: Path) -> None:
     """Run one broker node in the foreground.
 
@@ -602,20 +657,36 @@ def broker(config_path: Path) -> None:
 
 
 @main.command()
-@click.option("--bootstrap", default="http://127.0.0.1:9400", show_default=True,
-              help="Any broker node's URL.")
+@click.option(
+    "--bootstrap", default="http://127.0.0.1:9400", show_default=True, help="Any broker node's URL."
+)
 @click.option("--topic", required=True)
 @click.option("--count", default=1000, show_default=True, type=int)
 @click.option("--size", default=100, show_default=True, type=int, help="Value size in bytes.")
-@click.option("--rate", default=0.0, show_default=True, type=float,
-              help="Records per second, 0 = as fast as possible.")
-@click.option("--keys", default=0, show_default=True, type=int,
-              help="Number of distinct keys (0 = no keys; keyed records hash to a partition).")
+@click.option(
+    "--rate", default=0.0, show_default=True, type=float, help="Records per second, 0 = as fast as possible."
+)
+@click.option(
+    "--keys",
+    default=0,
+    show_default=True,
+    type=int,
+    help="Number of distinct keys (0 = no keys; keyed records hash to a partition).",
+)
 @click.option("--batch", default=1000, show_default=True, type=int, help="Records per batch.")
 @click.option("--acks", default="master", type=click.Choice(["master", "all"]), show_default=True)
 @click.option("--token", envvar="MQD_TOKEN", default=None, help="Bearer token, if the cluster needs one.")
-def produce(bootstrap: str, topic: str, count: int, size: int, rate: float, keys: int,
-            batch: int, acks: str, token: str | None) -> None:
+def produce(
+    bootstrap: str,
+    topic: str,
+    count: int,
+    size: int,
+    rate: float,
+    keys: int,
+    batch: int,
+    acks: str,
+    token: str | None,
+) -> None:
     """Produce test records to a topic.
 
     \b
@@ -624,8 +695,19 @@ def produce(bootstrap: str, topic: str, count: int, size: int, rate: float, keys
     """
     from mqd.producer import produce_cli
 
-    sys.exit(produce_cli(bootstrap=bootstrap, topic=topic, count=count, size=size, rate=rate,
-                         keys=keys, batch=batch, acks=acks, token=token))
+    sys.exit(
+        produce_cli(
+            bootstrap=bootstrap,
+            topic=topic,
+            count=count,
+            size=size,
+            rate=rate,
+            keys=keys,
+            batch=batch,
+            acks=acks,
+            token=token,
+        )
+    )
 
 
 @main.command()

@@ -113,9 +113,7 @@ class BrokerClient:
 
     async def start(self) -> None:
         if self._session is None:
-            connector = aiohttp.TCPConnector(
-                limit=0, limit_per_host=self._limit_per_host, ssl=self._ssl
-            )
+            connector = aiohttp.TCPConnector(limit=0, limit_per_host=self._limit_per_host, ssl=self._ssl)
             self._session = aiohttp.ClientSession(
                 connector=connector,
                 headers=self._headers,
@@ -154,8 +152,8 @@ class BrokerClient:
         raw: bool = False,
     ) -> Any:
         headers = {"Content-Type": content_type} if content_type else None
-        body = data if data is not None else (
-            json.dumps(json_body).encode() if json_body is not None else None
+        body = (
+            data if data is not None else (json.dumps(json_body).encode() if json_body is not None else None)
         )
         if json_body is not None and headers is None:
             headers = {"Content-Type": "application/json"}

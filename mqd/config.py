@@ -386,7 +386,7 @@ def _resolve_opt(base: Path, p: Path | None) -> Path | None:
 
 
 def _scalar_kind(model: type[BaseModel], section: str, key: str) -> str:
-    """"str" when the field takes text (str, Path, a Literal of strings), else "value"."""
+    """ "str" when the field takes text (str, Path, a Literal of strings), else "value"."""
     sect = model.model_fields.get(section)
     sub = sect.annotation if sect else None
     if not (isinstance(sub, type) and issubclass(sub, BaseModel)) or key not in sub.model_fields:
@@ -448,8 +448,7 @@ def load_daemon_config(path: str | Path, environ: Mapping[str, str] | None = Non
             ),
             "daemon": cfg.daemon.model_copy(
                 update={
-                    k: _resolve(base, getattr(cfg.daemon, k))
-                    for k in ("state_dir", "pid_file", "log_file")
+                    k: _resolve(base, getattr(cfg.daemon, k)) for k in ("state_dir", "pid_file", "log_file")
                 }
             ),
         }

@@ -80,7 +80,10 @@ class Daemon:
         )
         self.sink = LandingSink(config.landing)
         self.consumer = Consumer(
-            config.consumer, start_position=self._start_position, listener=self, client=self._client,
+            config.consumer,
+            start_position=self._start_position,
+            listener=self,
+            client=self._client,
             budget_held=True,  # the budget bounds answers until published, not only until drained
         )
         self.state = "created"  # created, starting, running, stopping, stopped, failed
@@ -130,8 +133,12 @@ class Daemon:
         if self._landing_error is not None:
             self._pause_for_disk(self.consumer.assignment())
         self.state = "running"
-        log.info("daemon started", landing=str(self._config.landing.dir), burst=self.burst,
-                 owned=len(self.consumer.assignment()))
+        log.info(
+            "daemon started",
+            landing=str(self._config.landing.dir),
+            burst=self.burst,
+            owned=len(self.consumer.assignment()),
+        )
 
     async def run(self, shutdown: Awaitable[object] | None = None) -> None:
         """Work until ``shutdown`` resolves (or, in burst mode, until everything owned is landed
@@ -179,8 +186,12 @@ class Daemon:
         try:
             await asyncio.wait_for(self._final_flush(), deadline)
         except TimeoutError:
-            log.error("shutdown drain exceeded its deadline; unpublished records are fetched again "
-                      "on the next start", timeout_s=deadline, pending=self.sink.pending_records)
+            log.error(
+                "shutdown drain exceeded its deadline; unpublished records are fetched again "
+                "on the next start",
+                timeout_s=deadline,
+                pending=self.sink.pending_records,
+            )
         except Exception as exc:  # still commit what landed and leave the group
             self._record_error("final_flush", exc)
         for task in list(self._flushes.values()):
@@ -314,8 +325,9 @@ class Daemon:
                     self._flush_task(tp, self.consumer.generation(tp), flush), name=f"mqd-publish-{tp}"
                 )
 
-    async def _flush_task(self, tp: TopicPartition, generation: int | None,
-                          flush: Coroutine[Any, Any, FlushResult | None]) -> None:
+    async def _flush_task(
+        self, tp: TopicPartition, generation: int | None, flush: Coroutine[Any, Any, FlushResult | None]
+    ) -> None:
         try:
             res = await flush
             if res is not None:
@@ -552,9 +564,11 @@ class Daemon:
         }
 
     def _record_error(self, where: str, exc: BaseException) -> None:
-        self._errors.append({
-            "where": where,
-            "error": f"{type(exc).__name__}: {exc}",
-            "retriable": getattr(exc, "retriable", None),
-            "at": layout.iso_now(),
-        })
+        self._errors.append(
+            {
+                "where": where,
+                "error": f"{type(exc).__name__}: {exc}",
+                "retriable": getattr(exc, "retriable", None),
+                "at": layout.iso_now(),
+            }
+        )

@@ -181,9 +181,7 @@ def set_base_offset(buf: bytearray | memoryview, position: int, base_offset: int
 def read_header(buf: bytes | bytearray | memoryview, position: int = 0) -> BatchInfo:
     if len(buf) - position < HEADER_SIZE:
         raise BatchError(f"truncated header at {position}")
-    magic, length, base, _crc, count, first_ts, max_ts, _flags, _res, _hc = HEADER.unpack_from(
-        buf, position
-    )
+    magic, length, base, _crc, count, first_ts, max_ts, _flags, _res, _hc = HEADER.unpack_from(buf, position)
     if magic != MAGIC:
         raise BatchError(f"bad magic {magic!r} at {position}")
     if length < HEADER_SIZE or length % 8 or count == 0:
@@ -306,8 +304,22 @@ def _layout(buf: bytes | bytearray | memoryview, info: BatchInfo, deep: bool = T
     if p != end:
         raise BatchError(f"batch at {info.position}: {end - p} bytes unaccounted for")
     return _Layout(
-        ts, k_off, v_off, h_list, hk_off, hv_off, k_data, v_data, hk_data, hv_data, k_valid,
-        k_len, v_len, hk_len, hv_len, h_count,
+        ts,
+        k_off,
+        v_off,
+        h_list,
+        hk_off,
+        hv_off,
+        k_data,
+        v_data,
+        hk_data,
+        hv_data,
+        k_valid,
+        k_len,
+        v_len,
+        hk_len,
+        hv_len,
+        h_count,
     )
 
 
@@ -359,9 +371,7 @@ def to_arrow(
         pa.binary(), hc, [None, sl(lay.hv_off, 4 * (hc + 1)), sl(lay.hv_data, lay.hv_len)]
     )
     entries = pa.StructArray.from_arrays([hkeys, hvals], fields=list(HEADERS_TYPE.value_type))
-    headers = pa.Array.from_buffers(
-        HEADERS_TYPE, n, [None, sl(lay.h_list, 4 * (n + 1))], children=[entries]
-    )
+    headers = pa.Array.from_buffers(HEADERS_TYPE, n, [None, sl(lay.h_list, 4 * (n + 1))], children=[entries])
     offsets = pa.array(np.arange(info.base_offset, info.base_offset + n, dtype=np.int64))
     batch = pa.RecordBatch.from_arrays([offsets, ts, key, value, headers], schema=RECORD_SCHEMA)
     if start_offset is not None and start_offset > info.base_offset:

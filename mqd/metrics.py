@@ -26,14 +26,19 @@ fetch_latency = Histogram(
     registry=REGISTRY,
 )
 fetch_partitions = Histogram(
-    "mqd_fetch_partitions", "Partitions per fetch request", ["node"],
-    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 1024), registry=REGISTRY,
+    "mqd_fetch_partitions",
+    "Partitions per fetch request",
+    ["node"],
+    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 1024),
+    registry=REGISTRY,
 )
 flow_control_events = Counter(
     "mqd_flow_control_events", "Times a partition was held back", ["reason"], registry=REGISTRY
 )
 offset_resets = Counter(
-    "mqd_offset_resets", "Illegal offsets moved by broker answer or policy", ["topic", "partition", "status"],
+    "mqd_offset_resets",
+    "Illegal offsets moved by broker answer or policy",
+    ["topic", "partition", "status"],
     registry=REGISTRY,
 )
 stale_responses = Counter(
@@ -46,7 +51,9 @@ buffered_bytes = Gauge("mqd_buffered_bytes", "Bytes held in process queues", reg
 rebalances = Counter("mqd_rebalances", "Rebalances that changed the assignment", registry=REGISTRY)
 assigned_partitions = Gauge("mqd_assigned_partitions", "Partitions owned", registry=REGISTRY)
 commit_latency = Histogram(
-    "mqd_commit_latency_seconds", "Offset commit round trip", registry=REGISTRY,
+    "mqd_commit_latency_seconds",
+    "Offset commit round trip",
+    registry=REGISTRY,
     buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
 )
 commits = Counter("mqd_commits", "Offset commits", ["result"], registry=REGISTRY)
@@ -56,11 +63,15 @@ records_published = Counter(
 )
 bytes_published = Counter("mqd_bytes_published", "Parquet bytes published", ["topic"], registry=REGISTRY)
 publish_conflicts = Counter(
-    "mqd_publish_conflicts", "Publications lost to another owner (batch dropped, re-seek)", ["topic"],
+    "mqd_publish_conflicts",
+    "Publications lost to another owner (batch dropped, re-seek)",
+    ["topic"],
     registry=REGISTRY,
 )
 publish_latency = Histogram(
-    "mqd_publish_latency_seconds", "Encode + write + fsync + link of one file", registry=REGISTRY,
+    "mqd_publish_latency_seconds",
+    "Encode + write + fsync + link of one file",
+    registry=REGISTRY,
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
 )
 landing_errors = Counter("mqd_landing_errors", "Landing write failures", ["kind"], registry=REGISTRY)
@@ -69,6 +80,4 @@ landing_errors = Counter("mqd_landing_errors", "Landing write failures", ["kind"
 # Added by the ops work: process figures (RSS, CPU, fds) and the service's own life cycle.
 ProcessCollector(registry=REGISTRY)
 reloads = Counter("mqd_reloads", "Config reloads", ["result"], registry=REGISTRY)  # ok | refused
-daemon_state = Gauge(
-    "mqd_daemon_state", "1 for the runner's current state", ["state"], registry=REGISTRY
-)
+daemon_state = Gauge("mqd_daemon_state", "1 for the runner's current state", ["state"], registry=REGISTRY)

@@ -361,8 +361,11 @@ class Runner:
     def _on_stop_signal(self, name: str) -> None:
         self._signals += 1
         if self._signals == 1:
-            log.info("stopping: draining buffered records, then committing",
-                     signal=name, timeout_s=self.config.daemon.shutdown_timeout)
+            log.info(
+                "stopping: draining buffered records, then committing",
+                signal=name,
+                timeout_s=self.config.daemon.shutdown_timeout,
+            )
             self.notifier.stopping(f"stopping on {name}: draining")
             self.request_stop(name)
             return
@@ -406,8 +409,9 @@ class Runner:
             await self.daemon.reload(new)
         except ConfigError as exc:
             error = str(exc)
-            log.error("reload refused: keeping the running config", config_file=str(self.config_path),
-                      error=error)
+            log.error(
+                "reload refused: keeping the running config", config_file=str(self.config_path), error=error
+            )
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
             log.exception("reload failed: keeping the running config", config_file=str(self.config_path))
@@ -482,8 +486,10 @@ class Runner:
     def _write_admin_file(self) -> None:
         if self._admin is None:
             return
-        _write_json(admin_file(self.config), {"pid": os.getpid(), "url": self._admin.url,
-                                               "config_file": str(self.config_path)})
+        _write_json(
+            admin_file(self.config),
+            {"pid": os.getpid(), "url": self._admin.url, "config_file": str(self.config_path)},
+        )
 
     def _remove_admin_file(self) -> None:
         path = admin_file(self.config)

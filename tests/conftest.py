@@ -58,8 +58,7 @@ def cluster_factory(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[
 
     def failed() -> bool:
         return any(
-            getattr(getattr(request.node, f"rep_{when}", None), "failed", False)
-            for when in ("setup", "call")
+            getattr(getattr(request.node, f"rep_{when}", None), "failed", False) for when in ("setup", "call")
         )
 
     with _clusters(lambda n: tmp_path / f"cluster{n}", failed) as make:

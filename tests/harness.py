@@ -62,8 +62,13 @@ def fetch_all(url: str, topic: str, partition: int) -> list[tuple[int, bytes]]:
     from mqd import format as fmt
     from mqd.protocol import decode_fetch_answer
 
-    body = json.dumps({"partitions": [{"topic": topic, "partition": partition, "offset": 0}],
-                       "max_wait_ms": 0, "max_bytes": 64 * 1024 * 1024}).encode()
+    body = json.dumps(
+        {
+            "partitions": [{"topic": topic, "partition": partition, "offset": 0}],
+            "max_wait_ms": 0,
+            "max_bytes": 64 * 1024 * 1024,
+        }
+    ).encode()
     req = urllib.request.Request(url + "/v1/fetch", data=body, headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=10) as resp:  # a non-2xx answer raises HTTPError
         data = bytes(decode_fetch_answer(resp.read()).partitions[0].data)
@@ -76,8 +81,26 @@ def self_signed_cert(d: Path) -> tuple[Path, Path]:
     """``(cert, key)``: a one-day self-signed certificate for 127.0.0.1 in ``d`` (needs ``openssl``)."""
     cert, key = d / "node.crt", d / "node.key"
     subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
-         "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
-        check=True, capture_output=True, timeout=60,
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=60,
     )
     return cert, key

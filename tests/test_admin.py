@@ -29,14 +29,36 @@ STATUS: dict[str, Any] = {
     "state": "running",
     "health": {"status": "ok", "reasons": []},
     "consumer": {
-        "member_id": "host-1", "group": "g", "generation": 3,
+        "member_id": "host-1",
+        "group": "g",
+        "generation": 3,
         "assignment": {
-            "events/0": {"topic": "events", "partition": 0, "position": 100, "committed": 90,
-                         "log_end": 150, "lag": 50, "pull_node": "broker-a-0", "paused": False,
-                         "flow_control": None, "parked": False, "last_error": None},
-            "events/1": {"topic": "events", "partition": 1, "position": 10, "committed": 10,
-                         "log_end": 10, "lag": 0, "pull_node": "broker-b-1", "paused": True,
-                         "flow_control": "records", "parked": False, "last_error": "<b>boom</b>"},
+            "events/0": {
+                "topic": "events",
+                "partition": 0,
+                "position": 100,
+                "committed": 90,
+                "log_end": 150,
+                "lag": 50,
+                "pull_node": "broker-a-0",
+                "paused": False,
+                "flow_control": None,
+                "parked": False,
+                "last_error": None,
+            },
+            "events/1": {
+                "topic": "events",
+                "partition": 1,
+                "position": 10,
+                "committed": 10,
+                "log_end": 10,
+                "lag": 0,
+                "pull_node": "broker-b-1",
+                "paused": True,
+                "flow_control": "records",
+                "parked": False,
+                "last_error": "<b>boom</b>",
+            },
         },
     },
     "stats": {"records_published": 1234, "files_published": 5},
@@ -109,12 +131,24 @@ async def test_metrics_parse_with_prometheus_parser(served: Any) -> None:
         assert r.headers["Content-Type"].startswith("text/plain")
         text = await r.text()
     families = {f.name: f for f in text_string_to_metric_families(text)}
-    for name in ("mqd_records_fetched", "mqd_bytes_fetched", "mqd_fetch_latency_seconds",
-                 "mqd_fetch_requests", "mqd_flow_control_events", "mqd_offset_resets", "mqd_consumer_lag",
-                 "mqd_files_published", "mqd_commit_latency_seconds", "mqd_rebalances"):
+    for name in (
+        "mqd_records_fetched",
+        "mqd_bytes_fetched",
+        "mqd_fetch_latency_seconds",
+        "mqd_fetch_requests",
+        "mqd_flow_control_events",
+        "mqd_offset_resets",
+        "mqd_consumer_lag",
+        "mqd_files_published",
+        "mqd_commit_latency_seconds",
+        "mqd_rebalances",
+    ):
         assert name in families, name
-    fetched = [x for x in families["mqd_records_fetched"].samples
-               if x.name == "mqd_records_fetched_total" and x.labels == {"topic": "events", "partition": "0"}]
+    fetched = [
+        x
+        for x in families["mqd_records_fetched"].samples
+        if x.name == "mqd_records_fetched_total" and x.labels == {"topic": "events", "partition": "0"}
+    ]
     assert fetched and fetched[0].value >= 7
 
 
@@ -152,13 +186,19 @@ async def test_pause_resume_need_the_token_and_valid_partitions(served: Any) -> 
         assert r.status == 401
     async with s.post(f"{server.url}/pause", json={"partitions": ["events:1", "clicks"]}, headers=auth) as r:
         assert r.status == 200
-        assert (await r.json())["paused"] == [{"topic": "events", "partition": 1},
-                                              {"topic": "clicks", "partition": 0}]
+        assert (await r.json())["paused"] == [
+            {"topic": "events", "partition": 1},
+            {"topic": "clicks", "partition": 0},
+        ]
     assert target.calls[-1] == ("pause", [("events", 1), ("clicks", None)])
     async with s.post(f"{server.url}/resume?partition=events:1", headers=auth) as r:
         assert r.status == 200 and (await r.json())["resumed"] == [{"topic": "events", "partition": 1}]
-    bads: list[dict[str, Any]] = [{"partitions": ["events:x"]}, {"partitions": []}, {"partitions": "events"},
-                                  {"nope": 1}]
+    bads: list[dict[str, Any]] = [
+        {"partitions": ["events:x"]},
+        {"partitions": []},
+        {"partitions": "events"},
+        {"nope": 1},
+    ]
     for bad in bads:
         async with s.post(f"{server.url}/pause", json=bad, headers=auth) as r:
             assert r.status == 400, bad
@@ -213,9 +253,16 @@ def test_top_view_rates_totals_and_backlog_progress() -> None:
     view = TopView()
     first = view.render(STATUS, now=100.0)
     assert "events" in first and "total  partitions=2  lag=50" in first
-    later = {**STATUS, "consumer": {**STATUS["consumer"], "assignment": {
-        "events/0": {**STATUS["consumer"]["assignment"]["events/0"], "position": 130, "lag": 20},
-        "events/1": STATUS["consumer"]["assignment"]["events/1"]}}}
+    later = {
+        **STATUS,
+        "consumer": {
+            **STATUS["consumer"],
+            "assignment": {
+                "events/0": {**STATUS["consumer"]["assignment"]["events/0"], "position": 130, "lag": 20},
+                "events/1": STATUS["consumer"]["assignment"]["events/1"],
+            },
+        },
+    }
     second = view.render(later, now=102.0)
     assert "rate=15/s" in second  # 30 records in 2 s
     assert "backlog [" in second and "60.0%" in second  # 30 done, 20 to go

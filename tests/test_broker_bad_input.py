@@ -21,13 +21,15 @@ TOKEN = "s3cret-token"
 def node(module_cluster_factory: Any) -> Cluster:
     """Two single-node groups shared by the module: every test leaves the node serving."""
     return module_cluster_factory(
-        topics={"events": 2}, groups=2, node_settings={"limits": {"max_request_bytes": 4096,
-                                                                  "max_partitions_per_fetch": 16}}
+        topics={"events": 2},
+        groups=2,
+        node_settings={"limits": {"max_request_bytes": 4096, "max_partitions_per_fetch": 16}},
     )
 
 
-async def _raw(session: aiohttp.ClientSession, method: str, url: str, data: bytes | str,
-               ctype: str = "application/json") -> tuple[int, dict[str, Any]]:
+async def _raw(
+    session: aiohttp.ClientSession, method: str, url: str, data: bytes | str, ctype: str = "application/json"
+) -> tuple[int, dict[str, Any]]:
     async with session.request(method, url, data=data, headers={"Content-Type": ctype}) as resp:
         body = await resp.read()
         try:
@@ -40,8 +42,9 @@ async def _raw(session: aiohttp.ClientSession, method: str, url: str, data: byte
 async def _still_serving(client: BrokerClient, url: str) -> None:
     """The node still takes a good produce and serves it back whole."""
     r = await client.produce(url, "events", 0, fmt.encode_batch([b"ok"]))
-    answer = await client.fetch(url, [{"topic": "events", "partition": 0, "offset": r.base_offset}],
-                                max_wait_ms=0)
+    answer = await client.fetch(
+        url, [{"topic": "events", "partition": 0, "offset": r.base_offset}], max_wait_ms=0
+    )
     assert records_of(answer.partitions[0].data, r.base_offset) == [(r.base_offset, b"ok")]
 
 
@@ -50,22 +53,39 @@ MALFORMED = [
     ("/v1/fetch", "[1, 2]", "JSON object"),
     ("/v1/fetch", "[" * 4000, "not valid JSON"),
     ("/v1/fetch", json.dumps({"partitions": "events"}), "must be a list"),
-    ("/v1/fetch", json.dumps({"partitions": [{"topic": "events", "partition": 0, "offset": -1}]}),
-         "offset"),
-    ("/v1/fetch", json.dumps({"partitions": [{"topic": "events", "partition": 0, "offset": "7"}]}),
-         "must be an integer"),
-    ("/v1/fetch", json.dumps({"partitions": [{"topic": "events", "partition": 0, "offset": True}]}),
-         "must be an integer"),
+    ("/v1/fetch", json.dumps({"partitions": [{"topic": "events", "partition": 0, "offset": -1}]}), "offset"),
+    (
+        "/v1/fetch",
+        json.dumps({"partitions": [{"topic": "events", "partition": 0, "offset": "7"}]}),
+        "must be an integer",
+    ),
+    (
+        "/v1/fetch",
+        json.dumps({"partitions": [{"topic": "events", "partition": 0, "offset": True}]}),
+        "must be an integer",
+    ),
     ("/v1/fetch", json.dumps({"max_wait_ms": -5, "partitions": []}), "max_wait_ms"),
-    ("/v1/fetch", json.dumps({"partitions": [{"topic": "events", "partition": 0, "offset": 0}] * 17}),
-         "more than 16"),
+    (
+        "/v1/fetch",
+        json.dumps({"partitions": [{"topic": "events", "partition": 0, "offset": 0}] * 17}),
+        "more than 16",
+    ),
     ("/v1/fetch", json.dumps({"partitions": [{"topic": 3, "partition": 0, "offset": 0}]}), "topic"),
-    ("/v1/fetch", json.dumps({"partitions": [{"topic": "events", "partition": 0, "offset": 2**64}]}),
-         "offset"),
-    ("/v1/offsets", json.dumps({"partitions": [{"topic": "events", "partition": 0, "spec": "soon"}]}),
-         "spec"),
-    ("/v1/offsets", json.dumps({"partitions": [{"topic": "events", "partition": 0,
-                                                    "spec": "timestamp"}]}), "timestamp"),
+    (
+        "/v1/fetch",
+        json.dumps({"partitions": [{"topic": "events", "partition": 0, "offset": 2**64}]}),
+        "offset",
+    ),
+    (
+        "/v1/offsets",
+        json.dumps({"partitions": [{"topic": "events", "partition": 0, "spec": "soon"}]}),
+        "spec",
+    ),
+    (
+        "/v1/offsets",
+        json.dumps({"partitions": [{"topic": "events", "partition": 0, "spec": "timestamp"}]}),
+        "timestamp",
+    ),
     ("/v1/replica/fetch", json.dumps({"node": "nobody", "partitions": []}), "not a slave"),
 ]
 
@@ -99,19 +119,30 @@ async def test_group_requests_validate_their_bodies(node: Cluster, client: Broke
         ("heartbeat", {"client_id": 5}, "client_id"),
         ("heartbeat", {"client_id": "c", "topics": "events"}, "topics"),
         ("heartbeat", {"client_id": "c", "session_timeout_ms": 1}, "session_timeout_ms"),
-        ("commit", {"client_id": "c", "offsets": [{"topic": "events", "partition": 0, "offset": -3}]},
-         "offset"),
-        ("commit", {"client_id": "c", "offsets": [{"topic": "events", "partition": 0, "offset": 1}],
-                    "force": "yes"}, "force"),
+        (
+            "commit",
+            {"client_id": "c", "offsets": [{"topic": "events", "partition": 0, "offset": -3}]},
+            "offset",
+        ),
+        (
+            "commit",
+            {"client_id": "c", "offsets": [{"topic": "events", "partition": 0, "offset": 1}], "force": "yes"},
+            "force",
+        ),
         ("leave", {}, "client_id"),
     ]
     for endpoint, body, needle in cases:
-        status, answer = await _raw(client.session, "POST", f"{curl}/v1/groups/g1/{endpoint}",
-                                    json.dumps(body))
+        status, answer = await _raw(
+            client.session, "POST", f"{curl}/v1/groups/g1/{endpoint}", json.dumps(body)
+        )
         assert status == 400, (endpoint, body, answer)
         assert needle in answer["reason"], (endpoint, answer)
-    status, answer = await _raw(client.session, "POST", f"{curl}/v1/groups/g1/commit", json.dumps(
-        {"client_id": "c", "offsets": [{"topic": "nope", "partition": 0, "offset": 1}]}))
+    status, answer = await _raw(
+        client.session,
+        "POST",
+        f"{curl}/v1/groups/g1/commit",
+        json.dumps({"client_id": "c", "offsets": [{"topic": "nope", "partition": 0, "offset": 1}]}),
+    )
     assert status == 404 and answer["error"] == "unknown_partition", answer
     # nothing above was stored
     assert await client.committed(curl, "g1") == []
@@ -124,15 +155,24 @@ async def test_unknown_topic_or_partition(node: Cluster, client: BrokerClient) -
         with pytest.raises(BrokerError) as err:
             await client.produce(url, topic, partition, fmt.encode_batch([b"x"]))
         assert err.value.status == 404 and err.value.code == "unknown_partition"
-    status, answer = await _raw(client.session, "POST", f"{url}/v1/produce/events/zero",
-                                fmt.encode_batch([b"x"]), "application/x-mqd-batches")
+    status, answer = await _raw(
+        client.session,
+        "POST",
+        f"{url}/v1/produce/events/zero",
+        fmt.encode_batch([b"x"]),
+        "application/x-mqd-batches",
+    )
     assert status == 400 and "partition" in answer["reason"]
     r = await client.produce(url, "events", 0, fmt.encode_batch([b"a"]))
-    answer2 = await client.fetch(url, [
-        {"topic": "nope", "partition": 0, "offset": 0},
-        {"topic": "events", "partition": 1, "offset": 0},  # lives on broker-b
-        {"topic": "events", "partition": 0, "offset": r.base_offset},
-    ], max_wait_ms=0)
+    answer2 = await client.fetch(
+        url,
+        [
+            {"topic": "nope", "partition": 0, "offset": 0},
+            {"topic": "events", "partition": 1, "offset": 0},  # lives on broker-b
+            {"topic": "events", "partition": 0, "offset": r.base_offset},
+        ],
+        max_wait_ms=0,
+    )
     nope, other, good = answer2.partitions
     assert nope.status == "NOT_SERVED" and nope.error == "unknown_partition"
     assert other.status == "NOT_SERVED" and "broker-b" in (other.error or "")
@@ -157,7 +197,7 @@ async def test_corrupt_batches_are_rejected_and_the_log_is_untouched(
     n = info.count
     v_off = fmt.HEADER_SIZE + ((8 * n + 7) & ~7) + ((4 * (n + 1) + 7) & ~7)
     struct.pack_into("<i", forged, v_off + 4, 10_000)
-    struct.pack_into("<I", forged, 16, zlib.crc32(forged[fmt.CRC_FROM:]))
+    struct.pack_into("<I", forged, 16, zlib.crc32(forged[fmt.CRC_FROM :]))
     spec = [{"topic": "events", "partition": 0, "spec": "latest"}]
     before = (await client.list_offsets(url, spec))[0]["offset"]
     for body in (bytes(flipped), bad_magic, truncated, bytes(forged), b"", good + b"\0" * 8):
@@ -201,8 +241,11 @@ async def test_bearer_token_is_required_when_configured(cluster_factory: Any) ->
     """With auth_token set every endpoint but /v1/health answers 401 without the right token."""
     cluster = cluster_factory(topics={"events": 1}, node_settings={"auth_token": TOKEN})
     url = cluster.bootstrap
-    async with BrokerClient() as anon, BrokerClient(auth_token="wrong") as wrong, \
-            BrokerClient(auth_token=TOKEN) as good:
+    async with (
+        BrokerClient() as anon,
+        BrokerClient(auth_token="wrong") as wrong,
+        BrokerClient(auth_token=TOKEN) as good,
+    ):
         assert (await anon.health(url))["status"] == "ok"
         for c in (anon, wrong):
             with pytest.raises(BrokerError) as err:

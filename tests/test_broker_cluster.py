@@ -34,8 +34,11 @@ async def _read_all(client: BrokerClient, url: str, partition: int, end: int) ->
     out: list[tuple[int, bytes]] = []
     offset = 0
     while offset < end:
-        answer = await client.fetch(url, [{"topic": "events", "partition": partition, "offset": offset,
-                                           "max_bytes": 64 * 1024}], max_wait_ms=0)
+        answer = await client.fetch(
+            url,
+            [{"topic": "events", "partition": partition, "offset": offset, "max_bytes": 64 * 1024}],
+            max_wait_ms=0,
+        )
         p = answer.partitions[0]
         assert p.status == "FOUND", p
         out.extend(records_of(p.data, offset))
@@ -88,8 +91,11 @@ async def _not(aw: Any) -> bool:
 async def test_acks_all_waits_for_the_slave(cluster_factory: Any, client: BrokerClient) -> None:
     """acks=all answers only once the slave holds the batch; a frozen slave makes it time out with
     504 (the records stay written); a slave reported down is not waited for."""
-    cluster = cluster_factory(topics={"events": 1}, slaves=1, node_settings={
-        "acks_all_timeout_ms": 400, "liveness_timeout_ms": 3000})
+    cluster = cluster_factory(
+        topics={"events": 1},
+        slaves=1,
+        node_settings={"acks_all_timeout_ms": 400, "liveness_timeout_ms": 3000},
+    )
     master, slave = cluster.master(), cluster.slaves()[0]
     murl, surl = cluster.url(master), cluster.url(slave)
     for i in range(3):
@@ -122,8 +128,9 @@ async def test_slave_suggestion(cluster_factory: Any, client: BrokerClient) -> N
     await _until("slave catch-up", lambda: _latest_is(client, surl, 30))
 
     async def suggest(url: str, offset: int) -> str | None:
-        answer = await client.fetch(url, [{"topic": "events", "partition": 0, "offset": offset,
-                                           "max_bytes": 2048}], max_wait_ms=0)
+        answer = await client.fetch(
+            url, [{"topic": "events", "partition": 0, "offset": offset, "max_bytes": 2048}], max_wait_ms=0
+        )
         return answer.partitions[0].suggest
 
     # the master learns the slave's progress from its next replica fetch

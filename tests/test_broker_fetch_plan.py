@@ -32,8 +32,9 @@ def _log(root: Path, counts: list[int], segment_bytes: int) -> PartitionLog:
     where=st.floats(min_value=0, max_value=0.999),
     max_bytes=st.integers(min_value=1, max_value=8000),
 )
-def test_plan_reads_the_same_bytes_as_read(counts: list[int], segment_bytes: int, where: float,
-                                           max_bytes: int) -> None:
+def test_plan_reads_the_same_bytes_as_read(
+    counts: list[int], segment_bytes: int, where: float, max_bytes: int
+) -> None:
     """For any log (batches across segments), offset and byte budget, reading the plan gives exactly
     what read() gives: whole batches from the one holding the offset, within the budget unless the
     first batch alone is larger; next_offset is the offset after the last batch returned."""

@@ -43,16 +43,21 @@ async def test_commit_is_forward_only_durable_and_atomic(tmp_path: Path) -> None
     gs = GroupStore(tmp_path)
     gs.load()
     assert await gs.commit("g", [("t", 0, 10), ("t", 1, 3)], force=False) == [
-        {"topic": "t", "partition": 0, "offset": 10}, {"topic": "t", "partition": 1, "offset": 3}]
+        {"topic": "t", "partition": 0, "offset": 10},
+        {"topic": "t", "partition": 1, "offset": 3},
+    ]
     assert (await gs.commit("g", [("t", 0, 5)], force=False))[0]["offset"] == 10
     assert (await gs.commit("g", [("t", 1, 2)], force=True))[0]["offset"] == 2
     again = GroupStore(tmp_path)
     again.load()
     assert again.committed("g", []) == [
-        {"topic": "t", "partition": 0, "offset": 10}, {"topic": "t", "partition": 1, "offset": 2}]
+        {"topic": "t", "partition": 0, "offset": 10},
+        {"topic": "t", "partition": 1, "offset": 2},
+    ]
     assert again.committed("g", [("t", 1), ("t", 9)]) == [{"topic": "t", "partition": 1, "offset": 2}]
     assert sorted(p.name for p in await asyncio.to_thread(lambda: list(tmp_path.iterdir()))) == [
-        "offsets.json"]
+        "offsets.json"
+    ]
 
 
 def test_merge_offsets_keeps_the_maximum(tmp_path: Path) -> None:
@@ -60,12 +65,14 @@ def test_merge_offsets_keeps_the_maximum(tmp_path: Path) -> None:
     gs = GroupStore(tmp_path)
     gs.load()
     gs.merge_offsets({"g": [{"topic": "t", "partition": 0, "offset": 7}]})
-    gs.merge_offsets({"g": [{"topic": "t", "partition": 0, "offset": 4},
-                            {"topic": "t", "partition": 1, "offset": 1}]})
+    gs.merge_offsets(
+        {"g": [{"topic": "t", "partition": 0, "offset": 4}, {"topic": "t", "partition": 1, "offset": 1}]}
+    )
     again = GroupStore(tmp_path)
     again.load()
-    assert again.offsets_snapshot() == {"g": [{"topic": "t", "partition": 0, "offset": 7},
-                                              {"topic": "t", "partition": 1, "offset": 1}]}
+    assert again.offsets_snapshot() == {
+        "g": [{"topic": "t", "partition": 0, "offset": 7}, {"topic": "t", "partition": 1, "offset": 1}]
+    }
 
 
 def test_corrupt_offsets_file_is_a_clear_error(tmp_path: Path) -> None:
@@ -218,8 +225,12 @@ async def test_forced_commit_wins_every_later_merge() -> None:
     assert (await master.commit("g", [("t", 0, 4)], force=False))[0]["offset"] == 5
 
 
-_op = st.tuples(st.sampled_from(["a", "b"]), st.sampled_from(["commit", "force", "merge"]),
-                st.integers(min_value=0, max_value=3), st.integers(min_value=0, max_value=100))
+_op = st.tuples(
+    st.sampled_from(["a", "b"]),
+    st.sampled_from(["commit", "force", "merge"]),
+    st.integers(min_value=0, max_value=3),
+    st.integers(min_value=0, max_value=100),
+)
 
 
 @settings(max_examples=60, deadline=None)
@@ -247,11 +258,11 @@ def test_malformed_snapshot_merges_nothing_and_old_files_load(tmp_path: Path) ->
     """A peer snapshot with one bad entry is refused whole (ValueError naming it); an offsets file
     written before epochs existed loads with epoch 0."""
     (tmp_path / "offsets.json").write_text(
-        '{"version": 1, "groups": {"g": [{"topic": "t", "partition": 0, "offset": 7}]}}')
+        '{"version": 1, "groups": {"g": [{"topic": "t", "partition": 0, "offset": 7}]}}'
+    )
     gs = GroupStore(tmp_path)
     gs.load()
-    bad = {"g": [{"topic": "t", "partition": 1, "offset": 9},
-                 {"topic": "t", "partition": 0, "offset": -1}]}
+    bad = {"g": [{"topic": "t", "partition": 1, "offset": 9}, {"topic": "t", "partition": 0, "offset": -1}]}
     with pytest.raises(ValueError, match="entry 1: offset"):
         gs.merge_offsets(bad)
     with pytest.raises(ValueError, match="must be an object"):

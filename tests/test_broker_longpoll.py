@@ -35,11 +35,18 @@ async def _end(client: BrokerClient, url: str, partition: int) -> int:
     return int(r[0]["offset"])
 
 
-def _fetch(client: BrokerClient, url: str, client_id: str, parts: list[tuple[int, int]],
-           **kw: Any) -> asyncio.Task[FetchAnswer]:
-    return asyncio.create_task(client.fetch(
-        url, [{"topic": "events", "partition": p, "offset": o} for p, o in parts],
-        client_id=client_id, max_wait_ms=kw.pop("max_wait_ms", LONG_WAIT_MS), **kw))
+def _fetch(
+    client: BrokerClient, url: str, client_id: str, parts: list[tuple[int, int]], **kw: Any
+) -> asyncio.Task[FetchAnswer]:
+    return asyncio.create_task(
+        client.fetch(
+            url,
+            [{"topic": "events", "partition": p, "offset": o} for p, o in parts],
+            client_id=client_id,
+            max_wait_ms=kw.pop("max_wait_ms", LONG_WAIT_MS),
+            **kw,
+        )
+    )
 
 
 async def test_produce_wakes_a_held_fetch_at_once(cluster: Cluster, client: BrokerClient) -> None:
@@ -62,9 +69,7 @@ async def test_produce_wakes_a_held_fetch_at_once(cluster: Cluster, client: Brok
     assert answered - started < LONG_WAIT_MS / 1000 / 4, (acked - started, answered - acked)
 
 
-async def test_append_to_another_partition_does_not_answer(
-    cluster: Cluster, client: BrokerClient
-) -> None:
+async def test_append_to_another_partition_does_not_answer(cluster: Cluster, client: BrokerClient) -> None:
     """Only appends to a requested partition wake a fetch; it stays held otherwise."""
     url = cluster.url(cluster.master())
     end2 = await _end(client, url, 2)
@@ -99,8 +104,7 @@ async def test_nothing_new_is_answered_after_max_wait(cluster: Cluster, client: 
     url = cluster.url(cluster.master())
     end = await _end(client, url, 3)
     started = time.monotonic()
-    answer = await client.fetch(url, [{"topic": "events", "partition": 3, "offset": end}],
-                                max_wait_ms=300)
+    answer = await client.fetch(url, [{"topic": "events", "partition": 3, "offset": end}], max_wait_ms=300)
     assert time.monotonic() - started >= 0.29
     assert answer.partitions[0].status == "OFFSET_OVERFLOW_ONE"
     assert answer.partitions[0].next_offset == end
@@ -150,8 +154,10 @@ async def test_held_fetch_is_cancelled_when_its_client_disconnects(
     )
     host, port = url.removeprefix("http://").split(":")
     _reader, writer = await asyncio.open_connection(host, int(port))
-    writer.write(b"POST /v1/fetch HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                 b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    writer.write(
+        b"POST /v1/fetch HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n" % len(body) + body
+    )
     await writer.drain()
     await _wait_held(client, url, "gone")
     writer.close()

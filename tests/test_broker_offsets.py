@@ -33,18 +33,22 @@ async def _prepare(cluster: Cluster) -> None:
             await client.produce(master, "events", SMALL, fmt.encode_batch(values, timestamps=ts))
         for i in range(40):  # BIG: ~40 KB over 4 KB segments with 8 KB retention: the start moves
             await client.produce(master, "events", BIG, fmt.encode_batch([b"%04d" % i + b"x" * 900]))
-        latest = await client.list_offsets(master, [
-            {"topic": "events", "partition": p, "spec": "latest"} for p in (BIG, SMALL)])
+        latest = await client.list_offsets(
+            master, [{"topic": "events", "partition": p, "spec": "latest"} for p in (BIG, SMALL)]
+        )
         want = {BIG: latest[0]["offset"], SMALL: latest[1]["offset"]}
         deadline = time.monotonic() + 20
         for node in cluster.node_ids:
             url = cluster.url(node)
             while True:
-                got = await client.list_offsets(url, [
-                    {"topic": "events", "partition": BIG, "spec": "earliest"},
-                    {"topic": "events", "partition": BIG, "spec": "latest"},
-                    {"topic": "events", "partition": SMALL, "spec": "latest"},
-                ])
+                got = await client.list_offsets(
+                    url,
+                    [
+                        {"topic": "events", "partition": BIG, "spec": "earliest"},
+                        {"topic": "events", "partition": BIG, "spec": "latest"},
+                        {"topic": "events", "partition": SMALL, "spec": "latest"},
+                    ],
+                )
                 if got[0]["offset"] > 1 and got[1]["offset"] == want[BIG] and got[2]["offset"] == want[SMALL]:
                     break
                 assert time.monotonic() < deadline, f"{node} never caught up / applied retention: {got}"
@@ -56,21 +60,29 @@ def layout(module_cluster_factory: Any) -> Layout:
     cluster = module_cluster_factory(
         topics={"events": 3},
         slaves=2,
-        node_settings={"storage": {"segment_bytes": 4096, "retention_bytes": 8192,
-                                   "retention_check_interval_ms": 100}},
+        node_settings={
+            "storage": {"segment_bytes": 4096, "retention_bytes": 8192, "retention_check_interval_ms": 100}
+        },
         overrides={"broker-a-2": {"offset_check_in_slave": True}},
     )
     asyncio.run(_prepare(cluster))
-    return Layout(cluster, {"master": cluster.url("broker-a-0"), "slave": cluster.url("broker-a-1"),
-                            "checked_slave": cluster.url("broker-a-2")})
+    return Layout(
+        cluster,
+        {
+            "master": cluster.url("broker-a-0"),
+            "slave": cluster.url("broker-a-1"),
+            "checked_slave": cluster.url("broker-a-2"),
+        },
+    )
 
 
 VIEWS = ["master", "slave", "checked_slave"]
 
 
 async def _one(client: BrokerClient, url: str, partition: int, offset: int, **kw: Any) -> PartitionFetch:
-    answer = await client.fetch(url, [{"topic": "events", "partition": partition, "offset": offset, **kw}],
-                                max_wait_ms=0)
+    answer = await client.fetch(
+        url, [{"topic": "events", "partition": partition, "offset": offset, **kw}], max_wait_ms=0
+    )
     assert len(answer.partitions) == 1
     return answer.partitions[0]
 
@@ -139,18 +151,27 @@ async def test_partition_and_request_byte_limits(layout: Layout, client: BrokerC
     with data may exceed them (by its first batch)."""
     url = layout.views["master"]
     small_batch = len(fmt.encode_batch([b"s0", b"s1"], timestamps=[1, 2]))
-    answer = await client.fetch(url, [
-        {"topic": "events", "partition": SMALL, "offset": 0, "max_bytes": 1},
-        {"topic": "events", "partition": SMALL, "offset": 2, "max_bytes": 1},
-    ], max_wait_ms=0)
+    answer = await client.fetch(
+        url,
+        [
+            {"topic": "events", "partition": SMALL, "offset": 0, "max_bytes": 1},
+            {"topic": "events", "partition": SMALL, "offset": 2, "max_bytes": 1},
+        ],
+        max_wait_ms=0,
+    )
     first, second = answer.partitions
     assert [o for o, _ in records_of(first.data)] == [0, 1] and first.next_offset == 2
     # the second partition entry gets nothing: its first batch would exceed its max_bytes
     assert second.status == "FOUND" and len(second.data) == 0 and second.next_offset == 2
-    answer = await client.fetch(url, [
-        {"topic": "events", "partition": SMALL, "offset": 0},
-        {"topic": "events", "partition": SMALL, "offset": 0},
-    ], max_wait_ms=0, max_bytes=small_batch * 3 + small_batch // 2)
+    answer = await client.fetch(
+        url,
+        [
+            {"topic": "events", "partition": SMALL, "offset": 0},
+            {"topic": "events", "partition": SMALL, "offset": 0},
+        ],
+        max_wait_ms=0,
+        max_bytes=small_batch * 3 + small_batch // 2,
+    )
     a, b = answer.partitions
     assert len(a.data) == 3 * small_batch and a.next_offset == 6
     assert len(b.data) == 0  # the request budget is spent
@@ -168,11 +189,22 @@ async def test_offsets_endpoint(layout: Layout, client: BrokerClient, view: str)
             d["timestamp"] = ts
         return d
 
-    got = await client.list_offsets(url, [
-        q("earliest"), q("latest"), q("timestamp", 0), q("timestamp", 1001), q("timestamp", 1500),
-        q("timestamp", 2001), q("timestamp", 2002), q("timestamp", 99_999), q("earliest", partition=BIG),
-        q("latest", partition=EMPTY), q("timestamp", 0, partition=EMPTY),
-    ])
+    got = await client.list_offsets(
+        url,
+        [
+            q("earliest"),
+            q("latest"),
+            q("timestamp", 0),
+            q("timestamp", 1001),
+            q("timestamp", 1500),
+            q("timestamp", 2001),
+            q("timestamp", 2002),
+            q("timestamp", 99_999),
+            q("earliest", partition=BIG),
+            q("latest", partition=EMPTY),
+            q("timestamp", 0, partition=EMPTY),
+        ],
+    )
     assert [g["offset"] for g in got[:8]] == [0, 6, 0, 0, 2, 2, 4, 6]
     assert got[8]["offset"] > 1
     assert got[9]["offset"] == 0 and got[10]["offset"] == 0

@@ -22,8 +22,9 @@ async def test_https_cluster_serves_and_replicates(cluster_factory: Any, tmp_pat
     """Over HTTPS (certificate trusted through SSL_CERT_FILE) a produce is acked with acks=all by a
     replicating slave and served back by the slave; plain HTTP to the TLS port gets no answer."""
     cert, key = await asyncio.to_thread(self_signed_cert, tmp_path)
-    cluster = cluster_factory(topics={"events": 1}, slaves=1, tls=(cert, key),
-                              env={"SSL_CERT_FILE": str(cert)})
+    cluster = cluster_factory(
+        topics={"events": 1}, slaves=1, tls=(cert, key), env={"SSL_CERT_FILE": str(cert)}
+    )
     master, slave = cluster.url(cluster.master()), cluster.url(cluster.slaves()[0])
     assert master.startswith("https://")
     ctx = ssl.create_default_context(cafile=str(cert))
@@ -37,8 +38,9 @@ async def test_https_cluster_serves_and_replicates(cluster_factory: Any, tmp_pat
             answer = decode_fetch_answer(await resp.read())
         assert records_of(answer.partitions[0].data) == [(0, b"secret")]
         with pytest.raises(aiohttp.ClientError):
-            async with session.get(master.replace("https://", "http://") + "/v1/health",
-                                   timeout=aiohttp.ClientTimeout(total=5)) as resp:
+            async with session.get(
+                master.replace("https://", "http://") + "/v1/health", timeout=aiohttp.ClientTimeout(total=5)
+            ) as resp:
                 await resp.read()
 
 
@@ -50,14 +52,14 @@ async def test_tls_ca_file_without_ssl_cert_file(cluster_factory: Any, tmp_path:
 
     cert, key = await asyncio.to_thread(self_signed_cert, tmp_path)
     env = {"SSL_CERT_FILE": "/nonexistent/ca.pem"}  # the system store must not be what works here
-    cluster = cluster_factory(topics={"events": 1}, slaves=1, tls=(cert, key), env=env,
-                              node_settings={"tls_ca_file": str(cert)})
+    cluster = cluster_factory(
+        topics={"events": 1}, slaves=1, tls=(cert, key), env=env, node_settings={"tls_ca_file": str(cert)}
+    )
     master, slave = cluster.url(cluster.master()), cluster.url(cluster.slaves()[0])
     async with BrokerClient(request_timeout=10, ca_file=cert) as client:
         r = await client.produce(master, "events", 0, fmt.encode_batch([b"pinned"]), acks="all")
         assert r.base_offset == 0
-        answer = await client.fetch(slave, [{"topic": "events", "partition": 0, "offset": 0}],
-                                    max_wait_ms=0)
+        answer = await client.fetch(slave, [{"topic": "events", "partition": 0, "offset": 0}], max_wait_ms=0)
         assert records_of(answer.partitions[0].data) == [(0, b"pinned")]
     async with BrokerClient(request_timeout=10) as untrusting:
         with pytest.raises(BrokerError, match=r"[Cc]ertificate"):

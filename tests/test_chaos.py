@@ -168,18 +168,22 @@ def test_fault_probabilities_are_validated() -> None:
 
 
 def _log(partition: int, n: int) -> pa.Table:
-    return pa.table({
-        "offset": pa.array(np.arange(n), pa.int64()),
-        "value": pa.array([record_value(partition, i) for i in range(n)], pa.binary()),
-    })
+    return pa.table(
+        {
+            "offset": pa.array(np.arange(n), pa.int64()),
+            "value": pa.array([record_value(partition, i) for i in range(n)], pa.binary()),
+        }
+    )
 
 
 def _copy(rows: list[tuple[int, int, bytes]]) -> pa.Table:
-    return pa.table({
-        "partition": pa.array([r[0] for r in rows], pa.int32()),
-        "offset": pa.array([r[1] for r in rows], pa.int64()),
-        "value": pa.array([r[2] for r in rows], pa.binary()),
-    })
+    return pa.table(
+        {
+            "partition": pa.array([r[0] for r in rows], pa.int32()),
+            "offset": pa.array([r[1] for r in rows], pa.int64()),
+            "value": pa.array([r[2] for r in rows], pa.binary()),
+        }
+    )
 
 
 @settings(max_examples=50, deadline=None)
@@ -234,17 +238,25 @@ def test_spark_output_is_read_through_its_commit_log(tmp_path: Path) -> None:
     out = tmp_path / "out"
     part = out / "topic=chaos" / "dt=2026-01-01"
     part.mkdir(parents=True)
-    table = pa.table({"partition": pa.array([0], pa.int32()), "offset": pa.array([0], pa.int64()),
-                      "value": pa.array([b"v"], pa.binary())})
+    table = pa.table(
+        {
+            "partition": pa.array([0], pa.int32()),
+            "offset": pa.array([0], pa.int64()),
+            "value": pa.array([b"v"], pa.binary()),
+        }
+    )
     for name in ("committed.parquet", "leftover.parquet", "deleted.parquet"):
         pq.write_table(table, part / name)
     meta = out / "_spark_metadata"
     meta.mkdir()
-    lines = ["v1"] + [json.dumps({"path": (part / n).as_uri(), "action": "add"})
-                      for n in ("committed.parquet", "deleted.parquet")]
+    lines = ["v1"] + [
+        json.dumps({"path": (part / n).as_uri(), "action": "add"})
+        for n in ("committed.parquet", "deleted.parquet")
+    ]
     (meta / "0").write_text("\n".join(lines) + "\n")
-    (meta / "1").write_text("v1\n" + json.dumps({"path": (part / "deleted.parquet").as_uri(),
-                                                  "action": "delete"}) + "\n")
+    (meta / "1").write_text(
+        "v1\n" + json.dumps({"path": (part / "deleted.parquet").as_uri(), "action": "delete"}) + "\n"
+    )
     assert check.spark_committed_files(out) == [part / "committed.parquet"]
     assert check.read_table_output(out, "chaos").num_rows == 1
 
@@ -323,7 +335,10 @@ def test_disk_full_and_read_only_stop_root_and_are_undone(tmp_path: Path) -> Non
     target = tmp_path / "landing"
     r = subprocess.run(
         ["unshare", "-m", "--propagation", "private", sys.executable, "-c", _DISK_SCRIPT, str(target)],
-        capture_output=True, text=True, timeout=60, cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
     )
     if "mount -t tmpfs failed" in r.stderr:
         pytest.skip("mount is not permitted here")
@@ -347,11 +362,44 @@ def test_short_chaos_run_loses_and_duplicates_nothing(tmp_path: Path) -> None:
     daemon stopped cleanly, and the summary says so."""
     out = tmp_path / "summary.json"
     r = subprocess.run(
-        [sys.executable, "-m", "mqd.chaos", "--rounds", "3", "--seed", "81", "--groups", "1",
-         "--partitions", "2", "--daemons", "2", "--faults-per-round", "3", "--hold-min", "1.5",
-         "--hold-max", "3", "--round-timeout", "40", "--run-timeout", "110", "--batch-records", "10",
-         "--kinds", _SHORT_KINDS, "--no-spark", "--root", str(tmp_path / "run"), "--out", str(out)],
-        capture_output=True, text=True, timeout=140, cwd=REPO,
+        [
+            sys.executable,
+            "-m",
+            "mqd.chaos",
+            "--rounds",
+            "3",
+            "--seed",
+            "81",
+            "--groups",
+            "1",
+            "--partitions",
+            "2",
+            "--daemons",
+            "2",
+            "--faults-per-round",
+            "3",
+            "--hold-min",
+            "1.5",
+            "--hold-max",
+            "3",
+            "--round-timeout",
+            "40",
+            "--run-timeout",
+            "110",
+            "--batch-records",
+            "10",
+            "--kinds",
+            _SHORT_KINDS,
+            "--no-spark",
+            "--root",
+            str(tmp_path / "run"),
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=140,
+        cwd=REPO,
     )
     assert out.exists(), r.stdout[-3000:] + r.stderr[-3000:]
     s = json.loads(out.read_text())

@@ -31,8 +31,13 @@ def _run(*args: str) -> tuple[int, str, str]:
 def test_config_check_valid_files_exit_0() -> None:
     """Daemon, broker node and cluster files all check out, each named with its kind."""
     conf = ROOT / "config"
-    code, out, _ = _run("config", "check", str(conf / "mqd.toml"), str(conf / "single.toml"),
-                        str(conf / "cluster-single.toml"))
+    code, out, _ = _run(
+        "config",
+        "check",
+        str(conf / "mqd.toml"),
+        str(conf / "single.toml"),
+        str(conf / "cluster-single.toml"),
+    )
     assert code == 0
     assert "mqd.toml: ok (daemon config)" in out
     assert "single.toml: ok (broker config)" in out
@@ -45,8 +50,14 @@ def test_config_check_typo_wrong_type_missing_file_exit_2(tmp_path: Path) -> Non
     typo.write_text("[consumer]\nmax_queued_record = 10\n")
     wrong = tmp_path / "wrong.toml"
     wrong.write_text('[landing]\nmax_age = "5s"\n')
-    code, out, err = _run("config", "check", str(typo), str(wrong), str(tmp_path / "missing.toml"),
-                          str(ROOT / "config" / "mqd.toml"))
+    code, out, err = _run(
+        "config",
+        "check",
+        str(typo),
+        str(wrong),
+        str(tmp_path / "missing.toml"),
+        str(ROOT / "config" / "mqd.toml"),
+    )
     assert code == 2
     assert f"{typo}: invalid configuration" in err
     assert "consumer.max_queued_record: unknown key (did you mean 'max_queued_records'?)" in err
@@ -59,8 +70,9 @@ def test_config_check_typo_wrong_type_missing_file_exit_2(tmp_path: Path) -> Non
 def test_config_check_show_hides_secrets(tmp_path: Path) -> None:
     """--show prints the effective config (with MQD_* applied) but never a token."""
     path = _cfg(tmp_path, '[consumer]\nauth_token = "hunter2"\n')
-    res = CliRunner().invoke(main, ["config", "check", "--show", str(path)],
-                             env={"MQD_CONSUMER__GROUP": "etl"})
+    res = CliRunner().invoke(
+        main, ["config", "check", "--show", str(path)], env={"MQD_CONSUMER__GROUP": "etl"}
+    )
     assert res.exit_code == 0
     assert '"group": "etl"' in res.stdout and "hunter2" not in res.stdout and "<hidden>" in res.stdout
 
@@ -68,8 +80,12 @@ def test_config_check_show_hides_secrets(tmp_path: Path) -> None:
 def test_run_with_invalid_config_exits_2_as_a_process(tmp_path: Path) -> None:
     """`mqd run` on a broken file exits 2 with the key path on stderr, before anything starts."""
     path = _cfg(tmp_path, "[consumer]\ntopics = 5\n")
-    proc = subprocess.run([sys.executable, "-m", "mqd.cli", "run", "--config", str(path)],
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "mqd.cli", "run", "--config", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2
     assert "consumer.topics: Input should be a valid array (got 5)" in proc.stderr
     assert not (tmp_path / "mqd.pid").exists()
@@ -116,8 +132,23 @@ def test_pause_refuses_bad_partition_spec(tmp_path: Path) -> None:
     assert code == 2 and "bad partition" in err
 
 
-@pytest.mark.parametrize("command", ["run", "start", "stop", "status", "top", "reload", "pause", "resume",
-                                     "config check", "broker", "produce", "spark"])
+@pytest.mark.parametrize(
+    "command",
+    [
+        "run",
+        "start",
+        "stop",
+        "status",
+        "top",
+        "reload",
+        "pause",
+        "resume",
+        "config check",
+        "broker",
+        "produce",
+        "spark",
+    ],
+)
 def test_every_command_has_help_with_an_example(command: str) -> None:
     """--help works everywhere and shows at least one example."""
     code, out, _ = _run(*command.split(), "--help")
@@ -132,9 +163,13 @@ def test_start_reports_a_daemon_that_dies_at_start(tmp_path: Path) -> None:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        path = _cfg(tmp_path, f"[admin]\nport = {port}\n[log]\nformat = \"json\"\n")
-        proc = subprocess.run([sys.executable, "-m", "mqd.cli", "start", "--config", str(path),
-                               "--wait", "60"], capture_output=True, text=True, timeout=90)
+        path = _cfg(tmp_path, f'[admin]\nport = {port}\n[log]\nformat = "json"\n')
+        proc = subprocess.run(
+            [sys.executable, "-m", "mqd.cli", "start", "--config", str(path), "--wait", "60"],
+            capture_output=True,
+            text=True,
+            timeout=90,
+        )
     assert proc.returncode == 1
     assert "mqd failed to start (exit code 1)" in proc.stderr
     assert f"cannot listen on 127.0.0.1:{port}" in proc.stderr

@@ -20,8 +20,9 @@ MQD_BIN = str(Path(sys.executable).parent / "mqd")
 def _install(tmp_path: Path, **env: str) -> tuple[subprocess.CompletedProcess[str], Path]:
     dest = tmp_path / "root"
     full = {**os.environ, "DESTDIR": str(dest), "MQD_BIN": MQD_BIN, **env}
-    proc = subprocess.run(["sh", str(ROOT / "systemd" / "install.sh")], env=full, capture_output=True,
-                          text=True, timeout=60)
+    proc = subprocess.run(
+        ["sh", str(ROOT / "systemd" / "install.sh")], env=full, capture_output=True, text=True, timeout=60
+    )
     return proc, dest
 
 
@@ -88,8 +89,10 @@ def test_relative_mqd_bin_is_refused(tmp_path: Path) -> None:
     assert not dest.exists()
 
 
-@pytest.mark.skipif(shutil.which("systemd-analyze") is None or not os.path.exists(MQD_BIN),
-                    reason="systemd-analyze or the mqd entry point not available")
+@pytest.mark.skipif(
+    shutil.which("systemd-analyze") is None or not os.path.exists(MQD_BIN),
+    reason="systemd-analyze or the mqd entry point not available",
+)
 def test_verify_catches_a_broken_unit(tmp_path: Path) -> None:
     """A unit with an unknown key fails the installer's verification (systemd-analyze only warns)."""
     tree = tmp_path / "tree"
@@ -98,8 +101,12 @@ def test_verify_catches_a_broken_unit(tmp_path: Path) -> None:
     shutil.copy(ROOT / "config" / "mqd.toml", tree / "config")
     unit = tree / "systemd" / "mqd.service"
     unit.write_text(unit.read_text().replace("KillMode=mixed", "KillMode=mixed\nKilMode=oops"))
-    proc = subprocess.run(["sh", str(tree / "systemd" / "install.sh")], capture_output=True, text=True,
-                          env={**os.environ, "DESTDIR": str(tmp_path / "root"), "MQD_BIN": MQD_BIN},
-                          timeout=60)
+    proc = subprocess.run(
+        ["sh", str(tree / "systemd" / "install.sh")],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "DESTDIR": str(tmp_path / "root"), "MQD_BIN": MQD_BIN},
+        timeout=60,
+    )
     assert proc.returncode == 1
     assert "KilMode" in proc.stderr and "verify failed" in proc.stderr

@@ -41,9 +41,11 @@ def _error(path: Path, environ: dict[str, str] | None = None) -> str:
 def test_shipped_file_is_valid_and_all_defaults() -> None:
     """config/mqd.toml loads as is and, with nothing uncommented, equals the defaults."""
     cfg = load_daemon_config(SHIPPED, {})
-    assert cfg.model_dump(exclude={"consumer": {"offset_file"}, "landing": {"dir"}, "spark": True,
-                                   "daemon": True}) == MqdConfig().model_dump(
-        exclude={"consumer": {"offset_file"}, "landing": {"dir"}, "spark": True, "daemon": True})
+    assert cfg.model_dump(
+        exclude={"consumer": {"offset_file"}, "landing": {"dir"}, "spark": True, "daemon": True}
+    ) == MqdConfig().model_dump(
+        exclude={"consumer": {"offset_file"}, "landing": {"dir"}, "spark": True, "daemon": True}
+    )
 
 
 def test_shipped_file_comments_every_key_with_its_default() -> None:
@@ -97,8 +99,11 @@ def test_wrong_type_is_refused_even_when_it_would_coerce(tmp_path: Path) -> None
 
 def test_bad_values_say_what_is_allowed(tmp_path: Path) -> None:
     """Out-of-range numbers, bad choices and cross-field rules each get a line."""
-    msg = _error(_write(tmp_path, '[consumer]\nmax_queued_records = 0\nconsume_from = "middle"\n'
-                                  '[log]\nlevel = "loud"\n'))
+    msg = _error(
+        _write(
+            tmp_path, '[consumer]\nmax_queued_records = 0\nconsume_from = "middle"\n[log]\nlevel = "loud"\n'
+        )
+    )
     assert "consumer.max_queued_records: Input should be greater than or equal to 1 (got 0)" in msg
     assert "consumer.consume_from: Input should be 'last', 'first' or 'timestamp'" in msg
     assert "log.level: Input should be 'debug', 'info', 'warning' or 'error' (got 'loud')" in msg
@@ -130,17 +135,20 @@ def test_secrets_are_not_echoed(tmp_path: Path) -> None:
 def test_env_overrides_take_types_from_the_model(tmp_path: Path) -> None:
     """Text fields take the value verbatim; numbers, booleans and lists take TOML syntax."""
     path = _write(tmp_path, '[consumer]\ngroup = "from-file"\n')
-    cfg = load_daemon_config(path, {
-        "MQD_CONSUMER__GROUP": "123",  # a text field: stays the string "123"
-        "MQD_CONSUMER__TOPICS": '["a", "b"]',
-        "MQD_CONSUMER__FETCH_MAX_WAIT_MS": "250",
-        "MQD_CONSUMER__CHECK_CRC": "false",
-        "MQD_CONSUMER__AUTH_TOKEN": "s3cret",
-        "MQD_DAEMON__SHUTDOWN_TIMEOUT": "7.5",
-        "MQD_LOG__LEVEL": "debug",
-        "MQD_TOKEN": "ignored: no section",
-        "OTHER__X": "ignored: not ours",
-    })
+    cfg = load_daemon_config(
+        path,
+        {
+            "MQD_CONSUMER__GROUP": "123",  # a text field: stays the string "123"
+            "MQD_CONSUMER__TOPICS": '["a", "b"]',
+            "MQD_CONSUMER__FETCH_MAX_WAIT_MS": "250",
+            "MQD_CONSUMER__CHECK_CRC": "false",
+            "MQD_CONSUMER__AUTH_TOKEN": "s3cret",
+            "MQD_DAEMON__SHUTDOWN_TIMEOUT": "7.5",
+            "MQD_LOG__LEVEL": "debug",
+            "MQD_TOKEN": "ignored: no section",
+            "OTHER__X": "ignored: not ours",
+        },
+    )
     assert cfg.consumer.group == "123"
     assert cfg.consumer.topics == ["a", "b"]
     assert cfg.consumer.fetch_max_wait_ms == 250
@@ -154,8 +162,10 @@ def test_env_overrides_take_types_from_the_model(tmp_path: Path) -> None:
 def test_bad_env_override_names_the_variable(tmp_path: Path) -> None:
     """A bad value from the environment is reported with the variable it came from."""
     msg = _error(_write(tmp_path, ""), {"MQD_CONSUMER__FETCH_MAX_WAIT_MS": "soon", "MQD_CONSUMR__GROUP": "x"})
-    assert "consumer.fetch_max_wait_ms: Input should be a valid integer (got 'soon') " \
-           "[from environment variable MQD_CONSUMER__FETCH_MAX_WAIT_MS]" in msg
+    assert (
+        "consumer.fetch_max_wait_ms: Input should be a valid integer (got 'soon') "
+        "[from environment variable MQD_CONSUMER__FETCH_MAX_WAIT_MS]" in msg
+    )
     assert "consumr: unknown key" in msg
 
 
@@ -198,16 +208,26 @@ def test_detect_kind_and_check_shipped_files() -> None:
 
 def test_broker_file_errors_name_the_node_file(tmp_path: Path) -> None:
     """A broker node file with a typo is refused by check_file with its key path."""
-    cluster = _write(tmp_path, '[[groups]]\nname = "a"\n[[groups.nodes]]\nid = "n0"\n'
-                               'url = "http://127.0.0.1:1"\nrole = "master"\n', "cluster.toml")
-    node = _write(tmp_path, f'node_id = "n0"\ncluster_file = "{cluster.name}"\ndata_dir = "d"\n'
-                            "[storage]\nfsync = 'sometimes'\n", "node.toml")
+    cluster = _write(
+        tmp_path,
+        '[[groups]]\nname = "a"\n[[groups.nodes]]\nid = "n0"\nurl = "http://127.0.0.1:1"\nrole = "master"\n',
+        "cluster.toml",
+    )
+    node = _write(
+        tmp_path,
+        f'node_id = "n0"\ncluster_file = "{cluster.name}"\ndata_dir = "d"\n'
+        "[storage]\nfsync = 'sometimes'\n",
+        "node.toml",
+    )
     with pytest.raises(ConfigError) as info:
         check_file(node)
     want = "storage.fsync: Input should be 'always', 'interval' or 'never' (got 'sometimes')"
     assert want in str(info.value)
-    bad = _write(tmp_path, '[[groups]]\nname = "a"\n[[groups.nodes]]\nid = "n0"\nurl = "x"\nrole = "boss"\n',
-                 "cluster2.toml")
+    bad = _write(
+        tmp_path,
+        '[[groups]]\nname = "a"\n[[groups.nodes]]\nid = "n0"\nurl = "x"\nrole = "boss"\n',
+        "cluster2.toml",
+    )
     with pytest.raises(ConfigError) as info:
         check_file(bad)
     assert "groups.0.nodes.0.role" in str(info.value)

@@ -35,8 +35,9 @@ _ids = itertools.count()
 FAST_CONSUMER: dict[str, Any] = {**FAST, "consume_from": "first"}
 
 
-def daemon_config(cluster: Cluster, root: Path, *, consumer: dict[str, Any] | None = None,
-                  **landing: Any) -> MqdConfig:
+def daemon_config(
+    cluster: Cluster, root: Path, *, consumer: dict[str, Any] | None = None, **landing: Any
+) -> MqdConfig:
     return MqdConfig(
         consumer=ConsumerConfig(
             **{
@@ -51,19 +52,33 @@ def daemon_config(cluster: Cluster, root: Path, *, consumer: dict[str, Any] | No
         ),
         landing=LandingConfig(dir=root / "landing", **landing),
         admin=AdminConfig(enabled=False),
-        daemon=DaemonSection(state_dir=root / "state", pid_file=root / "state/mqd.pid",
-                             log_file=root / "state/mqd.log", shutdown_timeout=10.0),
+        daemon=DaemonSection(
+            state_dir=root / "state",
+            pid_file=root / "state/mqd.pid",
+            log_file=root / "state/mqd.log",
+            shutdown_timeout=10.0,
+        ),
     )
 
 
-async def produce_numbered(client: BrokerClient, cluster: Cluster, partitions: int, per_partition: int,
-                           *, start: int = 0, per_batch: int = 1000, timestamp: int | None = None) -> None:
+async def produce_numbered(
+    client: BrokerClient,
+    cluster: Cluster,
+    partitions: int,
+    per_partition: int,
+    *,
+    start: int = 0,
+    per_batch: int = 1000,
+    timestamp: int | None = None,
+) -> None:
     for p in range(partitions):
         url = cluster.url(cluster.master(cluster.group_of(p)))
         for lo in range(start, start + per_partition, per_batch):
             n = min(per_batch, start + per_partition - lo)
-            raw = fmt.encode_batch([b"%d:%d" % (p, i) for i in range(lo, lo + n)],
-                                   timestamps=None if timestamp is None else [timestamp] * n)
+            raw = fmt.encode_batch(
+                [b"%d:%d" % (p, i) for i in range(lo, lo + n)],
+                timestamps=None if timestamp is None else [timestamp] * n,
+            )
             await client.produce(url, "events", p, raw)
 
 
@@ -87,8 +102,11 @@ def landed(root: Path) -> np.ndarray:
         if any(x.startswith(("_", ".")) for x in path.relative_to(root).parts):
             continue
         t = pq.read_table(path, columns=["partition", "offset"])
-        parts.append(np.stack([t.column("partition").to_numpy().astype(np.int64),
-                               t.column("offset").to_numpy()], axis=1))
+        parts.append(
+            np.stack(
+                [t.column("partition").to_numpy().astype(np.int64), t.column("offset").to_numpy()], axis=1
+            )
+        )
     return np.concatenate(parts) if parts else np.empty((0, 2), dtype=np.int64)
 
 
@@ -144,10 +162,19 @@ async def test_two_daemons_owning_the_same_partitions_never_duplicate(
     async with BrokerClient(request_timeout=10) as client:
         await produce_numbered(client, cluster, 4, 3000, per_batch=200)
         daemons = [
-            Daemon(daemon_config(cluster, tmp_path, max_records=400,
-                                 consumer={"mode": "broadcast",
-                                           "offset_file": tmp_path / f"state{i}" / "offsets.json",
-                                           "max_queued_records": 400}), burst=True)
+            Daemon(
+                daemon_config(
+                    cluster,
+                    tmp_path,
+                    max_records=400,
+                    consumer={
+                        "mode": "broadcast",
+                        "offset_file": tmp_path / f"state{i}" / "offsets.json",
+                        "max_queued_records": 400,
+                    },
+                ),
+                burst=True,
+            )
             for i in range(2)
         ]
         await asyncio.wait_for(asyncio.gather(*(d.run() for d in daemons)), 90)
@@ -192,8 +219,15 @@ async def test_idle_partition_lands_within_max_age(cluster_factory: Any, tmp_pat
             await wait_until(lambda: d.stats["records_published"] == 1, 2.0, "max_age flush")
             assert time.monotonic() - t0 <= 2.0
             assert_exactly_once(tmp_path / "landing", 1, 1)
-            await wait_until(lambda: d.consumer.status()["assignment"]["events/0"]["committed"] == 1
-                             if "events/0" in d.consumer.status()["assignment"] else False, 5, "commit")
+            await wait_until(
+                lambda: (
+                    d.consumer.status()["assignment"]["events/0"]["committed"] == 1
+                    if "events/0" in d.consumer.status()["assignment"]
+                    else False
+                ),
+                5,
+                "commit",
+            )
         finally:
             stop.set()
             await asyncio.wait_for(run, 30)
@@ -222,8 +256,11 @@ async def test_small_sink_publishes_while_fetching_and_stop_lands_everything(
         stop = asyncio.Event()
         run = asyncio.create_task(d2.run(stop.wait()))
         try:
-            await wait_until(lambda: d2.consumer.caught_up() and d2.stats["files_published"] > 0, 20,
-                             "fetched to the log end")
+            await wait_until(
+                lambda: d2.consumer.caught_up() and d2.stats["files_published"] > 0,
+                20,
+                "fetched to the log end",
+            )
         finally:
             stop.set()
             await asyncio.wait_for(run, 30)
@@ -249,8 +286,9 @@ async def test_unwritable_landing_pauses_fetching_and_recovers(cluster_factory: 
         try:
             await wait_until(lambda: any(r.startswith("landing:") for r in d.health()[1]), 10, "degraded")
             assert d.health()[0] == "degraded"
-            await wait_until(lambda: d.consumer.paused() == d.consumer.assignment() != frozenset(), 5,
-                             "paused")
+            await wait_until(
+                lambda: d.consumer.paused() == d.consumer.assignment() != frozenset(), 5, "paused"
+            )
             assert d.status()["landing"]["error"]
             assert not await committed(client, cluster, "landing")
             assert d.stats["records_published"] == 0
@@ -284,10 +322,14 @@ async def test_pause_resume_and_status(cluster_factory: Any, tmp_path: Path) -> 
             assert st["state"] == "running" and st["user_paused"] == ["events/1"]
             # reload: a new threshold applies at once; a new landing dir is refused, nothing changes
             with pytest.raises(ValueError, match=r"landing\.dir"):
-                await d.reload(cfg.model_copy(update={"landing": cfg.landing.model_copy(
-                    update={"dir": tmp_path / "elsewhere"})}))
-            await d.reload(cfg.model_copy(update={"landing": cfg.landing.model_copy(
-                update={"max_records": 7})}))
+                await d.reload(
+                    cfg.model_copy(
+                        update={"landing": cfg.landing.model_copy(update={"dir": tmp_path / "elsewhere"})}
+                    )
+                )
+            await d.reload(
+                cfg.model_copy(update={"landing": cfg.landing.model_copy(update={"max_records": 7})})
+            )
             d.resume([("events", 1)])
             await wait_until(lambda: d.stats["records_published"] == 100, 10, "partition 1 landed")
             counts = [r.count for r in read_manifest(tmp_path / "landing") if r.partition == 1]
@@ -311,8 +353,10 @@ async def test_completeness_markers_for_whole_hours(cluster_factory: Any, tmp_pa
         await produce_numbered(client, cluster, 1, 5, start=20, per_batch=5)  # current hour
         d = Daemon(daemon_config(cluster, tmp_path), burst=True)
         await asyncio.wait_for(d.run(), 60)
-    markers = sorted(p.parent.relative_to(tmp_path / "landing").as_posix()
-                     for p in (tmp_path / "landing").rglob("_COMPLETE"))
+    markers = sorted(
+        p.parent.relative_to(tmp_path / "landing").as_posix()
+        for p in (tmp_path / "landing").rglob("_COMPLETE")
+    )
     t = datetime.fromtimestamp(old / 1000, UTC)
     assert markers == [f"topic=events/dt={t:%Y-%m-%d}/hour={t:%H}"]
     assert d.stats["markers"] == 1

@@ -28,10 +28,17 @@ PER_PARTITION = 12_500  # 100,000 records
 
 
 def spark_config(cfg: MqdConfig, root: Path) -> MqdConfig:
-    return cfg.model_copy(update={"spark": SparkConfig(
-        output_dir=root / "table", checkpoint_dir=root / "ckpt", quarantine_dir=root / "quarantine",
-        shuffle_partitions=2, max_files_per_trigger=50,
-    )})
+    return cfg.model_copy(
+        update={
+            "spark": SparkConfig(
+                output_dir=root / "table",
+                checkpoint_dir=root / "ckpt",
+                quarantine_dir=root / "quarantine",
+                shuffle_partitions=2,
+                max_files_per_trigger=50,
+            )
+        }
+    )
 
 
 def assert_table_exactly_once(spark: Any, cfg: MqdConfig, total: int) -> None:
@@ -57,16 +64,29 @@ async def test_100k_records_burst_then_spark(cluster_factory: Any, tmp_path: Pat
 
 def write_daemon_toml(cluster: Cluster, root: Path) -> Path:
     data = {
-        "consumer": {**FAST_CONSUMER, "group": "landing", "bootstrap": [cluster.bootstrap],
-                     "topics": ["events"], "max_queued_records": 2000},
+        "consumer": {
+            **FAST_CONSUMER,
+            "group": "landing",
+            "bootstrap": [cluster.bootstrap],
+            "topics": ["events"],
+            "max_queued_records": 2000,
+        },
         "landing": {"dir": str(root / "landing"), "max_records": 1500, "max_age": 0.5},
-        "spark": {"output_dir": str(root / "table"), "checkpoint_dir": str(root / "ckpt"),
-                  "quarantine_dir": str(root / "quarantine"), "shuffle_partitions": 2,
-                  "max_files_per_trigger": 200},
+        "spark": {
+            "output_dir": str(root / "table"),
+            "checkpoint_dir": str(root / "ckpt"),
+            "quarantine_dir": str(root / "quarantine"),
+            "shuffle_partitions": 2,
+            "max_files_per_trigger": 200,
+        },
         "admin": {"enabled": False},
         "log": {"format": "json", "level": "info"},
-        "daemon": {"state_dir": str(root / "state"), "pid_file": str(root / "state/mqd.pid"),
-                   "log_file": str(root / "state/mqd.log"), "shutdown_timeout": 10.0},
+        "daemon": {
+            "state_dir": str(root / "state"),
+            "pid_file": str(root / "state/mqd.pid"),
+            "log_file": str(root / "state/mqd.log"),
+            "shutdown_timeout": 10.0,
+        },
     }
     path = root / "mqd.toml"
     path.write_text(to_toml(data))
@@ -100,7 +120,9 @@ def start_daemon(config: Path, log: Path, *extra: str) -> subprocess.Popen[bytes
     try:
         return subprocess.Popen(
             [sys.executable, "-m", "mqd.cli", "run", "--config", str(config), *extra],
-            stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
     finally:
         out.close()
@@ -128,8 +150,9 @@ async def test_sigkill_at_random_points_keeps_exactly_once(
             try:
                 # records arrive while the daemon runs; once it has published something this round
                 # the kill lands at a random moment (mid-publication, mid-fetch, mid-commit)
-                await produce_numbered(client, cluster, PARTITIONS, per_round, start=r * per_round,
-                                       per_batch=250)
+                await produce_numbered(
+                    client, cluster, PARTITIONS, per_round, start=r * per_round, per_batch=250
+                )
                 await wait_until(lambda b=before: landed_count(landing) > b, 60, "a publication")
                 await asyncio.sleep(rng.uniform(0.0, 0.6))
                 assert proc.poll() is None, log.read_text()[-3000:]

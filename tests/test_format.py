@@ -119,12 +119,33 @@ def test_fetch_answer_framing_round_trip():
     b1 = fmt.encode_batch([b"x"])
     b2 = fmt.encode_batch([b"y", b"z"])
     entries = [
-        {"topic": "t", "partition": 0, "status": "FOUND", "next_offset": 1, "min_offset": 0,
-         "max_offset": 1, "suggest": None},
-        {"topic": "t", "partition": 1, "status": "OFFSET_OVERFLOW_ONE", "next_offset": 2, "min_offset": 0,
-         "max_offset": 2, "suggest": "n2"},
-        {"topic": "t", "partition": 2, "status": "FOUND", "next_offset": 2, "min_offset": 0,
-         "max_offset": 2, "suggest": None},
+        {
+            "topic": "t",
+            "partition": 0,
+            "status": "FOUND",
+            "next_offset": 1,
+            "min_offset": 0,
+            "max_offset": 1,
+            "suggest": None,
+        },
+        {
+            "topic": "t",
+            "partition": 1,
+            "status": "OFFSET_OVERFLOW_ONE",
+            "next_offset": 2,
+            "min_offset": 0,
+            "max_offset": 2,
+            "suggest": "n2",
+        },
+        {
+            "topic": "t",
+            "partition": 2,
+            "status": "FOUND",
+            "next_offset": 2,
+            "min_offset": 0,
+            "max_offset": 2,
+            "suggest": None,
+        },
     ]
     body = b"".join(encode_fetch_answer("n1", entries, [b1, b"", b2]))
     ans = decode_fetch_answer(body)

@@ -75,8 +75,9 @@ json_values = st.recursive(
     | st.integers(min_value=-(2**70), max_value=2**70)
     | st.floats(allow_nan=False)
     | st.text(max_size=20),
-    lambda children: st.lists(children, max_size=4)
-    | st.dictionaries(st.text(max_size=10), children, max_size=4),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=10), children, max_size=4)
+    ),
     max_leaves=12,
 )
 weird_ints = st.one_of(
@@ -206,7 +207,9 @@ def test_produce_accepts_only_valid_batches(
     if truncate is not None and data:
         del data[truncate % len(data) :]
     status, raw, _ = Http(node.url(node.master())).request(
-        "POST", f"/v1/produce/{TOPIC}/{urllib.parse.quote(partition)}?acks={acks}", bytes(data),
+        "POST",
+        f"/v1/produce/{TOPIC}/{urllib.parse.quote(partition)}?acks={acks}",
+        bytes(data),
         {"Content-Type": "application/x-mqd-batches"},
     )
     _assert_not_5xx(status, raw, f"produce {partition} {bytes(data)[:64]!r}")
@@ -219,7 +222,8 @@ def test_produce_accepts_only_valid_batches(
         _accepted[p].extend(values)
     # a flip in base_offset (not covered by the CRC: the broker rewrites it) is harmless
     only_base_offset_changed = (
-        mutate is not None and len(data) == len(original)
+        mutate is not None
+        and len(data) == len(original)
         and bytes(data[:8]) + bytes(data[16:]) == original[:8] + original[16:]
     )
     if bytes(data) != original and not only_base_offset_changed:
@@ -234,7 +238,9 @@ def test_log_is_intact_after_the_fuzzing(node: Cluster) -> None:
     for p in range(PARTITIONS):  # the node still takes writes, and no log is empty
         value = b"after-fuzz-%d" % p
         status, raw, _ = Http(node.url(node.master())).request(
-            "POST", f"/v1/produce/{TOPIC}/{p}?acks=all", fmt.encode_batch([value]),
+            "POST",
+            f"/v1/produce/{TOPIC}/{p}?acks=all",
+            fmt.encode_batch([value]),
             {"Content-Type": "application/x-mqd-batches"},
         )
         assert status == 200, raw[:300]
@@ -243,6 +249,7 @@ def test_log_is_intact_after_the_fuzzing(node: Cluster) -> None:
     for p in range(PARTITIONS):
         want = _accepted[p]
         for node_id in (node.master(), node.slaves()[0]):
+
             def caught_up(
                 node_id: str = node_id, p: int = p, want: list[bytes] = want
             ) -> list[tuple[int, bytes]] | None:
@@ -259,8 +266,11 @@ def test_huge_json_numbers_and_deep_nesting_are_4xx(node: Cluster) -> None:
     the node's request limit, a wrong content type."""
     h = Http(node.url(node.master()))
     cases: list[tuple[str, bytes, str]] = [
-        ("/v1/fetch", b'{"partitions": [{"topic": "events", "partition": 0, "offset": 1' + b"0" * 10_000
-         + b"}]}", "application/json"),
+        (
+            "/v1/fetch",
+            b'{"partitions": [{"topic": "events", "partition": 0, "offset": 1' + b"0" * 10_000 + b"}]}",
+            "application/json",
+        ),
         ("/v1/fetch", b"[" * 5000 + b"]" * 5000, "application/json"),
         ("/v1/offsets", b'{"partitions": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "application/json"),
         ("/v1/fetch", b" " * (1024 * 1024), "application/json"),

@@ -77,8 +77,28 @@ SECTIONS = [*sorted(MqdConfig.model_fields), "storage", "limits", "groups", "top
 
 nasty_text = st.one_of(
     st.text(max_size=12),
-    st.sampled_from(["", ".", "..", "/", "\0", "a\0b", "x" * 5000, "/" + "d/" * 3000, "http://", "~",
-                     "local[*]", "-1", "1e309", "snappy", "json", "cluster", "master", "events"]),
+    st.sampled_from(
+        [
+            "",
+            ".",
+            "..",
+            "/",
+            "\0",
+            "a\0b",
+            "x" * 5000,
+            "/" + "d/" * 3000,
+            "http://",
+            "~",
+            "local[*]",
+            "-1",
+            "1e309",
+            "snappy",
+            "json",
+            "cluster",
+            "master",
+            "events",
+        ]
+    ),
 )
 scalars = st.one_of(
     st.booleans(),
@@ -89,8 +109,9 @@ scalars = st.one_of(
 )
 values = st.recursive(
     scalars,
-    lambda children: st.lists(children, max_size=4) | st.dictionaries(
-        st.sampled_from(KEYS) | st.text(max_size=6), children, max_size=4
+    lambda children: (
+        st.lists(children, max_size=4)
+        | st.dictionaries(st.sampled_from(KEYS) | st.text(max_size=6), children, max_size=4)
     ),
     max_leaves=10,
 )
@@ -145,9 +166,13 @@ def test_random_bytes_as_a_config_file(tmp_path_factory: Any, data: bytes) -> No
 @given(
     source=st.sampled_from(SHIPPED),
     edits=st.lists(
-        st.tuples(st.sampled_from(["uncomment", "delete", "replace", "insert"]), st.integers(0, 10**6),
-                  st.sampled_from([*string.printable, "\0", "é", "\x7f"])),
-        min_size=1, max_size=6,
+        st.tuples(
+            st.sampled_from(["uncomment", "delete", "replace", "insert"]),
+            st.integers(0, 10**6),
+            st.sampled_from([*string.printable, "\0", "é", "\x7f"]),
+        ),
+        min_size=1,
+        max_size=6,
     ),
 )
 def test_mutated_shipped_files(

@@ -82,7 +82,11 @@ async def test_publish_is_atomic_hive_laid_out_and_described(tmp_path: Path) -> 
     assert t.column("headers").to_pylist()[0] == [{"key": "h", "value": b"x"}]
     [rng] = layout.read_ranges(root / files[1])
     assert (rng.first_offset, rng.last_offset, rng.count, rng.ts_min, rng.ts_max) == (
-        2, 3, 2, T0 + HOUR, T0 + HOUR + 5,
+        2,
+        3,
+        2,
+        T0 + HOUR,
+        T0 + HOUR + 5,
     )
     manifest = read_manifest(root)
     assert [m.path for m in manifest] == files
@@ -283,8 +287,10 @@ def test_completeness_markers(tmp_path: Path) -> None:
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.integers(min_value=0, max_value=5 * HOUR), min_size=1, max_size=60),
-       st.integers(min_value=1, max_value=7))
+@given(
+    st.lists(st.integers(min_value=0, max_value=5 * HOUR), min_size=1, max_size=60),
+    st.integers(min_value=1, max_value=7),
+)
 def test_hour_runs_partition_the_records(ts: list[int], chunk: int) -> None:
     """hour_runs covers every row exactly once, in order, each run within one hour and adjacent
     runs in different hours, whatever the chunking of the table."""

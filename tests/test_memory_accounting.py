@@ -134,10 +134,16 @@ async def test_daemon_tiny_budget_bounds_answers_held_by_the_sink(
     async with BrokerClient(request_timeout=10) as client:
         await produce_daemon(client, cluster, 4, count, per_batch=per_batch)
         cfg = daemon_config(
-            cluster, tmp_path,
-            consumer={"max_buffered_bytes": budget, "partition_max_bytes": 8 * 1024,
-                      "fetch_max_bytes": 16 * 1024},
-            max_bytes=16 * 1024 * 1024, max_age=120.0, max_records=1_000_000,
+            cluster,
+            tmp_path,
+            consumer={
+                "max_buffered_bytes": budget,
+                "partition_max_bytes": 8 * 1024,
+                "fetch_max_bytes": 16 * 1024,
+            },
+            max_bytes=16 * 1024 * 1024,
+            max_age=120.0,
+            max_records=1_000_000,
         )
         d = Daemon(cfg, burst=True)
         await d.start()

@@ -54,8 +54,11 @@ _SETTINGS = settings(
     max_examples=30,
     deadline=None,
     # real HTTP round trips to a subprocess: slow data generation is latency, not a problem
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
-                           HealthCheck.filter_too_much],
+    suppress_health_check=[
+        HealthCheck.too_slow,
+        HealthCheck.function_scoped_fixture,
+        HealthCheck.filter_too_much,
+    ],
 )
 
 
@@ -66,8 +69,9 @@ def node(module_cluster_factory: Any) -> Cluster:
         groups=2,
         slaves=1,
         # long polls are capped so generated max_wait_ms values cannot stall the run
-        node_settings={"limits": {"max_wait_ms": 20, "max_request_bytes": 64 * 1024,
-                                  "max_partitions_per_fetch": 64}},
+        node_settings={
+            "limits": {"max_wait_ms": 20, "max_request_bytes": 64 * 1024, "max_partitions_per_fetch": 64}
+        },
     )
 
 
@@ -109,8 +113,11 @@ def test_every_operation_conforms_to_the_spec(case: Any, node: Cluster, spec: di
     module."""
     value = None
     raw = getattr(case.body, "data", case.body)  # generated binary bodies come wrapped (Binary.data)
-    if case.operation.path == "/v1/produce/{topic}/{partition}" and isinstance(raw, bytes) \
-            and case.media_type == "application/x-mqd-batches":
+    if (
+        case.operation.path == "/v1/produce/{topic}/{partition}"
+        and isinstance(raw, bytes)
+        and case.media_type == "application/x-mqd-batches"
+    ):
         value = raw
         case.body = fmt.encode_batch([value])
     response = case.call_and_validate(base_url=node.url(node.master()), checks=CHECKS, timeout=15)
@@ -171,8 +178,12 @@ def test_produce_and_fetch_answers_conform(spec: dict[str, Any], node: Cluster) 
     answers a binary fetch whose head matches FetchAnswerHead and holds the records."""
     produce = api_schema["/v1/produce/{topic}/{partition}"]["POST"]
     values = [b"one", b"two"]
-    case = produce.Case(path_parameters={"topic": TOPIC, "partition": 0}, query={"acks": "all"},
-                        body=fmt.encode_batch(values), media_type="application/x-mqd-batches")
+    case = produce.Case(
+        path_parameters={"topic": TOPIC, "partition": 0},
+        query={"acks": "all"},
+        body=fmt.encode_batch(values),
+        media_type="application/x-mqd-batches",
+    )
     response = case.call_and_validate(base_url=node.url(node.master()), checks=CHECKS, timeout=15)
     assert response.status_code == 200, response.text
     answer = response.json()
@@ -180,17 +191,25 @@ def test_produce_and_fetch_answers_conform(spec: dict[str, Any], node: Cluster) 
     _produced[0].update({answer["base_offset"] + i: v for i, v in enumerate(values)})
 
     fetch = api_schema["/v1/fetch"]["POST"]
-    case = fetch.Case(body={"max_wait_ms": 0, "partitions": [
-        {"topic": TOPIC, "partition": 0, "offset": answer["base_offset"]},
-        {"topic": TOPIC, "partition": 1, "offset": 0},  # broker-b's: NOT_SERVED with an error
-        {"topic": "nope", "partition": 0, "offset": 0},
-    ]}, media_type="application/json")
+    case = fetch.Case(
+        body={
+            "max_wait_ms": 0,
+            "partitions": [
+                {"topic": TOPIC, "partition": 0, "offset": answer["base_offset"]},
+                {"topic": TOPIC, "partition": 1, "offset": 0},  # broker-b's: NOT_SERVED with an error
+                {"topic": "nope", "partition": 0, "offset": 0},
+            ],
+        },
+        media_type="application/json",
+    )
     response = case.call_and_validate(base_url=node.url(node.master()), checks=CHECKS, timeout=15)
     assert response.status_code == 200
     _check_binary_answer(spec, 200, FETCH_CONTENT_TYPE, response.content)
     parts = decode_fetch_answer(response.content).partitions
     assert records_of(parts[0].data, answer["base_offset"])[:2] == [
-        (answer["base_offset"], b"one"), (answer["base_offset"] + 1, b"two")]
+        (answer["base_offset"], b"one"),
+        (answer["base_offset"] + 1, b"two"),
+    ]
     assert [p.status.value for p in parts[1:]] == ["NOT_SERVED", "NOT_SERVED"]
     assert parts[1].error is not None and parts[1].error.startswith("not_served")
     assert parts[2].error == "unknown_partition"
@@ -200,8 +219,11 @@ def test_redirect_answers_conform(node: Cluster) -> None:
     """A produce to the other group's partition is a documented 421 not_master naming the master;
     a group request to a node that does not coordinate it is a documented 421 not_coordinator."""
     produce = api_schema["/v1/produce/{topic}/{partition}"]["POST"]
-    case = produce.Case(path_parameters={"topic": TOPIC, "partition": 1}, body=fmt.encode_batch([b"x"]),
-                        media_type="application/x-mqd-batches")
+    case = produce.Case(
+        path_parameters={"topic": TOPIC, "partition": 1},
+        body=fmt.encode_batch([b"x"]),
+        media_type="application/x-mqd-batches",
+    )
     response = case.call_and_validate(base_url=node.url(node.master()), checks=CHECKS, timeout=15)
     assert response.status_code == 421
     assert response.json()["master"] == node.master(1)
@@ -209,8 +231,9 @@ def test_redirect_answers_conform(node: Cluster) -> None:
     heartbeat = api_schema["/v1/groups/{group}/heartbeat"]["POST"]
     seen = set()
     for group in ("g0", "g1", "g2", "g3", "g4", "g5"):
-        case = heartbeat.Case(path_parameters={"group": group}, body={"client_id": "c"},
-                              media_type="application/json")
+        case = heartbeat.Case(
+            path_parameters={"group": group}, body={"client_id": "c"}, media_type="application/json"
+        )
         response = case.call_and_validate(base_url=node.url(node.master()), checks=CHECKS, timeout=15)
         seen.add(response.status_code)
         if response.status_code == 421:
@@ -225,8 +248,11 @@ def test_produce_partition_must_be_plain_digits(node: Cluster) -> None:
     url = node.url(node.master())
     before = [len(fetch_all(url, TOPIC, p)) for p in (0, 2)]
     for raw in ("1_0", "%200", "+0", "%D9%A1", "0x0", "%EF%BC%90"):
-        req = urllib.request.Request(f"{url}/v1/produce/{TOPIC}/{raw}", data=fmt.encode_batch([b"x"]),
-                                     headers={"Content-Type": "application/x-mqd-batches"})
+        req = urllib.request.Request(
+            f"{url}/v1/produce/{TOPIC}/{raw}",
+            data=fmt.encode_batch([b"x"]),
+            headers={"Content-Type": "application/x-mqd-batches"},
+        )
         with pytest.raises(urllib.error.HTTPError) as err:
             urllib.request.urlopen(req, timeout=10)
         body = json.loads(err.value.read())
@@ -247,14 +273,17 @@ def test_bearer_auth_answers_conform(cluster_factory: Any) -> None:
         case = api_schema[path]["GET"].Case()
         response = case.call_and_validate(base_url=url, checks=CHECKS, timeout=15)
         assert response.status_code == 401 and response.json()["error"] == "unauthorized", path
-        response = case.call_and_validate(base_url=url, headers={"Authorization": f"Bearer {token}"},
-                                          checks=CHECKS, timeout=15)
+        response = case.call_and_validate(
+            base_url=url, headers={"Authorization": f"Bearer {token}"}, checks=CHECKS, timeout=15
+        )
         assert response.status_code == 200, path
     offsets = api_schema["/v1/offsets"]["POST"].Case(
         body={"partitions": [{"topic": TOPIC, "partition": 0, "spec": "latest"}]},
-        media_type="application/json")
-    response = offsets.call_and_validate(base_url=url, headers={"Authorization": "Bearer wrong"},
-                                         checks=CHECKS, timeout=15)
+        media_type="application/json",
+    )
+    response = offsets.call_and_validate(
+        base_url=url, headers={"Authorization": "Bearer wrong"}, checks=CHECKS, timeout=15
+    )
     assert response.status_code == 401
 
 
@@ -267,9 +296,10 @@ def test_slave_answers_conform(spec: dict[str, Any], node: Cluster) -> None:
     assert "replication" in response.json()
 
     replica = api_schema["/v1/replica/fetch"]["POST"]
-    case = replica.Case(body={"node": slave, "max_wait_ms": 0,
-                              "partitions": [{"topic": TOPIC, "partition": 0, "offset": 0}]},
-                        media_type="application/json")
+    case = replica.Case(
+        body={"node": slave, "max_wait_ms": 0, "partitions": [{"topic": TOPIC, "partition": 0, "offset": 0}]},
+        media_type="application/json",
+    )
     response = case.call_and_validate(base_url=node.url(node.master()), checks=CHECKS, timeout=15)
     assert response.status_code == 200
     _check_binary_answer(spec, 200, FETCH_CONTENT_TYPE, response.content)
@@ -288,10 +318,13 @@ def test_logs_are_intact_after_the_run(node: Cluster) -> None:
         want = sorted(_produced[p].items())
         holders = (node.master(0), node.slaves(0)[0]) if p % 2 == 0 else (node.master(1), node.slaves(1)[0])
         for node_id in holders:
-            def caught_up(node_id: str = node_id, p: int = p, n: int = len(want)
-                          ) -> tuple[list[tuple[int, bytes]]] | None:
+
+            def caught_up(
+                node_id: str = node_id, p: int = p, n: int = len(want)
+            ) -> tuple[list[tuple[int, bytes]]] | None:
                 got = fetch_all(node.url(node_id), TOPIC, p)
                 return (got,) if len(got) >= n else None
+
             (got,) = wait_for(caught_up, timeout=10, what=f"{node_id} to hold partition {p}")
             assert [o for o, _ in got] == list(range(len(got))), f"{node_id} partition {p}"
             assert got == want, f"{node_id} partition {p}"

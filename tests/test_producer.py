@@ -111,10 +111,12 @@ def test_metadata_parsing_rejects_malformed_answers() -> None:
     with pytest.raises(BrokerError, match="malformed metadata"):
         _parse_metadata({"groups": []})
     with pytest.raises(BrokerError, match="partitions are not"):
-        _parse_metadata({
-            "groups": [{"name": "g", "nodes": [{"id": "n", "url": "http://h:1", "role": "master"}]}],
-            "topics": [{"name": "t", "partitions": [{"partition": 1, "group": "g", "master": "n"}]}],
-        })
+        _parse_metadata(
+            {
+                "groups": [{"name": "g", "nodes": [{"id": "n", "url": "http://h:1", "role": "master"}]}],
+                "topics": [{"name": "t", "partitions": [{"partition": 1, "group": "g", "master": "n"}]}],
+            }
+        )
 
 
 def test_metadata_routes_to_master() -> None:

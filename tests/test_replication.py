@@ -61,7 +61,9 @@ async def read_all(client: BrokerClient, url: str, partition: int = 0) -> bytes:
     while True:
         offset = fmt.scan(out)[-1].next_offset if out else 0
         answer = await client.fetch(
-            url, [{"topic": TOPIC, "partition": partition, "offset": offset}], max_wait_ms=0,
+            url,
+            [{"topic": TOPIC, "partition": partition, "offset": offset}],
+            max_wait_ms=0,
             max_bytes=1 << 20,
         )
         p = answer.partitions[0]
@@ -70,8 +72,9 @@ async def read_all(client: BrokerClient, url: str, partition: int = 0) -> bytes:
         out += bytes(p.data)
 
 
-async def produce(client: BrokerClient, url: str, batches: list[bytes], partition: int = 0,
-                  acks: str = "all") -> bytes:
+async def produce(
+    client: BrokerClient, url: str, batches: list[bytes], partition: int = 0, acks: str = "all"
+) -> bytes:
     """Produce each batch; returns the bytes the log holds for them."""
     expected = b""
     for b in batches:
@@ -97,10 +100,13 @@ async def test_slave_catches_up_with_log_and_committed_offsets(
     cluster.start_node(master)
     murl, surl = cluster.url(master), cluster.url(slave)
     p0 = await produce(client, murl, [make_batch(50, i) for i in range(40)], acks="master")
-    p1 = await produce(client, murl, [make_batch(3, 100 + i) for i in range(5)], partition=1,
-                       acks="master")
-    await client.commit(murl, "g1", "c1", [{"topic": TOPIC, "partition": 0, "offset": 1234},
-                                           {"topic": TOPIC, "partition": 1, "offset": 7}])
+    p1 = await produce(client, murl, [make_batch(3, 100 + i) for i in range(5)], partition=1, acks="master")
+    await client.commit(
+        murl,
+        "g1",
+        "c1",
+        [{"topic": TOPIC, "partition": 0, "offset": 1234}, {"topic": TOPIC, "partition": 1, "offset": 7}],
+    )
     cluster.start_node(slave)
 
     async def caught_up() -> bool:
@@ -114,8 +120,10 @@ async def test_slave_catches_up_with_log_and_committed_offsets(
         return snap if snap.get("g1") else None
 
     snap = await eventually(offsets_pulled, "committed offsets on the slave")
-    assert snap["g1"] == [{"topic": TOPIC, "partition": 0, "offset": 1234},
-                          {"topic": TOPIC, "partition": 1, "offset": 7}]
+    assert snap["g1"] == [
+        {"topic": TOPIC, "partition": 0, "offset": 1234},
+        {"topic": TOPIC, "partition": 1, "offset": 7},
+    ]
     # later commits follow within the pull interval
     await client.commit(murl, "g1", "c1", [{"topic": TOPIC, "partition": 0, "offset": 2000}])
 
@@ -215,13 +223,22 @@ class _Slave:
         self.storage = Storage(root, StorageConfig(segment_bytes=4096, fsync="never"))
         self.storage.open([(TOPIC, 0)])
         self.appended: list[tuple[str, int]] = []
-        group = GroupSpec(name="broker-a", nodes=[
-            NodeSpec(id="m", url="http://127.0.0.1:9", role="master"),
-            NodeSpec(id="s", url="http://127.0.0.1:10", role="slave"),
-        ])
+        group = GroupSpec(
+            name="broker-a",
+            nodes=[
+                NodeSpec(id="m", url="http://127.0.0.1:9", role="master"),
+                NodeSpec(id="s", url="http://127.0.0.1:10", role="slave"),
+            ],
+        )
         self.replicator = Replicator(
-            node_id="s", group=group, storage=self.storage, partitions=[(TOPIC, 0)],
-            client=BrokerClient(), groups=GroupStore(root), on_append=self._on_append, wait_ms=10,
+            node_id="s",
+            group=group,
+            storage=self.storage,
+            partitions=[(TOPIC, 0)],
+            client=BrokerClient(),
+            groups=GroupStore(root),
+            on_append=self._on_append,
+            wait_ms=10,
         )
 
     def _on_append(self, topic: str, partition: int) -> None:

@@ -28,13 +28,22 @@ SHUTDOWN_TIMEOUT = 10.0
 
 def write_config(tmp_path: Path, cluster: Cluster, **sections: dict[str, Any]) -> Path:
     data: dict[str, Any] = {
-        "consumer": {"bootstrap": [cluster.bootstrap], "topics": ["events"], "consume_from": "first",
-                     "commit_interval": 0.5, "heartbeat_interval": 0.5},
+        "consumer": {
+            "bootstrap": [cluster.bootstrap],
+            "topics": ["events"],
+            "consume_from": "first",
+            "commit_interval": 0.5,
+            "heartbeat_interval": 0.5,
+        },
         "landing": {"dir": str(tmp_path / "landing"), "max_age": 0.3},
         "admin": {"port": 0},
         "log": {"level": "info", "format": "json"},
-        "daemon": {"state_dir": str(tmp_path / "state"), "pid_file": str(tmp_path / "state" / "mqd.pid"),
-                   "log_file": str(tmp_path / "state" / "mqd.log"), "shutdown_timeout": SHUTDOWN_TIMEOUT},
+        "daemon": {
+            "state_dir": str(tmp_path / "state"),
+            "pid_file": str(tmp_path / "state" / "mqd.pid"),
+            "log_file": str(tmp_path / "state" / "mqd.log"),
+            "shutdown_timeout": SHUTDOWN_TIMEOUT,
+        },
     }
     for name, values in sections.items():
         data.setdefault(name, {}).update(values)
@@ -43,11 +52,17 @@ def write_config(tmp_path: Path, cluster: Cluster, **sections: dict[str, Any]) -
     return path
 
 
-def mqd(*args: str, timeout: float = 60, env: dict[str, str] | None = None
-        ) -> subprocess.CompletedProcess[str]:
+def mqd(
+    *args: str, timeout: float = 60, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """The CLI as its own process."""
-    return subprocess.run([sys.executable, "-m", "mqd.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "mqd.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -57,8 +72,18 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def produce(cluster: Cluster, count: int, *extra: str) -> None:
-    res = mqd("produce", "--bootstrap", cluster.bootstrap, "--topic", "events", "--count", str(count),
-              "--batch", "250", *extra)
+    res = mqd(
+        "produce",
+        "--bootstrap",
+        cluster.bootstrap,
+        "--topic",
+        "events",
+        "--count",
+        str(count),
+        "--batch",
+        "250",
+        *extra,
+    )
     assert res.returncode == 0, res.stderr
 
 
@@ -111,8 +136,9 @@ def cleanup_pids() -> Iterator[list[int]]:
             pass
 
 
-def test_cli_start_status_pause_stop_round_trip(tmp_path: Path, cluster: Cluster,
-                                                 cleanup_pids: list[int]) -> None:
+def test_cli_start_status_pause_stop_round_trip(
+    tmp_path: Path, cluster: Cluster, cleanup_pids: list[int]
+) -> None:
     """start detaches and waits until up; status reports healthy (0) with the landed records; pause
     reaches the daemon; stop drains and reports a clean exit; then status says not running (3)."""
     produce(cluster, 2000)
@@ -149,8 +175,9 @@ def test_cli_start_status_pause_stop_round_trip(tmp_path: Path, cluster: Cluster
     assert_exactly_once(tmp_path / "landing", 2000)
 
 
-def test_reload_valid_change_applies_and_invalid_file_is_refused(tmp_path: Path, cluster: Cluster,
-                                                                 cleanup_pids: list[int]) -> None:
+def test_reload_valid_change_applies_and_invalid_file_is_refused(
+    tmp_path: Path, cluster: Cluster, cleanup_pids: list[int]
+) -> None:
     """A valid change is applied in place; an invalid file is refused (the CLI exits 2 before
     signalling; a raw SIGHUP leaves the daemon on its old config, degraded, and it recovers)."""
     cfg = write_config(tmp_path, cluster)
@@ -171,8 +198,11 @@ def test_reload_valid_change_applies_and_invalid_file_is_refused(tmp_path: Path,
     res = cli("reload", "-c", str(cfg))
     assert res.returncode == 2 and "consumer.max_queued_recods: unknown key" in res.stderr
     os.kill(pid, signal.SIGHUP)  # what systemd's ExecReload does, without the CLI's check
-    st = wait_for(lambda: (s := status(state)) and s["runner"]["reload"]["count"] == 2 and s,
-                  timeout=15, what="refused reload")
+    st = wait_for(
+        lambda: (s := status(state)) and s["runner"]["reload"]["count"] == 2 and s,
+        timeout=15,
+        what="refused reload",
+    )
     assert st["runner"]["reload"]["ok"] is False
     assert "max_queued_recods" in st["runner"]["reload"]["error"]
     res = cli("status", "-c", str(cfg))  # the broken file only degrades; status reads what it can
@@ -189,8 +219,9 @@ def test_reload_valid_change_applies_and_invalid_file_is_refused(tmp_path: Path,
     assert cli("reload", "-c", str(cfg)).returncode == 0
     assert cli("status", "-c", str(cfg)).returncode == 0
     assert cli("stop", "-c", str(cfg)).returncode == 0
-    log_lines = [json.loads(line) for line in (state / "mqd.log").read_text().splitlines()
-                 if line.startswith("{")]
+    log_lines = [
+        json.loads(line) for line in (state / "mqd.log").read_text().splitlines() if line.startswith("{")
+    ]
     events = [x["event"] for x in log_lines]
     reloaded = next(x for x in log_lines if x["event"] == "config reloaded" and x["logger"] == "mqd.runner")
     assert reloaded["changed"] == ["landing.max_age", "log.level"]
@@ -200,21 +231,40 @@ def test_reload_valid_change_applies_and_invalid_file_is_refused(tmp_path: Path,
     assert_exactly_once(tmp_path / "landing", 500)
 
 
-def test_sigterm_under_load_drains_in_time_and_loses_nothing(tmp_path: Path, cluster: Cluster,
-                                                             cleanup_pids: list[int]) -> None:
+def test_sigterm_under_load_drains_in_time_and_loses_nothing(
+    tmp_path: Path, cluster: Cluster, cleanup_pids: list[int]
+) -> None:
     """SIGTERM while records stream in: the daemon exits 0 within shutdown_timeout; a burst run
     afterwards lands the rest; every produced record is landed exactly once."""
     total = 30_000
     cfg = write_config(tmp_path, cluster, landing={"max_age": 1.0})
     state = tmp_path / "state"
     with open(tmp_path / "run.log", "wb") as out:
-        daemon = subprocess.Popen([sys.executable, "-m", "mqd.cli", "run", "-c", str(cfg)],
-                                  stdout=out, stderr=subprocess.STDOUT)
+        daemon = subprocess.Popen(
+            [sys.executable, "-m", "mqd.cli", "run", "-c", str(cfg)], stdout=out, stderr=subprocess.STDOUT
+        )
     cleanup_pids.append(daemon.pid)
     producer = subprocess.Popen(
-        [sys.executable, "-m", "mqd.cli", "produce", "--bootstrap", cluster.bootstrap, "--topic", "events",
-         "--count", str(total), "--rate", "10000", "--batch", "100"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-m",
+            "mqd.cli",
+            "produce",
+            "--bootstrap",
+            cluster.bootstrap,
+            "--topic",
+            "events",
+            "--count",
+            str(total),
+            "--rate",
+            "10000",
+            "--batch",
+            "100",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         wait_for(lambda: published(state) > 0, timeout=30, what="first records landed")
         assert producer.poll() is None, "the producer should still be running (stop under load)"
@@ -237,8 +287,9 @@ def test_sigterm_under_load_drains_in_time_and_loses_nothing(tmp_path: Path, clu
     assert_exactly_once(tmp_path / "landing", total)
 
 
-def test_sd_notify_lifecycle_and_single_instance(tmp_path: Path, cluster: Cluster,
-                                                 cleanup_pids: list[int]) -> None:
+def test_sd_notify_lifecycle_and_single_instance(
+    tmp_path: Path, cluster: Cluster, cleanup_pids: list[int]
+) -> None:
     """Under a (simulated) service manager on an @abstract socket: READY with MAINPID, STATUS lines,
     WATCHDOG pings while working, RELOADING+MONOTONIC_USEC then READY on SIGHUP, STOPPING on SIGTERM.
     A second daemon on the same config refuses to start."""
@@ -264,8 +315,12 @@ def test_sd_notify_lifecycle_and_single_instance(tmp_path: Path, cluster: Cluste
 
     env = {**os.environ, "NOTIFY_SOCKET": "@" + name, "WATCHDOG_USEC": "1000000"}
     with open(tmp_path / "run.log", "wb") as out:
-        daemon = subprocess.Popen([sys.executable, "-m", "mqd.cli", "run", "-c", str(cfg)], env=env,
-                                  stdout=out, stderr=subprocess.STDOUT)
+        daemon = subprocess.Popen(
+            [sys.executable, "-m", "mqd.cli", "run", "-c", str(cfg)],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     cleanup_pids.append(daemon.pid)
     try:
         ready = receive_until(lambda m: m.get("READY") == "1")
@@ -292,23 +347,32 @@ def test_sd_notify_lifecycle_and_single_instance(tmp_path: Path, cluster: Cluste
             daemon.wait(timeout=10)
 
 
-def test_second_sigterm_forces_exit_and_nothing_is_lost(tmp_path: Path, cluster: Cluster,
-                                                        cleanup_pids: list[int]) -> None:
+def test_second_sigterm_forces_exit_and_nothing_is_lost(
+    tmp_path: Path, cluster: Cluster, cleanup_pids: list[int]
+) -> None:
     """A drain stuck on a frozen broker is cut short by a second SIGTERM (exit 130, recorded as not
     clean); a later run resumes from the landing directory and every record lands exactly once."""
     produce(cluster, 1000)
-    cfg = write_config(tmp_path, cluster, landing={"max_age": 60.0},
-                       consumer={"request_timeout": 30.0, "session_timeout": 3.0})
+    cfg = write_config(
+        tmp_path,
+        cluster,
+        landing={"max_age": 60.0},
+        consumer={"request_timeout": 30.0, "session_timeout": 3.0},
+    )
     state = tmp_path / "state"
     run_log = tmp_path / "run.log"
     with open(run_log, "wb") as out:
-        daemon = subprocess.Popen([sys.executable, "-m", "mqd.cli", "run", "-c", str(cfg)],
-                                  stdout=out, stderr=subprocess.STDOUT)
+        daemon = subprocess.Popen(
+            [sys.executable, "-m", "mqd.cli", "run", "-c", str(cfg)], stdout=out, stderr=subprocess.STDOUT
+        )
     cleanup_pids.append(daemon.pid)
     master = cluster.master(0)
     try:
-        wait_for(lambda: ((status(state) or {}).get("landing") or {}).get("pending_records") == 1000,
-                 timeout=30, what="1000 records buffered, none published (max_age 60 s)")
+        wait_for(
+            lambda: ((status(state) or {}).get("landing") or {}).get("pending_records") == 1000,
+            timeout=30,
+            what="1000 records buffered, none published (max_age 60 s)",
+        )
         cluster.send_signal(master, signal.SIGSTOP)  # the final commit now hangs
         daemon.send_signal(signal.SIGTERM)
         wait_for(lambda: "stopping: draining" in run_log.read_text(), timeout=10, what="drain started")
@@ -322,14 +386,21 @@ def test_second_sigterm_forces_exit_and_nothing_is_lost(tmp_path: Path, cluster:
     assert not (state / "mqd.pid").exists()
 
     # another group: its position can only come from the landing directory, the source of truth
-    res = mqd("run", "-c", str(cfg), "--burst", env={"MQD_CONSUMER__GROUP": "recovery",
-                                                      "MQD_LANDING__MAX_AGE": "0.3"}, timeout=90)
+    res = mqd(
+        "run",
+        "-c",
+        str(cfg),
+        "--burst",
+        env={"MQD_CONSUMER__GROUP": "recovery", "MQD_LANDING__MAX_AGE": "0.3"},
+        timeout=90,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     assert_exactly_once(tmp_path / "landing", 1000)
 
 
 def test_stop_reports_a_drain_past_its_timeout_and_a_second_stop_forces(
-        tmp_path: Path, cluster: Cluster, cleanup_pids: list[int]) -> None:
+    tmp_path: Path, cluster: Cluster, cleanup_pids: list[int]
+) -> None:
     """`mqd stop --timeout` reports a daemon still draining (exit 1); a second `mqd stop` is the
     second SIGTERM: the daemon exits at once and stop reports the forced exit."""
     produce(cluster, 200)
@@ -337,8 +408,11 @@ def test_stop_reports_a_drain_past_its_timeout_and_a_second_stop_forces(
     state = tmp_path / "state"
     assert cli("start", "-c", str(cfg)).returncode == 0
     cleanup_pids.append(int((state / "mqd.pid").read_text()))
-    wait_for(lambda: ((status(state) or {}).get("landing") or {}).get("pending_records") == 200,
-             timeout=30, what="200 records buffered")
+    wait_for(
+        lambda: ((status(state) or {}).get("landing") or {}).get("pending_records") == 200,
+        timeout=30,
+        what="200 records buffered",
+    )
     master = cluster.master(0)
     cluster.send_signal(master, signal.SIGSTOP)  # the drain's commit hangs
     try:

@@ -46,8 +46,9 @@ def test_lock_held_by_another_process_is_seen(tmp_path: Path) -> None:
         "import sys, time; from pathlib import Path; from mqd.runner import PidFile\n"
         f"p = PidFile(Path({str(path)!r})); p.acquire(); print('held', flush=True); sys.stdin.read()"
     )
-    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
         assert running_pid(path) == proc.pid

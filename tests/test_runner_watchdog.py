@@ -44,8 +44,9 @@ async def _count_pings(sock: socket.socket, seconds: float) -> int:
     return pings
 
 
-async def test_pings_stop_while_the_loop_is_stuck(tmp_path: Path,
-                                                  notify_socket: tuple[socket.socket, str]) -> None:
+async def test_pings_stop_while_the_loop_is_stuck(
+    tmp_path: Path, notify_socket: tuple[socket.socket, str]
+) -> None:
     """With a fresh last_loop_time the runner pings at half the interval; once the loop goes silent
     for longer than that it withholds pings and reports itself not live; it resumes when the loop does."""
     sock, path = notify_socket

@@ -34,14 +34,26 @@ def _daemon_config(
 ) -> Path:
     state = root / "state"
     body: dict[str, Any] = {
-        "consumer": {"group": "sec", "client_id": "sec-1", "bootstrap": bootstrap, "topics": ["events"],
-                     "consume_from": "first", "heartbeat_interval": 0.5, "request_timeout": 5.0,
-                     "auth_token": token, "tls_ca_file": ca_file},
+        "consumer": {
+            "group": "sec",
+            "client_id": "sec-1",
+            "bootstrap": bootstrap,
+            "topics": ["events"],
+            "consume_from": "first",
+            "heartbeat_interval": 0.5,
+            "request_timeout": 5.0,
+            "auth_token": token,
+            "tls_ca_file": ca_file,
+        },
         "landing": {"dir": str(root / "landing"), "max_age": 0.3},
         "admin": {"enabled": admin, "port": 0, "auth_token": "admin-" + TOKEN},
         "log": {"level": "debug", "format": "json"},
-        "daemon": {"state_dir": str(state), "pid_file": str(state / "mqd.pid"),
-                   "log_file": str(state / "mqd.log"), "watchdog": False},
+        "daemon": {
+            "state_dir": str(state),
+            "pid_file": str(state / "mqd.pid"),
+            "log_file": str(state / "mqd.log"),
+            "watchdog": False,
+        },
     }
     path = root / "mqd.toml"
     path.write_text(to_toml({k: {kk: vv for kk, vv in v.items() if vv is not None} for k, v in body.items()}))
@@ -50,8 +62,14 @@ def _daemon_config(
 
 def _mqd(args: list[str], env: dict[str, str], timeout: float, log: Path) -> int:
     with open(log, "ab") as fh:
-        return subprocess.run([sys.executable, "-m", "mqd.cli", *args], stdout=fh, stderr=subprocess.STDOUT,
-                              env=env, timeout=timeout, cwd=REPO).returncode
+        return subprocess.run(
+            [sys.executable, "-m", "mqd.cli", *args],
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            env=env,
+            timeout=timeout,
+            cwd=REPO,
+        ).returncode
 
 
 @pytest.fixture
@@ -69,17 +87,42 @@ def test_tls_and_token_end_to_end_and_no_secret_in_any_log(
     cert, _key = tls
     env = {**os.environ, "SSL_CERT_FILE": str(cert), "PYTHONUNBUFFERED": "1"}
     cluster: Cluster = cluster_factory(  # the slave trusts its master through tls_ca_file
-        topics={"events": 2}, slaves=1, tls=tls,
+        topics={"events": 2},
+        slaves=1,
+        tls=tls,
         node_settings={"auth_token": TOKEN, "log_level": "debug", "tls_ca_file": str(cert)},
     )
     master = cluster.url(cluster.master())
     assert master.startswith("https://")
     logs = tmp_path / "clients.log"
-    assert _mqd(["produce", "--bootstrap", master, "--topic", "events", "--count", "300", "--acks", "all",
-                 "--token", TOKEN], env, 60, logs) == 0, logs.read_text()[-3000:]
+    assert (
+        _mqd(
+            [
+                "produce",
+                "--bootstrap",
+                master,
+                "--topic",
+                "events",
+                "--count",
+                "300",
+                "--acks",
+                "all",
+                "--token",
+                TOKEN,
+            ],
+            env,
+            60,
+            logs,
+        )
+        == 0
+    ), logs.read_text()[-3000:]
     # a wrong token is refused and must not be echoed either
-    code = _mqd(["produce", "--bootstrap", master, "--topic", "events", "--count", "1", "--token", WRONG],
-                env, 60, logs)
+    code = _mqd(
+        ["produce", "--bootstrap", master, "--topic", "events", "--count", "1", "--token", WRONG],
+        env,
+        60,
+        logs,
+    )
     assert code != 0
     cfg = _daemon_config(tmp_path, [master], token=TOKEN)
     assert _mqd(["run", "--config", str(cfg), "--burst"], env, 90, logs) == 0, logs.read_text()[-3000:]
@@ -106,8 +149,15 @@ def test_daemon_verifies_brokers_with_consumer_tls_ca_file(
     master = cluster.url(cluster.master())
     logs = tmp_path / "clients.log"
     env = {k: v for k, v in os.environ.items() if k != "SSL_CERT_FILE"}
-    assert _mqd(["produce", "--bootstrap", master, "--topic", "events", "--count", "50", "--token", TOKEN],
-                {**env, "SSL_CERT_FILE": str(cert)}, 60, logs) == 0, logs.read_text()[-3000:]
+    assert (
+        _mqd(
+            ["produce", "--bootstrap", master, "--topic", "events", "--count", "50", "--token", TOKEN],
+            {**env, "SSL_CERT_FILE": str(cert)},
+            60,
+            logs,
+        )
+        == 0
+    ), logs.read_text()[-3000:]
     cfg = _daemon_config(tmp_path, [master], token=TOKEN, ca_file=cert)
     try:
         code = _mqd(["run", "--config", str(cfg), "--burst"], env, 45, logs)
@@ -124,8 +174,9 @@ async def test_untrusted_certificate_and_missing_token_are_refused(
     """A client that does not trust the node's certificate gets a TLS error, not an answer; one that
     trusts it but sends no token gets 401; /v1/health stays open for probes."""
     cert, _key = tls
-    cluster: Cluster = cluster_factory(topics={"events": 1}, tls=tls, env={"SSL_CERT_FILE": str(cert)},
-                                       node_settings={"auth_token": TOKEN})
+    cluster: Cluster = cluster_factory(
+        topics={"events": 1}, tls=tls, env={"SSL_CERT_FILE": str(cert)}, node_settings={"auth_token": TOKEN}
+    )
     url = cluster.url(cluster.master())
     async with BrokerClient(request_timeout=5, auth_token=TOKEN) as client:
         with pytest.raises(BrokerError) as err:
@@ -133,17 +184,26 @@ async def test_untrusted_certificate_and_missing_token_are_refused(
         assert "certificate" in str(err.value).lower() or "ssl" in str(err.value).lower()
     code = await asyncio.to_thread(
         subprocess.run,
-        [sys.executable, "-c", "import asyncio, sys\nfrom mqd.client import BrokerClient, BrokerError\n"
-         "async def main():\n"
-         "    async with BrokerClient(request_timeout=5) as c:\n"
-         "        assert (await c.health(sys.argv[1]))['status'] == 'ok'\n"
-         "        try:\n"
-         "            await c.metadata(sys.argv[1])\n"
-         "        except BrokerError as e:\n"
-         "            sys.exit(0 if e.status == 401 else 3)\n"
-         "        sys.exit(4)\n"
-         "asyncio.run(main())\n", url],
-        env={**os.environ, "SSL_CERT_FILE": str(cert)}, capture_output=True, text=True, timeout=60, cwd=REPO,
+        [
+            sys.executable,
+            "-c",
+            "import asyncio, sys\nfrom mqd.client import BrokerClient, BrokerError\n"
+            "async def main():\n"
+            "    async with BrokerClient(request_timeout=5) as c:\n"
+            "        assert (await c.health(sys.argv[1]))['status'] == 'ok'\n"
+            "        try:\n"
+            "            await c.metadata(sys.argv[1])\n"
+            "        except BrokerError as e:\n"
+            "            sys.exit(0 if e.status == 401 else 3)\n"
+            "        sys.exit(4)\n"
+            "asyncio.run(main())\n",
+            url,
+        ],
+        env={**os.environ, "SSL_CERT_FILE": str(cert)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
     )
     assert code.returncode == 0, code.stdout + code.stderr
 
@@ -152,8 +212,9 @@ def test_tls_cert_without_key_is_a_clear_startup_error(cluster_factory: Any, tmp
     """Half a TLS config refuses to start with a message naming both keys, instead of serving
     plain HTTP."""
     (tmp_path / "c.pem").write_text("x")
-    cluster: Cluster = cluster_factory(topics={"events": 1}, start=False,
-                                       node_settings={"tls_cert": str(tmp_path / "c.pem")})
+    cluster: Cluster = cluster_factory(
+        topics={"events": 1}, start=False, node_settings={"tls_cert": str(tmp_path / "c.pem")}
+    )
     with pytest.raises(RuntimeError) as err:
         cluster.start(timeout=30)
     assert "tls_cert and tls_key" in str(err.value)
@@ -175,8 +236,12 @@ def running_daemon(cluster_factory: Any, tmp_path: Path) -> Iterator[tuple[subpr
     cluster: Cluster = cluster_factory(topics={"events": 1})
     cfg = _daemon_config(tmp_path, [cluster.bootstrap], token=None, admin=True)
     log = open(tmp_path / "daemon.out", "ab")  # closed in the finalizer
-    proc = subprocess.Popen([sys.executable, "-m", "mqd.cli", "run", "--config", str(cfg)], stdout=log,
-                            stderr=subprocess.STDOUT, cwd=REPO)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mqd.cli", "run", "--config", str(cfg)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=REPO,
+    )
     try:
         yield proc, tmp_path
     finally:

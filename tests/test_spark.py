@@ -64,7 +64,9 @@ def test_raw_job_drains_landing_once_and_skips_corrupt_files(tmp_path: Path, spa
     pq.write_table(pa.table({"a": [1, 2]}), hour_dir / "foreign.parquet")
     stray = job.unlisted_files(cfg.landing.dir)
     assert [p.name for p in stray] == [
-        "README.txt", "foreign.parquet", "part-00009-00000000000000000000.parquet",
+        "README.txt",
+        "foreign.parquet",
+        "part-00009-00000000000000000000.parquet",
     ]
 
     assert job.run(cfg, once=True) == 0

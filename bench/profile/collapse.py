@@ -125,8 +125,9 @@ def report(path: Path, limit: int = 25, *, skip_imports: bool = True) -> str:
         for name in set(names):
             incl_all[name] += n
     out = [f"{path.name}: {total} samples ({skipped} samples of imports left out)"]
-    out.append("samples per thread: " + ", ".join(f"{k} {100 * v / total:.1f}%" for k, v in
-                                                   per_thread.most_common()))
+    out.append(
+        "samples per thread: " + ", ".join(f"{k} {100 * v / total:.1f}%" for k, v in per_thread.most_common())
+    )
     out.append("\nwhere the samples go (categories, % of all samples):")
     out += [f"  {100 * n / total:5.1f}%  {lab}" for lab, n in categorize(stacks).most_common()]
     out.append(f"\nself time, all threads (top {limit}):")

@@ -101,8 +101,10 @@ def main() -> int:
         rows.append(("CRC isal_zlib.crc32: isal not installed", float("nan")))
     rows.append(("format.to_arrow per batch (incl. _layout checks)", best_of(to_arrow, args.repeat)))
     rows.append(("aiohttp-like chunk copies + join of the body", best_of(join_copy, args.repeat)))
-    print(f"{args.records:,} records of {args.size} B in batches of {args.batch}: {len(wire)} batches, "
-          f"{len(bodies)} bodies, {total / 2**20:.0f} MiB")
+    print(
+        f"{args.records:,} records of {args.size} B in batches of {args.batch}: {len(wire)} batches, "
+        f"{len(bodies)} bodies, {total / 2**20:.0f} MiB"
+    )
     for name, s in rows:
         print(f"  {s * per * 1000:8.1f} ms per 1M records  ({s * 1e6 / len(wire):6.1f} us per batch)  {name}")
     return 0

@@ -191,7 +191,12 @@ class AnswerTracker:
 
 
 async def run_daemon(
-    cfg_path: Path, out: Any, sample_s: float, *, burst: bool = True, stop_file: Path | None = None,
+    cfg_path: Path,
+    out: Any,
+    sample_s: float,
+    *,
+    burst: bool = True,
+    stop_file: Path | None = None,
     proto: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     from mqd.daemon import Daemon
@@ -236,15 +241,17 @@ async def run_daemon(
         ]
         t0 = time.perf_counter()
         res = await real_flush(tps)
-        flushes.append({
-            "t": round(t0 - t_start, 3),
-            "partitions": len(chosen),
-            "records": sum(r.count for fr in res for r in fr.published),
-            "oldest_age_s": round(max(ages), 3) if ages else None,
-            "youngest_age_s": round(min(ages), 3) if ages else None,
-            "oldest_record_age_s": round(max(rec_ages), 3) if rec_ages else None,
-            "seconds": round(time.perf_counter() - t0, 3),
-        })
+        flushes.append(
+            {
+                "t": round(t0 - t_start, 3),
+                "partitions": len(chosen),
+                "records": sum(r.count for fr in res for r in fr.published),
+                "oldest_age_s": round(max(ages), 3) if ages else None,
+                "youngest_age_s": round(min(ages), 3) if ages else None,
+                "oldest_record_age_s": round(max(rec_ages), 3) if rec_ages else None,
+                "seconds": round(time.perf_counter() - t0, 3),
+            }
+        )
         return res
 
     daemon.sink.flush = flush  # type: ignore[method-assign]
@@ -253,9 +260,7 @@ async def run_daemon(
     if "isal" in proto:
         enable_isal_crc()
     if "pipeline" in proto:
-        proto_counters = enable_pipeline(
-            daemon, int(proto.get("workers", 2)), int(proto.get("inflight", 4))
-        )
+        proto_counters = enable_pipeline(daemon, int(proto.get("workers", 2)), int(proto.get("inflight", 4)))
     fetch_requests: dict[str, int] = {}
     # the loop side of the daemon's work
     timers.wrap(daemon, "_drain", "loop.drain+sink.add")
@@ -407,8 +412,14 @@ def main() -> int:
             summary = aio.run(run_daemon(args.config, out, args.sample_ms / 1000, proto=proto))
         elif args.mode == "live":
             summary = aio.run(
-                run_daemon(args.config, out, args.sample_ms / 1000, burst=False, stop_file=args.stop_file,
-                           proto=proto)
+                run_daemon(
+                    args.config,
+                    out,
+                    args.sample_ms / 1000,
+                    burst=False,
+                    stop_file=args.stop_file,
+                    proto=proto,
+                )
             )
         else:
             summary = aio.run(run_consumer(args.config, out, args.expect, args.timeout))

@@ -103,8 +103,11 @@ def run_cli(
     cfg = write_config(workdir / f"cli-{name}.toml", urls, group, landing, over)
     log_path = out / f"{name}.cli.log"
     log_path.unlink(missing_ok=True)
-    proc = WatchedProcess([sys.executable, "-m", "mqd.cli", "run", "--config", str(cfg), "--burst"],
-                          log_path=log_path, cwd=workdir)
+    proc = WatchedProcess(
+        [sys.executable, "-m", "mqd.cli", "run", "--config", str(cfg), "--burst"],
+        log_path=log_path,
+        cwd=workdir,
+    )
     proc.start()
     st = proc.wait(args.timeout)
     if st.exit_code != 0:
@@ -130,8 +133,15 @@ def run_cli(
 
 
 def run_variant(
-    name: str, over: dict[str, Any], urls: list[str], workdir: Path, out: Path, args: argparse.Namespace,
-    *, pyspy: bool, mode: str,
+    name: str,
+    over: dict[str, Any],
+    urls: list[str],
+    workdir: Path,
+    out: Path,
+    args: argparse.Namespace,
+    *,
+    pyspy: bool,
+    mode: str,
 ) -> dict[str, Any]:
     group = f"prof-{name}-{int(time.time() * 1000) % 10**8}"
     landing = workdir / f"landing-{name}"
@@ -140,12 +150,37 @@ def run_variant(
     env = {**os.environ, **{k: str(v) for k, v in over.pop("env", {}).items()}}  # e.g. MALLOC_* knobs
     cfg = write_config(workdir / f"{name}.toml", urls, group, landing, over)
     jsonl = out / f"{name}{'.pyspy' if pyspy else ''}.jsonl"
-    argv = [sys.executable, str(HERE / "probe.py"), mode, "--config", str(cfg), "--out", str(jsonl),
-            "--expect", str(args.records), "--timeout", str(args.timeout), "--proto", str(proto)]
+    argv = [
+        sys.executable,
+        str(HERE / "probe.py"),
+        mode,
+        "--config",
+        str(cfg),
+        "--out",
+        str(jsonl),
+        "--expect",
+        str(args.records),
+        "--timeout",
+        str(args.timeout),
+        "--proto",
+        str(proto),
+    ]
     stacks = out / f"{name}.pyspy.txt"
     if pyspy:
-        argv = [str(PYSPY), "record", "--rate", str(args.pyspy_rate), "--format", "raw", "--threads",
-                *(["--native"] if args.native else ["--nonblocking"]), "-o", str(stacks), "--", *argv]
+        argv = [
+            str(PYSPY),
+            "record",
+            "--rate",
+            str(args.pyspy_rate),
+            "--format",
+            "raw",
+            "--threads",
+            *(["--native"] if args.native else ["--nonblocking"]),
+            "-o",
+            str(stacks),
+            "--",
+            *argv,
+        ]
     t0 = time.perf_counter()
     proc = subprocess.run(
         argv, cwd=workdir, timeout=args.timeout + 60, capture_output=True, text=True, env=env
@@ -190,19 +225,34 @@ def run_live(
     group = f"lat-{name}-{int(time.time() * 1000) % 10**8}"
     landing = workdir / f"landing-lat-{name}"
     # consume_from last: earlier variants' records stay behind (the latency topic is shared)
-    over = {**over, "landing": {"max_age": 1.0, **over.get("landing", {})},
-            "consumer": {"consume_from": "last", **over.get("consumer", {})}}
+    over = {
+        **over,
+        "landing": {"max_age": 1.0, **over.get("landing", {})},
+        "consumer": {"consume_from": "last", **over.get("consumer", {})},
+    }
     proto = over.pop("probe", {}).get("proto", "")
     cfg = write_config(workdir / f"lat-{name}.toml", urls, group, landing, over, topic=LATENCY_TOPIC)
     jsonl = out / f"{name}.live.jsonl"
     stop = workdir / f"stop-{name}"
-    argv = [sys.executable, str(HERE / "probe.py"), "live", "--config", str(cfg), "--out", str(jsonl),
-            "--stop-file", str(stop), "--proto", str(proto)]
+    argv = [
+        sys.executable,
+        str(HERE / "probe.py"),
+        "live",
+        "--config",
+        str(cfg),
+        "--out",
+        str(jsonl),
+        "--stop-file",
+        str(stop),
+        "--proto",
+        str(proto),
+    ]
     proc = subprocess.Popen(argv, cwd=workdir, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     watcher = FileWatcher(landing, LATENCY_TOPIC, interval=0.01)
     landed = LandedCounter(landing, LATENCY_TOPIC)
     watcher.start()
     try:
+
         async def warm() -> None:
             async with Producer(urls) as producer:
                 for p in range(args.partitions):
@@ -280,8 +330,10 @@ def table(results: list[dict[str, Any]]) -> str:
             continue
         base = r["variant"].rsplit("-", 1)[0] if r["variant"].rsplit("-", 1)[-1].isdigit() else r["variant"]
         by.setdefault(base, []).append(r)
-    lines = ["| variant | runs | records/s (median) | min..max | daemon CPU s | broker CPU s | peak RSS MB |",
-             "|---|---:|---:|---|---:|---:|---:|"]
+    lines = [
+        "| variant | runs | records/s (median) | min..max | daemon CPU s | broker CPU s | peak RSS MB |",
+        "|---|---:|---:|---|---:|---:|---:|",
+    ]
     for name, rs in by.items():
         rps = sorted(r["records_per_s"] for r in rs)
         lines.append(
@@ -305,10 +357,18 @@ def main() -> int:
     ap.add_argument("--pyspy-rate", type=int, default=200)
     ap.add_argument("--native", action="store_true", help="py-spy --native (C frames of pyarrow too)")
     ap.add_argument("--consumer-only", action="store_true", help="run the consumer alone (no sink)")
-    ap.add_argument("--cli", action="append", default=[],
-                    help="variant names to also run as `mqd run --burst`, timed like bench.py")
-    ap.add_argument("--consumer", action="append", default=[],
-                    help="variant names to run a second time as the consumer alone (no sink)")
+    ap.add_argument(
+        "--cli",
+        action="append",
+        default=[],
+        help="variant names to also run as `mqd run --burst`, timed like bench.py",
+    )
+    ap.add_argument(
+        "--consumer",
+        action="append",
+        default=[],
+        help="variant names to run a second time as the consumer alone (no sink)",
+    )
     ap.add_argument("--live", action="store_true", help="latency run per variant instead of the backlog")
     ap.add_argument("--rate", type=float, default=50_000.0, help="--live: records/s")
     ap.add_argument("--seconds", type=float, default=10.0, help="--live: produce this long")
@@ -348,10 +408,18 @@ def main() -> int:
             # interleaved (round-robin) so a burst of load from elsewhere hits every variant alike
             for i in range(args.repeat):
                 for name, over in variants:
-                    for pyspy in ([False, True] if name in args.pyspy and i == 0 else [False]):
+                    for pyspy in [False, True] if name in args.pyspy and i == 0 else [False]:
                         cpu0 = _cpu(brokers)
-                        s = run_variant(f"{name}" if args.repeat == 1 else f"{name}-{i}", over, urls,
-                                        workdir, args.out, args, pyspy=pyspy, mode=mode)
+                        s = run_variant(
+                            f"{name}" if args.repeat == 1 else f"{name}-{i}",
+                            over,
+                            urls,
+                            workdir,
+                            args.out,
+                            args,
+                            pyspy=pyspy,
+                            mode=mode,
+                        )
                         s["broker_cpu_s"] = round(_cpu(brokers) - cpu0, 2)
                         results.append(s)
                         if name in args.cli and not pyspy:
@@ -360,15 +428,38 @@ def main() -> int:
                             print(json.dumps(c), flush=True)
                         if name in args.consumer and not pyspy:
                             cpu0 = _cpu(brokers)
-                            c = run_variant(f"{name}-consumer", over, urls, workdir, args.out, args,
-                                            pyspy=False, mode="consumer")
+                            c = run_variant(
+                                f"{name}-consumer",
+                                over,
+                                urls,
+                                workdir,
+                                args.out,
+                                args,
+                                pyspy=False,
+                                mode="consumer",
+                            )
                             c["broker_cpu_s"] = round(_cpu(brokers) - cpu0, 2)
                             results.append(c)
                             print(json.dumps(c), flush=True)
-                        keys = ("records", "records_per_s", "cpu_s", "broker_cpu_s", "ru_maxrss_mb", "peak",
-                                "thread_cpu_s", "timers", "loop_lag_ms", "fetch_requests", "files")
-                        print(json.dumps({"variant": s["variant"], "pyspy": pyspy,
-                                          **{k: s.get(k) for k in keys}}), flush=True)
+                        keys = (
+                            "records",
+                            "records_per_s",
+                            "cpu_s",
+                            "broker_cpu_s",
+                            "ru_maxrss_mb",
+                            "peak",
+                            "thread_cpu_s",
+                            "timers",
+                            "loop_lag_ms",
+                            "fetch_requests",
+                            "files",
+                        )
+                        print(
+                            json.dumps(
+                                {"variant": s["variant"], "pyspy": pyspy, **{k: s.get(k) for k in keys}}
+                            ),
+                            flush=True,
+                        )
     print(table(results))
     stem = "consumer" if args.consumer_only else "summary"
     path = args.out / f"{stem}-{time.strftime('%H%M%S')}.json"

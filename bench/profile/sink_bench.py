@@ -68,8 +68,15 @@ def write(path: Path, table: pa.Table, opts: dict[str, Any], fsync: bool) -> int
 
 
 def measure(
-    name: str, tables: list[pa.Table], opts: dict[str, Any], out_dir: Path, *, threads: int = 1,
-    fsync: bool = False, prepare: Callable[[pa.Table], pa.Table] | None = None, repeat: int = 3,
+    name: str,
+    tables: list[pa.Table],
+    opts: dict[str, Any],
+    out_dir: Path,
+    *,
+    threads: int = 1,
+    fsync: bool = False,
+    prepare: Callable[[pa.Table], pa.Table] | None = None,
+    repeat: int = 3,
 ) -> dict[str, Any]:
     records = sum(t.num_rows for t in tables)
     walls, cpus = [], []
@@ -141,8 +148,11 @@ def main() -> int:
                 continue
             r = measure(name, tables, opts, Path(tmp), repeat=args.repeat, **kw)
             results.append(r)
-            print(f"{r['records_per_s']:>10,} rec/s  cpu {r['cpu_s']:6.3f} s  wall {r['wall_s']:6.3f} s  "
-                  f"{r['mb']:6.1f} MB  {name}", flush=True)
+            print(
+                f"{r['records_per_s']:>10,} rec/s  cpu {r['cpu_s']:6.3f} s  wall {r['wall_s']:6.3f} s  "
+                f"{r['mb']:6.1f} MB  {name}",
+                flush=True,
+            )
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "sink.json").write_text(json.dumps({"records": args.records, "results": results}, indent=1))
     return 0

@@ -209,8 +209,12 @@ class GroupStore:
         topic_set = tuple(sorted(set(topics)))
         if member is None or member.topics != topic_set:
             g.version += 1
-            log.info("group member joined" if member is None else "group member changed topics",
-                     group=group, client_id=client_id, version=g.version)
+            log.info(
+                "group member joined" if member is None else "group member changed topics",
+                group=group,
+                client_id=client_id,
+                version=g.version,
+            )
         g.members[client_id] = _Member(topic_set, session_timeout_ms / 1000, now)
         return g.sorted_members(), g.version
 

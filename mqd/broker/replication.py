@@ -122,8 +122,9 @@ class Replicator:
             asyncio.create_task(self._fetch_loop(), name=f"replica-fetch-{self.master.id}"),
             asyncio.create_task(self._offsets_loop(), name=f"replica-offsets-{self.master.id}"),
         ]
-        log.info("replication started", node=self.node_id, master=self.master.id,
-                 partitions=len(self._partitions))
+        log.info(
+            "replication started", node=self.node_id, master=self.master.id, partitions=len(self._partitions)
+        )
 
     async def stop(self) -> None:
         if self._stopped:
@@ -143,10 +144,16 @@ class Replicator:
             lag = None
             if end is not None and st.master_max_offset is not None:
                 lag = max(0, st.master_max_offset - end)
-            parts.append({
-                "topic": topic, "partition": partition, "max_offset": end,
-                "master_max_offset": st.master_max_offset, "lag": lag, "error": st.error,
-            })
+            parts.append(
+                {
+                    "topic": topic,
+                    "partition": partition,
+                    "max_offset": end,
+                    "master_max_offset": st.master_max_offset,
+                    "lag": lag,
+                    "error": st.error,
+                }
+            )
         return {
             "master": self.master.id,
             "master_reachable": self._master_reachable,
@@ -209,8 +216,14 @@ class Replicator:
             plog = self._storage.get(topic, partition)
             if plog is None or st.retry_at > now:
                 continue
-            out.append({"topic": topic, "partition": partition, "offset": plog.max_offset,
-                        "max_bytes": self._partition_max_bytes})
+            out.append(
+                {
+                    "topic": topic,
+                    "partition": partition,
+                    "offset": plog.max_offset,
+                    "max_bytes": self._partition_max_bytes,
+                }
+            )
         return out
 
     def _apply(self, answer: FetchAnswer, now: float) -> None:
@@ -224,8 +237,12 @@ class Replicator:
             except (ReplicationError, StorageError, fmt.BatchError) as exc:
                 message = f"{p.topic}/{p.partition}: {exc}"
                 if st.error != message:
-                    log.error("replication failed for partition", topic=p.topic, partition=p.partition,
-                              error=str(exc))
+                    log.error(
+                        "replication failed for partition",
+                        topic=p.topic,
+                        partition=p.partition,
+                        error=str(exc),
+                    )
                 st.error = message
                 self._record_error(message)
                 st.backoff = st.backoff or Backoff(self._backoff_s, self._backoff_max_s)
@@ -249,15 +266,24 @@ class Replicator:
         st.master_min_offset, st.master_max_offset = p.min_offset, p.max_offset
         if p.status is Status.OFFSET_TOO_SMALL:
             # the master's retention passed our log end: our log cannot continue, restart at its start
-            log.warning("replica log behind the master's log start: restarting it",
-                        topic=p.topic, partition=p.partition, log_end=plog.max_offset,
-                        master_min_offset=p.min_offset)
+            log.warning(
+                "replica log behind the master's log start: restarting it",
+                topic=p.topic,
+                partition=p.partition,
+                log_end=plog.max_offset,
+                master_min_offset=p.min_offset,
+            )
             plog.truncate_fully_and_start_at(p.min_offset)
             return False
         if p.max_offset < plog.max_offset:
             # ahead of the master: it lost a tail (unclean restart) that we copied; follow it
-            log.warning("replica log ahead of the master: truncating", topic=p.topic, partition=p.partition,
-                        log_end=plog.max_offset, master_max_offset=p.max_offset)
+            log.warning(
+                "replica log ahead of the master: truncating",
+                topic=p.topic,
+                partition=p.partition,
+                log_end=plog.max_offset,
+                master_max_offset=p.max_offset,
+            )
             plog.truncate_to(p.max_offset)
             return False
         if p.status is not Status.FOUND or len(p.data) == 0:
@@ -267,8 +293,13 @@ class Replicator:
         first = infos[0].base_offset
         if first < plog.max_offset:
             # our log end falls inside a master batch: the logs diverged there
-            log.warning("replica log diverged from the master: truncating", topic=p.topic,
-                        partition=p.partition, log_end=plog.max_offset, master_batch=first)
+            log.warning(
+                "replica log diverged from the master: truncating",
+                topic=p.topic,
+                partition=p.partition,
+                log_end=plog.max_offset,
+                master_batch=first,
+            )
             plog.truncate_to(first)
             if plog.max_offset != first:
                 return False  # our batches are cut elsewhere: ask again from the new end

@@ -106,8 +106,15 @@ async def _json_body(request: web.Request) -> dict[str, Any]:
     return data
 
 
-def _int(obj: dict[str, Any], key: str, where: str = "", *, default: Any = _MISSING,
-         minimum: int = 0, maximum: int = MAX_OFFSET) -> int:
+def _int(
+    obj: dict[str, Any],
+    key: str,
+    where: str = "",
+    *,
+    default: Any = _MISSING,
+    minimum: int = 0,
+    maximum: int = MAX_OFFSET,
+) -> int:
     value = obj.get(key, default)
     if value is _MISSING:
         _bad(f"{where}{key}: required")
@@ -118,8 +125,9 @@ def _int(obj: dict[str, Any], key: str, where: str = "", *, default: Any = _MISS
     return value
 
 
-def _str(obj: dict[str, Any], key: str, where: str = "", *, default: Any = _MISSING,
-         empty: bool = False) -> str:
+def _str(
+    obj: dict[str, Any], key: str, where: str = "", *, default: Any = _MISSING, empty: bool = False
+) -> str:
     value = obj.get(key, default)
     if value is _MISSING:
         _bad(f"{where}{key}: required")
@@ -226,8 +234,9 @@ class BrokerNode:
         self.config = config
         self.cluster = cluster
         self.node_id = config.node_id
-        self._client = BrokerClient(request_timeout=10.0, auth_token=config.auth_token,
-                                    ca_file=config.tls_ca_file)
+        self._client = BrokerClient(
+            request_timeout=10.0, auth_token=config.auth_token, ca_file=config.tls_ca_file
+        )
         self.state = ClusterState(config, cluster, self._client, on_liveness_change=self._wake_acks)
         self.storage = Storage(config.data_dir, config.storage)
         self.groups = GroupStore(config.data_dir)
@@ -315,19 +324,27 @@ class BrokerNode:
             self._tasks.append(asyncio.create_task(self._retention_loop(), name="retention"))
         # handler_cancellation: a fetch held for a client that went away is cancelled at once, so
         # its waiter and in-flight count go with it instead of lasting until max_wait_ms
-        self._runner = web.AppRunner(self._app, shutdown_timeout=SHUTDOWN_DRAIN_S, access_log=None,
-                                     handler_cancellation=True)
+        self._runner = web.AppRunner(
+            self._app, shutdown_timeout=SHUTDOWN_DRAIN_S, access_log=None, handler_cancellation=True
+        )
         await self._runner.setup()
         spec = self.cluster.node(self.node_id)
         assert spec is not None
         port = self.config.port if self.config.port is not None else _url_port(spec[1].url)
-        site = web.TCPSite(self._runner, self.config.host, port, ssl_context=ssl_ctx,
-                           shutdown_timeout=SHUTDOWN_DRAIN_S)
+        site = web.TCPSite(
+            self._runner, self.config.host, port, ssl_context=ssl_ctx, shutdown_timeout=SHUTDOWN_DRAIN_S
+        )
         await site.start()
         scheme = "https" if ssl_ctx else "http"
         self.url = f"{scheme}://{self.config.host}:{port}"
-        log.info("listening", node=self.node_id, role=self.state.node.role, group=self.state.group.name,
-                 url=self.url, partitions=len(self.state.partitions))
+        log.info(
+            "listening",
+            node=self.node_id,
+            role=self.state.node.role,
+            group=self.state.group.name,
+            url=self.url,
+            partitions=len(self.state.partitions),
+        )
 
     async def stop(self) -> None:
         if self._stopped or not self._started:
@@ -506,8 +523,12 @@ class BrokerNode:
 
     async def _health(self, request: web.Request) -> web.Response:
         return web.json_response(
-            {"node": self.node_id, "role": self.state.node.role, "group": self.state.group.name,
-             "status": "stopping" if self._closing else "ok"}
+            {
+                "node": self.node_id,
+                "role": self.state.node.role,
+                "group": self.state.group.name,
+                "status": "stopping" if self._closing else "ok",
+            }
         )
 
     async def _metadata(self, request: web.Request) -> web.Response:
@@ -527,8 +548,13 @@ class BrokerNode:
 
     def _known(self, topic: str, partition: int) -> None:
         if self.state.group_of(topic, partition) is None:
-            raise ApiError(404, "unknown_partition", f"no partition {topic}/{partition} in the cluster",
-                           topic=topic, partition=partition)
+            raise ApiError(
+                404,
+                "unknown_partition",
+                f"no partition {topic}/{partition} in the cluster",
+                topic=topic,
+                partition=partition,
+            )
 
     # -- produce -----------------------------------------------------------------------------------
 
@@ -548,17 +574,30 @@ class BrokerNode:
             _bad(f"acks must be 'master' or 'all', got {acks!r}")
         group = self.state.group_of(topic, partition)
         if group is None:
-            raise ApiError(404, "unknown_partition", f"no partition {topic}/{partition} in the cluster",
-                           topic=topic, partition=partition)
+            raise ApiError(
+                404,
+                "unknown_partition",
+                f"no partition {topic}/{partition} in the cluster",
+                topic=topic,
+                partition=partition,
+            )
         master = group.master
         if master.id != self.node_id:
             if not self.state.alive(master.id):
                 raise ApiError(
-                    503, "master_unavailable",
+                    503,
+                    "master_unavailable",
                     f"master {master.id} of group {group.name} is down: writes fail until it is back",
-                    master=master.id, master_url=master.url)
-            raise ApiError(421, "not_master", f"{self.node_id} is not the master of {topic}/{partition}",
-                           master=master.id, master_url=master.url)
+                    master=master.id,
+                    master_url=master.url,
+                )
+            raise ApiError(
+                421,
+                "not_master",
+                f"{self.node_id} is not the master of {topic}/{partition}",
+                master=master.id,
+                master_url=master.url,
+            )
         if self._closing:
             raise ApiError(503, "shutting_down", "the node is stopping")
         limit = self.config.limits.max_request_bytes
@@ -578,14 +617,23 @@ class BrokerNode:
         if acks == "all" and self.state.group.slaves:
             timeout = self.config.acks_all_timeout_ms / 1000
             if not await self._wait_replicated(topic, partition, last + 1, timeout):
-                raise ApiError(504, "replication_timeout",
-                               f"slaves did not replicate offset {last} within {timeout}s "
-                               "(the records stay written)",
-                               base_offset=first, last_offset=last)
-        return web.json_response({
-            "topic": topic, "partition": partition, "base_offset": first, "last_offset": last,
-            "count": last - first + 1, "max_offset": plog.max_offset,
-        })
+                raise ApiError(
+                    504,
+                    "replication_timeout",
+                    f"slaves did not replicate offset {last} within {timeout}s (the records stay written)",
+                    base_offset=first,
+                    last_offset=last,
+                )
+        return web.json_response(
+            {
+                "topic": topic,
+                "partition": partition,
+                "base_offset": first,
+                "last_offset": last,
+                "count": last - first + 1,
+                "max_offset": plog.max_offset,
+            }
+        )
 
     def _log(self, topic: str, partition: int) -> PartitionLog:
         plog = self.storage.get(topic, partition)
@@ -602,12 +650,14 @@ class BrokerNode:
         for i, p in enumerate(raw):
             where = f"partitions[{i}]."
             p = _obj(p, f"partitions[{i}]")
-            items.append(_FetchItem(
-                _str(p, "topic", where),
-                _int(p, "partition", where, maximum=2**31 - 1),
-                _int(p, "offset", where),
-                _int(p, "max_bytes", where, default=default_max, minimum=1),
-            ))
+            items.append(
+                _FetchItem(
+                    _str(p, "topic", where),
+                    _int(p, "partition", where, maximum=2**31 - 1),
+                    _int(p, "offset", where),
+                    _int(p, "max_bytes", where, default=default_max, minimum=1),
+                )
+            )
         return items
 
     async def _fetch(self, request: web.Request) -> web.StreamResponse:
@@ -616,8 +666,9 @@ class BrokerNode:
         limits = self.config.limits
         max_wait = min(_int(body, "max_wait_ms", default=500), limits.max_wait_ms)
         min_bytes = _int(body, "min_bytes", default=1)
-        max_bytes = min(_int(body, "max_bytes", default=limits.max_fetch_bytes, minimum=1),
-                        limits.max_fetch_bytes)
+        max_bytes = min(
+            _int(body, "max_bytes", default=limits.max_fetch_bytes, minimum=1), limits.max_fetch_bytes
+        )
         items = self._parse_fetch(body, max_bytes)
         self.stats.count(client_id, "fetch")
         self.stats.fetch_partitions += len(items)
@@ -636,8 +687,9 @@ class BrokerNode:
         limits = self.config.limits
         max_wait = min(_int(body, "max_wait_ms", default=500), limits.max_wait_ms)
         min_bytes = _int(body, "min_bytes", default=1)
-        max_bytes = min(_int(body, "max_bytes", default=limits.max_fetch_bytes, minimum=1),
-                        limits.max_fetch_bytes)
+        max_bytes = min(
+            _int(body, "max_bytes", default=limits.max_fetch_bytes, minimum=1), limits.max_fetch_bytes
+        )
         items = self._parse_fetch(body, max_bytes)
         if self.state.is_master:
             for it in items:
@@ -645,8 +697,16 @@ class BrokerNode:
                     self._record_replica_progress(slave, it.topic, it.partition, it.offset)
         return await self._answer_fetch(request, items, max_wait, min_bytes, max_bytes, replica=True)
 
-    async def _answer_fetch(self, request: web.Request, items: list[_FetchItem], max_wait_ms: int,
-                            min_bytes: int, max_bytes: int, *, replica: bool) -> web.StreamResponse:
+    async def _answer_fetch(
+        self,
+        request: web.Request,
+        items: list[_FetchItem],
+        max_wait_ms: int,
+        min_bytes: int,
+        max_bytes: int,
+        *,
+        replica: bool,
+    ) -> web.StreamResponse:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max_wait_ms / 1000
         event = asyncio.Event()
@@ -683,8 +743,9 @@ class BrokerNode:
         await response.write_eof()
         return response
 
-    def _read_answer(self, entries: list[dict[str, Any]],
-                     plans: list[tuple[PartitionLog, ReadPlan] | None]) -> tuple[bytes, memoryview]:
+    def _read_answer(
+        self, entries: list[dict[str, Any]], plans: list[tuple[PartitionLog, ReadPlan] | None]
+    ) -> tuple[bytes, memoryview]:
         """Read every planned range into one buffer (the only copy of the stored bytes before the
         socket); returns the framed head and that buffer."""
         # np.empty, not bytearray: the reads fill every byte, so zeroing it first is a wasted pass
@@ -703,8 +764,9 @@ class BrokerNode:
         parts = encode_fetch_answer(self.node_id, entries, chunks)  # type: ignore[arg-type]
         return b"".join(parts[:3]), view
 
-    def _collect(self, items: list[_FetchItem], min_bytes: int, max_bytes: int, replica: bool
-                 ) -> tuple[list[dict[str, Any]], list[tuple[PartitionLog, ReadPlan] | None], bool]:
+    def _collect(
+        self, items: list[_FetchItem], min_bytes: int, max_bytes: int, replica: bool
+    ) -> tuple[list[dict[str, Any]], list[tuple[PartitionLog, ReadPlan] | None], bool]:
         """Plan every partition once; ``ready`` when the answer should go out without waiting."""
         entries: list[dict[str, Any]] = []
         plans: list[tuple[PartitionLog, ReadPlan] | None] = []
@@ -720,8 +782,9 @@ class BrokerNode:
             urgent = urgent or not waitable
         return entries, plans, urgent or (total > 0 and total >= min_bytes) or min_bytes == 0
 
-    def _plan_partition(self, it: _FetchItem, budget: int, first: bool, replica: bool
-                        ) -> tuple[dict[str, Any], tuple[PartitionLog, ReadPlan] | None, bool]:
+    def _plan_partition(
+        self, it: _FetchItem, budget: int, first: bool, replica: bool
+    ) -> tuple[dict[str, Any], tuple[PartitionLog, ReadPlan] | None, bool]:
         topic, partition, offset = it.topic, it.partition, it.offset
         entry: dict[str, Any] = {"topic": topic, "partition": partition}
         plog = self.storage.get(topic, partition) if self.state.holds(topic, partition) else None
@@ -733,8 +796,14 @@ class BrokerNode:
                 error = "not_master"
             else:
                 error = f"not_served: partition lives on group {group.name}"
-            entry.update(status=Status.NOT_SERVED.value, next_offset=offset, min_offset=0, max_offset=0,
-                         suggest=None, error=error)
+            entry.update(
+                status=Status.NOT_SERVED.value,
+                next_offset=offset,
+                min_offset=0,
+                max_offset=0,
+                suggest=None,
+                error=error,
+            )
             return entry, None, False
         lo, hi = plog.min_offset, plog.max_offset
         authoritative = replica or self.state.is_master or self.config.offset_check_in_slave
@@ -764,8 +833,13 @@ class BrokerNode:
                 if plan is not None and (plan.size <= budget or first):
                     planned = (plog, plan)
                     next_offset = plan.next_offset
-        entry.update(status=status.value, next_offset=next_offset, min_offset=lo, max_offset=hi,
-                     suggest=None if replica else self._suggest(plog, status, offset, next_offset))
+        entry.update(
+            status=status.value,
+            next_offset=next_offset,
+            min_offset=lo,
+            max_offset=hi,
+            suggest=None if replica else self._suggest(plog, status, offset, next_offset),
+        )
         return entry, planned, waitable
 
     def _suggest(self, plog: PartitionLog, status: Status, offset: int, next_offset: int) -> str | None:
@@ -827,8 +901,13 @@ class BrokerNode:
             _bad("group name must be 1..255 characters")
         coord = self.state.coordinator(group)
         if coord.id != self.node_id:
-            raise ApiError(421, "not_coordinator", f"{self.node_id} is not the coordinator of {group}",
-                           coordinator=coord.id, coordinator_url=coord.url)
+            raise ApiError(
+                421,
+                "not_coordinator",
+                f"{self.node_id} is not the coordinator of {group}",
+                coordinator=coord.id,
+                coordinator_url=coord.url,
+            )
         return group
 
     async def _heartbeat(self, request: web.Request) -> web.Response:
@@ -839,8 +918,13 @@ class BrokerNode:
         for i, t in enumerate(topics):
             if not isinstance(t, str) or not t:
                 _bad(f"topics[{i}]: must be a non-empty string")
-        timeout_ms = _int(body, "session_timeout_ms", default=self.config.session_timeout_ms,
-                          minimum=100, maximum=MAX_SESSION_TIMEOUT_MS)
+        timeout_ms = _int(
+            body,
+            "session_timeout_ms",
+            default=self.config.session_timeout_ms,
+            minimum=100,
+            maximum=MAX_SESSION_TIMEOUT_MS,
+        )
         self.stats.count(client_id, "heartbeat")
         members, version = self.groups.heartbeat(group, client_id, topics, timeout_ms)
         return web.json_response({"members": members, "version": version, "coordinator": self.node_id})

@@ -90,8 +90,9 @@ def _check_layout(data: bytes | bytearray, infos: list[BatchInfo]) -> None:
     pos = 0
     for info in infos:
         if info.position != pos:
-            raise StorageError(f"batch infos do not describe the data (batch at {info.position})",
-                               retriable=False)
+            raise StorageError(
+                f"batch infos do not describe the data (batch at {info.position})", retriable=False
+            )
         pos += info.length
     if pos != len(data):
         raise StorageError(f"batch infos cover {pos} of {len(data)} bytes", retriable=False)
@@ -101,8 +102,17 @@ class _Segment:
     """One segment file and its in-memory indexes (absolute offsets, positions in the file)."""
 
     __slots__ = (
-        "base_offset", "dirty", "fd", "next_offset", "offsets", "path", "positions", "size",
-        "start_byte", "ts_offsets", "ts_values",
+        "base_offset",
+        "dirty",
+        "fd",
+        "next_offset",
+        "offsets",
+        "path",
+        "positions",
+        "size",
+        "start_byte",
+        "ts_offsets",
+        "ts_values",
     )
 
     def __init__(self, path: Path, base_offset: int, fd: int, start_byte: int) -> None:
@@ -315,8 +325,14 @@ class PartitionLog:
         except BaseException:
             self._close_fds()
             raise
-        log.debug("log opened", topic=self.topic, partition=self.partition, min_offset=self.min_offset,
-                  max_offset=self.max_offset, segments=len(self._segments))
+        log.debug(
+            "log opened",
+            topic=self.topic,
+            partition=self.partition,
+            min_offset=self.min_offset,
+            max_offset=self.max_offset,
+            segments=len(self._segments),
+        )
 
     def _recover(self, bases: list[int]) -> None:
         start_byte = 0
@@ -324,10 +340,14 @@ class PartitionLog:
             path = self.directory / (_segment_name(base) + LOG_SUFFIX)
             last = i == len(bases) - 1
             if self._segments and base != self._segments[-1].next_offset:
-                log.warning("gap or overlap between segments: deleting the later segments",
-                            topic=self.topic, partition=self.partition,
-                            expected=self._segments[-1].next_offset, found=base,
-                            deleted=[_segment_name(b) for b in bases[i:]])
+                log.warning(
+                    "gap or overlap between segments: deleting the later segments",
+                    topic=self.topic,
+                    partition=self.partition,
+                    expected=self._segments[-1].next_offset,
+                    found=base,
+                    deleted=[_segment_name(b) for b in bases[i:]],
+                )
                 for b in bases[i:]:
                     self._unlink_segment_files(self.directory / (_segment_name(b) + LOG_SUFFIX))
                 self._dir_dirty = True
@@ -339,17 +359,25 @@ class PartitionLog:
                 continue
             valid = seg.scan()
             if valid < seg.size:
-                log.warning("truncating torn or corrupt log tail", topic=self.topic,
-                            partition=self.partition, segment=path.name, bytes=seg.size - valid,
-                            at=valid)
+                log.warning(
+                    "truncating torn or corrupt log tail",
+                    topic=self.topic,
+                    partition=self.partition,
+                    segment=path.name,
+                    bytes=seg.size - valid,
+                    at=valid,
+                )
                 os.ftruncate(seg.fd, valid)
                 os.fsync(seg.fd)
                 seg.size = valid
                 if not last:
-                    log.warning("deleting segments after a corrupt segment", topic=self.topic,
-                                partition=self.partition,
-                                deleted=[_segment_name(b) for b in bases[i + 1:]])
-                    for b in bases[i + 1:]:
+                    log.warning(
+                        "deleting segments after a corrupt segment",
+                        topic=self.topic,
+                        partition=self.partition,
+                        deleted=[_segment_name(b) for b in bases[i + 1 :]],
+                    )
+                    for b in bases[i + 1 :]:
                         self._unlink_segment_files(self.directory / (_segment_name(b) + LOG_SUFFIX))
                     self._dir_dirty = True
                     last = True
@@ -403,8 +431,7 @@ class PartitionLog:
         if self._closed:
             raise StorageError(f"{self.topic}-{self.partition}: log is closed", retriable=True)
         if self._failed is not None:
-            raise StorageError(f"{self.topic}-{self.partition}: log failed: {self._failed}",
-                               retriable=False)
+            raise StorageError(f"{self.topic}-{self.partition}: log failed: {self._failed}", retriable=False)
 
     def append(self, data: bytes, infos: list[BatchInfo]) -> tuple[int, int]:
         """Assign offsets to validated batches and write them; returns (first, last) offset."""
@@ -449,8 +476,7 @@ class PartitionLog:
         count = sum(info.count for info in infos)
         seg = self._segments[-1]
         if seg.size > 0 and (
-            seg.size + len(data) > self._config.segment_bytes
-            or first + count - seg.base_offset > _U32_MAX
+            seg.size + len(data) > self._config.segment_bytes or first + count - seg.base_offset > _U32_MAX
         ):
             seg = self._roll_locked(first)
         if seg.size + len(data) > _U32_MAX:
@@ -464,8 +490,9 @@ class PartitionLog:
         except OSError as exc:
             self._undo_write(seg, start, exc)
             retriable = exc.errno in (errno.ENOSPC, errno.EDQUOT)
-            raise StorageError(f"{self.topic}-{self.partition}: write failed: {exc}",
-                               retriable=retriable) from exc
+            raise StorageError(
+                f"{self.topic}-{self.partition}: write failed: {exc}", retriable=retriable
+            ) from exc
         seg.size = start + len(data)
         seg.dirty = True
         offset = first
@@ -492,15 +519,21 @@ class PartitionLog:
                 self._dir_dirty = False
                 fsync_dir(self.directory)
         except OSError as exc:
-            raise StorageError(f"{self.topic}-{self.partition}: fsync failed: {exc}",
-                               retriable=False) from exc
+            raise StorageError(
+                f"{self.topic}-{self.partition}: fsync failed: {exc}", retriable=False
+            ) from exc
 
     def _roll_locked(self, base: int) -> _Segment:
         old = self._segments[-1]
         old.write_indexes()
         seg = self._new_segment(base)
-        log.debug("segment rolled", topic=self.topic, partition=self.partition, base_offset=base,
-                  previous_bytes=old.size)
+        log.debug(
+            "segment rolled",
+            topic=self.topic,
+            partition=self.partition,
+            base_offset=base,
+            previous_bytes=old.size,
+        )
         return seg
 
     # -- read --------------------------------------------------------------------------------------
@@ -627,15 +660,21 @@ class PartitionLog:
                 return
             si, bi = self._locate(offset)
             seg = self._segments[si]
-            for victim in reversed(self._segments[si + 1:]):
+            for victim in reversed(self._segments[si + 1 :]):
                 os.close(victim.fd)
                 self._unlink_segment_files(victim.path)
-            del self._segments[si + 1:]
-            del self._bases[si + 1:]
+            del self._segments[si + 1 :]
+            del self._bases[si + 1 :]
             new_size = seg.positions[bi]
             new_end = seg.offsets[bi]
-            log.warning("truncating log", topic=self.topic, partition=self.partition, to=new_end,
-                        requested=offset, bytes=seg.size - new_size)
+            log.warning(
+                "truncating log",
+                topic=self.topic,
+                partition=self.partition,
+                to=new_end,
+                requested=offset,
+                bytes=seg.size - new_size,
+            )
             os.ftruncate(seg.fd, new_size)
             seg.size = new_size
             del seg.offsets[bi:]
@@ -656,8 +695,14 @@ class PartitionLog:
             self._reset_locked(offset)
 
     def _reset_locked(self, offset: int) -> None:
-        log.warning("resetting log", topic=self.topic, partition=self.partition, start=offset,
-                    dropped_from=self.min_offset, dropped_to=self.max_offset)
+        log.warning(
+            "resetting log",
+            topic=self.topic,
+            partition=self.partition,
+            start=offset,
+            dropped_from=self.min_offset,
+            dropped_to=self.max_offset,
+        )
         old = self._segments
         for victim in old:
             os.close(victim.fd)
@@ -680,8 +725,9 @@ class PartitionLog:
             fsync_dir(self.directory)
             self._dir_dirty = False
         except OSError as exc:
-            raise StorageError(f"{self.topic}-{self.partition}: fsync failed: {exc}",
-                               retriable=False) from exc
+            raise StorageError(
+                f"{self.topic}-{self.partition}: fsync failed: {exc}", retriable=False
+            ) from exc
 
     def apply_retention(self, now_ms: int) -> int:
         """Delete closed segments past retention_ms or beyond retention_bytes; returns how many."""
@@ -707,9 +753,15 @@ class PartitionLog:
                 total -= seg.size
                 deleted += 1
                 self._dir_dirty = True
-                log.info("segment deleted by retention", topic=self.topic, partition=self.partition,
-                         segment=seg.path.name, bytes=seg.size, reason="age" if too_old else "size",
-                         min_offset=self.min_offset)
+                log.info(
+                    "segment deleted by retention",
+                    topic=self.topic,
+                    partition=self.partition,
+                    segment=seg.path.name,
+                    bytes=seg.size,
+                    reason="age" if too_old else "size",
+                    min_offset=self.min_offset,
+                )
         return deleted
 
     # -- durability and shutdown -------------------------------------------------------------------
@@ -737,8 +789,9 @@ class PartitionLog:
             except OSError as exc:
                 error = exc
         if error is not None:
-            raise StorageError(f"{self.topic}-{self.partition}: fsync failed: {error}",
-                               retriable=False) from error
+            raise StorageError(
+                f"{self.topic}-{self.partition}: fsync failed: {error}", retriable=False
+            ) from error
 
     def close(self) -> None:
         """Flush (unless fsync = never) and close every fd. Idempotent."""
@@ -765,8 +818,9 @@ class Storage:
 
     def __init__(self, data_dir: Path, config: StorageConfig) -> None:
         if config.segment_bytes > MAX_SEGMENT_BYTES:
-            raise StorageError(f"segment_bytes {config.segment_bytes} exceeds {MAX_SEGMENT_BYTES}",
-                               retriable=False)
+            raise StorageError(
+                f"segment_bytes {config.segment_bytes} exceeds {MAX_SEGMENT_BYTES}", retriable=False
+            )
         self.data_dir = Path(data_dir)
         self.logs_dir = self.data_dir / "logs"
         self.config = config
@@ -828,8 +882,9 @@ class Storage:
                 try:
                     plog.close()
                 except StorageError as exc:
-                    log.error("closing log failed", topic=plog.topic, partition=plog.partition,
-                              error=str(exc))
+                    log.error(
+                        "closing log failed", topic=plog.topic, partition=plog.partition, error=str(exc)
+                    )
         finally:
             if self._lock_fd is not None:
                 os.close(self._lock_fd)

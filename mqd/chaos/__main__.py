@@ -29,8 +29,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--rounds", type=int, default=20)
     p.add_argument("--seed", type=int, default=None, help="default: from the clock (printed)")
     p.add_argument("--root", type=Path, default=None, help="work directory (default: a new temp dir)")
-    p.add_argument("--out", type=Path, default=None,
-                   help="write the summary JSON here (default: $TMPDIR/mqd-chaos-<seed>.json)")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="write the summary JSON here (default: $TMPDIR/mqd-chaos-<seed>.json)",
+    )
     p.add_argument("--groups", type=int, default=2)
     p.add_argument("--slaves", type=int, default=1)
     p.add_argument("--partitions", type=int, default=4)

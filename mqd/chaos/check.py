@@ -66,7 +66,9 @@ async def read_log(client: BrokerClient, url_of: dict[int, str], topic: str) -> 
         offset = 0
         for _ in range(1_000_000):  # bounded: each round trip moves forward or ends the loop
             answer = await client.fetch(
-                url, [{"topic": topic, "partition": partition, "offset": offset}], max_wait_ms=0,
+                url,
+                [{"topic": topic, "partition": partition, "offset": offset}],
+                max_wait_ms=0,
                 max_bytes=8 * 1024 * 1024,
             )
             p = answer.partitions[0]
@@ -96,13 +98,15 @@ def check_log(log: dict[int, pa.Table], acks: Iterable[Ack]) -> LogCheck:
         t = log.get(partition)
         log_off = t.column("offset").to_numpy() if t is not None else np.empty(0, np.int64)
         mine = by_partition.get(partition, [])
-        acked = np.concatenate([np.arange(a.base_offset, a.base_offset + a.count) for a in mine] or
-                               [np.empty(0, np.int64)])
+        acked = np.concatenate(
+            [np.arange(a.base_offset, a.base_offset + a.count) for a in mine] or [np.empty(0, np.int64)]
+        )
         res.unacknowledged_written += int(np.setdiff1d(log_off, acked).size)
         if not acked.size:
             continue
-        want = pa.array([record_value(partition, a.first_seq + i) for a in mine for i in range(a.count)],
-                        pa.binary())
+        want = pa.array(
+            [record_value(partition, a.first_seq + i) for a in mine for i in range(a.count)], pa.binary()
+        )
         idx = np.minimum(np.searchsorted(log_off, acked), max(len(log_off) - 1, 0))
         present = (log_off[idx] == acked) if len(log_off) else np.zeros(acked.size, bool)
         same = np.zeros(acked.size, bool)

@@ -252,9 +252,10 @@ class ChaosCluster:
 
     async def health(self, node: Node, timeout: float = 1.0) -> dict[str, Any] | None:
         try:
-            async with aiohttp.ClientSession() as s, s.get(
-                node.direct_url + "/v1/health", timeout=aiohttp.ClientTimeout(total=timeout)
-            ) as resp:
+            async with (
+                aiohttp.ClientSession() as s,
+                s.get(node.direct_url + "/v1/health", timeout=aiohttp.ClientTimeout(total=timeout)) as resp,
+            ):
                 if resp.status != 200:
                     return None
                 data = await resp.json()

@@ -311,8 +311,13 @@ class ChaosRun:
 
     def _daemon_events(self) -> dict[str, int]:
         """Warnings and errors the daemons logged, and the events that show a fault took effect."""
-        shown = {"pull node switched", "publish_conflict", "rebalanced", "revoked partition: unpublished "
-                 "records dropped", "group session expired; releasing partitions"}
+        shown = {
+            "pull node switched",
+            "publish_conflict",
+            "rebalanced",
+            "revoked partition: unpublished records dropped",
+            "group session expired; releasing partitions",
+        }
         counts: Counter[str] = Counter()
         for d in [*self.daemons, self.extra]:
             try:
@@ -345,8 +350,9 @@ class ChaosRun:
             out[p] = 0 if last is None else int(last) + 1
         return out
 
-    async def _caught_up(self, target: dict[int, int], timeout: float, what: str, *, beyond: bool = False
-                         ) -> float:
+    async def _caught_up(
+        self, target: dict[int, int], timeout: float, what: str, *, beyond: bool = False
+    ) -> float:
         """Wait until every partition has landed up to ``target``; with ``beyond``, also until some
         partition has landed past it (records produced after the fault: the pipeline flows again)."""
         started = time.monotonic()
@@ -379,8 +385,9 @@ class ChaosRun:
                 3,
             )
         except ChaosError as exc:
-            self.failures.append(f"round {number} ({', '.join(kinds)}): {exc}; landed {self.landed_end()}, "
-                                 f"acked {target}")
+            self.failures.append(
+                f"round {number} ({', '.join(kinds)}): {exc}; landed {self.landed_end()}, acked {target}"
+            )
         log.info("chaos.round_done", round=number, recovery_s=rec.recovery_s, notes=rec.notes)
         return rec
 
@@ -432,8 +439,9 @@ class ChaosRun:
         landed = check.compare(log_tables, landing)
         out: dict[str, Any] = {"log": log_check.to_json(), "landing": landed.to_json()}
         if log_check.acked_missing:
-            self.failures.append(f"broker lost {log_check.acked_missing} acknowledged records: "
-                                 f"{log_check.examples}")
+            self.failures.append(
+                f"broker lost {log_check.acked_missing} acknowledged records: {log_check.examples}"
+            )
         if not landed.ok:
             self.failures.append(f"landing differs from the log: {landed.examples}")
         out["replicas"] = await self._verify_replicas(log_tables)
@@ -468,8 +476,12 @@ class ChaosRun:
             cmp = check.compare({p: log_tables[p] for p in parts}, pa.concat_tables(copies))
             if not cmp.ok:
                 self.failures.append(f"slave {slave.id} differs from its master: {cmp.examples}")
-            out[slave.id] = {"distinct": cmp.distinct, "lost": cmp.lost, "mismatched": cmp.mismatched,
-                             "not_in_master_log": cmp.not_in_log}
+            out[slave.id] = {
+                "distinct": cmp.distinct,
+                "lost": cmp.lost,
+                "mismatched": cmp.mismatched,
+                "not_in_master_log": cmp.not_in_log,
+            }
         return out
 
     async def _spark(self, log_tables: dict[int, Any]) -> dict[str, Any]:
@@ -537,7 +549,10 @@ class ChaosRun:
         await self.client.close()
         if self.failures and self.disk.available:  # the tmpfs dies with the run: keep a copy to look at
             await asyncio.to_thread(
-                shutil.copytree, self.landing, self.root / "landing-copy", dirs_exist_ok=True,
+                shutil.copytree,
+                self.landing,
+                self.root / "landing-copy",
+                dirs_exist_ok=True,
                 ignore=shutil.ignore_patterns(".chaos-filler"),
             )
         self.disk.teardown()
@@ -599,8 +614,14 @@ async def _true(value: bool) -> bool:
 def format_summary(s: dict[str, Any]) -> str:
     r = s["records"]
     t = s.get("table") or {}
-    table = (f"table: distinct {t.get('distinct')}, lost {t.get('lost')}, duplicates {t.get('duplicates')}, "
-             f"mismatched {t.get('mismatched')}") if "distinct" in t else f"table: {t}"
+    table = (
+        (
+            f"table: distinct {t.get('distinct')}, lost {t.get('lost')}, duplicates {t.get('duplicates')}, "
+            f"mismatched {t.get('mismatched')}"
+        )
+        if "distinct" in t
+        else f"table: {t}"
+    )
     lines = [
         f"chaos {'PASSED' if s['ok'] else 'FAILED'}: seed {s['seed']}, {s['rounds']} rounds, "
         f"{s['duration_s']}s",
@@ -613,12 +634,18 @@ def format_summary(s: dict[str, Any]) -> str:
         f"losses {r['losses']}, duplicates {r['duplicates']}, mismatched {r['mismatched']}, "
         f"acknowledged missing from the log {r['acked_missing_from_log']}",
         table,
-        "replicas: " + (", ".join(f"{k} lost {v['lost']} mismatched {v['mismatched']}"
-                                  for k, v in (s.get("replicas") or {}).items()) or "none"),
+        "replicas: "
+        + (
+            ", ".join(
+                f"{k} lost {v['lost']} mismatched {v['mismatched']}"
+                for k, v in (s.get("replicas") or {}).items()
+            )
+            or "none"
+        ),
         f"max recovery: {s['max_recovery_s']}s; by kind: {s['max_recovery_s_by_kind']}",
         f"crashes: {s['crashes'] or 'none'}",
-        "daemon log: " + (", ".join(f"{k} {v}" for k, v in s.get("daemon_log_events", {}).items())
-                          or "quiet"),
+        "daemon log: "
+        + (", ".join(f"{k} {v}" for k, v in s.get("daemon_log_events", {}).items()) or "quiet"),
     ]
     lines.extend(f"FAILURE: {f}" for f in s["failures"])
     return "\n".join(lines)

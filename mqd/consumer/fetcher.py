@@ -192,9 +192,7 @@ class NodeFetcher:
             ),
             name=f"mqd-fetch-request-{self.node_id}",
         )
-        self._request.add_done_callback(
-            functools.partial(self._on_done, sent, reserve, time.perf_counter())
-        )
+        self._request.add_done_callback(functools.partial(self._on_done, sent, reserve, time.perf_counter()))
 
     def _on_done(self, sent: list[_Sent], reserved: int, t0: float, task: asyncio.Task[FetchAnswer]) -> None:
         m = self._m

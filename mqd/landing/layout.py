@@ -186,9 +186,7 @@ def landing_table(topic: str, partition: int, records: pa.Table) -> pa.Table:
         pa.array(np.zeros(n, dtype=np.int32)), pa.array([topic], type=pa.string())
     )
     part_col = pa.array(np.full(n, partition, dtype=np.int32))
-    return pa.Table.from_arrays(
-        [topic_col, part_col, *records.columns], schema=LANDING_SCHEMA
-    )
+    return pa.Table.from_arrays([topic_col, part_col, *records.columns], schema=LANDING_SCHEMA)
 
 
 def describe(topic: str, partition: int, records: pa.Table) -> tuple[int, int, int, int, int]:

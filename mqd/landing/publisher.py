@@ -304,8 +304,9 @@ class Publisher:
         rng = FileRange(f"{rel_dir}/{name}", topic, partition, first, last, count, ts_min, ts_max)
         try:
             layout.makedirs_durable(final_dir, self.root)
-            size = layout.write_parquet(tmp, layout.landing_table(topic, partition, records), rng,
-                                        self.compression)
+            size = layout.write_parquet(
+                tmp, layout.landing_table(topic, partition, records), rng, self.compression
+            )
             rng = replace(rng, bytes=size, created=layout.iso_now())
             with self._locked(topic, partition):
                 st = self._recover(topic, partition, self._read_state(topic, partition))

@@ -342,7 +342,11 @@ class LandingSink:
         t0 = time.monotonic()
         try:
             outcome: PublishOutcome = await self._run(
-                self.publisher.publish_records, tp[0], tp[1], buf.batches, self._expected.get(tp),
+                self.publisher.publish_records,
+                tp[0],
+                tp[1],
+                buf.batches,
+                self._expected.get(tp),
                 self._config.max_records,
             )
         except BaseException:
@@ -367,8 +371,13 @@ class LandingSink:
         if outcome.conflict is not None:
             self.stats["conflicts"] += 1
             metrics.publish_conflicts.labels(tp[0]).inc()
-            log.warning("publish_conflict", topic=tp[0], partition=tp[1],
-                        expected=outcome.conflict.expected, landed=outcome.conflict.last_offset)
+            log.warning(
+                "publish_conflict",
+                topic=tp[0],
+                partition=tp[1],
+                expected=outcome.conflict.expected,
+                landed=outcome.conflict.last_offset,
+            )
             self.stats["dropped"] += buf.records - sum(r.count for r in outcome.published)
             if current:
                 self.drop(tp)  # what arrived meanwhile follows the lost batch: drop it too

@@ -170,9 +170,13 @@ def run(config: MqdConfig, *, once: bool, master: str | None = None) -> int:
         return 2
     stray = unlisted_files(landing)
     if stray:
-        log.warning("landing_unlisted_files", count=len(stray), files=[str(p) for p in stray[:50]],
-                    note="not in the manifest: Spark reads them if they are valid Parquet with the "
-                    "landing schema and skips them if corrupt")
+        log.warning(
+            "landing_unlisted_files",
+            count=len(stray),
+            files=[str(p) for p in stray[:50]],
+            note="not in the manifest: Spark reads them if they are valid Parquet with the "
+            "landing schema and skips them if corrupt",
+        )
     had_session = _active_session() is not None
     spark = build_session(config, master)
     started: list[Any] = []
@@ -203,8 +207,10 @@ def run(config: MqdConfig, *, once: bool, master: str | None = None) -> int:
             )
             if parts:
                 writer = writer.partitionBy(*parts)
-            writer = writer.trigger(availableNow=True) if once else writer.trigger(
-                processingTime=config.spark.trigger_interval
+            writer = (
+                writer.trigger(availableNow=True)
+                if once
+                else writer.trigger(processingTime=config.spark.trigger_interval)
             )
             started.append(writer.start())
             log.info("spark_query_started", query=name, output=str(out), checkpoint=str(ckpt), once=once)
@@ -215,8 +221,12 @@ def run(config: MqdConfig, *, once: bool, master: str | None = None) -> int:
                 return 1
         for q in started:
             progress = q.lastProgress or {}
-            log.info("spark_query_done", query=q.name, batch=progress.get("batchId"),
-                     rows=progress.get("numInputRows"))
+            log.info(
+                "spark_query_done",
+                query=q.name,
+                batch=progress.get("batchId"),
+                rows=progress.get("numInputRows"),
+            )
         return 0
     except Exception as exc:
         if stopping.is_set():
