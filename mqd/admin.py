@@ -30,6 +30,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from mqd import metrics
 from mqd.config import AdminConfig
+from mqd.errors import MqdError
 
 log = structlog.get_logger(__name__)
 
@@ -37,12 +38,11 @@ PartitionSpec = tuple[str, int | None]
 _TOPIC = re.compile(r"^[A-Za-z0-9._-]+$")
 
 
-class AdminError(Exception):
+class AdminError(MqdError):
     """Bad input to the admin endpoint or a failed call to it. Not retriable unless it says so."""
 
     def __init__(self, message: str, *, retriable: bool = False) -> None:
-        super().__init__(message)
-        self.retriable = retriable
+        super().__init__(message, retriable=retriable)
 
 
 def parse_partition_spec(text: str) -> PartitionSpec:

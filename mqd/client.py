@@ -14,6 +14,7 @@ from typing import Any
 
 import aiohttp
 
+from mqd.errors import MqdError
 from mqd.protocol import BATCH_CONTENT_TYPE, FETCH_CONTENT_TYPE, FetchAnswer, decode_fetch_answer
 
 
@@ -49,7 +50,7 @@ async def _read_fetch_body(resp: aiohttp.ClientResponse) -> FetchBody:
     return body
 
 
-class BrokerError(Exception):
+class BrokerError(MqdError):
     """An error answer or a transport failure talking to a broker node."""
 
     def __init__(
@@ -61,11 +62,10 @@ class BrokerError(Exception):
         body: dict[str, Any] | None = None,
         retriable: bool = True,
     ) -> None:
-        super().__init__(message)
+        super().__init__(message, retriable=retriable)
         self.status = status
         self.code = code
         self.body = body or {}
-        self.retriable = retriable
 
 
 @dataclass(frozen=True, slots=True)

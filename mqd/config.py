@@ -22,11 +22,13 @@ from typing import Any, Literal, Self, TypeVar, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from mqd.errors import MqdError
+
 MiB = 1024 * 1024
 BUILTIN_ALLOCATIONS = ("averagely", "averagely-by-circle", "consistent-hash")  # mqd.consumer.allocation
 
 
-class ConfigError(Exception):
+class ConfigError(MqdError):
     """A config file is missing, unreadable or invalid. Not retriable: fix the file."""
 
     retriable = False

@@ -42,12 +42,12 @@ import structlog
 from mqd.client import BrokerClient
 from mqd.config import MqdConfig
 from mqd.consumer import Consumer, ConsumerError, TopicPartition
-from mqd.consumer.state import wait_event
 from mqd.format import now_ms
 from mqd.landing import layout
 from mqd.landing.layout import LandingCorrupt, LandingError
 from mqd.landing.markers import IDLE_GRACE_MS, update_markers
 from mqd.landing.sink import FlushResult, LandingSink
+from mqd.waiting import wait_event
 
 log = structlog.get_logger("mqd.daemon")
 

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
+from mqd.errors import MqdError
+
 try:  # ISA-L's CRC-32 is bit-identical to zlib's and ~7x faster (bench/profile/REPORT.md)
     from isal.isal_zlib import crc32 as _crc32
 except ImportError:  # pragma: no cover - isal ships wheels for every platform we target
@@ -43,7 +45,7 @@ RECORD_SCHEMA = pa.schema(
 )
 
 
-class BatchError(ValueError):
+class BatchError(MqdError, ValueError):
     """A batch is malformed: bad magic, length, CRC or internal offsets. Never retriable."""
 
     retriable = False

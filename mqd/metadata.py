@@ -11,6 +11,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from mqd.errors import MqdError
+
 
 class TopicPartition(NamedTuple):
     topic: str
@@ -37,7 +39,7 @@ class PartitionInfo:
     replicas: tuple[str, ...]
 
 
-class MetadataError(ValueError):
+class MetadataError(MqdError, ValueError):
     """A metadata answer that does not have the documented shape (retriable: ask another node)."""
 
     retriable = True

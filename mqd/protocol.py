@@ -13,6 +13,8 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any
 
+from mqd.errors import MqdError
+
 FETCH_MAGIC = b"MQF1"
 FETCH_CONTENT_TYPE = "application/x-mqd-fetch"
 BATCH_CONTENT_TYPE = "application/x-mqd-batches"
@@ -65,7 +67,7 @@ def encode_fetch_answer(node: str, entries: list[dict[str, Any]], chunks: list[b
     return [_PREFIX.pack(FETCH_MAGIC, len(head)), head, b"\0" * pad, *chunks]
 
 
-class ProtocolError(ValueError):
+class ProtocolError(MqdError, ValueError):
     """A broker answer that does not parse. Retriable: the next fetch may be fine."""
 
     retriable = True

@@ -34,6 +34,7 @@ import structlog
 from mqd import log as mqdlog
 from mqd import metrics
 from mqd.config import ConfigError, MqdConfig, load_daemon_config
+from mqd.errors import MqdError
 from mqd.sdnotify import Notifier
 
 if TYPE_CHECKING:  # the CLI imports this module for the pid file helpers: keep aiohttp out of it
@@ -49,12 +50,11 @@ EXIT_FAILURE = 1
 EXIT_FORCED = 130  # second signal: stopped without the drain
 
 
-class RunnerError(Exception):
+class RunnerError(MqdError):
     """The process cannot run (already running, pid file unusable). Not retriable as is."""
 
     def __init__(self, message: str, *, retriable: bool = False) -> None:
-        super().__init__(message)
-        self.retriable = retriable
+        super().__init__(message, retriable=retriable)
 
 
 class DaemonLike(Protocol):

@@ -18,7 +18,7 @@ from mqd.consumer import (
     SubscriptionState,
     TopicPartition,
 )
-from mqd.consumer.state import wait_event
+from mqd.waiting import wait_event
 
 TP = TopicPartition("events", 0)
 

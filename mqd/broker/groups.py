@@ -28,6 +28,7 @@ from typing import Any
 
 import structlog
 
+from mqd.errors import MqdError
 from mqd.fsutil import fsync_dir
 
 log = structlog.get_logger(__name__)
@@ -40,12 +41,11 @@ Committed = tuple[int, int]
 Snapshot = dict[str, list[dict[str, Any]]]
 
 
-class GroupError(Exception):
+class GroupError(MqdError):
     """The offsets file cannot be read or written."""
 
     def __init__(self, message: str, *, retriable: bool) -> None:
-        super().__init__(message)
-        self.retriable = retriable
+        super().__init__(message, retriable=retriable)
 
 
 @dataclass(slots=True)

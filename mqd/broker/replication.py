@@ -15,7 +15,6 @@ cannot see a divergence whose batch boundaries happen to line up.
 from __future__ import annotations
 
 import asyncio
-import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,38 +23,22 @@ from typing import Any
 import structlog
 
 from mqd import format as fmt
+from mqd.backoff import Backoff
 from mqd.broker.groups import GroupError, GroupStore
 from mqd.broker.storage import Storage, StorageError
 from mqd.client import BrokerClient, BrokerError
 from mqd.config import GroupSpec, MiB
+from mqd.errors import MqdError
 from mqd.protocol import FetchAnswer, PartitionFetch, ProtocolError, Status
 
 log = structlog.get_logger(__name__)
 
 
-class ReplicationError(Exception):
+class ReplicationError(MqdError):
     """One partition's answer from the master cannot be applied (the partition is retried later)."""
 
     def __init__(self, message: str, *, retriable: bool = True) -> None:
-        super().__init__(message)
-        self.retriable = retriable
-
-
-class Backoff:
-    """Capped exponential backoff with jitter: base, 2*base, ... up to cap, each +-20%."""
-
-    def __init__(self, base_s: float, cap_s: float) -> None:
-        self.base_s = base_s
-        self.cap_s = cap_s
-        self.failures = 0
-
-    def next(self) -> float:
-        delay = min(self.cap_s, self.base_s * 2 ** min(self.failures, 30))
-        self.failures += 1
-        return delay * random.uniform(0.8, 1.2)
-
-    def reset(self) -> None:
-        self.failures = 0
+        super().__init__(message, retriable=retriable)
 
 
 @dataclass(slots=True)

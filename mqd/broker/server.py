@@ -45,6 +45,7 @@ from mqd.broker.replication import Replicator
 from mqd.broker.storage import PartitionLog, ReadPlan, Storage, StorageError
 from mqd.client import BrokerClient, BrokerError
 from mqd.config import BrokerConfig, ClusterConfig, ConfigError, load_broker_config
+from mqd.errors import MqdError
 from mqd.protocol import BATCH_CONTENT_TYPE, FETCH_CONTENT_TYPE, Status, encode_fetch_answer
 
 log = structlog.get_logger(__name__)
@@ -61,16 +62,15 @@ _PARTITION_RE = re.compile(r"-?[0-9]+")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-class ApiError(Exception):
+class ApiError(MqdError):
     """An error answer: JSON ``{"error": code, "reason": ..., **extra}`` with an HTTP status."""
 
     def __init__(self, status: int, code: str, reason: str, **extra: Any) -> None:
-        super().__init__(reason)
+        super().__init__(reason, retriable=status >= 500 or status in (408, 421, 429))
         self.status = status
         self.code = code
         self.reason = reason
         self.extra = extra
-        self.retriable = status >= 500 or status in (408, 421, 429)
 
     def response(self) -> web.Response:
         body = {"error": self.code, "reason": self.reason, **self.extra}

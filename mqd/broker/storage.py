@@ -37,6 +37,7 @@ import numpy as np
 import structlog
 
 from mqd.config import StorageConfig
+from mqd.errors import MqdError
 from mqd.format import HEADER_SIZE, BatchError, BatchInfo, read_header, scan_valid_prefix, set_base_offset
 from mqd.fsutil import fsync_dir
 
@@ -54,12 +55,11 @@ _TIMEINDEX_DTYPE = np.dtype([("ts", "<i8"), ("rel", "<u4")])
 _NO_TIMESTAMP = -(2**63)
 
 
-class StorageError(Exception):
+class StorageError(MqdError):
     """A log cannot be read or written, or an append breaks the log's offset rules."""
 
     def __init__(self, message: str, *, retriable: bool) -> None:
-        super().__init__(message)
-        self.retriable = retriable
+        super().__init__(message, retriable=retriable)
 
 
 def _segment_name(base_offset: int) -> str:

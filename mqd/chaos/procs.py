@@ -27,17 +27,17 @@ from typing import Any
 import aiohttp
 
 from mqd.chaos.proxy import FaultProxy
+from mqd.errors import MqdError
 from mqd.localcluster import broker_argv, cluster_toml, free_port, group_names, node_toml, spawn_logged
 
 _PR_SET_PDEATHSIG = 1
 
 
-class ChaosError(Exception):
+class ChaosError(MqdError):
     """The chaos run could not do what it needed (a process would not start, a deadline passed)."""
 
     def __init__(self, message: str, *, retriable: bool = False) -> None:
-        super().__init__(message)
-        self.retriable = retriable
+        super().__init__(message, retriable=retriable)
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec

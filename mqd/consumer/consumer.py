@@ -30,8 +30,8 @@ from mqd.consumer.state import (
     FlowLimits,
     SubscriptionState,
     TopicPartition,
-    wait_event,
 )
+from mqd.waiting import wait_event
 
 log = structlog.get_logger("mqd.consumer")
 

@@ -18,7 +18,8 @@ import structlog
 
 from mqd.client import BrokerClient, BrokerError
 from mqd.consumer.metadata import MetadataCache
-from mqd.consumer.state import ConsumerError, wait_event
+from mqd.consumer.state import ConsumerError
+from mqd.waiting import wait_event
 
 log = structlog.get_logger("mqd.consumer.coordinator")
 

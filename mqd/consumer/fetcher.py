@@ -34,9 +34,9 @@ from mqd.consumer.state import (
     PartitionState,
     SubscriptionState,
     TopicPartition,
-    wait_event,
 )
 from mqd.protocol import FetchAnswer, PartitionFetch, ProtocolError, Status
+from mqd.waiting import wait_event
 
 log = structlog.get_logger("mqd.consumer.fetcher")
 

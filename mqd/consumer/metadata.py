@@ -15,8 +15,9 @@ from collections.abc import Callable
 import structlog
 
 from mqd.client import BrokerClient, BrokerError
-from mqd.consumer.state import ConsumerError, wait_event
+from mqd.consumer.state import ConsumerError
 from mqd.metadata import ClusterMetadata, MetadataError
+from mqd.waiting import wait_event
 
 log = structlog.get_logger("mqd.consumer.metadata")
 

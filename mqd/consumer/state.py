@@ -24,22 +24,8 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from mqd import metrics
+from mqd.errors import MqdError
 from mqd.metadata import TopicPartition
-
-
-async def wait_event(event: asyncio.Event, timeout: float | None) -> bool:
-    """Wait until ``event`` is set or ``timeout`` seconds pass; True when it is set.
-
-    Uses asyncio.timeout(), not wait_for(): on Python 3.11 wait_for() can swallow a cancel that
-    arrives as the event is set, and a stop() waiting for the cancelled task would hang.
-    """
-    if timeout is None:
-        await event.wait()
-        return True
-    with contextlib.suppress(TimeoutError):
-        async with asyncio.timeout(max(timeout, 0.0)):
-            await event.wait()
-    return event.is_set()
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,12 +42,11 @@ class FetchedBatch:
     fetched_at: float = field(default_factory=time.monotonic, compare=False)
 
 
-class ConsumerError(Exception):
+class ConsumerError(MqdError):
     """A consumer-level failure. ``retriable`` says whether trying again later may succeed."""
 
     def __init__(self, message: str, *, retriable: bool = False) -> None:
-        super().__init__(message)
-        self.retriable = retriable
+        super().__init__(message, retriable=retriable)
 
 
 class NotAssignedError(ConsumerError, KeyError):

@@ -27,6 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from mqd.errors import MqdError
 from mqd.format import RECORD_SCHEMA
 from mqd.fsutil import atomic_write, fsync_dir
 
@@ -50,7 +51,7 @@ MANIFEST_DIR = "_manifest"
 MARKER_NAME = "_COMPLETE"
 
 
-class LandingError(Exception):
+class LandingError(MqdError):
     """The landing directory cannot be written (disk full, read-only, permissions). Retriable:
     the daemon pauses fetching and retries until the disk accepts writes again."""
 
@@ -61,7 +62,7 @@ class LandingError(Exception):
         self.errno = errno
 
 
-class LandingCorrupt(Exception):
+class LandingCorrupt(MqdError):
     """A file or state record in the landing directory is not what mqd wrote. Not retriable."""
 
     retriable = False

@@ -35,13 +35,14 @@ import numpy as np
 import pyarrow as pa
 
 from mqd import fsutil
+from mqd.errors import MqdError
 from mqd.landing import layout
 from mqd.landing.layout import FileRange, LandingCorrupt, LandingError
 
 _STATE_VERSION = 1
 
 
-class PublishConflict(Exception):
+class PublishConflict(MqdError):
     """Another owner published offsets of this partition first. Not retriable as is: drop the
     batch and resume after ``last_offset``."""
 

@@ -24,6 +24,7 @@ from typing import Any
 import structlog
 
 from mqd.config import MqdConfig
+from mqd.errors import MqdError
 from mqd.landing.publisher import read_manifest
 
 log = structlog.get_logger("mqd.spark")
@@ -36,7 +37,7 @@ LANDING_DDL = (
 _LANDING_COLUMNS = ["topic", "partition", "offset", "timestamp", "key", "value", "headers", "dt", "hour"]
 
 
-class SparkJobError(Exception):
+class SparkJobError(MqdError):
     """The job cannot run as configured (bad partition columns, bad value schema). Not retriable."""
 
     retriable = False
