@@ -7,14 +7,13 @@ finished publication marks its offsets consumed (the consumer's offset store com
 periodically and on stop). The landing directory is the source of truth for positions: every
 newly assigned partition resumes after its last published offset.
 
-Publication tasks: at most one per partition (files stay in offset order; the next cut of a busy
-partition waits for its task), at most ``sink.workers`` publishing at once. A task's result is
-marked consumed in any case (it was conditional, so what it landed is the truth, and commits only
-move forward), but a re-seek after a conflict is applied only if the partition still has the
-generation it had when the task started: after a revoke (or a seek) in between, the partition's
-position is no longer ours to move. When
-everything due is already being published, the loop waits for a task to end (or for data, or a
-timeout) instead of spinning.
+Publication scheduling (one task per partition, worker slots, busy partitions, the progress
+signal, ownership) lives in the sink (landing/sink.py); the loop asks it what is due, starts
+publications, and receives each one's typed ``PublishResult``. A result is marked consumed in any
+case (it was conditional, so what it landed is the truth, and commits only move forward), but a
+re-seek after a conflict is applied only if the sink says the partition is still owned by the
+incarnation that published. When everything due is already being published, the loop waits for
+a publication to end (or for data, or a timeout) instead of spinning.
 
 Failure handling:
 
@@ -33,7 +32,7 @@ import contextlib
 import os
 import time
 from collections import deque
-from collections.abc import Awaitable, Coroutine, Iterable
+from collections.abc import Awaitable, Iterable
 from typing import Any
 
 import pyarrow as pa
@@ -45,9 +44,8 @@ from mqd.consumer import Consumer, ConsumerError, TopicPartition
 from mqd.format import now_ms
 from mqd.landing import layout
 from mqd.landing.layout import LandingCorrupt, LandingError
-from mqd.landing.markers import IDLE_GRACE_MS, update_markers
-from mqd.landing.sink import FlushResult, LandingSink
-from mqd.waiting import wait_event
+from mqd.landing.markers import IDLE_GRACE_MS
+from mqd.landing.sink import LandingSink, PublishResult
 
 log = structlog.get_logger("mqd.daemon")
 
@@ -78,7 +76,7 @@ class Daemon:
             auth_token=config.consumer.auth_token,
             ca_file=config.consumer.tls_ca_file,
         )
-        self.sink = LandingSink(config.landing)
+        self.sink = LandingSink(config.landing, on_result=self._apply)
         self.consumer = Consumer(
             config.consumer,
             start_position=self._start_position,
@@ -103,8 +101,6 @@ class Daemon:
         self._commits = 0
         self._markers = 0
         self._consumer_started = False
-        self._flushes: dict[TopicPartition, asyncio.Task[None]] = {}  # publication tasks
-        self._flush_failure: BaseException | None = None  # unexpected: ends the working loop
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -184,7 +180,7 @@ class Daemon:
         owned = self.consumer.assignment()
         self.consumer.pause(owned)  # stop fetching; what is buffered still lands
         try:
-            await asyncio.wait_for(self._final_flush(), deadline)
+            await asyncio.wait_for(self._final_publish(), deadline)
         except TimeoutError:
             log.error(
                 "shutdown drain exceeded its deadline; unpublished records are fetched again "
@@ -194,8 +190,7 @@ class Daemon:
             )
         except Exception as exc:  # still commit what landed and leave the group
             self._record_error("final_flush", exc)
-        for task in list(self._flushes.values()):
-            task.cancel()  # abandoned at the deadline: the publication itself is atomic and conditional
+        self.sink.cancel()  # abandoned at the deadline: the publication itself is atomic and conditional
         try:
             await self.consumer.commit()
             self._commits += 1
@@ -207,8 +202,8 @@ class Daemon:
         self.state = "stopped"
         log.info("daemon stopped", **self.stats)
 
-    async def _final_flush(self) -> None:
-        await self._wait_flushes()
+    async def _final_publish(self) -> None:
+        await self.sink.wait_idle()
         # fetching is paused: land what the consumer still holds, a sink-full at a time
         while True:
             self._drain()
@@ -220,17 +215,13 @@ class Daemon:
             if self._landing_error is not None:
                 return
 
-    async def _wait_flushes(self) -> None:
-        while self._flushes:
-            await asyncio.wait(list(self._flushes.values()))
-
     # -- the working loop ------------------------------------------------------------------------
 
     async def _work(self) -> None:
         try:
             while not self._stop_event.is_set():
-                if self._flush_failure is not None:
-                    raise self._flush_failure
+                if self.sink.failure is not None:
+                    raise self.sink.failure
                 now = time.monotonic()
                 self.last_loop_time = now
                 await self._wait_for_work(now)
@@ -241,8 +232,8 @@ class Daemon:
                     await self._housekeeping(force=True)  # idle watermarks and markers, once more
                     log.info("burst complete", **self.stats)
                     return
-            if self._flush_failure is not None:
-                raise self._flush_failure
+            if self.sink.failure is not None:
+                raise self.sink.failure
         except Exception as exc:
             self.state = "failed"
             self._record_error("work_loop", exc)
@@ -259,35 +250,21 @@ class Daemon:
         comes first (at most _LOOP_WAIT)."""
         if self._landing_error is not None:
             # overdue buffers wait for the retry, and the retry for the publications in flight
-            due_in: float | None = None if self._flushes else self._next_disk_retry - now
+            due_in: float | None = None if self.sink.running else self._next_disk_retry - now
         else:
             due_in = self.sink.next_due_in(now)  # busy partitions are not counted: no spin on them
         timeout = _LOOP_WAIT if due_in is None else min(_LOOP_WAIT, due_in)
         if timeout <= 0:
             return
         data = self._room() > 0  # with the sink full, new data cannot be taken: do not wake for it
-        if not self._flushes:
+        if not self.sink.running:
             if data:
                 await self.consumer.wait_for_data(timeout)
             else:
                 await asyncio.sleep(timeout)
             return
-        # a publication taking its buffer makes room, its end may let a busy partition be cut.
-        # The state above was read after the last such event: clearing loses no wake-up.
-        progress = self.sink.progress
-        progress.clear()
-        if not data:
-            await wait_event(progress, timeout)
-            return
-        waiters = [
-            asyncio.ensure_future(self.consumer.wait_for_data(timeout)),
-            asyncio.ensure_future(progress.wait()),
-        ]
-        try:
-            await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for w in waiters:
-                w.cancel()
+        # a publication taking its buffer makes room, its end may let a busy partition be cut
+        await self.sink.wait_for_progress(timeout, self.consumer.wait_for_data(timeout) if data else None)
 
     def _drain(self) -> None:
         room = self._room()
@@ -302,7 +279,7 @@ class Daemon:
         now = time.monotonic()
         if self._landing_error is not None:
             # degraded: retry serially, once the publications started before the error have ended
-            if now < self._next_disk_retry or self._flushes:
+            if now < self._next_disk_retry or self.sink.running:
                 return
             if not await self._landing_writable():
                 return
@@ -316,51 +293,17 @@ class Daemon:
             due = list(self.sink.pending())
         else:
             due = self.sink.due(now)
-        for key in due:
-            tp = TopicPartition(*key)
-            if tp not in self._flushes:
-                # flush_partition() marks tp busy right away: the next due() skips it
-                flush = self.sink.flush_partition(tp)
-                self._flushes[tp] = asyncio.create_task(
-                    self._flush_task(tp, self.consumer.generation(tp), flush), name=f"mqd-publish-{tp}"
-                )
-
-    async def _flush_task(
-        self, tp: TopicPartition, generation: int | None, flush: Coroutine[Any, Any, FlushResult | None]
-    ) -> None:
-        try:
-            res = await flush
-            if res is not None:
-                self._apply(res, generation)
-        except LandingCorrupt as exc:
-            # a foreign file squats on a name we need, or state we cannot read: needs a human
-            self._set_landing_error(exc)
-        except Exception as exc:
-            if self._flush_failure is None:
-                self._flush_failure = exc  # the loop raises it
-        finally:
-            if self._flushes.get(tp) is asyncio.current_task():
-                del self._flushes[tp]
-            self.sink.progress.set()  # wake the loop (also when the task ended before its flush ran)
+        self.sink.start_publications(due)
 
     async def _publish(self, tps: list[tuple[str, int]] | None) -> None:
-        """Publish now and wait (final flush, retries after a disk error)."""
-        generations = {tp: self.consumer.generation(tp) for tp in self.consumer.assignment()}
-        try:
-            results = await self.sink.flush(tps)
-        except LandingCorrupt as exc:
-            self._set_landing_error(exc)
-            return
-        failed = False
-        for res in results:
-            self._apply(res, generations.get(TopicPartition(*res.tp)))
-            failed = failed or res.error is not None
-        if not failed and self._landing_error is not None:
+        """Publish now and wait (final publication, retries after a disk error)."""
+        results = await self.sink.publish(tps)  # each one applied by _apply
+        if not any(res.error is not None for res in results) and self._landing_error is not None:
             self._clear_landing_error()
 
-    def _apply(self, res: FlushResult, generation: int | None) -> None:
+    def _apply(self, res: PublishResult) -> None:
+        """The sink's result of one publication (called as it ends)."""
         tp = TopicPartition(*res.tp)
-        owned = generation is not None and self.consumer.generation(tp) == generation
         # Whatever is landed may be committed, owned or not: a publication that ends after a revoke,
         # or the landed end a conflict revealed, is the truth (commits only move forward), and the
         # new owner may never publish past it to commit it itself.
@@ -368,7 +311,7 @@ class Daemon:
             self.consumer.mark_consumed(tp, res.next_offset)
         if res.conflict is not None and res.conflict.last_offset is not None:
             self.consumer.mark_consumed(tp, res.conflict.last_offset + 1)
-        if res.conflict is not None and owned:
+        if res.conflict is not None and res.owned:
             last = res.conflict.last_offset
             self.consumer.seek(tp, 0 if last is None else last + 1)
         if res.error is not None:
@@ -378,7 +321,7 @@ class Daemon:
         return (
             bool(self.consumer.assignment())
             and self._landing_error is None
-            and not self._flushes
+            and not self.sink.running
             and self.sink.pending_records == 0
             and self.consumer.caught_up()
         )
@@ -451,7 +394,7 @@ class Daemon:
             # a publication in flight is not visible yet: its hour cannot be vouched for
             if pending.get(tp) or self.sink.busy(tp) or self._watermark_hour.get(tp, -1) >= hour:
                 continue
-            await self.sink.run_blocking(self.sink.publisher.advance_watermark, tp.topic, tp.partition, mark)
+            await self.sink.run_blocking(self.sink.store.advance_watermark, tp.topic, tp.partition, mark)
             self._watermark_hour[tp] = hour
 
     async def _update_markers(self) -> None:
@@ -459,10 +402,10 @@ class Daemon:
             n = self.consumer.partition_count(topic)  # the consumer's metadata cache
             if not n:
                 continue
-            created = await self.sink.run_blocking(update_markers, self._config.landing.dir, topic, n)
+            created = await self.sink.run_blocking(self.sink.store.update_markers, topic, n)
             self._markers += len(created)
             for marker in created:
-                log.info("hour complete", marker=str(marker))
+                log.info("hour complete", marker=marker)
 
     # -- rebalance listener ----------------------------------------------------------------------
 
@@ -515,11 +458,11 @@ class Daemon:
     def stats(self) -> dict[str, Any]:
         s = self.sink.stats
         return {
-            "records_published": s["records"],
-            "bytes_published": s["bytes"],
-            "files_published": s["files"],
-            "publish_conflicts": s["conflicts"],
-            "records_dropped": s["dropped"],
+            "records_published": s.records,
+            "bytes_published": s.bytes,
+            "files_published": s.files,
+            "publish_conflicts": s.conflicts,
+            "records_dropped": s.dropped,
             "commits": self._commits,
             "markers": self._markers,
         }

@@ -22,7 +22,15 @@ from hypothesis import strategies as st
 from mqd import format as fmt
 from mqd.config import LandingConfig
 from mqd.consumer import FetchedBatch, TopicPartition
-from mqd.landing import LandingSink, PublishConflict, Publisher, layout, read_manifest, update_markers
+from mqd.landing import (
+    LandingSink,
+    LocalStore,
+    PublishConflict,
+    Publisher,
+    layout,
+    read_manifest,
+    update_markers,
+)
 from mqd.landing.markers import read_watermarks
 
 HOUR = layout.HOUR_MS
@@ -64,7 +72,7 @@ async def test_publish_is_atomic_hive_laid_out_and_described(tmp_path: Path) -> 
     assert await sink.resume_position(tp) is None
     ts = np.array([T0 + HOUR - 2, T0 + HOUR - 1, T0 + HOUR, T0 + HOUR + 5], dtype=np.int64)
     sink.add(fetched("events", 3, 0, 4, ts))
-    [res] = await sink.flush()
+    [res] = await sink.publish()
     await sink.close()
     assert res.conflict is None and res.error is None and res.next_offset == 4
     root = tmp_path / "landing"
@@ -103,32 +111,32 @@ async def test_conditional_publication_between_two_sinks(tmp_path: Path) -> None
         assert await s.resume_position(tp) is None
     a.add(fetched("events", 0, 0, 100))
     b.add(fetched("events", 0, 0, 60))
-    [ra] = await a.flush()
-    [rb] = await b.flush()
+    [ra] = await a.publish()
+    [rb] = await b.publish()
     assert ra.next_offset == 100 and ra.conflict is None
     assert rb.conflict is not None and rb.conflict.last_offset == 99 and not rb.published
     assert b.pending_records == 0 and b.expected(tp) == 99
     # b re-seeks to 100 and wins the next range; a, still at 99, loses that one
     b.add(fetched("events", 0, 100, 50))
     a.add(fetched("events", 0, 100, 50))
-    [rb2] = await b.flush()
-    [ra2] = await a.flush()
+    [rb2] = await b.publish()
+    [ra2] = await a.publish()
     assert rb2.next_offset == 150 and ra2.conflict is not None and ra2.conflict.last_offset == 149
     # replayed records at or below what is published are cut, not published again
     a.add(fetched("events", 0, 140, 20))
-    [ra3] = await a.flush()
+    [ra3] = await a.publish()
     assert [(r.first_offset, r.last_offset) for r in ra3.published] == [(150, 159)]
     await a.close()
     await b.close()
     assert landed_offsets(tmp_path / "landing", "events", 0) == list(range(160))
-    assert b.stats["conflicts"] == 1 and a.stats["conflicts"] == 1
+    assert b.stats.conflicts == 1 and a.stats.conflicts == 1
 
 
 def _race(root: str, rounds: int, out: Any) -> None:
-    pub = Publisher(Path(root))
+    pub = Publisher(LocalStore(Path(root)))
     won = 0
     for _ in range(rounds):
-        last = pub.last_published("events", 1)
+        last = pub.store.head("events", 1).last_offset
         first = 0 if last is None else last + 1
         rb = fetched("events", 1, first, 10).records
         try:
@@ -143,7 +151,7 @@ def test_conditional_publication_across_processes(tmp_path: Path) -> None:
     """Two processes racing to publish the same partition (flock + exclusive link) leave a dense,
     duplicate-free offset sequence, and every win is counted once."""
     root = tmp_path / "landing"
-    Publisher(root).ensure_root()
+    LocalStore(root).open()
     ctx = multiprocessing.get_context("fork")
     q = ctx.Queue()
     procs = [ctx.Process(target=_race, args=(str(root), 25, q)) for _ in range(2)]
@@ -167,9 +175,9 @@ async def test_resume_position_survives_restart_and_lost_state(tmp_path: Path) -
     tp = TopicPartition("events", 2)
     await s.resume_position(tp)
     s.add(fetched("events", 2, 0, 10))
-    await s.flush()
+    await s.publish()
     s.add(fetched("events", 2, 10, 5, T0 + 3 * HOUR))
-    await s.flush()
+    await s.publish()
     await s.close()
     root = tmp_path / "landing"
     state_file = root / "_state/events/00002.json"
@@ -188,8 +196,8 @@ def test_half_done_publication_is_completed(tmp_path: Path) -> None:
     """A process that died after linking a file but before recording it: the next publisher of the
     partition finds the intent, keeps the file, and records it once in state and manifest."""
     root = tmp_path / "landing"
-    pub = Publisher(root)
-    pub.ensure_root()
+    pub = Publisher(LocalStore(root))
+    pub.store.open()
     rb = fetched("events", 0, 0, 10).records
     pub.publish("events", 0, pa.Table.from_batches([rb]), None)
     before = json.loads((root / "_state/events/00000.json").read_bytes())
@@ -199,7 +207,7 @@ def test_half_done_publication_is_completed(tmp_path: Path) -> None:
     (root / "_state/events/00000.json").write_text(json.dumps(before))
     [mpath] = root.glob("_manifest/events/00000/*.jsonl")
     mpath.write_bytes(mpath.read_bytes().splitlines(keepends=True)[0] + b'{"path": "torn')
-    assert pub.last_published("events", 0) == 19
+    assert pub.store.head("events", 0).last_offset == 19
     assert [r.path for r in read_manifest(root)] == [
         "topic=events/dt=2026-01-01/hour=00/part-00000-00000000000000000000.parquet",
         rng.path,
@@ -228,14 +236,14 @@ async def test_large_drain_is_cut_into_files_of_max_records(tmp_path: Path) -> N
     s = LandingSink(cfg(tmp_path, max_records=10))
     await s.start()
     s.add(fetched("events", 0, 0, 25))
-    [res] = await s.flush()
+    [res] = await s.publish()
     await s.close()
     assert [(r.first_offset, r.count) for r in res.published] == [(0, 10), (10, 10), (20, 5)]
     assert landed_offsets(tmp_path / "landing", "events", 0) == list(range(25))
 
 
 async def test_unwritable_landing_keeps_records_and_recovers(tmp_path: Path) -> None:
-    """When the landing directory cannot be written, flush reports a retriable error, keeps every
+    """When the landing directory cannot be written, publish reports a retriable error, keeps every
     record buffered, and publishes them all once the directory is writable again."""
     s = LandingSink(cfg(tmp_path))
     await s.start()
@@ -244,12 +252,12 @@ async def test_unwritable_landing_keeps_records_and_recovers(tmp_path: Path) -> 
     blocker = tmp_path / "landing" / "topic=blocked"
     blocker.write_bytes(b"not a folder")  # works as root too, unlike chmod
     s.add(fetched("blocked", 0, 0, 5))
-    [r1] = await s.flush()
+    [r1] = await s.publish()
     assert r1.error is not None and r1.error.retriable and not r1.published
     s.add(fetched("blocked", 0, 5, 5))
     assert s.pending() == {tp: 10}
     blocker.unlink()
-    [r2] = await s.flush()
+    [r2] = await s.publish()
     assert r2.error is None and r2.next_offset == 10
     await s.close()
     assert landed_offsets(tmp_path / "landing", "blocked", 0) == list(range(10))
@@ -269,14 +277,14 @@ def test_completeness_markers(tmp_path: Path) -> None:
     """An hour folder gets _COMPLETE once every partition published past the hour's end or was
     idle past it, and not before; later hours stay unmarked."""
     root = tmp_path / "landing"
-    pub = Publisher(root)
-    pub.ensure_root()
+    pub = Publisher(LocalStore(root))
+    pub.store.open()
     pub.publish("t", 0, pa.Table.from_batches([fetched("t", 0, 0, 3, T0 + 10).records]), None)
     pub.publish("t", 0, pa.Table.from_batches([fetched("t", 0, 3, 3, T0 + HOUR + 10).records]), 2)
     pub.publish("t", 1, pa.Table.from_batches([fetched("t", 1, 0, 3, T0 + 20).records]), None)
     h0 = root / "topic=t/dt=2026-01-01/hour=00"
     assert update_markers(root, "t", 2) == []  # partition 1 is not past hour 00
-    pub.advance_watermark("t", 1, T0 + HOUR + 1)  # partition 1 was seen idle after 01:00
+    pub.store.advance_watermark("t", 1, T0 + HOUR + 1)  # partition 1 was seen idle after 01:00
     assert read_watermarks(root, "t", 2) == [T0 + HOUR + 10, T0 + HOUR + 1]
     assert update_markers(root, "t", 2) == [h0 / "_COMPLETE"]
     body = json.loads((h0 / "_COMPLETE").read_bytes())
@@ -330,7 +338,7 @@ async def test_absurd_timestamps_are_filed_not_fatal(tmp_path: Path) -> None:
     await s.start()
     ts = np.array([-(2**60), 2**60, T0], dtype=np.int64)
     s.add(fetched("events", 0, 0, 3, ts))
-    [res] = await s.flush()
+    [res] = await s.publish()
     await s.close()
     assert res.error is None and res.next_offset == 3
     folders = sorted(r.path.rsplit("/", 1)[0] for r in res.published)
@@ -378,7 +386,7 @@ async def test_publish_lead_moves_the_age_cut_earlier(tmp_path: Path) -> None:
     tp = TopicPartition("events", 0)
     assert s.publish_lead == 0.0
     s.add(fetched("events", 0, 0, 5))
-    await s.flush()
+    await s.publish()
     lead = s.publish_lead
     assert 0.0 < lead <= 0.5
     s.add(fetched("events", 0, 5, 5), now=200.0)
@@ -386,7 +394,7 @@ async def test_publish_lead_moves_the_age_cut_earlier(tmp_path: Path) -> None:
     assert s.due(now=200.0 + 1.0 - lead + 1e-6) == [tp]
     assert s.next_due_in(now=200.0) == pytest.approx(1.0 - lead)
     for _ in range(10):
-        s._observe_publish(30.0)  # a stalled disk
+        s.batches.observe_publish(30.0)  # a stalled disk
     assert s.publish_lead == pytest.approx(0.5)
     await s.close()
 
@@ -408,8 +416,9 @@ async def wait_for(cond: Any, what: str, timeout: float = 5.0) -> None:
 
 
 async def test_busy_partition_is_skipped_and_its_publications_stay_ordered(tmp_path: Path) -> None:
-    """From flush_partition() on, a partition is busy: due()/next_due_in() skip it. A second flush
-    of it waits for the first and publishes what was added meanwhile, after it, in offset order."""
+    """From publish_partition() on, a partition is busy: due()/next_due_in() skip it. A second
+    publication of it waits for the first and publishes what was added meanwhile, after it, in
+    offset order."""
     pool = ThreadPoolExecutor(1)
     s = LandingSink(cfg(tmp_path, max_age=1.0), executor=pool)
     await s.start()
@@ -417,13 +426,13 @@ async def test_busy_partition_is_skipped_and_its_publications_stay_ordered(tmp_p
     await s.resume_position(tp)
     gate = hold(pool)
     s.add(fetched("events", 0, 0, 10), now=100.0)
-    first = s.flush_partition(tp)
+    first = s.publish_partition(tp)
     assert s.busy(tp) and s.due(now=1000.0) == [] and s.next_due_in(now=1000.0) is None
     t1 = asyncio.create_task(first)
     await wait_for(lambda: s.inflight_bytes > 0, "first publication in flight")
     s.add(fetched("events", 0, 10, 5), now=100.0)
     assert s.due(now=1000.0) == []  # still busy: the next cut waits
-    t2 = asyncio.create_task(s.flush_partition(tp))
+    t2 = asyncio.create_task(s.publish_partition(tp))
     gate.set()
     r1, r2 = await asyncio.wait_for(asyncio.gather(t1, t2), 10)
     assert r1 is not None and r2 is not None
@@ -445,13 +454,13 @@ async def test_revoke_during_publication_keeps_it_but_forgets_the_partition(tmp_
     await s.resume_position(tp)
     gate = hold(pool)
     s.add(fetched("events", 1, 0, 10))
-    task = asyncio.create_task(s.flush_partition(tp))
+    task = asyncio.create_task(s.publish_partition(tp))
     await wait_for(lambda: s.inflight_bytes > 0, "publication in flight")
     s.add(fetched("events", 1, 10, 5))
     assert s.forget(tp) == 5
     gate.set()
     res = await asyncio.wait_for(task, 10)
-    assert res is not None and res.next_offset == 10
+    assert res is not None and res.next_offset == 10 and not res.owned
     assert s.expected(tp) is None and s.pending() == {}
     assert await s.resume_position(tp) == 10
     await s.close()

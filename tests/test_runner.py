@@ -21,7 +21,7 @@ from click.testing import CliRunner
 from harness import Cluster, to_toml, wait_for
 
 from mqd.cli import main
-from mqd.landing.publisher import read_manifest
+from mqd.landing.local_store import read_manifest
 
 SHUTDOWN_TIMEOUT = 10.0
 

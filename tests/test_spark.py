@@ -19,7 +19,7 @@ import pytest
 
 from mqd import format as fmt
 from mqd.config import LandingConfig, MqdConfig, SparkConfig
-from mqd.landing import Publisher
+from mqd.landing import LocalStore, Publisher
 from mqd.spark import job
 
 pytestmark = pytest.mark.spark
@@ -44,7 +44,7 @@ def make_config(root: Path, **spark_kw: Any) -> MqdConfig:
 def publish(pub: Publisher, topic: str, partition: int, first: int, values: list[bytes], ts: int) -> None:
     raw = fmt.encode_batch(values, timestamps=np.full(len(values), ts, dtype=np.int64), base_offset=first)
     rb = fmt.to_arrow(raw, fmt.scan(raw)[0])
-    last = pub.last_published(topic, partition)
+    last = pub.store.head(topic, partition).last_offset
     pub.publish(topic, partition, pa.Table.from_batches([rb]), last)
 
 
@@ -53,8 +53,8 @@ def test_raw_job_drains_landing_once_and_skips_corrupt_files(tmp_path: Path, spa
     topic and dt; a corrupt .parquet and a foreign file in the landing dir are reported and
     skipped, not fatal."""
     cfg = make_config(tmp_path)
-    pub = Publisher(cfg.landing.dir)
-    pub.ensure_root()
+    pub = Publisher(LocalStore(cfg.landing.dir))
+    pub.store.open()
     for p in range(3):
         publish(pub, "events", p, 0, [b"a%d" % i for i in range(50)], T0 + p)
         publish(pub, "events", p, 50, [b"b%d" % i for i in range(50)], T0 + 3_600_000 + p)
@@ -88,8 +88,8 @@ def test_json_values_become_columns_and_bad_records_are_quarantined(tmp_path: Pa
     """value_format = "json": good values become typed columns; malformed JSON and values that do
     not fit the schema land in the quarantine table with a reason, none are dropped."""
     cfg = make_config(tmp_path, value_format="json", value_schema="user STRING, amount INT")
-    pub = Publisher(cfg.landing.dir)
-    pub.ensure_root()
+    pub = Publisher(LocalStore(cfg.landing.dir))
+    pub.store.open()
     values = [json.dumps({"user": f"u{i}", "amount": i}).encode() for i in range(20)]
     values += [b"{not json", b'{"user": "x", "amount": "lots"}', b"[1, 2]"]
     publish(pub, "payments", 0, 0, values, T0)
@@ -111,7 +111,7 @@ def test_json_values_become_columns_and_bad_records_are_quarantined(tmp_path: Pa
 def test_bad_partition_column_is_a_config_error(tmp_path: Path, spark: Any) -> None:
     """A partition_by column that the output does not have is refused with exit code 2."""
     cfg = make_config(tmp_path, partition_by=["nope"])
-    Publisher(cfg.landing.dir).ensure_root()
+    LocalStore(cfg.landing.dir).open()
     assert job.run(cfg, once=True) == 2
 
 
@@ -129,8 +129,8 @@ def test_continuous_mode_appends_new_files_until_stopped(tmp_path: Path, spark: 
     """Without --once the job keeps running: files published after it started reach the table;
     stopping its queries ends run() with exit code 0."""
     cfg = make_config(tmp_path, trigger_interval="1 second")
-    pub = Publisher(cfg.landing.dir)
-    pub.ensure_root()
+    pub = Publisher(LocalStore(cfg.landing.dir))
+    pub.store.open()
     publish(pub, "events", 0, 0, [b"x"] * 10, T0)
     result: dict[str, int] = {}
     worker = threading.Thread(target=lambda: result.setdefault("code", job.run(cfg, once=False)))

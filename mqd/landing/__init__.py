@@ -1,25 +1,36 @@
-"""Exactly-once landing of drained batches as Parquet files (DESIGN.md §3)."""
+"""Exactly-once landing of drained batches as Parquet files (DESIGN.md §3).
 
-from mqd.landing.layout import (
-    LANDING_SCHEMA,
-    FileRange,
-    LandingCorrupt,
-    LandingError,
-)
+Code map: ``sink`` (publication scheduling, the daemon's interface), ``micro_batches`` (buffers
+and when to cut them), ``publisher`` (records -> files through a store), ``store`` (the storage
+seam: the publication contract), ``local_store`` (its local-directory implementation),
+``layout`` (names and Parquet encoding), ``schema`` (the landing schema, once), ``markers``
+(completeness markers).
+"""
+
+from mqd.landing.layout import FileRange, LandingCorrupt, LandingError
+from mqd.landing.local_store import LocalStore, PartitionState, read_manifest
 from mqd.landing.markers import update_markers
-from mqd.landing.publisher import PartitionState, PublishConflict, Publisher, read_manifest
-from mqd.landing.sink import FlushResult, LandingSink
+from mqd.landing.publisher import Publisher
+from mqd.landing.schema import LANDING_SCHEMA
+from mqd.landing.sink import LandingSink, PublishResult, PublishStats
+from mqd.landing.store import LandingStore, PartitionHead, PublishConflict, StagedFile, open_store
 
 __all__ = [
     "LANDING_SCHEMA",
     "FileRange",
-    "FlushResult",
     "LandingCorrupt",
     "LandingError",
     "LandingSink",
+    "LandingStore",
+    "LocalStore",
+    "PartitionHead",
     "PartitionState",
     "PublishConflict",
+    "PublishResult",
+    "PublishStats",
     "Publisher",
+    "StagedFile",
+    "open_store",
     "read_manifest",
     "update_markers",
 ]

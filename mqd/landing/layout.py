@@ -1,4 +1,4 @@
-"""Landing directory layout, the landing schema, and Parquet encoding of one partition's records.
+"""Landing directory layout and the Parquet encoding of one partition's records.
 
 Layout (DESIGN.md §3)::
 
@@ -27,23 +27,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from mqd import fsutil
 from mqd.errors import MqdError
 from mqd.format import RECORD_SCHEMA
-from mqd.fsutil import atomic_write, fsync_dir
+from mqd.landing.schema import LANDING_SCHEMA as LANDING_SCHEMA  # re-exported: bench reads it here
 
 SCHEMA_VERSION = 1
 HOUR_MS = 3_600_000
 META_VERSION = b"mqd.schema_version"
 META_RANGES = b"mqd.ranges"
 
-# topic is dictionary-encoded: one string per file, not one per record
-LANDING_SCHEMA = pa.schema(
-    [
-        ("topic", pa.dictionary(pa.int32(), pa.string())),
-        ("partition", pa.int32()),
-        *RECORD_SCHEMA,
-    ]
-)
 
 _NAME = re.compile(r"^part-(\d{5})-(\d{20})\.parquet$")
 STATE_DIR = "_state"
@@ -128,7 +121,8 @@ _MAX_HOUR = 253_402_300_799_999 // HOUR_MS
 
 def folder_hours(ts_ms: np.ndarray) -> np.ndarray:
     """Hour index of the folder each timestamp is filed under."""
-    return np.clip(ts_ms // HOUR_MS, _MIN_HOUR, _MAX_HOUR)
+    hours: np.ndarray = np.clip(ts_ms // HOUR_MS, _MIN_HOUR, _MAX_HOUR)
+    return hours
 
 
 def hour_dir(topic: str, hour: int) -> str:
@@ -243,7 +237,8 @@ def read_ranges(path: Path) -> list[FileRange]:
 # durable small files
 
 # The landing code calls these through this module (bench/profile/probe.py times them here).
-write_atomic = atomic_write
+write_atomic = fsutil.atomic_write
+fsync_dir = fsutil.fsync_dir
 
 
 def makedirs_durable(path: Path, stop_at: Path) -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 from mqd import fsutil
 from mqd.landing import layout
 from mqd.landing.layout import LandingCorrupt
-from mqd.landing.publisher import PartitionState
+from mqd.landing.local_store import PartitionState
 
 IDLE_GRACE_MS = 10_000  # an idle partition vouches for event times older than now - grace
 

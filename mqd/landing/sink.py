@@ -1,24 +1,28 @@
-"""The landing sink: buffers drained batches per partition and cuts them into published files.
+"""The landing sink: the one home of publication scheduling.
 
-Loop side of landing. It owns the per-partition buffers and decides when a micro-batch is cut
-(``max_records``, ``max_bytes`` or ``max_age`` of wall clock, whichever comes first); encoding,
-fsync and the conditional publication run on a small pool of worker threads (``Publisher``;
-pyarrow and fsync release the GIL, so the event loop keeps fetching while files are written).
+The daemon hands it drained batches (``add``); it keeps them in per-partition micro-batches
+(micro_batches.py decides when one is cut) and publishes cut micro-batches through the store
+(publisher.py, store.py) on a small pool of worker threads: pyarrow and fsync release the GIL, so
+the event loop keeps fetching while files are encoded and written.
 
-Publications of one partition run one at a time, in offset order (a per-partition lock); those of
-different partitions run in parallel, at most ``workers`` at once. A partition with a flush
-registered (running or waiting for a worker) is *busy*: ``due`` and ``next_due_in`` skip it, and
-records drained meanwhile go into its next micro-batch.
+It owns everything about running publications:
 
-Latency: a buffer's age counts from the fetch of its first record (``FetchedBatch.fetched_at``;
-producer clocks are not trusted), and an age cut happens ``publish_lead`` before ``max_age``: an
-estimate of how long a publication takes from the moment it is due until the file is visible
-(smoothed mean plus four mean deviations, like TCP's retransmit timer), so a record becomes
-visible close to ``max_age`` after it was fetched instead of ``max_age`` plus the publication.
+* per-partition order: publications of one partition run one at a time, in offset order (a
+  per-partition lock); those of different partitions run in parallel, at most ``workers`` at once
+  (the worker slots);
+* *busy* partitions: from ``publish_partition()`` on (running or waiting for a worker) a partition
+  is not cut again; records drained meanwhile go into its next micro-batch;
+* the background tasks (``start_publications``), at most one per partition, and the progress
+  signal the daemon's loop waits on (a buffer taken = room in the sink; a publication ended = a
+  busy partition may be cut);
+* ownership, checked once per publication with ONE counter: the partition's epoch, bumped when
+  its buffered records are dropped (revoked, re-resolved on assignment, or a conflict lost). A
+  publication that ends in a later epoch may not touch the partition's buffers or position: what
+  it landed is still reported (it was conditional, so it is the truth, and commits only move
+  forward), but ``PublishResult.owned`` is False, so the daemon does not re-seek.
 
-The sink also remembers, per partition, the last offset it knows to be published (``expected``):
-it answers resume positions from the landing directory, drops records at or below it (a replay
-after a seek or a reset), and makes every publication conditional on it.
+Every publication ends in one typed ``PublishResult`` passed to ``on_result`` (the daemon marks
+offsets consumed, re-seeks, or pauses for a disk error there).
 """
 
 from __future__ import annotations
@@ -26,63 +30,35 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
-import numpy as np
-import pyarrow as pa
 import structlog
 
 from mqd import metrics
 from mqd.config import LandingConfig
-from mqd.landing.layout import FileRange, LandingError
-from mqd.landing.publisher import PublishConflict, Publisher, PublishOutcome
+from mqd.landing.layout import FileRange, LandingCorrupt, LandingError
+from mqd.landing.micro_batches import TP, Drained, MicroBatch, MicroBatches
+from mqd.landing.publisher import Publisher, PublishOutcome
+from mqd.landing.store import LandingStore, PublishConflict, open_store
+from mqd.waiting import wait_event
 
 log = structlog.get_logger("mqd.landing")
 
-_EST_GAIN = 0.125  # weight of a new sample in the publish-time estimate (TCP's SRTT gain)
-_DEV_GAIN = 0.25  # weight of a new sample in its mean deviation (TCP's RTTVAR gain)
-
-TP = tuple[str, int]  # mqd.consumer.TopicPartition is a NamedTuple of these
 _T = TypeVar("_T")
 
 
-class Drained(Protocol):
-    """What the sink needs of a drained batch (mqd.consumer.FetchedBatch)."""
-
-    @property
-    def tp(self) -> Any: ...
-    @property
-    def records(self) -> pa.RecordBatch: ...
-    @property
-    def first_offset(self) -> int: ...
-    @property
-    def next_offset(self) -> int: ...
-    @property
-    def nbytes(self) -> int: ...
-    @property
-    def fetched_at(self) -> float: ...
-
-
 @dataclass(slots=True)
-class _Buffer:
-    batches: list[pa.RecordBatch] = field(default_factory=list)
-    records: int = 0
-    nbytes: int = 0
-    next_offset: int = -1  # offset after the last buffered record
-    since: float = 0.0  # monotonic time the first record of this micro-batch was fetched
-
-
-@dataclass(slots=True)
-class FlushResult:
-    """One partition's flush: files published, then possibly a conflict or a disk error."""
+class PublishResult:
+    """One partition's publication: files published, then possibly a conflict or an error."""
 
     tp: TP
     published: list[FileRange]
     conflict: PublishConflict | None = None
-    error: LandingError | None = None
+    error: LandingError | LandingCorrupt | None = None  # LandingCorrupt: needs a human
+    owned: bool = True  # the partition's epoch did not change while it ran
 
     @property
     def next_offset(self) -> int | None:
@@ -90,54 +66,75 @@ class FlushResult:
         return self.published[-1].last_offset + 1 if self.published else None
 
 
+@dataclass(slots=True)
+class PublishStats:
+    """Counters since start (the daemon's ``stats``, the admin endpoint's ``landing``)."""
+
+    files: int = 0
+    records: int = 0
+    bytes: int = 0
+    conflicts: int = 0
+    dropped: int = 0  # records dropped unpublished: revoked, or following a lost conflict
+
+
+def _ignore(res: PublishResult) -> None:
+    pass
+
+
 class LandingSink:
+    """Buffers drained batches and schedules their publication. See the module docstring."""
+
     def __init__(
-        self, config: LandingConfig, *, executor: ThreadPoolExecutor | None = None, workers: int = 2
+        self,
+        config: LandingConfig,
+        *,
+        executor: ThreadPoolExecutor | None = None,
+        workers: int = 2,
+        on_result: Callable[[PublishResult], None] = _ignore,
+        store: LandingStore | None = None,
     ) -> None:
         if workers < 1:
             raise ValueError(f"workers must be at least 1, got {workers}")
         self._config = config
-        self.publisher = Publisher(config.dir, compression=config.compression)
+        self.store = store if store is not None else open_store(config.dir)
+        self.publisher = Publisher(self.store, compression=config.compression)
+        self.batches = MicroBatches(config)
         self.workers = workers
+        self.on_result = on_result
         self._executor = executor or ThreadPoolExecutor(workers, thread_name_prefix="mqd-landing")
         self._own_executor = executor is None
         self._slots = asyncio.Semaphore(workers)  # publications in flight, all partitions
         self._locks: dict[TP, asyncio.Lock] = {}  # one publication at a time per partition
-        self._busy: Counter[TP] = Counter()  # flushes registered per partition (running or waiting)
-        self._buffers: dict[TP, _Buffer] = {}
-        self._expected: dict[TP, int | None] = {}
-        self._epoch: dict[TP, int] = {}  # bumped by drop(): a flush in flight must not restore data
-        self._inflight_bytes = 0
-        # set whenever a flush takes a buffer (room in the sink) or ends; a waiter clears it first
-        self.progress = asyncio.Event()
-        self._publish_est: float | None = None  # smoothed due-to-visible time of a publication (s)
-        self._publish_dev = 0.0  # its smoothed mean deviation
+        self._busy: Counter[TP] = Counter()  # publications registered per partition (running or waiting)
+        self._tasks: dict[TP, asyncio.Task[None]] = {}  # background publications, one per partition
+        self._epoch: dict[TP, int] = {}  # the one ownership counter; see the module docstring
+        # set whenever a publication takes a buffer (room in the sink) or ends
+        self._progress = asyncio.Event()
+        self.failure: BaseException | None = None  # unexpected error of a background publication
+        self.stats = PublishStats()
         self._closed = False
         self._cleaned = False
-        self.stats: dict[str, int] = {"files": 0, "records": 0, "bytes": 0, "conflicts": 0, "dropped": 0}
 
     # -- lifecycle -------------------------------------------------------------------------------
 
-    async def _run(self, fn: Callable[..., _T], *args: Any) -> _T:
+    async def run_blocking(self, fn: Callable[..., _T], *args: Any) -> _T:
+        """Run blocking landing work (the store's reads and writes) on the sink's worker threads."""
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
-    async def run_blocking(self, fn: Callable[..., _T], *args: Any) -> _T:
-        """Run blocking landing work (state, markers) on the sink's worker thread."""
-        return await self._run(fn, *args)
-
     async def start(self) -> None:
-        """Create the landing directory and check it is writable (LandingError otherwise)."""
-        await self._run(self.publisher.ensure_root)
+        """Open the store and check it is writable (LandingError otherwise); once, remove what
+        crashed publishers staged."""
+        await self.run_blocking(self.store.open)
         if not self._cleaned:
             self._cleaned = True
-            removed = await self._run(self.publisher.remove_stale_temp_files)
+            removed = await self.run_blocking(self.store.remove_stale)
             if removed:
                 log.info("removed temp files of crashed publications", count=removed)
 
     async def close(self) -> None:
-        """Release the worker thread; buffered records are dropped (not published, not committed).
-        A publication still running (a flush abandoned at its deadline) completes on its own: it
-        is atomic and conditional either way."""
+        """Release the worker threads; buffered records are dropped (not published, not
+        committed). A publication still running (abandoned at its deadline) completes on its
+        own: it is atomic and conditional either way."""
         if self._closed:
             return
         self._closed = True
@@ -149,164 +146,141 @@ class LandingSink:
         if config.dir != self._config.dir:
             raise ValueError("landing.dir cannot change on reload; restart the daemon")
         self._config = config
+        self.batches.config = config
         self.publisher.compression = config.compression
 
-    # -- positions -------------------------------------------------------------------------------
+    # -- positions and ownership -----------------------------------------------------------------
 
     async def resume_position(self, tp: TP) -> int | None:
-        """Next offset to fetch for a newly owned partition, from the landing directory (None:
-        nothing published yet, the caller falls back to its offset store). Drops old buffers."""
-        last = await self._run(self.publisher.last_published, tp[0], tp[1])
+        """Next offset to fetch for a newly owned partition, from the store's published head
+        (None: nothing published yet, the caller falls back to its offset store). Drops old
+        buffers."""
+        head = await self.run_blocking(self.store.head, tp[0], tp[1])
         self.drop(tp)
-        self._expected[tp] = last
-        return None if last is None else last + 1
+        self.batches.set_expected(tp, head.last_offset)
+        return None if head.last_offset is None else head.last_offset + 1
 
     def expected(self, tp: TP) -> int | None:
-        return self._expected.get(tp)
+        return self.batches.expected(tp)
 
     def drop(self, tp: TP) -> int:
-        """Forget the partition's unpublished records (revoked, or lost a conflict)."""
+        """Forget the partition's unpublished records and start a new epoch: a publication in
+        flight can no longer restore its records or move the partition."""
         self._epoch[tp] = self._epoch.get(tp, 0) + 1
-        buf = self._buffers.pop(tp, None)
-        if buf is None:
-            return 0
-        self.stats["dropped"] += buf.records
-        return buf.records
+        dropped = self.batches.drop(tp)
+        self.stats.dropped += dropped
+        return dropped
 
     def forget(self, tp: TP) -> int:
-        """Revoked: drop buffers and the cached position (re-read from disk on reassignment).
+        """Revoked: drop buffers and the cached position (re-read from the store on reassignment).
         Returns the number of records dropped."""
-        self._expected.pop(tp, None)
+        self.batches.forget_expected(tp)
         return self.drop(tp)
 
-    # -- buffering -------------------------------------------------------------------------------
+    # -- buffering (micro_batches.py) ------------------------------------------------------------
 
     def add(self, batch: Drained, now: float | None = None) -> int:
-        """Buffer a drained batch; records already published or buffered are cut off. Returns the
-        number of records kept. A new micro-batch's age counts from ``now`` when given, else from
-        the batch's fetch time."""
-        rb = batch.records
-        if rb.num_rows == 0:
-            return 0
-        tp: TP = (batch.tp[0], batch.tp[1])
-        buf = self._buffers.get(tp)
-        floor = self._expected.get(tp)
-        floor = -1 if floor is None else floor
-        if buf is not None and buf.next_offset - 1 > floor:
-            floor = buf.next_offset - 1
-        if batch.first_offset <= floor:
-            if batch.next_offset - 1 <= floor:
-                return 0
-            offsets = rb.column(0).to_numpy()
-            rb = rb.slice(int(np.searchsorted(offsets, floor, side="right")))
-            if rb.num_rows == 0:
-                return 0
-        if buf is None:
-            buf = self._buffers[tp] = _Buffer(since=batch.fetched_at if now is None else now)
-        buf.batches.append(rb)
-        buf.records += rb.num_rows
-        buf.nbytes += batch.nbytes if rb.num_rows == len(batch.records) else rb.nbytes
-        buf.next_offset = int(rb.column(0)[-1].as_py()) + 1
-        return rb.num_rows
-
-    def _restore(self, tp: TP, batches: list[pa.RecordBatch], since: float) -> None:
-        """Put back records a failed flush did not publish, ahead of anything added meanwhile."""
-        if not batches:
-            return
-        newer = self._buffers.pop(tp, None)
-        buf = _Buffer(since=since)
-        for rb in batches + (newer.batches if newer else []):
-            buf.batches.append(rb)
-            buf.records += rb.num_rows
-            buf.nbytes += rb.nbytes
-        buf.next_offset = newer.next_offset if newer else int(batches[-1].column(0)[-1].as_py()) + 1
-        self._buffers[tp] = buf
+        return self.batches.add(batch, now)
 
     @property
     def pending_records(self) -> int:
-        return sum(b.records for b in self._buffers.values())
+        return self.batches.pending_records
 
     @property
     def pending_bytes(self) -> int:
-        return sum(b.nbytes for b in self._buffers.values())
+        return self.batches.pending_bytes
 
     def pending(self) -> dict[TP, int]:
-        return {tp: b.records for tp, b in self._buffers.items()}
+        return self.batches.pending()
 
     @property
     def inflight_bytes(self) -> int:
         """Bytes of micro-batches being published right now (taken out of the buffers)."""
-        return self._inflight_bytes
-
-    def busy(self, tp: TP) -> bool:
-        """A flush of ``tp`` is running or waiting for a worker."""
-        return self._busy[(tp[0], tp[1])] > 0
+        return self.batches.inflight_bytes
 
     @property
     def publish_lead(self) -> float:
-        """How long before max_age an age cut happens: the publish-time estimate, at most half of
-        max_age (a slow disk must not turn every micro-batch into a tiny file)."""
-        if self._publish_est is None:
-            return 0.0
-        return min(self._publish_est + 4 * self._publish_dev, self._config.max_age / 2)
+        return self.batches.publish_lead
 
-    def _observe_publish(self, seconds: float) -> None:
-        if self._publish_est is None:
-            self._publish_est, self._publish_dev = seconds, seconds / 2
-            return
-        err = seconds - self._publish_est
-        self._publish_est += _EST_GAIN * err
-        self._publish_dev += _DEV_GAIN * (abs(err) - self._publish_dev)
+    def busy(self, tp: TP) -> bool:
+        """A publication of ``tp`` is running or waiting for a worker."""
+        return self._busy[(tp[0], tp[1])] > 0
 
     def due(self, now: float | None = None) -> list[TP]:
         """Partitions whose micro-batch is to be cut now (busy ones excepted)."""
-        now = time.monotonic() if now is None else now
-        cfg = self._config
-        age = cfg.max_age - self.publish_lead
-        idle = [(tp, b) for tp, b in self._buffers.items() if not self._busy[tp]]
-        out = [
-            tp
-            for tp, b in idle
-            if b.records >= cfg.max_records or b.nbytes >= cfg.max_bytes or now - b.since >= age
-        ]
-        # the sink holds at most max_bytes (plus a batch), publications in flight included: cut
-        # the biggest buffers that can be cut. Busy ones count too: a partition being published
-        # refills meanwhile, and if only the idle ones counted, a full sink would wait for that
-        # publication instead of starting the next one on a free worker.
-        total = self.pending_bytes + self._inflight_bytes
-        if total >= cfg.max_bytes:
-            for tp, b in sorted(idle, key=lambda kv: -kv[1].nbytes):
-                if total < cfg.max_bytes:
-                    break
-                if tp not in out:
-                    out.append(tp)
-                total -= b.nbytes
-        return out
+        return self.batches.due(self._busy, now)
 
     def next_due_in(self, now: float | None = None) -> float | None:
-        """Seconds until the oldest buffer that is not busy reaches its age cut (None when there
-        is no such buffer)."""
-        idle = [b.since for tp, b in self._buffers.items() if not self._busy[tp]]
-        if not idle:
-            return None
-        now = time.monotonic() if now is None else now
-        return max(0.0, min(idle) + self._config.max_age - self.publish_lead - now)
+        """Seconds until the oldest buffer that is not busy falls due (None: no such buffer)."""
+        return self.batches.next_due_in(self._busy, now)
 
-    # -- publication -----------------------------------------------------------------------------
+    # -- scheduling ------------------------------------------------------------------------------
 
-    async def flush(self, tps: Iterable[TP] | None = None) -> list[FlushResult]:
-        """Publish the buffers of ``tps`` (default: all), partitions in parallel. Per partition
-        the result says what was published, and a conflict (buffer dropped: re-seek after
-        ``conflict.last_offset``) or a disk error (unpublished records kept buffered: retry
-        later). An unexpected exception is raised once every partition's flush has ended."""
-        todo = list(self._buffers) if tps is None else [(tp[0], tp[1]) for tp in tps]
-        outs = await asyncio.gather(*(self.flush_partition(tp) for tp in todo), return_exceptions=True)
+    @property
+    def running(self) -> bool:
+        """Background publications are registered (running or waiting)."""
+        return bool(self._tasks)
+
+    def start_publications(self, tps: Iterable[TP]) -> None:
+        """Publish ``tps`` in the background, one task per partition: a partition whose task is
+        still registered is skipped (its next cut waits). Results go to ``on_result``."""
+        for tp in tps:
+            key = (tp[0], tp[1])
+            if key not in self._tasks:
+                # publish_partition() marks it busy right away: the next due() skips it
+                self._tasks[key] = asyncio.create_task(
+                    self._background(key, self.publish_partition(key)), name=f"mqd-publish-{tp}"
+                )
+
+    async def _background(self, tp: TP, publication: Coroutine[Any, Any, PublishResult | None]) -> None:
+        try:
+            await publication
+        except Exception as exc:
+            if self.failure is None:
+                self.failure = exc  # the daemon's loop raises it
+        finally:
+            if self._tasks.get(tp) is asyncio.current_task():
+                del self._tasks[tp]
+            self._progress.set()  # also when the task ended before its publication ran
+
+    async def wait_idle(self) -> None:
+        """Until no background publication is registered."""
+        while self._tasks:
+            await asyncio.wait(list(self._tasks.values()))
+
+    def cancel(self) -> None:
+        """Abandon the background publications (shutdown deadline): each publication is atomic
+        and conditional, so cancelling only decides whether its result is reported."""
+        for task in list(self._tasks.values()):
+            task.cancel()
+
+    async def wait_for_progress(self, timeout: float, also: Awaitable[Any] | None = None) -> None:
+        """Sleep until a publication takes its buffer or ends, ``also`` completes, or ``timeout``.
+        The caller read the sink's state right before (no await since): clearing the signal here
+        loses no wake-up."""
+        self._progress.clear()
+        if also is None:
+            await wait_event(self._progress, timeout)
+            return
+        waiters = [asyncio.ensure_future(also), asyncio.ensure_future(self._progress.wait())]
+        try:
+            await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waiters:
+                w.cancel()
+
+    async def publish(self, tps: Iterable[TP] | None = None) -> list[PublishResult]:
+        """Publish the buffers of ``tps`` (default: all) now and wait, partitions in parallel
+        (after any publication of theirs already running). Results go to ``on_result`` and are
+        returned. An unexpected exception is raised once every partition's publication ended."""
+        todo = list(self.batches.pending()) if tps is None else [(tp[0], tp[1]) for tp in tps]
+        outs = await asyncio.gather(*(self.publish_partition(tp) for tp in todo), return_exceptions=True)
         for out in outs:
             if isinstance(out, BaseException):
                 raise out
-        return [res for res in outs if isinstance(res, FlushResult)]
+        return [res for res in outs if isinstance(res, PublishResult)]
 
-    def flush_partition(self, tp: TP) -> Coroutine[Any, Any, FlushResult | None]:
+    def publish_partition(self, tp: TP) -> Coroutine[Any, Any, PublishResult | None]:
         """Cut and publish ``tp``'s micro-batch (None when nothing is buffered); await the result.
 
         The partition is busy from this call on (not from the coroutine's first step), so a caller
@@ -315,61 +289,67 @@ class LandingSink:
         only then, so records drained while waiting join this micro-batch."""
         tp = (tp[0], tp[1])
         self._busy[tp] += 1
-        return self._flush_partition(tp, time.monotonic())
+        return self._publish_partition(tp, time.monotonic())
 
-    async def _flush_partition(self, tp: TP, t0: float) -> FlushResult | None:
+    async def _publish_partition(self, tp: TP, due_at: float) -> PublishResult | None:
         lock = self._locks.setdefault(tp, asyncio.Lock())
         try:
             async with lock, self._slots:
-                buf = self._buffers.pop(tp, None)
-                if buf is None or not buf.batches:
+                buf = self.batches.take(tp)
+                if buf is None:
                     return None
-                self._inflight_bytes += buf.nbytes
-                self.progress.set()
+                self.batches.inflight_bytes += buf.nbytes
+                self._progress.set()
                 try:
-                    return await self._publish(tp, buf, t0)
+                    res = await self._publish(tp, buf, due_at)
                 finally:
-                    self._inflight_bytes -= buf.nbytes
+                    self.batches.inflight_bytes -= buf.nbytes
+            self.on_result(res)
+            return res
         finally:
             self._busy[tp] -= 1
             if not self._busy[tp]:
                 del self._busy[tp]
                 self._locks.pop(tp, None)  # nobody holds or waits for it
-            self.progress.set()
+            self._progress.set()
 
-    async def _publish(self, tp: TP, buf: _Buffer, due_at: float) -> FlushResult:
+    async def _publish(self, tp: TP, buf: MicroBatch, due_at: float) -> PublishResult:
         epoch = self._epoch.get(tp, 0)
         t0 = time.monotonic()
         try:
-            outcome: PublishOutcome = await self._run(
+            outcome: PublishOutcome = await self.run_blocking(
                 self.publisher.publish_records,
                 tp[0],
                 tp[1],
                 buf.batches,
-                self._expected.get(tp),
+                self.batches.expected(tp),
                 self._config.max_records,
             )
+        except LandingCorrupt as exc:
+            # a foreign file squats on a name we need, or state we cannot read: keep the records
+            if self._epoch.get(tp, 0) == epoch:
+                self.batches.restore(tp, buf.batches, buf.since)
+            return PublishResult(tp, [], error=exc, owned=self._epoch.get(tp, 0) == epoch)
         except BaseException:
             if self._epoch.get(tp, 0) == epoch:
-                self._restore(tp, buf.batches, buf.since)
+                self.batches.restore(tp, buf.batches, buf.since)
             raise
         end = time.monotonic()
         metrics.publish_latency.observe(end - t0)
         if outcome.published and outcome.error is None and outcome.conflict is None:
-            self._observe_publish(end - due_at)  # includes the wait for a worker
-        res = FlushResult(tp, outcome.published, outcome.conflict, outcome.error)
+            self.batches.observe_publish(end - due_at)  # includes the wait for a worker
         for rng in outcome.published:
-            self.stats["files"] += 1
-            self.stats["records"] += rng.count
-            self.stats["bytes"] += rng.bytes
+            self.stats.files += 1
+            self.stats.records += rng.count
+            self.stats.bytes += rng.bytes
             metrics.files_published.labels(tp[0]).inc()
             metrics.records_published.labels(tp[0]).inc(rng.count)
             metrics.bytes_published.labels(tp[0]).inc(rng.bytes)
-        current = self._epoch.get(tp, 0) == epoch
-        if outcome.published and current:
-            self._expected[tp] = outcome.published[-1].last_offset
+        owned = self._epoch.get(tp, 0) == epoch
+        if outcome.published and owned:
+            self.batches.set_expected(tp, outcome.published[-1].last_offset)
         if outcome.conflict is not None:
-            self.stats["conflicts"] += 1
+            self.stats.conflicts += 1
             metrics.publish_conflicts.labels(tp[0]).inc()
             log.warning(
                 "publish_conflict",
@@ -378,24 +358,29 @@ class LandingSink:
                 expected=outcome.conflict.expected,
                 landed=outcome.conflict.last_offset,
             )
-            self.stats["dropped"] += buf.records - sum(r.count for r in outcome.published)
-            if current:
+            self.stats.dropped += buf.records - sum(r.count for r in outcome.published)
+            if owned:
                 self.drop(tp)  # what arrived meanwhile follows the lost batch: drop it too
-                self._expected[tp] = outcome.conflict.last_offset
+                self.batches.set_expected(tp, outcome.conflict.last_offset)
         elif outcome.error is not None:
             metrics.landing_errors.labels(str(outcome.error.errno or "other")).inc()
-            if current:
-                self._restore(tp, outcome.remaining, buf.since)
-        return res
+            if owned:
+                self.batches.restore(tp, outcome.remaining, buf.since)
+        return PublishResult(tp, outcome.published, outcome.conflict, outcome.error, owned)
 
     def status(self) -> dict[str, Any]:
+        """The admin endpoint's ``landing`` section (its JSON shape is an interface)."""
         return {
             "dir": str(self._config.dir),
             "pending_records": self.pending_records,
             "pending_bytes": self.pending_bytes,
-            "pending_partitions": len(self._buffers),
-            "inflight_bytes": self._inflight_bytes,
+            "pending_partitions": self.batches.pending_partitions,
+            "inflight_bytes": self.inflight_bytes,
             "flushing_partitions": len(self._busy),
             "publish_lead_s": round(self.publish_lead, 4),
-            **self.stats,
+            "files": self.stats.files,
+            "records": self.stats.records,
+            "bytes": self.stats.bytes,
+            "conflicts": self.stats.conflicts,
+            "dropped": self.stats.dropped,
         }

@@ -1,11 +1,12 @@
 """The Structured Streaming job: landing directory -> output table (Parquet), exactly once.
 
 The source is Spark's file source on the landing directory with an explicit schema (never
-inferred); ``_``/``.`` paths (state, manifest, markers, temp files) are ignored by Spark, foreign
-non-Parquet files by ``pathGlobFilter``, and corrupt Parquet files by ``ignoreCorruptFiles`` (the
-job lists the files that are not in the manifest at start so nothing is skipped silently). The sink
-is Spark's file sink, exactly once through its checkpoint and ``_spark_metadata`` log: read the
-output with Spark (or anything that honours that log).
+inferred: derived from the landing's Arrow schema, mqd.landing.schema); ``_``/``.`` paths (state,
+manifest, markers, temp files) are ignored by Spark, foreign non-Parquet files by
+``pathGlobFilter``, and corrupt Parquet files by ``ignoreCorruptFiles`` (the job lists the files
+that are not in the manifest at start so nothing is skipped silently). The sink is Spark's file
+sink, exactly once through its checkpoint and ``_spark_metadata`` log: read the output with Spark
+(or anything that honours that log).
 
 ``value_format = "json"`` parses values with the configured DDL schema into columns; rows whose
 value is not valid JSON for that schema go, with the reason, to a quarantine table written by a
@@ -25,16 +26,14 @@ import structlog
 
 from mqd.config import MqdConfig
 from mqd.errors import MqdError
-from mqd.landing.publisher import read_manifest
+from mqd.landing.schema import landing_columns, landing_ddl
+from mqd.landing.store import open_store
 
 log = structlog.get_logger("mqd.spark")
 
 CORRUPT_COLUMN = "_mqd_corrupt_record"
-LANDING_DDL = (
-    "topic STRING, partition INT, offset BIGINT, timestamp TIMESTAMP, key BINARY, value BINARY, "
-    "headers ARRAY<STRUCT<key: STRING, value: BINARY>>, dt STRING, hour INT"
-)
-_LANDING_COLUMNS = ["topic", "partition", "offset", "timestamp", "key", "value", "headers", "dt", "hour"]
+LANDING_DDL = landing_ddl()  # derived from the Arrow schema (mqd.landing.schema)
+_LANDING_COLUMNS = landing_columns()
 
 
 class SparkJobError(MqdError):
@@ -46,18 +45,11 @@ class SparkJobError(MqdError):
 def unlisted_files(landing: Path) -> list[Path]:
     """Data-looking files in the landing directory that mqd did not publish (foreign or corrupt
     files dropped in by hand, or a publication a crash left half done). Spark skips the corrupt
-    ones; this is how they get reported."""
-    known = {r.path for r in read_manifest(landing)}
-    out: list[Path] = []
-    if not landing.is_dir():
-        return out
-    for path in landing.rglob("*"):
-        rel = path.relative_to(landing)
-        if any(part.startswith(("_", ".")) for part in rel.parts) or not path.is_file():
-            continue
-        if rel.as_posix() not in known:
-            out.append(path)
-    return sorted(out)
+    ones; this is how they get reported. What is visible and what is published both come from
+    the store (store.py)."""
+    store = open_store(landing)
+    known = {r.path for r in store.manifest()}
+    return sorted(landing / rel for rel in store.visible_files() if rel not in known)
 
 
 def build_session(config: MqdConfig, master: str | None = None) -> Any:

@@ -1,0 +1,62 @@
+"""The landing schema, defined once: the Arrow schema of a landed file and the Spark DDL derived from it.
+
+A landed Parquet file holds the record columns of a decoded batch (``mqd.format.RECORD_SCHEMA``)
+after ``topic`` and ``partition``. Spark's file source adds the Hive partition columns of the
+folder names (``dt=YYYY-MM-DD/hour=HH``). The Spark job reads with an explicit schema (never
+inferred), so its DDL is generated here from the Arrow schema: one place to change, and a unit
+test (tests/unit/test_landing_schema.py) that fails when the two drift apart.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from mqd.format import RECORD_SCHEMA
+
+# topic is dictionary-encoded: one string per file, not one per record
+LANDING_SCHEMA = pa.schema(
+    [
+        ("topic", pa.dictionary(pa.int32(), pa.string())),
+        ("partition", pa.int32()),
+        *RECORD_SCHEMA,
+    ]
+)
+
+# the Hive partition columns Spark reads from the folder names (layout.hour_dir), after the file's
+PARTITION_COLUMNS: tuple[tuple[str, str], ...] = (("dt", "STRING"), ("hour", "INT"))
+
+
+def spark_type(t: pa.DataType) -> str:
+    """The Spark SQL type Spark's Parquet reader gives an Arrow type mqd writes; ValueError for a
+    type the landing does not use (a new column needs its mapping here, not a guess)."""
+    if pa.types.is_dictionary(t):
+        return spark_type(t.value_type)
+    if pa.types.is_string(t):
+        return "STRING"
+    if pa.types.is_binary(t):
+        return "BINARY"
+    if pa.types.is_int32(t):
+        return "INT"
+    if pa.types.is_int64(t):
+        return "BIGINT"
+    if pa.types.is_timestamp(t):
+        # Parquet stores UTC instants; Spark's TIMESTAMP is an instant too
+        return "TIMESTAMP"
+    if pa.types.is_list(t):
+        return f"ARRAY<{spark_type(t.value_type)}>"
+    if pa.types.is_struct(t):
+        fields = ", ".join(f"{t.field(i).name}: {spark_type(t.field(i).type)}" for i in range(t.num_fields))
+        return f"STRUCT<{fields}>"
+    raise ValueError(f"no Spark type for the landing's Arrow type {t}")
+
+
+def landing_columns() -> list[str]:
+    """Column names as Spark sees a landed file: the file's columns, then the partition columns."""
+    return [*LANDING_SCHEMA.names, *(name for name, _ in PARTITION_COLUMNS)]
+
+
+def landing_ddl() -> str:
+    """The Spark DDL of the landing as the streaming source reads it."""
+    cols = [f"{f.name} {spark_type(f.type)}" for f in LANDING_SCHEMA]
+    cols += [f"{name} {sql}" for name, sql in PARTITION_COLUMNS]
+    return ", ".join(cols)

@@ -1,0 +1,146 @@
+"""The storage seam: what the landing needs of the place files land in, behind one interface.
+
+The contract (DESIGN.md §3): a range of a partition lands as ONE visible file, or the publisher
+learns that another owner got there first and where that owner's landed range ends; offsets are
+committed only after the file is visible; a restart resumes from the store's published head.
+
+Publication is split in two steps so that a store without locks, rename or append (object storage,
+whose primitive is the single-part conditional PUT) fits as well as the local directory:
+
+``stage``   encode the file and write it durably where no reader looks. No lock, no condition:
+            any number of owners may stage the same range at once. Guarantees: when it returns,
+            the bytes survive a crash; nothing is visible; the staged file belongs to this caller.
+            Local store: a hidden temp file in the target folder, fsynced. Object store: a PUT
+            (multipart is fine) under a ``_staging/`` prefix.
+``commit``  the conditional step, given the previous end the caller believes in
+            (``expected_last``). Guarantees: either the staged file is visible under its final
+            name, recorded in the manifest and the head, exactly once across every owner and
+            process, and ``commit`` returns its range; or nothing of it becomes visible and
+            ``PublishConflict`` says the landed end the caller must resume after. A crash at any
+            point leaves one of the two outcomes, completed by whoever reads the head next.
+            Local store: flock, state check, ``pending`` intent, exclusive ``os.link``, manifest
+            append, state (local_store.py). Object store: a head check, then a single-part
+            create-only claim object per partition chain (``If-None-Match: *``, keyed by the next
+            offset, carrying a nonce to resolve lost responses) as the commit point and manifest
+            line, then promotion of the staged object to its visible name by server-side copy.
+``discard`` forget a staged file that was not committed (conflict, error); idempotent.
+
+Everything else is read-side: the published head (resume position), the manifest, the visible
+data files (what the Spark job may read), per-partition watermarks and completeness markers, and
+two chores (``open`` checks the store is writable, ``remove_stale`` deletes what crashed stagers
+left behind; the age threshold there decides cost, never correctness).
+
+All methods block (file or network I/O): the sink calls them on its worker threads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import pyarrow as pa
+
+from mqd.errors import MqdError
+from mqd.landing.layout import FileRange
+
+STALE_AFTER_S = 3600.0  # a staged file this old belongs to no live publisher (a publication takes seconds)
+
+
+class PublishConflict(MqdError):
+    """Another owner published offsets of this partition first. Not retriable as is: drop the
+    batch and resume after ``last_offset``."""
+
+    retriable = False
+
+    def __init__(self, topic: str, partition: int, expected: int | None, last_offset: int | None) -> None:
+        super().__init__(
+            f"{topic}/{partition}: publication conflict: expected last published offset {expected}, "
+            f"landing directory has {last_offset}"
+        )
+        self.topic = topic
+        self.partition = partition
+        self.expected = expected
+        self.last_offset = last_offset
+
+
+@dataclass(frozen=True, slots=True)
+class StagedFile:
+    """A file written durably but not visible: the output of ``stage``, the input of ``commit``."""
+
+    range: FileRange  # with its size and creation time
+    location: str  # where the store keeps the staged bytes (local: the temp file's path)
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionHead:
+    """The published head of a partition: what is landed, with any half-done commit completed."""
+
+    last_offset: int | None  # resume after it; None: nothing published yet
+    watermark_ms: int | None  # every record below this event time is published (or none exists)
+    files: int
+
+
+class LandingStore(Protocol):
+    """The landing's publication contract (see the module docstring). LandingError: the store
+    cannot be written now (retriable); LandingCorrupt: it holds something mqd did not write."""
+
+    @property
+    def location(self) -> str:
+        """Where the landing is, for logs and status (local: the directory)."""
+        ...
+
+    def open(self) -> None:
+        """Create the landing if needed and prove it is writable."""
+        ...
+
+    def remove_stale(self, older_than_s: float = STALE_AFTER_S) -> int:
+        """Delete staged files older than ``older_than_s``; returns how many."""
+        ...
+
+    def stage(self, records: pa.Table, rng: FileRange, compression: str) -> StagedFile:
+        """Encode ``records`` (the landing schema, one hour, one partition) as the file ``rng``
+        describes and write it durably, invisible, without a lock."""
+        ...
+
+    def commit(self, staged: StagedFile, expected_last: int | None) -> FileRange:
+        """Make ``staged`` visible if the partition's last published offset is ``expected_last``
+        (None: nothing published yet) and the range starts after it; PublishConflict otherwise."""
+        ...
+
+    def discard(self, staged: StagedFile) -> None:
+        """Remove a staged file that was not (or could not be) committed."""
+        ...
+
+    def head(self, topic: str, partition: int) -> PartitionHead:
+        """The partition's published head, with any half-done commit completed."""
+        ...
+
+    def advance_watermark(self, topic: str, partition: int, watermark_ms: int) -> None:
+        """Record that the partition has nothing unpublished below ``watermark_ms``."""
+        ...
+
+    def watermarks(self, topic: str, partitions: int) -> list[int | None]:
+        """Watermark of partitions 0..partitions-1 (None: unknown)."""
+        ...
+
+    def update_markers(self, topic: str, partitions: int) -> list[str]:
+        """Write the completeness marker of every hour that became whole; returns them."""
+        ...
+
+    def manifest(self, topic: str | None = None) -> list[FileRange]:
+        """Every published file (of ``topic``), in manifest order per partition."""
+        ...
+
+    def visible_files(self) -> list[str]:
+        """Every data file a reader of the landing can see, '/'-separated paths relative to the
+        landing root (the Spark job compares it with the manifest)."""
+        ...
+
+
+def open_store(location: Path) -> LandingStore:
+    """The store for ``landing.dir``. Only the local directory exists so far; an ``s3://`` URI
+    selects the object store once it is built (issue 15)."""
+    from mqd.landing.local_store import LocalStore
+
+    return LocalStore(location)

@@ -1,0 +1,57 @@
+"""The landing schema is defined once: the Spark DDL the job reads with is derived from the Arrow
+schema a landed file is written with, and this test ties the two (and the record schema)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from mqd.format import RECORD_SCHEMA
+from mqd.landing import layout, schema
+from mqd.spark import job
+
+# The Spark side as it must stay for the checkpoints and tables users already have: a change of
+# the Arrow schema that changes this is a change of the landing format, not a refactoring.
+EXPECTED_DDL = (
+    "topic STRING, partition INT, offset BIGINT, timestamp TIMESTAMP, key BINARY, value BINARY, "
+    "headers ARRAY<STRUCT<key: STRING, value: BINARY>>, dt STRING, hour INT"
+)
+
+
+def test_spark_ddl_is_derived_from_the_arrow_schema() -> None:
+    """The job's DDL and columns are the schema module's, generated from LANDING_SCHEMA, and equal
+    the pinned DDL: changing one side without the other fails here."""
+    assert schema.landing_ddl() == EXPECTED_DDL
+    assert job.LANDING_DDL == EXPECTED_DDL
+    assert job._LANDING_COLUMNS == [*schema.LANDING_SCHEMA.names, "dt", "hour"]
+
+
+def test_landing_schema_is_the_record_schema_plus_topic_and_partition() -> None:
+    """A landed file's columns are topic, partition and then exactly the decoded record columns."""
+    assert schema.LANDING_SCHEMA.names[:2] == ["topic", "partition"]
+    assert pa.schema(list(schema.LANDING_SCHEMA)[2:]) == RECORD_SCHEMA
+    assert layout.LANDING_SCHEMA is schema.LANDING_SCHEMA
+
+
+def test_a_landed_table_has_the_landing_schema() -> None:
+    """What the publisher encodes (layout.landing_table) carries exactly LANDING_SCHEMA, so the
+    DDL derived from it describes the files on disk."""
+    records = pa.table(
+        {
+            "offset": pa.array([0, 1], pa.int64()),
+            "timestamp": pa.array(np.array([0, 1], dtype="datetime64[ms]"), pa.timestamp("ms", tz="UTC")),
+            "key": pa.array([b"k", None], pa.binary()),
+            "value": pa.array([b"v", b"w"], pa.binary()),
+            "headers": pa.array([[], [{"key": "h", "value": b"x"}]], RECORD_SCHEMA.field("headers").type),
+        },
+        schema=RECORD_SCHEMA,
+    )
+    assert layout.landing_table("t", 3, records).schema == schema.LANDING_SCHEMA
+
+
+def test_an_unmapped_arrow_type_is_refused() -> None:
+    """A new column of a type with no Spark mapping fails loudly instead of being guessed."""
+    with pytest.raises(ValueError, match="no Spark type"):
+        schema.spark_type(pa.float16())
+    assert schema.spark_type(pa.dictionary(pa.int32(), pa.string())) == "STRING"
