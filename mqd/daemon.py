@@ -189,7 +189,7 @@ class Daemon:
                 pending=self.sink.pending_records,
             )
         except Exception as exc:  # still commit what landed and leave the group
-            self._record_error("final_flush", exc)
+            self._record_error("final_flush", exc)  # the status JSON's name for the final publication
         self.sink.cancel()  # abandoned at the deadline: the publication itself is atomic and conditional
         try:
             await self.consumer.commit()

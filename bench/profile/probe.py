@@ -130,7 +130,7 @@ def enable_pipeline(daemon: Any, workers: int, max_inflight: int) -> dict[str, i
             await real_publish_due()
             return
         if daemon.burst and sink.pending_records and daemon.consumer.caught_up():
-            due = list(sink._buffers)
+            due = list(sink.pending())
         else:
             due = sink.due(time.monotonic())
         started = 0
@@ -225,13 +225,13 @@ async def run_daemon(
     answers = AnswerTracker()
     daemon = Daemon(config, burst=burst)
     flushes: list[dict[str, Any]] = []
-    real_flush = daemon.sink.flush
+    real_flush = daemon.sink.publish
 
     async def flush(tps: Any = None) -> Any:
         # one loop-side flush: how many partitions, how old their buffers were, how long it held
         # the working loop (nothing is drained meanwhile)
         now = time.monotonic()
-        bufs = daemon.sink._buffers
+        bufs = daemon.sink.batches._buffers
         chosen = list(bufs) if tps is None else [tp for tp in tps if tp in bufs]
         ages = [now - bufs[tp].since for tp in chosen]
         # how old the oldest record (produce timestamp) is when its flush starts
@@ -254,7 +254,7 @@ async def run_daemon(
         )
         return res
 
-    daemon.sink.flush = flush  # type: ignore[method-assign]
+    daemon.sink.publish = flush  # type: ignore[method-assign]
     proto = proto or {}
     proto_counters: dict[str, int] = {}
     if "isal" in proto:
@@ -284,7 +284,7 @@ async def run_daemon(
             "consumer_buffered_records": state.buffered_records,
             "sink_pending_mb": round(daemon.sink.pending_bytes / 2**20, 1),
             "sink_pending_records": daemon.sink.pending_records,
-            "published": daemon.sink.stats["records"],
+            "published": daemon.sink.stats.records,
         }
         n_alive, b_alive = answers.alive()
         s["answer_bodies_alive"] = n_alive

@@ -376,7 +376,7 @@ class LandingSink:
             "pending_bytes": self.pending_bytes,
             "pending_partitions": self.batches.pending_partitions,
             "inflight_bytes": self.inflight_bytes,
-            "flushing_partitions": len(self._busy),
+            "flushing_partitions": len(self._busy),  # the JSON keeps its old key: busy partitions
             "publish_lead_s": round(self.publish_lead, 4),
             "files": self.stats.files,
             "records": self.stats.records,
