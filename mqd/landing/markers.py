@@ -98,15 +98,12 @@ def update_markers(root: Path, topic: str, partitions: int) -> list[Path]:
             }
             if marker.exists():
                 continue
+            # the one atomic write to a private name, then an exclusive link: never a half-written
+            # marker, and never one replacing a marker another daemon wrote
             tmp = hdir / f".{layout.MARKER_NAME}.{os.getpid()}.tmp"
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            layout.write_atomic(tmp, json.dumps(body).encode() + b"\n")
             try:
-                os.write(fd, json.dumps(body).encode() + b"\n")
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            try:
-                os.link(tmp, marker)  # never a half-written marker
+                os.link(tmp, marker)
             except FileExistsError:
                 pass
             finally:
