@@ -8,10 +8,11 @@ PY     := $(BIN)/python
 
 install: check-java $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml
+# mqd itself, plus the dev package (devtools/: chaos harness, demo) that the mqd wheel does not ship
+$(VENV)/.installed: pyproject.toml devtools/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -e '.[dev]' -e ./devtools
 	touch $@
 
 check-java:
@@ -23,29 +24,32 @@ test: install
 test-fast: install
 	$(BIN)/pytest -q -m "not spark and not slow"
 
+LINT_PATHS := mqd tests bench devtools
+
 lint: install
-	$(BIN)/ruff check mqd tests bench
+	$(BIN)/ruff check $(LINT_PATHS)
+	$(BIN)/ruff format --check $(LINT_PATHS)
 	$(BIN)/mypy
 
 fmt: install
-	$(BIN)/ruff check --fix mqd tests bench
-	$(BIN)/ruff format mqd tests bench
+	$(BIN)/ruff check --fix $(LINT_PATHS)
+	$(BIN)/ruff format $(LINT_PATHS)
 
 demo: install
-	$(PY) -m mqd.demo
+	$(PY) -m mqd_dev.demo
 
 $(VENV)/.bench-installed: $(VENV)/.installed
 	$(PY) -m pip install --quiet -e '.[dev,bench]'
 	touch $@
 
 bench: install $(VENV)/.bench-installed
-	$(PY) bench/bench.py
+	$(PY) -m bench
 
 chaos: install
-	$(PY) -m mqd.chaos --rounds 20
+	$(PY) -m mqd_dev.chaos --rounds 20
 
 install-systemd:
 	sh systemd/install.sh
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache build *.egg-info
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache build *.egg-info devtools/build devtools/*.egg-info

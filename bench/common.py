@@ -1,7 +1,8 @@
 """Shared pieces of the benchmarks: the records every pipeline gets, machine facts, process
 accounting, Parquet micro-batch writing for the alternative pipelines, and result output.
 
-The scripts in bench/ run as ``python bench/<name>.py``; this module is imported as ``common``.
+The benchmarks are the package ``bench``, run from the project root as ``python -m bench`` (the
+pipeline), ``python -m bench.broker_bench`` or ``python -m bench.memab``.
 """
 
 from __future__ import annotations
@@ -12,8 +13,7 @@ import json
 import os
 import platform
 import resource
-import subprocess
-import sys
+import signal
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -26,22 +26,19 @@ import numpy as np
 import psutil
 import pyarrow as pa
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench" / "results"
-if str(ROOT) not in sys.path:  # `python bench/x.py` puts bench/, not the project, on the path
-    sys.path.insert(0, str(ROOT))
-
-from mqd.format import HEADERS_TYPE, RECORD_SCHEMA  # noqa: E402
-from mqd.fsutil import fsync_dir  # noqa: E402
-from mqd.landing.layout import (  # noqa: E402
+from mqd.format import HEADERS_TYPE, RECORD_SCHEMA
+from mqd.fsutil import atomic_write, fsync_dir
+from mqd.landing.layout import (
     FileRange,
     file_name,
     landing_table,
     write_parquet,
 )
-from mqd.localcluster import spawn_logged  # noqa: E402
-from mqd.producer import synthetic_values  # noqa: E402
+from mqd.producer import synthetic_values
+from mqd.testing import ManagedProcess
 
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
 MB = 1e6
 
 
@@ -174,9 +171,10 @@ class ProcessStats:
     rss_samples_mb: list[float] = field(default_factory=list)
 
 
-class WatchedProcess:
-    """A subprocess whose CPU time comes from the kernel (wait4) when it exits, and whose peak RSS
-    is the kernel's high-water mark (VmHWM) sampled while it runs, with the RSS over time."""
+class WatchedProcess(ManagedProcess):
+    """mqd.testing's process manager plus what the benchmarks report: CPU seconds from the kernel
+    (``wait4`` rusage) when it exits, and the peak RSS as the kernel's high-water mark (VmHWM)
+    sampled while it runs, with the RSS over time."""
 
     def __init__(
         self,
@@ -187,12 +185,14 @@ class WatchedProcess:
         env: dict[str, str] | None = None,
         sample_interval: float = 0.1,
     ) -> None:
-        self.argv = argv
-        self.log_path = log_path
-        self.cwd = cwd
-        self.env = env
+        super().__init__(
+            log_path.stem,
+            argv,
+            log_path,
+            cwd=cwd,
+            env={**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"},
+        )
         self.sample_interval = sample_interval
-        self.proc: subprocess.Popen[bytes] | None = None
         self.started = 0.0
         self.started_at = 0.0
         self.samples: list[float] = []
@@ -204,22 +204,18 @@ class WatchedProcess:
         self._stats: ProcessStats | None = None
 
     def start(self) -> None:
-        self.proc = spawn_logged(
-            self.argv,
-            self.log_path,
-            cwd=self.cwd,
-            env={**os.environ, **(self.env or {}), "PYTHONUNBUFFERED": "1"},
-        )
+        super().start()
         self.started = time.perf_counter()
         self.started_at = time.time()
         self._sampler = threading.Thread(target=self._sample, name="rss-sampler", daemon=True)
         self._sampler.start()
 
     def _sample(self) -> None:
-        assert self.proc is not None
-        status = Path(f"/proc/{self.proc.pid}/status")
+        pid = self.pid
+        assert pid is not None
+        status = Path(f"/proc/{pid}/status")
         try:
-            p = psutil.Process(self.proc.pid)
+            p = psutil.Process(pid)
             while not self._stop.wait(self.sample_interval):
                 self.samples.append(p.memory_info().rss / 2**20)
                 hwm = _vm_hwm_mb(status)
@@ -228,52 +224,39 @@ class WatchedProcess:
         except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
             pass
 
-    def running(self) -> bool:
-        if self.proc is None or self._stats is not None:
-            return False
-        # WNOWAIT: look without reaping, so wait() still gets the rusage from wait4
-        return os.waitid(os.P_PID, self.proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None
-
-    def wait(self, timeout: float) -> ProcessStats:
-        """Reap the process (bounded); SIGKILL it after ``timeout``."""
+    def finish(self, timeout: float) -> ProcessStats:
+        """Wait (bounded) for the process to exit, SIGKILL it after ``timeout``; its figures."""
         if self._stats is not None:
             return self._stats
-        assert self.proc is not None
-        deadline = time.monotonic() + timeout
-        status = 0
-        usage = None
-        while True:
-            pid, status, usage = os.wait4(self.proc.pid, os.WNOHANG)
-            if pid:
-                break
-            if time.monotonic() >= deadline:
-                self.proc.kill()
-                _pid, status, usage = os.wait4(self.proc.pid, 0)
-                break
-            time.sleep(0.02)
+        try:
+            self.wait(timeout)
+        except TimeoutError:
+            self.stop(signal.SIGKILL)
+        return self._collect()
+
+    def terminate(self, timeout: float = 30.0) -> ProcessStats:
+        """SIGTERM, SIGKILL after ``timeout``; its figures."""
+        if self._stats is not None:
+            return self._stats
+        self.stop(signal.SIGTERM, timeout)
+        return self._collect()
+
+    def _collect(self) -> ProcessStats:
         wall = time.perf_counter() - self.started
         self._stop.set()
         if self._sampler is not None:
             self._sampler.join(2)
-        code = os.waitstatus_to_exitcode(status)
-        self.proc.returncode = code  # reaped here; keep Popen consistent
-        assert usage is not None
+        assert self.returncode is not None and self.rusage is not None
         self._stats = ProcessStats(
             wall_s=wall,
-            cpu_s=usage.ru_utime + usage.ru_stime,
+            cpu_s=self.rusage.ru_utime + self.rusage.ru_stime,
             peak_rss_mb=max([self.hwm_mb, *self.samples]),
-            exit_code=code,
+            exit_code=self.returncode,
             started_at=self.started_at,
             ended_at=time.time(),
             rss_samples_mb=list(self.samples),
         )
         return self._stats
-
-    def terminate(self, timeout: float = 30.0) -> ProcessStats:
-        if self.running():
-            assert self.proc is not None
-            self.proc.terminate()
-        return self.wait(timeout)
 
 
 def _vm_hwm_mb(status: Path) -> float | None:
@@ -412,7 +395,7 @@ class MicroBatchWriter:
         self.records += records.num_rows
         if self.first_file_at is None:
             self.first_file_at = time.perf_counter()
-        return records.num_rows
+        return int(records.num_rows)
 
 
 def empty_headers(n: int) -> pa.Array:
@@ -507,6 +490,4 @@ def sink_ceiling(work: Workload, out_dir: Path, *, max_records: int, compression
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
-    os.replace(tmp, path)
+    atomic_write(path, (json.dumps(data, indent=2, sort_keys=False) + "\n").encode())

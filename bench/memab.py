@@ -1,14 +1,14 @@
 """Interleaved A/B runs of the daemon on one backlog: throughput and peak RSS per code tree.
 
-One cluster and one backlog (bench.py's workload), then rounds of daemon runs, round-robin over
+One cluster and one backlog (the pipeline bench's workload), then rounds of daemon runs, round-robin over
 the variants so a load burst from other processes hits every variant alike. A variant is a code
 tree (a checkout of mqd; default this one) plus daemon config overrides; each run gets its own
 consumer group and landing directory, so every run lands the whole backlog from offset 0.
 
-    python bench/memab.py --records 2000000 --rounds 3 \\
+    python -m bench.memab --records 2000000 --rounds 3 \\
         --variant base=/tmp/mqd-base --variant new=. \\
         --variant new96=.:consumer.max_buffered_bytes=100663296
-    python bench/memab.py --memory ...   # bench.py's memory run instead: slow sink, RSS only
+    python -m bench.memab --memory ...   # the pipeline bench's memory run instead: slow sink, RSS only
 
 Main run (default): ``mqd run --burst`` lands the backlog, timed like bench.py (records/s from
 'daemon started' to exit) with the kernel's peak RSS. ``--memory``: the sink is throttled to
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib
 import json
 import shutil
 import statistics
@@ -31,15 +30,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE), str(HERE.parent)]
+from bench import common
+from bench import pipeline as _bench
+from bench.common import WatchedProcess, Workload
+from mqd.testing import LocalCluster, to_toml
 
-import common  # noqa: E402
-from common import WatchedProcess, Workload  # noqa: E402
-
-from mqd.localcluster import LocalCluster  # noqa: E402
-
-_bench: Any = importlib.import_module("bench")  # bench/bench.py
 TOPIC = _bench.TOPIC
 
 
@@ -82,7 +77,7 @@ def run_once(
         cfg = tomllib.loads(cfg_path.read_text())
         for section, kv in over.items():
             cfg.setdefault(section, {}).update(kv)
-        cfg_path.write_text(_bench.to_toml(cfg))
+        cfg_path.write_text(to_toml(cfg))
     slow_sink = [sys.executable, str(tree / "bench" / "slow_sink.py")]
     head = slow_sink if memory else [sys.executable, "-m", "mqd.cli"]
     if memory:
@@ -97,13 +92,13 @@ def run_once(
     proc.start()
     if memory:
         deadline = time.monotonic() + args.memory_seconds
-        while time.monotonic() < deadline and proc.running():
+        while time.monotonic() < deadline and proc.running:
             time.sleep(0.05)
         stats = proc.terminate(timeout=30)
         landed = _bench.LandedCounter(landing, TOPIC)()
         shutil.rmtree(landing, ignore_errors=True)  # a whole backlog per run: do not keep them all
         return {"variant": name, "peak_rss_mb": round(stats.peak_rss_mb, 1), "landed": landed}
-    stats = proc.wait(args.timeout)
+    stats = proc.finish(args.timeout)
     if stats.exit_code != 0:
         # the work dir is removed on the way out: show the log's end here
         tail = proc.log_path.read_text(errors="replace")[-3000:]
@@ -173,7 +168,7 @@ def main() -> int:
     for name, _, _ in variants:
         rows = [x for x in results if x["variant"] == name]
         rss = [x["peak_rss_mb"] for x in rows]
-        rps = [x.get("records_per_s") for x in rows if x.get("records_per_s")]
+        rps: list[int] = [x["records_per_s"] for x in rows if x.get("records_per_s")]
         rps_s = f"{statistics.median(rps):,.0f} ({min(rps):,}..{max(rps):,})" if rps else "-"
         print(f"{name} | {len(rows)} | {rps_s} | {statistics.median(rss)} ({min(rss)}..{max(rss)})")
     return 0

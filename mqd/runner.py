@@ -35,6 +35,7 @@ from mqd import log as mqdlog
 from mqd import metrics
 from mqd.config import ConfigError, MqdConfig, load_daemon_config
 from mqd.errors import MqdError
+from mqd.fsutil import atomic_write
 from mqd.sdnotify import Notifier
 
 if TYPE_CHECKING:  # the CLI imports this module for the pid file helpers: keep aiohttp out of it
@@ -160,10 +161,10 @@ def last_exit_file(config: MqdConfig) -> Path:
 
 
 def _write_json(path: Path, data: Mapping[str, Any]) -> None:
+    # admin.json and last_exit.json are replaced whole; the pid file is not (PidFile writes it in
+    # place: its flock lives on that inode, and a rename would hand the lock file to no one)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, default=str, indent=1) + "\n")
-    os.replace(tmp, path)
+    atomic_write(path, (json.dumps(data, default=str, indent=1) + "\n").encode())
 
 
 def read_json(path: Path) -> dict[str, Any] | None:

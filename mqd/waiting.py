@@ -11,7 +11,7 @@ import contextlib
 import inspect
 import time
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import TypeVar, overload
 
 T = TypeVar("T")
 
@@ -27,13 +27,24 @@ async def wait_event(event: asyncio.Event, timeout: float | None) -> bool:
     return event.is_set()
 
 
+# Two overloads so mypy infers T from a sync and from an async condition alike (one signature with
+# ``T | Awaitable[T]`` leaves T unsolved for an async one). ``T | None`` -> ``T``: None is falsy, so
+# a condition that answers "not yet" with None never has it returned.
+@overload
 async def wait_until(
-    cond: Callable[[], T | Awaitable[T]],
+    cond: Callable[[], Awaitable[T | None]], timeout: float, what: str = ..., *, interval: float = ...
+) -> T: ...
+@overload
+async def wait_until(
+    cond: Callable[[], T | None], timeout: float, what: str = ..., *, interval: float = ...
+) -> T: ...
+async def wait_until(
+    cond: Callable[[], object],
     timeout: float,
     what: str = "condition",
     *,
     interval: float = 0.02,
-) -> T:
+) -> object:
     """Poll ``cond`` (sync or async) until it returns something truthy, and return that; raises
     TimeoutError naming ``what`` after ``timeout`` seconds. Bounded: never waits forever."""
     deadline = time.monotonic() + timeout
@@ -42,14 +53,14 @@ async def wait_until(
         if inspect.isawaitable(value):
             value = await value
         if value:
-            return value  # type: ignore[return-value]
+            return value
         if time.monotonic() >= deadline:
             raise TimeoutError(f"timed out after {timeout:.1f}s waiting for {what}")
         await asyncio.sleep(interval)
 
 
 def wait_until_sync(
-    cond: Callable[[], T], timeout: float, what: str = "condition", *, interval: float = 0.02
+    cond: Callable[[], T | None], timeout: float, what: str = "condition", *, interval: float = 0.02
 ) -> T:
     """``wait_until`` for code without an event loop (process managers, benchmarks)."""
     deadline = time.monotonic() + timeout

@@ -1,4 +1,5 @@
-"""Shared fixtures: real broker clusters (tests/harness.py), a started BrokerClient, a Spark session."""
+"""Shared fixtures: real broker clusters (tests/support/harness.py), a started BrokerClient, a Spark
+session. Helpers that are not fixtures live in tests/support/."""
 
 from __future__ import annotations
 
@@ -9,10 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent))  # so tests can `from harness import ...`
-
-from harness import Cluster
+from support.harness import Cluster
 
 from mqd.client import BrokerClient
 

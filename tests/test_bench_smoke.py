@@ -1,4 +1,5 @@
-"""A tiny run of bench/bench.py: the benchmark still works end to end and reports what it promises.
+"""A tiny run of the pipeline benchmark (``python -m bench``): it still works end to end and reports
+what it promises.
 
 No timing thresholds: throughput only has to be measured (non-zero), and the mqd run has to land and
 commit every record.
@@ -20,14 +21,15 @@ RECORDS = 6000
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_bench_smoke_run_reports_every_part(tmp_path: Path) -> None:
-    """`bench.py --smoke` exits 0 and writes JSON + Markdown with machine facts, non-zero produce,
+    """`python -m bench --smoke` exits 0 and writes JSON + Markdown with machine facts, non-zero produce,
     sink-ceiling and (where installed) alternative throughput, and, once the daemon exists, an mqd
     run that landed and committed all records plus latency and memory figures."""
     out = tmp_path / "results"
     proc = subprocess.run(
         [
             sys.executable,
-            str(ROOT / "bench" / "bench.py"),
+            "-m",
+            "bench",
             "--records",
             str(RECORDS),
             "--smoke",

@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 import pytest
-from harness import records_of
+from support.harness import records_of
 
 from mqd import format as fmt
 from mqd.client import BrokerClient, BrokerError

@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from harness import Cluster
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.harness import Cluster
 
 from mqd.broker.groups import GroupError, GroupStore
 from mqd.client import BrokerClient, BrokerError

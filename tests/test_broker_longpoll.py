@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 import pytest
-from harness import Cluster, records_of
+from support.harness import Cluster, records_of
 
 from mqd import format as fmt
 from mqd.client import BrokerClient

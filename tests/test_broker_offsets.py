@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from harness import Cluster, records_of
+from support.harness import Cluster, records_of
 
 from mqd import format as fmt
 from mqd.client import BrokerClient

@@ -10,7 +10,7 @@ from typing import Any
 
 import aiohttp
 import pytest
-from harness import records_of, self_signed_cert
+from support.harness import records_of, self_signed_cert
 
 from mqd import format as fmt
 from mqd.protocol import decode_fetch_answer

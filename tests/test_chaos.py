@@ -20,11 +20,10 @@ import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from mqd.chaos import check
-from mqd.chaos.load import Ack, record_value
-from mqd.chaos.proxy import FaultProxy, Faults
-from mqd.chaos.runner import ALL_KINDS, ChaosOptions, ChaosRun
+from mqd_dev.chaos import check
+from mqd_dev.chaos.load import Ack, record_value
+from mqd_dev.chaos.proxy import FaultProxy, Faults
+from mqd_dev.chaos.runner import ALL_KINDS, ChaosOptions, ChaosRun
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -293,7 +292,7 @@ def test_bad_options_are_refused(tmp_path: Path) -> None:
 _DISK_SCRIPT = """
 import asyncio, errno, sys
 from pathlib import Path
-from mqd.chaos.disk import LandingDisk
+from mqd_dev.chaos.disk import LandingDisk
 
 async def main():
     d = LandingDisk(Path(sys.argv[1]), 2)
@@ -365,7 +364,7 @@ def test_short_chaos_run_loses_and_duplicates_nothing(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "mqd.chaos",
+            "mqd_dev.chaos",
             "--rounds",
             "3",
             "--seed",

@@ -8,12 +8,13 @@ of raising a retriable ``BrokerError``, so the consumer's periodic commit task (
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
-from harness import Cluster
+from mqd_dev.chaos.proxy import FaultProxy, Faults
+from support.harness import Cluster
 
 from mqd import format as fmt
-from mqd.chaos.proxy import FaultProxy, Faults
 from mqd.client import BrokerClient, BrokerError
 
 
@@ -31,7 +32,7 @@ async def test_corrupted_json_answers_are_retriable_broker_errors(cluster_factor
         async with BrokerClient(request_timeout=5.0) as client:
             await client.produce(url, "events", 0, fmt.encode_batch([b"x"]))  # clean: a partition with data
             proxy.faults = Faults(corrupt=1.0)
-            calls = [
+            calls: list[Callable[[], Awaitable[object]]] = [
                 lambda: client.metadata(url),
                 lambda: client.commit(url, "g", "c1", [{"topic": "events", "partition": 0, "offset": 1}]),
                 lambda: client.heartbeat(url, "g", "c1", ["events"], 10_000),

@@ -7,11 +7,12 @@ import asyncio
 import signal
 from typing import Any
 
-from test_consumer_support import collect, config, count_records, produce, records, wait_until
+from support.consumer import collect, config, count_records, produce, records
 
 from mqd import metrics
 from mqd.client import BrokerClient
 from mqd.consumer import Consumer, TopicPartition
+from mqd.waiting import wait_until
 
 TPS = [TopicPartition("events", p) for p in range(2)]
 
@@ -72,9 +73,11 @@ async def test_lagging_slave_answer_is_not_a_reset(cluster_factory: Any) -> None
             config(cluster, bootstrap=bootstrap), client=client, start_position=hook
         ) as consumer:
             # the slave takes over as coordinator once it notices the master is gone
-            await wait_until(lambda: tp in consumer.assignment(), what="assignment")
-            await wait_until(lambda: consumer.status()["assignment"][str(tp)]["log_end"] == 2, what="answer")
-            await wait_until(lambda: consumer.status()["nodes"][cluster.slaves(0)[0]]["requests"] >= 3)
+            await wait_until(lambda: tp in consumer.assignment(), 10.0, what="assignment")
+            await wait_until(
+                lambda: consumer.status()["assignment"][str(tp)]["log_end"] == 2, 10.0, what="answer"
+            )
+            await wait_until(lambda: consumer.status()["nodes"][cluster.slaves(0)[0]]["requests"] >= 3, 10.0)
             assert consumer.positions() == {tp: 5}
             assert consumer.fetched_batches() == []
             after = metrics.REGISTRY.get_sample_value("mqd_offset_resets_total", labels) or 0.0
@@ -96,10 +99,10 @@ async def test_dead_cluster_backs_off_then_recovers(cluster_factory: Any) -> Non
             got = await collect(consumer, lambda b: count_records(b) >= 1)
             assert records(got)[tp] == [(0, b"a")]
             cluster.kill(node, signal.SIGKILL)
-            await wait_until(lambda: consumer.status()["nodes"][node]["errors"] >= 3, what="errors")
+            await wait_until(lambda: consumer.status()["nodes"][node]["errors"] >= 3, 10.0, what="errors")
             first = consumer.status()["nodes"][node]["errors"]
             await wait_until(
-                lambda: consumer.status()["nodes"][node]["backoff_s"] > 0.15, what="backoff grows"
+                lambda: consumer.status()["nodes"][node]["backoff_s"] > 0.15, 10.0, what="backoff grows"
             )
             # with a 400 ms cap, one second of outage costs a handful of attempts, not hundreds
             errors_before = consumer.status()["nodes"][node]["errors"]
@@ -131,7 +134,7 @@ async def test_expired_session_releases_partitions_until_rejoined(cluster_factor
         async with Consumer(cfg, client=client, listener=Listener()) as consumer:
             assert consumer.assignment() == set(TPS)
             cluster.kill(node, signal.SIGKILL)
-            await wait_until(lambda: not consumer.assignment(), what="partitions released")
+            await wait_until(lambda: not consumer.assignment(), 10.0, what="partitions released")
             assert revoked == [set(TPS)]
             cluster.start_node(node)
             await wait_until(lambda: consumer.assignment() == set(TPS), timeout=15, what="rejoined")
@@ -161,5 +164,7 @@ async def test_far_behind_reads_from_slave_then_back_to_master(cluster_factory: 
             assert records(got)[tp] == [(i, f"0:{i}".encode()) for i in range(400)]
             assert slave in seen_nodes
             await wait_until(
-                lambda: consumer.status()["assignment"][str(tp)]["pull_node"] == master, what="back on master"
+                lambda: consumer.status()["assignment"][str(tp)]["pull_node"] == master,
+                10.0,
+                what="back on master",
             )

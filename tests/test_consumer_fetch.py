@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from test_consumer_support import (
+from support.consumer import (
     collect,
     config,
     count_records,
@@ -13,12 +13,12 @@ from test_consumer_support import (
     produce_numbered,
     records,
     stats,
-    wait_until,
 )
 
 from mqd import metrics
 from mqd.client import BrokerClient
 from mqd.consumer import Consumer, TopicPartition
+from mqd.waiting import wait_until
 
 
 def metric(name: str, **labels: str) -> float:
@@ -43,12 +43,13 @@ async def test_reads_all_once_with_one_request_per_node(cluster_factory: Any) ->
             await produce_numbered(client, cluster, [0, 1, 2], 5, start=30)
             more = await collect(consumer, lambda b: count_records(b) >= 15)
             assert count_records(more) == 15
-            await wait_until(consumer.caught_up, what="caught up")
+            await wait_until(consumer.caught_up, 10.0, what="caught up")
             # freeze the counts: paused partitions are not fetched, so once the last long poll is
             # answered both sides have seen the same requests
             consumer.pause(consumer.assignment())
             await wait_until(
                 lambda: not any(a["in_flight"] for a in consumer.status()["assignment"].values()),
+                10.0,
                 what="no fetch in flight",
             )
             requests = consumer.status()["totals"]["requests_per_node"]
@@ -68,12 +69,14 @@ async def test_pause_drops_in_flight_answer_and_keeps_position(cluster_factory: 
     tp = TopicPartition("events", 0)
     async with BrokerClient(request_timeout=5) as client:
         async with Consumer(config(cluster, fetch_max_wait_ms=2000), client=client) as consumer:
-            await wait_until(lambda: consumer.status()["assignment"][str(tp)]["in_flight"], what="in flight")
+            await wait_until(
+                lambda: consumer.status()["assignment"][str(tp)]["in_flight"], 10.0, what="in flight"
+            )
             before = metric("mqd_stale_responses_total", reason="paused")
             consumer.pause([tp])
             assert consumer.paused() == {tp}
             await produce(client, cluster, 0, [b"a", b"b", b"c"])
-            await wait_until(lambda: metric("mqd_stale_responses_total", reason="paused") > before)
+            await wait_until(lambda: metric("mqd_stale_responses_total", reason="paused") > before, 10.0)
             assert consumer.positions()[tp] == 0
             assert consumer.fetched_batches() == []
             consumer.resume([tp])
@@ -94,16 +97,16 @@ async def test_revoked_partition_drops_in_flight_answer_and_commits(cluster_fact
         async with Consumer(cfg, client=client, auto_mark=True) as consumer:
             got = await collect(consumer, lambda b: count_records(b) >= 2)
             assert records(got)[other] == [(0, b"x1"), (1, b"x2")]
-            await wait_until(lambda: consumer.status()["assignment"][str(other)]["in_flight"])
+            await wait_until(lambda: consumer.status()["assignment"][str(other)]["in_flight"], 10.0)
             node = consumer.status()["assignment"][str(other)]["pull_node"]
             before = metric("mqd_stale_responses_total", reason="revoked")
             consumer.update_config(cfg.model_copy(update={"topics": ["events"]}))
-            await wait_until(lambda: other not in consumer.assignment(), what="revoke")
+            await wait_until(lambda: other not in consumer.assignment(), 10.0, what="revoke")
             assert consumer.status()["nodes"][node]["in_flight"]  # the old fetch is still out
             committed = await client.committed(cluster.bootstrap, cfg.group, [])
             assert {"topic": "other", "partition": 0, "offset": 2} in committed
             await produce(client, cluster, 0, [b"late"], topic="other")
-            await wait_until(lambda: metric("mqd_stale_responses_total", reason="revoked") > before)
+            await wait_until(lambda: metric("mqd_stale_responses_total", reason="revoked") > before, 10.0)
             assert all(b.tp != other for b in consumer.fetched_batches())
             assert consumer.status()["totals"]["buffered_records"] == 0
 
@@ -118,7 +121,9 @@ async def test_flow_control_holds_partition_until_drained(cluster_factory: Any) 
         cfg = config(cluster, max_queued_records=100, partition_max_bytes=2048, fetch_max_wait_ms=100)
         async with Consumer(cfg, client=client) as consumer:
             await wait_until(
-                lambda: consumer.status()["assignment"][str(tp)]["flow_control"] == "records", what="hold"
+                lambda: consumer.status()["assignment"][str(tp)]["flow_control"] == "records",
+                10.0,
+                what="hold",
             )
             held = consumer.status()
             buffered = held["totals"]["buffered_records"]
@@ -178,7 +183,7 @@ async def test_corrupt_batch_parks_only_its_partition(cluster_factory: Any) -> N
         raw[at] ^= 0xFF
         segments[0].write_bytes(bytes(raw))
         async with Consumer(config(cluster, check_crc=True), client=client) as consumer:
-            await wait_until(lambda: consumer.status()["assignment"][str(tp)]["parked"], what="parked")
+            await wait_until(lambda: consumer.status()["assignment"][str(tp)]["parked"], 10.0, what="parked")
             status = consumer.status()["assignment"][str(tp)]
             assert "CRC mismatch" in status["parked"]
             assert consumer.positions()[tp] == bad.base_offset

@@ -6,10 +6,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_consumer_support import collect, config, count_records, produce_numbered, records, wait_until
+from support.consumer import collect, config, count_records, produce_numbered, records
 
 from mqd.client import BrokerClient
 from mqd.consumer import Consumer, TopicPartition
+from mqd.waiting import wait_until
 
 PARTITIONS = 12
 ALL = {TopicPartition("events", p) for p in range(PARTITIONS)}
@@ -65,7 +66,7 @@ async def test_handover_resumes_from_committed_offsets(cluster_factory: Any) -> 
             got = await collect(first, lambda b: count_records(b) >= 80)
             await first.commit()
             await second.start()
-            await wait_until(lambda: stable_pair(first, second, tps), what="two members stable")
+            await wait_until(lambda: stable_pair(first, second, tps), 10.0, what="two members stable")
             await produce_numbered(client, cluster, range(4), 5, start=20)
             later = []
             for _ in range(100):

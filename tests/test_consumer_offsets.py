@@ -7,7 +7,7 @@ import asyncio
 from typing import Any
 
 import pytest
-from test_consumer_support import (
+from support.consumer import (
     collect,
     config,
     count_records,
@@ -15,12 +15,12 @@ from test_consumer_support import (
     produce,
     produce_numbered,
     records,
-    wait_until,
 )
 
 from mqd import metrics
 from mqd.client import BrokerClient
 from mqd.consumer import Consumer, TopicPartition
+from mqd.waiting import wait_until
 
 P0, P1, P2 = (TopicPartition("events", p) for p in range(3))
 
@@ -79,13 +79,13 @@ async def test_illegal_offsets_follow_policy(retained: Any, policy: str) -> None
     cfg = config(cluster, on_offset_reset=policy)
     async with Consumer(cfg, client=client, start_position=hook) as consumer:
         if policy == "fail":
-            await wait_until(lambda: len(consumer.status()["totals"]["parked"]) == 3, what="parked")
+            await wait_until(lambda: len(consumer.status()["totals"]["parked"]) == 3, 10.0, what="parked")
             assert consumer.positions() == starts
             assert consumer.fetched_batches() == []
             assert "OFFSET_OVERFLOW_BADLY" in consumer.status()["assignment"]["events/0"]["parked"]
         else:
             expected = {P0: 20, P1: 0, P2: hi}
-            await wait_until(lambda: consumer.positions() == expected, what=f"positions {expected}")
+            await wait_until(lambda: consumer.positions() == expected, 10.0, what=f"positions {expected}")
             got = records(consumer.fetched_batches())
             if policy == "latest":
                 assert got == {}
@@ -103,9 +103,9 @@ async def test_illegal_offsets_follow_policy(retained: Any, policy: str) -> None
             # OVERFLOW_BADLY with log start > 0: the broker says log end, earliest says log start
             before = resets(P2, "OFFSET_OVERFLOW_BADLY")
             consumer.seek(P2, 10**6)
-            await wait_until(lambda: resets(P2, "OFFSET_OVERFLOW_BADLY") > before, what="reset")
+            await wait_until(lambda: resets(P2, "OFFSET_OVERFLOW_BADLY") > before, 10.0, what="reset")
             if policy == "broker":
-                await wait_until(lambda: consumer.positions()[P2] == hi)
+                await wait_until(lambda: consumer.positions()[P2] == hi, 10.0)
                 assert consumer.fetched_batches() == []
             else:
                 again = await collect(consumer, lambda b: count_records(b) >= hi - lo)

@@ -12,14 +12,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from harness import Cluster, to_toml
-from test_daemon import FAST_CONSUMER, assert_exactly_once, daemon_config, produce_numbered, wait_until
+from support.daemon import FAST_CONSUMER, assert_exactly_once, daemon_config, produce_numbered
+from support.harness import Cluster, to_toml
 
 from mqd.client import BrokerClient, BrokerError
 from mqd.config import MqdConfig, SparkConfig, load_daemon_config
 from mqd.daemon import Daemon
 from mqd.landing import read_manifest
 from mqd.spark import job
+from mqd.waiting import wait_until
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -95,20 +96,17 @@ def write_daemon_toml(cluster: Cluster, root: Path) -> Path:
 
 async def wait_for_empty_group(client: BrokerClient, cluster: Cluster, group: str, timeout: float) -> None:
     """Poll the coordinator (leave of a non-member answers the member list) until no one is left."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        members = None
+
+    async def empty() -> bool:
         for g in range(len(cluster.group_names)):
             try:
                 members = (await client.leave(cluster.url(cluster.master(g)), group, "probe"))["members"]
-                break
             except BrokerError:
                 continue
-        if members == []:
-            return
-        if asyncio.get_running_loop().time() > deadline:
-            raise TimeoutError(f"group {group} still has members {members}")
-        await asyncio.sleep(0.1)
+            return bool(members == [])
+        return False
+
+    await wait_until(empty, timeout, f"group {group} to have no members", interval=0.1)
 
 
 def landed_count(landing: Path) -> int:
@@ -153,7 +151,7 @@ async def test_sigkill_at_random_points_keeps_exactly_once(
                 await produce_numbered(
                     client, cluster, PARTITIONS, per_round, start=r * per_round, per_batch=250
                 )
-                await wait_until(lambda b=before: landed_count(landing) > b, 60, "a publication")
+                await wait_until(lambda b=before: landed_count(landing) > b, 60, "a publication")  # type: ignore[misc]
                 await asyncio.sleep(rng.uniform(0.0, 0.6))
                 assert proc.poll() is None, log.read_text()[-3000:]
             finally:

@@ -18,11 +18,12 @@ import urllib.parse
 from typing import Any
 
 import pytest
-from harness import Cluster, fetch_all, records_of, wait_for
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.harness import Cluster, fetch_all, records_of
 
 from mqd import format as fmt
+from mqd.waiting import wait_until_sync
 
 TOPIC = "events"
 PARTITIONS = 2
@@ -256,7 +257,7 @@ def test_log_is_intact_after_the_fuzzing(node: Cluster) -> None:
                 got = fetch_all(node.url(node_id), TOPIC, p)  # validates every batch
                 return got if len(got) == len(want) else None
 
-            got = wait_for(caught_up, timeout=10, what=f"{node_id} to hold partition {p}")
+            got = wait_until_sync(caught_up, timeout=10, what=f"{node_id} to hold partition {p}")
             assert [o for o, _ in got] == list(range(len(want)))
             assert [v for _, v in got] == want
 

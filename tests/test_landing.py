@@ -32,6 +32,7 @@ from mqd.landing import (
     update_markers,
 )
 from mqd.landing.markers import read_watermarks
+from mqd.waiting import wait_until
 
 HOUR = layout.HOUR_MS
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
@@ -407,14 +408,6 @@ def hold(pool: ThreadPoolExecutor) -> threading.Event:
     return gate
 
 
-async def wait_for(cond: Any, what: str, timeout: float = 5.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not cond():
-        if asyncio.get_running_loop().time() > deadline:
-            raise TimeoutError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.005)
-
-
 async def test_busy_partition_is_skipped_and_its_publications_stay_ordered(tmp_path: Path) -> None:
     """From publish_partition() on, a partition is busy: due()/next_due_in() skip it. A second
     publication of it waits for the first and publishes what was added meanwhile, after it, in
@@ -429,7 +422,7 @@ async def test_busy_partition_is_skipped_and_its_publications_stay_ordered(tmp_p
     first = s.publish_partition(tp)
     assert s.busy(tp) and s.due(now=1000.0) == [] and s.next_due_in(now=1000.0) is None
     t1 = asyncio.create_task(first)
-    await wait_for(lambda: s.inflight_bytes > 0, "first publication in flight")
+    await wait_until(lambda: s.inflight_bytes > 0, 5.0, "first publication in flight", interval=0.005)
     s.add(fetched("events", 0, 10, 5), now=100.0)
     assert s.due(now=1000.0) == []  # still busy: the next cut waits
     t2 = asyncio.create_task(s.publish_partition(tp))
@@ -455,7 +448,7 @@ async def test_revoke_during_publication_keeps_it_but_forgets_the_partition(tmp_
     gate = hold(pool)
     s.add(fetched("events", 1, 0, 10))
     task = asyncio.create_task(s.publish_partition(tp))
-    await wait_for(lambda: s.inflight_bytes > 0, "publication in flight")
+    await wait_until(lambda: s.inflight_bytes > 0, 5.0, "publication in flight", interval=0.005)
     s.add(fetched("events", 1, 10, 5))
     assert s.forget(tp) == 5
     gate.set()

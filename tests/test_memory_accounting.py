@@ -16,16 +16,17 @@ import weakref
 from pathlib import Path
 from typing import Any
 
-from harness import records_of
-from test_consumer_support import config, count_records, produce_numbered, records, wait_until
-from test_daemon import assert_exactly_once, committed, daemon_config
-from test_daemon import produce_numbered as produce_daemon
+from support.consumer import config, count_records, produce_numbered, records
+from support.daemon import assert_exactly_once, committed, daemon_config
+from support.daemon import produce_numbered as produce_daemon
+from support.harness import records_of
 
 from mqd import format
 from mqd.client import BrokerClient, FetchBody
 from mqd.consumer import Consumer, TopicPartition
 from mqd.consumer.state import SubscriptionState
 from mqd.daemon import Daemon
+from mqd.waiting import wait_until
 
 
 def watch_answers(state: SubscriptionState) -> list[tuple[int, int, int]]:

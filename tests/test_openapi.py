@@ -29,7 +29,6 @@ import jsonschema_rs
 import pytest
 import schemathesis
 import yaml
-from harness import Cluster, fetch_all, records_of, wait_for
 from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import (
@@ -37,12 +36,14 @@ from schemathesis.specs.openapi.checks import (
     response_schema_conformance,
     status_code_conformance,
 )
+from support.harness import Cluster, fetch_all, records_of
 
 import mqd.broker
 from mqd import format as fmt
 from mqd.broker.server import BrokerNode
 from mqd.config import load_broker_config
 from mqd.protocol import FETCH_CONTENT_TYPE, decode_fetch_answer
+from mqd.waiting import wait_until_sync
 
 SPEC_FILE = Path(mqd.broker.__file__).with_name("openapi.yaml")
 TOPIC = "events"
@@ -325,7 +326,7 @@ def test_logs_are_intact_after_the_run(node: Cluster) -> None:
                 got = fetch_all(node.url(node_id), TOPIC, p)
                 return (got,) if len(got) >= n else None
 
-            (got,) = wait_for(caught_up, timeout=10, what=f"{node_id} to hold partition {p}")
+            (got,) = wait_until_sync(caught_up, timeout=10, what=f"{node_id} to hold partition {p}")
             assert [o for o, _ in got] == list(range(len(got))), f"{node_id} partition {p}"
             assert got == want, f"{node_id} partition {p}"
     assert _produced[0], "no produce was accepted: the 200 path was never checked"

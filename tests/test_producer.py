@@ -12,9 +12,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
-from harness import Cluster
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.harness import Cluster
 
 from mqd import format as fmt
 from mqd.client import BrokerClient, BrokerError
@@ -167,7 +167,7 @@ def test_produce_cli_rejects_bad_arguments(capsys: pytest.CaptureFixture[str]) -
 
 def test_produce_cli_reports_unreachable_cluster(capsys: pytest.CaptureFixture[str]) -> None:
     """No broker answering is exit code 1 with an error line, not a traceback."""
-    from harness import free_port
+    from support.harness import free_port
 
     code = produce_cli(f"http://127.0.0.1:{free_port()}", "t", 10, 10, 0, 0, 10, "master", None)
     assert code == 1

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-from harness import Cluster
+from support.harness import Cluster
 
 from mqd import format as fmt
 from mqd.broker.groups import GroupStore

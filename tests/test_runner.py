@@ -18,10 +18,11 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from harness import Cluster, to_toml, wait_for
+from support.harness import Cluster, to_toml
 
 from mqd.cli import main
 from mqd.landing.local_store import read_manifest
+from mqd.waiting import wait_until_sync
 
 SHUTDOWN_TIMEOUT = 10.0
 
@@ -151,7 +152,7 @@ def test_cli_start_status_pause_stop_round_trip(
     assert f"mqd started (pid {pid})" in res.stdout
     assert cli("start", "-c", str(cfg)).stdout.startswith(f"mqd is already running (pid {pid})")
 
-    wait_for(lambda: published(state) == 2000, timeout=30, what="2000 records landed")
+    wait_until_sync(lambda: published(state) == 2000, timeout=30, what="2000 records landed")
     res = mqd("status", "-c", str(cfg))
     assert res.returncode == 0, res.stdout
     assert "mqd is running: ok" in res.stdout and "4 partitions assigned" in res.stdout
@@ -192,13 +193,13 @@ def test_reload_valid_change_applies_and_invalid_file_is_refused(
     res = cli("reload", "-c", str(cfg))
     assert res.returncode == 0 and "config reloaded" in res.stdout, res.stderr
     produce(cluster, 400)
-    wait_for(lambda: published(state) == 400, timeout=30, what="records landed after the reload")
+    wait_until_sync(lambda: published(state) == 400, timeout=30, what="records landed after the reload")
 
     cfg.write_text(good.replace("[consumer]", "[consumer]\nmax_queued_recods = 5"))
     res = cli("reload", "-c", str(cfg))
     assert res.returncode == 2 and "consumer.max_queued_recods: unknown key" in res.stderr
     os.kill(pid, signal.SIGHUP)  # what systemd's ExecReload does, without the CLI's check
-    st = wait_for(
+    st = wait_until_sync(
         lambda: (s := status(state)) and s["runner"]["reload"]["count"] == 2 and s,
         timeout=15,
         what="refused reload",
@@ -209,7 +210,7 @@ def test_reload_valid_change_applies_and_invalid_file_is_refused(
     assert res.returncode == 1 and "invalid; running the previous config" in res.stdout
 
     produce(cluster, 100)  # still consuming with the old config
-    wait_for(lambda: published(state) == 500, timeout=30, what="records landed on the old config")
+    wait_until_sync(lambda: published(state) == 500, timeout=30, what="records landed on the old config")
 
     cfg.write_text(good.replace("[admin]\n", '[admin]\nhost = "127.0.0.2"\n'))
     res = cli("reload", "-c", str(cfg))
@@ -266,7 +267,7 @@ def test_sigterm_under_load_drains_in_time_and_loses_nothing(
         text=True,
     )
     try:
-        wait_for(lambda: published(state) > 0, timeout=30, what="first records landed")
+        wait_until_sync(lambda: published(state) > 0, timeout=30, what="first records landed")
         assert producer.poll() is None, "the producer should still be running (stop under load)"
         t0 = time.monotonic()
         daemon.send_signal(signal.SIGTERM)
@@ -368,14 +369,14 @@ def test_second_sigterm_forces_exit_and_nothing_is_lost(
     cleanup_pids.append(daemon.pid)
     master = cluster.master(0)
     try:
-        wait_for(
+        wait_until_sync(
             lambda: ((status(state) or {}).get("landing") or {}).get("pending_records") == 1000,
             timeout=30,
             what="1000 records buffered, none published (max_age 60 s)",
         )
         cluster.send_signal(master, signal.SIGSTOP)  # the final commit now hangs
         daemon.send_signal(signal.SIGTERM)
-        wait_for(lambda: "stopping: draining" in run_log.read_text(), timeout=10, what="drain started")
+        wait_until_sync(lambda: "stopping: draining" in run_log.read_text(), timeout=10, what="drain started")
         daemon.send_signal(signal.SIGTERM)
         code = daemon.wait(timeout=15)  # well before the 30 s request timeout the drain waits on
     finally:
@@ -408,7 +409,7 @@ def test_stop_reports_a_drain_past_its_timeout_and_a_second_stop_forces(
     state = tmp_path / "state"
     assert cli("start", "-c", str(cfg)).returncode == 0
     cleanup_pids.append(int((state / "mqd.pid").read_text()))
-    wait_for(
+    wait_until_sync(
         lambda: ((status(state) or {}).get("landing") or {}).get("pending_records") == 200,
         timeout=30,
         what="200 records buffered",

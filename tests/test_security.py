@@ -17,11 +17,12 @@ from typing import Any
 
 import psutil
 import pytest
-from harness import Cluster, self_signed_cert, to_toml, wait_for
+from mqd_dev.chaos.check import read_landing
+from support.harness import Cluster, self_signed_cert, to_toml
 
-from mqd.chaos.check import read_landing
 from mqd.client import BrokerClient, BrokerError
 from mqd.config import AdminConfig, BrokerConfig, ConsumerConfig
+from mqd.waiting import wait_until_sync
 
 TOKEN = "tok-3f9a7c1e-never-log-me"
 WRONG = "wrong-b71d2e-never-log-me-either"
@@ -270,7 +271,7 @@ def test_admin_endpoint_listens_on_loopback_only_by_default(
         except (OSError, ValueError):
             return None
 
-    info = wait_for(admin, timeout=30, what="admin.json")
+    info = wait_until_sync(admin, timeout=30, what="admin.json")
     assert info["url"].startswith("http://127.0.0.1:")
     listening = [c for c in psutil.Process(proc.pid).net_connections(kind="inet") if c.status == "LISTEN"]
     assert listening

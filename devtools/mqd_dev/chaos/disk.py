@@ -9,7 +9,7 @@ Tests and ``make chaos`` run as root here, where ``chmod`` stops nothing. What d
   unmounting it restores the directory. (``mount -o remount,ro`` of the tmpfs itself is refused
   with EBUSY while a daemon holds a file open for writing, so it is not usable.)
 
-Both need ``mount``, i.e. root (CAP_SYS_ADMIN). ``mqd.chaos`` re-executes itself under
+Both need ``mount``, i.e. root (CAP_SYS_ADMIN). ``mqd_dev.chaos`` re-executes itself under
 ``unshare -m`` so these mounts live in a private mount namespace the kernel tears down with the run,
 even when the run is killed. Without mount rights the disk faults are reported as unavailable.
 """

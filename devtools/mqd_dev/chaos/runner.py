@@ -5,7 +5,7 @@ kind in each, applies them together for a seeded hold time, ends them, and measu
 the time from the faults' end (stopped processes restarted and healthy) until the landing directory
 holds everything acknowledged before it and records produced after it (the daemons publish again).
 At the end the load stops, every process is brought back, the daemons land the rest and stop, and
-the broker log, the landing files and (optionally) the Spark table are compared (mqd.chaos.check).
+the broker log, the landing files and (optionally) the Spark table are compared (mqd_dev.chaos.check).
 
 Determinism: the schedule (kinds, targets, hold times) comes from ``random.Random(seed)`` and
 nothing else; what the faults hit inside a process depends on timing, which is not seeded.
@@ -29,14 +29,15 @@ from typing import Any
 import pyarrow as pa
 import structlog
 
-from mqd.chaos import check
-from mqd.chaos.disk import LandingDisk
-from mqd.chaos.load import ProduceLoad
-from mqd.chaos.procs import ChaosCluster, ChaosError, DaemonProc, wait_until
-from mqd.chaos.proxy import Faults
 from mqd.client import BrokerClient, BrokerError
 from mqd.landing import layout
-from mqd.localcluster import daemon_section, to_toml
+from mqd.testing import ProcessError, daemon_section, to_toml
+from mqd.waiting import wait_until
+from mqd_dev.chaos import check
+from mqd_dev.chaos.disk import LandingDisk
+from mqd_dev.chaos.load import ProduceLoad
+from mqd_dev.chaos.procs import ChaosCluster, DaemonProc
+from mqd_dev.chaos.proxy import Faults
 
 log = structlog.get_logger("mqd.chaos")
 
@@ -191,12 +192,12 @@ class ChaosRun:
         for d in [*self.daemons, self.extra]:
             self._write_daemon_config(d)
         for d in self.daemons:
-            d.spawn()
+            d.start()
         await self.client.start()
         self._supervisor = asyncio.create_task(self._supervise())
         self.load.start()
         # round 1 starts from a working pipeline, not from daemons still importing pyarrow
-        await wait_until(lambda: _true(self.load.acknowledged > 0), 30, "the first acknowledged produce")
+        await wait_until(lambda: self.load.acknowledged > 0, 30, "the first acknowledged produce")
         await self._caught_up(dict(self.load.acked_end), 60, "the daemons to start landing")
 
     async def _supervise(self) -> None:
@@ -210,14 +211,14 @@ class ChaosRun:
                     self.failures.append(f"daemon {d.name} exited by itself with {code}:\n{d.tail(20)}")
                     log.error("chaos.daemon_crashed", daemon=d.name, code=code)
                     if d is not self.extra:
-                        d.spawn()
+                        d.start()
             for n in self.cluster.nodes.values():
                 code = n.check()
                 if code is not None:
                     self.crashes[n.id] += 1
                     self.failures.append(f"node {n.id} exited by itself with {code}:\n{n.tail(20)}")
                     log.error("chaos.node_crashed", node=n.id, code=code)
-                    n.spawn()
+                    n.start()
 
     # -- faults ------------------------------------------------------------------------------------
 
@@ -261,32 +262,32 @@ class ChaosRun:
             candidates = self.cluster.masters() if kind == "master_kill" else self.cluster.slaves()
             node = rng.choice(candidates)
             rec.notes.append(f"{kind} {node.id}")
-            await node.terminate(signal.SIGKILL)
+            await node.stop_async(signal.SIGKILL)
             await asyncio.sleep(hold)
             await self.cluster.restart(node)
         elif kind == "daemon_kill":
             d = rng.choice(self.daemons)
             rec.notes.append(f"SIGKILL {d.name}")
-            await d.terminate(signal.SIGKILL)
+            await d.stop_async(signal.SIGKILL)
             await asyncio.sleep(hold)
-            d.spawn()
+            d.start()
         elif kind == "daemon_freeze":
             d = rng.choice(self.daemons)
             rec.notes.append(f"SIGSTOP {d.name} for {hold}s")
             if d.running:
-                d.send(signal.SIGSTOP)
+                d.send_signal(signal.SIGSTOP)
                 await asyncio.sleep(hold)
                 if d.running:
-                    d.send(signal.SIGCONT)
+                    d.send_signal(signal.SIGCONT)
         elif kind == "daemon_churn":
             leaver = rng.choice(self.daemons)
             rec.notes.append(f"{self.extra.name} joins, {leaver.name} leaves and comes back")
-            self.extra.spawn()
+            self.extra.start()
             await asyncio.sleep(hold / 2)
-            self._check_clean_exit(leaver, await leaver.terminate(signal.SIGTERM, timeout=20.0))
+            self._check_clean_exit(leaver, await leaver.stop_async(signal.SIGTERM, timeout=20.0))
             await asyncio.sleep(hold / 2)
-            leaver.spawn()
-            self._check_clean_exit(self.extra, await self.extra.terminate(signal.SIGTERM, timeout=20.0))
+            leaver.start()
+            self._check_clean_exit(self.extra, await self.extra.stop_async(signal.SIGTERM, timeout=20.0))
         elif kind == "landing_readonly":
             rec.notes.append("landing read-only")
             await self.disk.make_readonly()
@@ -384,7 +385,7 @@ class ChaosRun:
                 ),
                 3,
             )
-        except ChaosError as exc:
+        except TimeoutError as exc:
             self.failures.append(
                 f"round {number} ({', '.join(kinds)}): {exc}; landed {self.landed_end()}, acked {target}"
             )
@@ -411,13 +412,13 @@ class ChaosRun:
         await self.disk.drain()
         for d in self.daemons:
             if d.frozen and d.running:
-                d.send(signal.SIGCONT)
+                d.send_signal(signal.SIGCONT)
             if not d.running:
-                d.spawn()
+                d.start()
         end = await self._log_end()
         try:
             took = await self._caught_up(end, self.opts.settle_timeout, "the daemons to land the whole log")
-        except ChaosError as exc:
+        except TimeoutError as exc:
             self.failures.append(f"final catch-up: {exc}; landed {self.landed_end()}, log end {end}")
             took = None
         if self._supervisor is not None:
@@ -427,7 +428,7 @@ class ChaosRun:
         codes = {}
         for d in [*self.daemons, self.extra]:
             if d.running:
-                codes[d.name] = await d.terminate(signal.SIGTERM, timeout=20.0)
+                codes[d.name] = await d.stop_async(signal.SIGTERM, timeout=20.0)
                 self._check_clean_exit(d, codes[d.name])
         return {"log_end": end, "catch_up_s": took, "daemon_exit_codes": codes}
 
@@ -469,7 +470,7 @@ class ChaosRun:
 
             try:
                 await wait_until(caught_up, 30, f"{slave.id} to catch up", interval=0.2)
-            except ChaosError as exc:
+            except TimeoutError as exc:
                 self.failures.append(str(exc))
             slave_log = await check.read_log(self.client, {p: slave.direct_url for p in parts}, self.topic)
             copies = [check.as_copy(p, t) for p, t in slave_log.items()]
@@ -519,7 +520,7 @@ class ChaosRun:
         result: dict[str, Any] = {}
         try:
             await asyncio.wait_for(self._body(deadline, result), self.opts.run_timeout + 60)
-        except (ChaosError, BrokerError, OSError, TimeoutError) as exc:
+        except (ProcessError, BrokerError, OSError, TimeoutError) as exc:
             self.failures.append(f"run aborted: {type(exc).__name__}: {exc}")
         except Exception as exc:  # a bug here must still end in a summary and a clean machine
             log.exception("chaos.internal_error")
@@ -544,7 +545,7 @@ class ChaosRun:
             await asyncio.gather(self._supervisor, return_exceptions=True)
         await self.load.stop()
         for d in [*self.daemons, self.extra]:
-            await d.terminate(signal.SIGKILL)
+            await d.stop_async(signal.SIGKILL)
         await self.cluster.stop()
         await self.client.close()
         if self.failures and self.disk.available:  # the tmpfs dies with the run: keep a copy to look at
@@ -605,10 +606,6 @@ class ChaosRun:
             "settle": result.get("settle"),
             "failures": self.failures,
         }
-
-
-async def _true(value: bool) -> bool:
-    return value
 
 
 def format_summary(s: dict[str, Any]) -> str:

@@ -18,8 +18,8 @@
 Results: ``bench/results/pipeline.json`` and ``pipeline.md`` (``smoke.*`` with ``--smoke``), with the
 machine's facts; a full run also refreshes the table in bench/README.md.
 
-    python bench/bench.py                         # the full run
-    python bench/bench.py --records 20000 --smoke # seconds: what tests/test_bench_smoke.py runs
+    python -m bench                         # the full run (from the project root)
+    python -m bench --records 20000 --smoke # seconds: what tests/test_bench_smoke.py runs
 """
 
 from __future__ import annotations
@@ -33,19 +33,30 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import common  # first: puts the project on sys.path
 import numpy as np
 import pyarrow.parquet as pq
-from common import MB, RESULTS, WatchedProcess, Workload, machine_facts, rates, timed_workers, write_json
 
+from bench import common
+from bench.common import (
+    MB,
+    RESULTS,
+    WatchedProcess,
+    Workload,
+    machine_facts,
+    rates,
+    timed_workers,
+    write_json,
+)
 from mqd import format as fmt
 from mqd.client import BrokerClient, BrokerError
 from mqd.landing.layout import read_ranges
-from mqd.localcluster import LocalCluster, daemon_section, to_toml
 from mqd.producer import Producer, TokenBucket, synthetic_values
+from mqd.testing import LocalCluster, daemon_section, to_toml
+from mqd.waiting import wait_until_sync
 
 TOPIC = "events"
 LATENCY_TOPIC = "latency"
@@ -274,7 +285,7 @@ def run_mqd(cluster: LocalCluster, work: Workload, workdir: Path, args: argparse
     watcher.start()
     proc.start()
     try:
-        stats = proc.wait(args.timeout)
+        stats = proc.finish(args.timeout)
     finally:
         watcher.stop()
     if stats.exit_code != 0:
@@ -451,9 +462,9 @@ def run_memory(
     )
     proc.start()
     deadline = time.monotonic() + args.memory_seconds
-    while time.monotonic() < deadline and proc.running():
+    while time.monotonic() < deadline and proc.running:
         time.sleep(0.05)
-    finished = not proc.running()
+    finished = not proc.running
     stats = proc.terminate(timeout=30)
     landed = LandedCounter(landing, TOPIC)()
     samples = stats.rss_samples_mb
@@ -472,14 +483,20 @@ def run_memory(
     }
 
 
-def _wait_for(cond: Any, timeout: float, what: str, proc: WatchedProcess) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if not proc.running():
+def _wait_for(cond: Callable[[], object], timeout: float, what: str, proc: WatchedProcess) -> None:
+    """``wait_until_sync`` that fails at once when the daemon exits meanwhile."""
+
+    def check() -> bool:
+        if cond():
+            return True
+        if not proc.running:
             raise RuntimeError(f"daemon exited while waiting for {what}; see {proc.log_path}")
-        if time.monotonic() >= deadline:
-            raise TimeoutError(f"timed out after {timeout}s waiting for {what}; see {proc.log_path}")
-        time.sleep(0.05)
+        return False
+
+    try:
+        wait_until_sync(check, timeout, what, interval=0.05)
+    except TimeoutError as exc:
+        raise TimeoutError(f"{exc}; see {proc.log_path}") from None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -749,7 +766,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def alternative(work: Workload, workdir: Path, args: argparse.Namespace) -> dict[str, Any]:
     try:
-        import alt_kafka
+        from bench import alt_kafka
     except ImportError as exc:
         return {"skipped": f"not installed: {exc}"}
     try:

@@ -17,8 +17,8 @@ from collections import Counter
 from dataclasses import dataclass
 
 from mqd import format as fmt
-from mqd.chaos.procs import ChaosCluster
 from mqd.client import BrokerClient, BrokerError
+from mqd_dev.chaos.procs import ChaosCluster
 
 
 def record_value(partition: int, seq: int) -> bytes:

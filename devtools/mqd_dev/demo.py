@@ -8,7 +8,7 @@
 5. prints a count query over the table, then stops everything.
 
 Everything lives under ``./demo-data`` (wiped at the start of each run, except what other tools put
-there). ``python -m mqd.demo --records N`` changes the count.
+there). ``python -m mqd_dev.demo --records N`` changes the count.
 """
 
 from __future__ import annotations
@@ -22,16 +22,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from mqd.localcluster import (
+from mqd.testing import (
+    ManagedProcess,
     NodeAddress,
+    ProcessError,
     broker_argv,
     cluster_toml,
     free_port,
     get_json,
     node_toml,
-    spawn_logged,
-    stop_process,
-    wait_started,
 )
 
 TOPIC = "events"
@@ -86,13 +85,13 @@ def run(base: Path, records: int, timeout: float = 300.0) -> int:
     url = f"http://127.0.0.1:{port}"
     broker_cfg, daemon_cfg = _write_configs(base, port)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    broker: subprocess.Popen[bytes] | None = None
+    broker = ManagedProcess("broker", broker_argv(broker_cfg), base / "broker.log", env=env)
     try:
         _step(f"starting a single-node broker on {url} (log: {base / 'broker.log'})")
-        broker = spawn_logged(broker_argv(broker_cfg), base / "broker.log", env=env)
+        broker.start()
         try:
-            wait_started(broker, lambda: _healthy(url), name="broker", timeout=30, interval=0.1)
-        except RuntimeError:
+            broker.wait_ready(lambda: _healthy(url), timeout=30, interval=0.1)
+        except ProcessError:
             print(
                 f"error: the broker exited with {broker.returncode}; see {base / 'broker.log'}",
                 file=sys.stderr,
@@ -129,8 +128,7 @@ def run(base: Path, records: int, timeout: float = 300.0) -> int:
         config = load_daemon_config(daemon_cfg)
         return _spark(config, records)
     finally:
-        if broker is not None:
-            stop_process(broker, timeout=15.0)
+        broker.stop(timeout=15.0)
 
 
 def _spark(config: Any, records: int) -> int:
@@ -165,7 +163,9 @@ def _spark(config: Any, records: int) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m mqd.demo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m mqd_dev.demo",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     ap.add_argument("--records", type=int, default=100_000)
     ap.add_argument("--dir", type=Path, default=Path("demo-data"), help="where everything goes")

@@ -20,8 +20,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from mqd import format as fmt
-from mqd.chaos.load import Ack, record_value
 from mqd.client import BrokerClient
+from mqd_dev.chaos.load import Ack, record_value
 
 _COLUMNS = ["partition", "offset", "value"]
 

@@ -1,4 +1,5 @@
-"""Real broker clusters for tests: :class:`mqd.localcluster.LocalCluster` under its test name.
+"""Real broker clusters for tests: :class:`mqd.testing.LocalCluster` under its test name, and
+helpers that read records back.
 
 Every real-process test in the project uses :class:`Cluster` (through the ``cluster_factory``
 fixture in conftest.py); node logs are printed by the fixture when a test fails. The cluster is
@@ -13,7 +14,7 @@ import subprocess
 import urllib.request
 from pathlib import Path
 
-from mqd.localcluster import (
+from mqd.testing import (
     DEFAULT_NODE_SETTINGS,
     START_TIMEOUT,
     STOP_TIMEOUT,
@@ -21,7 +22,6 @@ from mqd.localcluster import (
     NodeProcess,
     free_port,
     to_toml,
-    wait_for,
 )
 
 Cluster = LocalCluster
@@ -37,7 +37,6 @@ __all__ = [
     "records_of",
     "self_signed_cert",
     "to_toml",
-    "wait_for",
 ]
 
 

@@ -1,19 +1,18 @@
-"""Helpers for the consumer's integration tests (no tests in here)."""
+"""Helpers for the consumer's integration tests: fast configs, producing numbered records, draining
+a consumer, node stats."""
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from harness import Cluster
-
 from mqd import format
 from mqd.client import BrokerClient, ProduceResult
 from mqd.config import ConsumerConfig
 from mqd.consumer import Consumer, FetchedBatch, TopicPartition
+from support.harness import Cluster
 
 _ids = itertools.count()
 
@@ -88,17 +87,6 @@ def records(batches: Iterable[FetchedBatch]) -> dict[TopicPartition, list[tuple[
         assert offsets[0] == b.first_offset and offsets[-1] == b.next_offset - 1
         out.setdefault(b.tp, []).extend(zip(offsets, values, strict=True))
     return out
-
-
-async def wait_until(cond: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 async def collect(

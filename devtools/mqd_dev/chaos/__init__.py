@@ -1,4 +1,4 @@
-"""Fault injection against real processes (``make chaos`` = ``python -m mqd.chaos --rounds 20``).
+"""Fault injection against real processes (``make chaos`` = ``python -m mqd_dev.chaos --rounds 20``).
 
 - ``proxy``: a seeded TCP proxy in front of each broker node (slow, reset, truncated, corrupted, hung)
 - ``procs``: broker nodes behind their proxies and ``mqd run`` daemons as child processes

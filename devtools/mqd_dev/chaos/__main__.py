@@ -1,7 +1,7 @@
-"""``python -m mqd.chaos``: a seeded fault-injection run against real processes (``make chaos``).
+"""``python -m mqd_dev.chaos``: a seeded fault-injection run against real processes (``make chaos``).
 
 Exits 0 when every invariant held, 1 when one did not, 2 on bad arguments. As root it re-executes
-itself under ``unshare -m`` so the landing tmpfs and read-only bind mounts (mqd.chaos.disk) live in a
+itself under ``unshare -m`` so the landing tmpfs and read-only bind mounts (mqd_dev.chaos.disk) live in a
 private mount namespace that the kernel removes with the run, however the run ends.
 """
 
@@ -19,13 +19,13 @@ import time
 from pathlib import Path
 
 from mqd import log as mqdlog
-from mqd.chaos.runner import ALL_KINDS, ChaosOptions, format_summary, run_chaos
+from mqd_dev.chaos.runner import ALL_KINDS, ChaosOptions, format_summary, run_chaos
 
 _NS_ENV = "MQD_CHAOS_MOUNT_NS"
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m mqd.chaos", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m mqd_dev.chaos", description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=20)
     p.add_argument("--seed", type=int, default=None, help="default: from the clock (printed)")
     p.add_argument("--root", type=Path, default=None, help="work directory (default: a new temp dir)")
@@ -60,7 +60,7 @@ def _maybe_unshare(args: argparse.Namespace) -> None:
     if unshare is None:
         return
     env = {**os.environ, _NS_ENV: "1"}
-    argv = [unshare, "-m", "--propagation", "private", sys.executable, "-m", "mqd.chaos", *sys.argv[1:]]
+    argv = [unshare, "-m", "--propagation", "private", sys.executable, "-m", "mqd_dev.chaos", *sys.argv[1:]]
     os.execve(unshare, argv, env)
 
 

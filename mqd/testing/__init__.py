@@ -1,0 +1,71 @@
+"""mqd.testing: real mqd brokers for your own tests (supported API).
+
+Like ``aiohttp.test_utils`` or Kafka's embedded cluster: :class:`LocalCluster` starts a broker
+cluster of real ``mqd broker`` processes on free 127.0.0.1 ports, with its config files, data and
+logs in a directory you give it, and stops them again. Point a :class:`mqd.producer.Producer`, a
+consumer or an ``mqd run`` daemon at ``cluster.bootstrap`` (or ``cluster.urls``)::
+
+    import asyncio
+    import tempfile
+    from pathlib import Path
+
+    from mqd.producer import Producer
+    from mqd.testing import LocalCluster
+
+
+    async def produce(bootstrap: str) -> int:
+        async with Producer(bootstrap) as producer:
+            result = await producer.send_batch("events", 0, [b"a", b"b", b"c"])
+        return result.count
+
+
+    with tempfile.TemporaryDirectory() as tmp, LocalCluster(Path(tmp), topics={"events": 2}) as cluster:
+        assert asyncio.run(produce(cluster.bootstrap)) == 3
+
+In a pytest suite, make a fixture of it (``tmp_path`` as the root, ``cluster.stop()`` at teardown,
+``cluster.dump_logs()`` to print the node logs when a test failed). Nodes can be stopped, killed,
+frozen (SIGSTOP) and restarted to test failover: see :class:`LocalCluster`.
+
+The pieces underneath are public too: :class:`ManagedProcess` (one child process with its log:
+start, wait until ready, signal, stop with a SIGKILL deadline; sync and async) and the config file
+writers in :mod:`mqd.testing.configfiles`.
+"""
+
+from mqd.testing.cluster import (
+    DEFAULT_NODE_SETTINGS,
+    LocalCluster,
+    NodeProcess,
+    broker_argv,
+    free_port,
+    get_json,
+    group_names,
+)
+from mqd.testing.configfiles import (
+    NodeAddress,
+    cluster_toml,
+    daemon_section,
+    merge_settings,
+    node_toml,
+    to_toml,
+)
+from mqd.testing.process import START_TIMEOUT, STOP_TIMEOUT, ManagedProcess, ProcessError
+
+__all__ = [
+    "DEFAULT_NODE_SETTINGS",
+    "START_TIMEOUT",
+    "STOP_TIMEOUT",
+    "LocalCluster",
+    "ManagedProcess",
+    "NodeAddress",
+    "NodeProcess",
+    "ProcessError",
+    "broker_argv",
+    "cluster_toml",
+    "daemon_section",
+    "free_port",
+    "get_json",
+    "group_names",
+    "merge_settings",
+    "node_toml",
+    "to_toml",
+]
