@@ -42,7 +42,7 @@ class ReplicationError(MqdError):
 
 
 @dataclass(slots=True)
-class _PartitionState:
+class _ReplicaPartition:
     master_min_offset: int | None = None
     master_max_offset: int | None = None
     error: str | None = None
@@ -85,7 +85,7 @@ class Replicator:
         self._offsets_interval_s = offsets_interval_s
         self._backoff_s = backoff_s
         self._backoff_max_s = backoff_max_s
-        self._states = {key: _PartitionState() for key in self._partitions}
+        self._states = {key: _ReplicaPartition() for key in self._partitions}
         self._rotation = 0
         self._master_reachable = False
         self._last_error: str | None = None
@@ -239,7 +239,7 @@ class Replicator:
             if appended:
                 self._on_append(p.topic, p.partition)
 
-    def _apply_partition(self, p: PartitionFetch, st: _PartitionState) -> bool:
+    def _apply_partition(self, p: PartitionFetch, st: _ReplicaPartition) -> bool:
         """Apply one partition's answer; True when records were appended."""
         plog = self._storage.get(p.topic, p.partition)
         if plog is None:
