@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from mqd.broker.consumer_groups import ConsumerGroupError, ConsumerGroupStore
 from mqd.client import BrokerClient, BrokerError
 
-# -- ConsumerGroupStore (pure logic and its file) ------------------------------------------------------------
+# -- ConsumerGroupStore (pure logic and its file) ---------------------------------------------------
 
 
 def test_membership_versions_and_expiry() -> None:
