@@ -51,10 +51,13 @@ class FetchPlanner:
     def __init__(
         self, config: BrokerConfig, state: ClusterState, storage: Storage, replica_progress: ReplicaProgress
     ) -> None:
-        self._config = config
         self._state = state
         self._storage = storage
         self._replica_progress = replica_progress
+        # fixed for the node's life; read once per partition of every fetch attempt
+        self._is_master = state.is_master
+        self._offset_check_in_slave = config.offset_check_in_slave
+        self._suggest_lag_bytes = config.slave_suggest_lag_bytes
 
     def plan(
         self, items: list[FetchItem], min_bytes: int, max_bytes: int, replica: bool
@@ -101,7 +104,7 @@ class FetchPlanner:
         entry: dict[str, Any] = {"topic": topic, "partition": partition}
         plog = self._storage.get(topic, partition) if state.holds(topic, partition) else None
         # replicas copy from the master only
-        if plog is None or (replica and not state.is_master):
+        if plog is None or (replica and not self._is_master):
             broker_group = state.broker_group_of(topic, partition)
             if broker_group is None:
                 error = "unknown_partition"
@@ -109,7 +112,7 @@ class FetchPlanner:
                 error = "not_master"
             else:
                 error = f"not_served: partition lives on group {broker_group.name}"
-            check = check_offset(offset, 0, 0, served=False, is_master=state.is_master)
+            check = check_offset(offset, 0, 0, served=False, is_master=self._is_master)
             entry.update(
                 status=check.status.value,
                 next_offset=check.next_offset,
@@ -124,8 +127,8 @@ class FetchPlanner:
             offset,
             lo,
             hi,
-            is_master=state.is_master,
-            offset_check_in_slave=self._config.offset_check_in_slave,
+            is_master=self._is_master,
+            offset_check_in_slave=self._offset_check_in_slave,
         )
         next_offset = check.next_offset
         planned: PlannedRead = None
@@ -145,10 +148,17 @@ class FetchPlanner:
         return entry, planned, check.waitable
 
     def _suggest(self, plog: PartitionLog, status: Status, offset: int, next_offset: int) -> str | None:
-        threshold = self._config.slave_suggest_lag_bytes
-        if self._state.is_master:
-            ends = self._replica_progress.live_slave_ends(plog.topic, plog.partition)
-            return master_suggestion(status, offset, next_offset, plog.bytes_behind, threshold, ends)
+        threshold = self._suggest_lag_bytes
+        if self._is_master:
+            progress = self._replica_progress
+            return master_suggestion(
+                status,
+                offset,
+                next_offset,
+                plog.bytes_behind,
+                threshold,
+                lambda: progress.live_slave_ends(plog.topic, plog.partition),
+            )
         master = self._state.broker_group.master
         alive = self._state.alive(master.id)
         return slave_suggestion(status, next_offset, plog.bytes_behind, threshold, master.id, alive)

@@ -31,13 +31,14 @@ def master_suggestion(
     next_offset: int,
     bytes_behind: BytesBehind,
     threshold: int,
-    slave_ends: Iterable[tuple[str, int]],
+    slave_ends: Callable[[], Iterable[tuple[str, int]]],
 ) -> str | None:
-    """On a master: the slave to pull from next, or None. ``slave_ends`` are the live slaves in
-    layout order with the next offset each asked for (its log end; -1 when it has not asked yet)."""
+    """On a master: the slave to pull from next, or None. ``slave_ends()`` gives the live slaves
+    in layout order with the next offset each asked for (its log end; -1 when it has not asked
+    yet); it is called only for a consumer that is far behind, the rare case on the fetch path."""
     if status is not Status.FOUND or bytes_behind(offset) <= threshold:
         return None
-    for slave_id, end in slave_ends:
+    for slave_id, end in slave_ends():
         if end > next_offset and bytes_behind(end) <= threshold // 2:
             return slave_id
     return None

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from mqd.broker.offset_check import OffsetCheck, check_offset, is_authoritative
+from mqd.broker.offset_check import OffsetCheck, check_offset
 from mqd.protocol import Status
 
 MASTER = {"is_master": True, "offset_check_in_slave": False}
@@ -97,10 +97,3 @@ def test_a_plain_slave_never_moves_the_consumer() -> None:
                 got = check_offset(offset, lo, hi, **SLAVE)
                 if got.status is not F:
                     assert got.next_offset == offset, (offset, lo, hi)
-
-
-def test_authority() -> None:
-    """Masters and checking slaves correct offsets; plain slaves do not."""
-    assert is_authoritative(is_master=True, offset_check_in_slave=False)
-    assert is_authoritative(is_master=False, offset_check_in_slave=True)
-    assert not is_authoritative(is_master=False, offset_check_in_slave=False)

@@ -8,8 +8,6 @@ for a dead master or when no slave qualifies. Pure functions over a linear ``byt
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from mqd.broker.pull_suggestion import master_suggestion, slave_suggestion
@@ -63,7 +61,7 @@ def test_master(
     expected: str | None,
 ) -> None:
     """A master's suggestion for each case."""
-    assert master_suggestion(status, offset, next_offset, behind, THRESHOLD, ends) == expected
+    assert master_suggestion(status, offset, next_offset, behind, THRESHOLD, lambda: ends) == expected
 
 
 # (case, status, next_offset, master_alive, expected)
@@ -91,10 +89,10 @@ def test_slave(case: str, status: Status, next_offset: int, alive: bool, expecte
 
 
 def test_master_reads_slave_ends_lazily() -> None:
-    """A consumer near the head costs no look at the slaves (the caller passes a generator)."""
+    """A consumer near the head, or a status other than FOUND, costs no look at the slaves."""
 
-    def ends() -> Iterator[tuple[str, int]]:
+    def ends() -> list[tuple[str, int]]:
         raise AssertionError("slave progress read for a consumer near the head")
-        yield ("s1", HEAD)
 
-    assert master_suggestion(Status.FOUND, 990, 995, behind, THRESHOLD, ends()) is None
+    assert master_suggestion(Status.FOUND, 990, 995, behind, THRESHOLD, ends) is None
+    assert master_suggestion(Status.OFFSET_TOO_SMALL, 0, 100, behind, THRESHOLD, ends) is None
