@@ -78,7 +78,7 @@ class BrokerNode:
                 partitions=self.state.partitions,
                 client=self._client,
                 consumer_groups=self.consumer_groups,
-                on_append=self.notify_append,
+                on_append=self.long_poll.notify,  # wakes fetches held on a slave
                 wait_ms=config.replica_wait_ms,
             )
         self.api = BrokerApi(
@@ -186,10 +186,6 @@ class BrokerNode:
         log.info("stopped", node=self.node_id)
 
     # -- wiring ------------------------------------------------------------------------------------
-
-    def notify_append(self, topic: str, partition: int) -> None:
-        """Wake every fetch long-polling on this partition (after a replica append)."""
-        self.long_poll.notify(topic, partition)
 
     def _on_liveness_change(self) -> None:
         # a slave going down shrinks the set acks=all waits for
