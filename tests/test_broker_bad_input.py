@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import struct
 import zlib
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
@@ -18,7 +19,7 @@ TOKEN = "s3cret-token"
 
 
 @pytest.fixture(scope="module")
-def node(module_cluster_factory: Any) -> Cluster:
+def node(module_cluster_factory: Callable[..., Cluster]) -> Cluster:
     """Two single-node groups shared by the module: every test leaves the node serving."""
     return module_cluster_factory(
         topics={"events": 2},

@@ -48,7 +48,7 @@ async def _read_all(client: BrokerClient, url: str, partition: int, end: int) ->
 
 async def _alive(client: BrokerClient, url: str, node: str) -> bool:
     meta = await client.metadata(url)
-    return next(n["alive"] for g in meta["groups"] for n in g["nodes"] if n["id"] == node)
+    return bool(next(n["alive"] for g in meta["groups"] for n in g["nodes"] if n["id"] == node))
 
 
 async def test_master_down(cluster_factory: Any, client: BrokerClient) -> None:

@@ -15,15 +15,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from support.harness import Cluster
 
-from mqd.broker.groups import GroupError, GroupStore
+from mqd.broker.consumer_groups import ConsumerGroupError, ConsumerGroupStore
 from mqd.client import BrokerClient, BrokerError
 
-# -- GroupStore (pure logic and its file) ------------------------------------------------------------
+# -- ConsumerGroupStore (pure logic and its file) ---------------------------------------------------
 
 
 def test_membership_versions_and_expiry() -> None:
     """Joins, topic changes, leaves and expiries bump the version; repeat heartbeats do not."""
-    gs = GroupStore(Path("/nonexistent"))
+    gs = ConsumerGroupStore(Path("/nonexistent"))
     assert gs.heartbeat("g", "b", ["t"], 1000) == (["b"], 1)
     assert gs.heartbeat("g", "a", ["t"], 200) == (["a", "b"], 2)
     assert gs.heartbeat("g", "a", ["t"], 200) == (["a", "b"], 2)
@@ -40,7 +40,7 @@ def test_membership_versions_and_expiry() -> None:
 async def test_commit_is_forward_only_durable_and_atomic(tmp_path: Path) -> None:
     """Commits below the stored offset are ignored unless forced; a new store reads them back;
     no temp file is left behind."""
-    gs = GroupStore(tmp_path)
+    gs = ConsumerGroupStore(tmp_path)
     gs.load()
     assert await gs.commit("g", [("t", 0, 10), ("t", 1, 3)], force=False) == [
         {"topic": "t", "partition": 0, "offset": 10},
@@ -48,7 +48,7 @@ async def test_commit_is_forward_only_durable_and_atomic(tmp_path: Path) -> None
     ]
     assert (await gs.commit("g", [("t", 0, 5)], force=False))[0]["offset"] == 10
     assert (await gs.commit("g", [("t", 1, 2)], force=True))[0]["offset"] == 2
-    again = GroupStore(tmp_path)
+    again = ConsumerGroupStore(tmp_path)
     again.load()
     assert again.committed("g", []) == [
         {"topic": "t", "partition": 0, "offset": 10},
@@ -62,13 +62,13 @@ async def test_commit_is_forward_only_durable_and_atomic(tmp_path: Path) -> None
 
 def test_merge_offsets_keeps_the_maximum(tmp_path: Path) -> None:
     """A slave's max-merge never moves an offset back, and what it merged survives a reload."""
-    gs = GroupStore(tmp_path)
+    gs = ConsumerGroupStore(tmp_path)
     gs.load()
     gs.merge_offsets({"g": [{"topic": "t", "partition": 0, "offset": 7}]})
     gs.merge_offsets(
         {"g": [{"topic": "t", "partition": 0, "offset": 4}, {"topic": "t", "partition": 1, "offset": 1}]}
     )
-    again = GroupStore(tmp_path)
+    again = ConsumerGroupStore(tmp_path)
     again.load()
     assert again.offsets_snapshot() == {
         "g": [{"topic": "t", "partition": 0, "offset": 7}, {"topic": "t", "partition": 1, "offset": 1}]
@@ -78,15 +78,15 @@ def test_merge_offsets_keeps_the_maximum(tmp_path: Path) -> None:
 def test_corrupt_offsets_file_is_a_clear_error(tmp_path: Path) -> None:
     """A damaged offsets file stops the node with a message naming the file, not a guess."""
     (tmp_path / "offsets.json").write_text('{"groups": {"g": [{"topic": "t"}]}}')
-    with pytest.raises(GroupError, match="corrupt offsets file"):
-        GroupStore(tmp_path).load()
+    with pytest.raises(ConsumerGroupError, match="corrupt offsets file"):
+        ConsumerGroupStore(tmp_path).load()
 
 
 @settings(max_examples=50, deadline=None)
 @given(st.lists(st.integers(min_value=0, max_value=1000), min_size=1, max_size=20))
 def test_unforced_commits_keep_the_maximum(offsets: list[int]) -> None:
     """Whatever the order of unforced commits, the stored offset is their maximum."""
-    gs = GroupStore(Path("/nonexistent"))
+    gs = ConsumerGroupStore(Path("/nonexistent"))
     gs._write = lambda generation, snapshot: None  # type: ignore[method-assign]  # no disk here
 
     async def run() -> int:
@@ -201,8 +201,8 @@ async def test_commits_are_durable_forward_only_and_replicated(
 # -- epochs: forced commits and the master's merge of its slaves' offsets ----------------------------
 
 
-def _store(path: Path | None = None) -> GroupStore:
-    gs = GroupStore(path or Path("/nonexistent"))
+def _store(path: Path | None = None) -> ConsumerGroupStore:
+    gs = ConsumerGroupStore(path or Path("/nonexistent"))
     if path is None:
         gs._write = lambda generation, snapshot: None  # type: ignore[method-assign]  # no disk here
     return gs
@@ -260,7 +260,7 @@ def test_malformed_snapshot_merges_nothing_and_old_files_load(tmp_path: Path) ->
     (tmp_path / "offsets.json").write_text(
         '{"version": 1, "groups": {"g": [{"topic": "t", "partition": 0, "offset": 7}]}}'
     )
-    gs = GroupStore(tmp_path)
+    gs = ConsumerGroupStore(tmp_path)
     gs.load()
     bad = {"g": [{"topic": "t", "partition": 1, "offset": 9}, {"topic": "t", "partition": 0, "offset": -1}]}
     with pytest.raises(ValueError, match="entry 1: offset"):
@@ -273,11 +273,11 @@ def test_malformed_snapshot_merges_nothing_and_old_files_load(tmp_path: Path) ->
 def test_an_older_snapshot_never_replaces_a_newer_file(tmp_path: Path) -> None:
     """Writes that finish out of order (a commit's and a merge's) leave the newest snapshot on
     disk and no temp file behind."""
-    gs = GroupStore(tmp_path)
+    gs = ConsumerGroupStore(tmp_path)
     gs.load()
     gs._write(2, {"g": [{"topic": "t", "partition": 0, "offset": 2}]})
     gs._write(1, {"g": [{"topic": "t", "partition": 0, "offset": 1}]})
-    again = GroupStore(tmp_path)
+    again = ConsumerGroupStore(tmp_path)
     again.load()
     assert again.committed("g", []) == [{"topic": "t", "partition": 0, "offset": 2}]
     assert [p.name for p in tmp_path.iterdir()] == ["offsets.json"]

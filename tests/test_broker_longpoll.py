@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -18,7 +19,7 @@ LONG_WAIT_MS = 10_000  # far longer than any wake-up may take: an answer before 
 
 
 @pytest.fixture(scope="module")
-def cluster(module_cluster_factory: Any) -> Cluster:
+def cluster(module_cluster_factory: Callable[..., Cluster]) -> Cluster:
     return module_cluster_factory(topics={"events": 4}, groups=1, slaves=1)
 
 
@@ -171,9 +172,9 @@ async def test_held_fetch_is_cancelled_when_its_client_disconnects(
 def test_client_stats_of_idle_clients_are_dropped() -> None:
     """Per-client counters are bounded: a client idle past the limit with nothing in flight is
     dropped, an active one or one with a fetch held is kept."""
-    from mqd.broker.server import _Stats
+    from mqd.broker.client_stats import ClientStats
 
-    stats = _Stats(idle_s=600)
+    stats = ClientStats(idle_s=600)
     stats.count("old", "fetch", now=0.0)
     stats.count("held", "fetch", now=0.0)
     stats.fetch_started("held")

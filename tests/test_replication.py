@@ -19,7 +19,7 @@ import pytest
 from support.harness import Cluster
 
 from mqd import format as fmt
-from mqd.broker.groups import GroupStore
+from mqd.broker.consumer_groups import ConsumerGroupStore
 from mqd.broker.replication import Replicator
 from mqd.broker.storage import Storage
 from mqd.client import BrokerClient, BrokerError
@@ -217,7 +217,7 @@ async def test_slave_follows_master_that_lost_its_tail(
 
 
 class _Slave:
-    """A Replicator wired to real storage and a real GroupStore; answers are fed to it directly."""
+    """A Replicator wired to real storage and a real ConsumerGroupStore; answers are fed to it directly."""
 
     def __init__(self, root: Path) -> None:
         self.storage = Storage(root, StorageConfig(segment_bytes=4096, fsync="never"))
@@ -232,11 +232,11 @@ class _Slave:
         )
         self.replicator = Replicator(
             node_id="s",
-            group=group,
+            broker_group=group,
             storage=self.storage,
             partitions=[(TOPIC, 0)],
             client=BrokerClient(),
-            groups=GroupStore(root),
+            consumer_groups=ConsumerGroupStore(root),
             on_append=self._on_append,
             wait_ms=10,
         )

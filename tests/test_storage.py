@@ -511,7 +511,9 @@ _ops = st.lists(
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(ops=_ops)
-def test_random_append_restart_read(tmp_path_factory: pytest.TempPathFactory, ops: list) -> None:
+def test_random_append_restart_read(
+    tmp_path_factory: pytest.TempPathFactory, ops: list[tuple[str, int, int]]
+) -> None:
     """Any sequence of appends, truncations, restarts and reads reads back exactly what was appended
     (and not truncated), with dense offsets."""
     o = Opened(tmp_path_factory.mktemp("prop"), segment_bytes=4096, fsync="never")

@@ -36,7 +36,7 @@ class ClusterState:
             raise ValueError(f"node {config.node_id!r} is not in the cluster layout")
         self.config = config
         self.cluster = cluster
-        self.group, self.node = found
+        self.broker_group, self.node = found
         self.node_id = config.node_id
         self._client = client
         self._on_change = on_liveness_change
@@ -47,12 +47,12 @@ class ClusterState:
         self._last_ok: dict[str, float] = {n.id: now for n in self._peers}
         self._alive: dict[str, bool] = {n.id: True for n in self._peers}
         self._task: asyncio.Task[None] | None = None
-        # (topic, partition) pairs this node's group holds, in layout order
+        # (topic, partition) pairs this node's broker group holds, in layout order
         self.partitions: list[tuple[str, int]] = [
             (t.name, p)
             for t in cluster.topics
             for p in range(t.partitions)
-            if (g := cluster.group_of(t.name, p)) is not None and g.name == self.group.name
+            if (g := cluster.group_of(t.name, p)) is not None and g.name == self.broker_group.name
         ]
         self._held = set(self.partitions)
 
@@ -65,7 +65,7 @@ class ClusterState:
     def holds(self, topic: str, partition: int) -> bool:
         return (topic, partition) in self._held
 
-    def group_of(self, topic: str, partition: int) -> GroupSpec | None:
+    def broker_group_of(self, topic: str, partition: int) -> GroupSpec | None:
         return self.cluster.group_of(topic, partition)
 
     def node_spec(self, node_id: str) -> NodeSpec | None:
@@ -76,11 +76,12 @@ class ClusterState:
         return node_id == self.node_id or self._alive.get(node_id, False)
 
     def live_slaves(self) -> list[NodeSpec]:
-        return [n for n in self.group.slaves if self.alive(n.id)]
+        return [n for n in self.broker_group.slaves if self.alive(n.id)]
 
-    def coordinator(self, group: str) -> NodeSpec:
-        """Master of ``groups[crc32(group) % n]``; while it is down, that group's first live slave."""
-        g = self.cluster.groups[zlib.crc32(group.encode()) % len(self.cluster.groups)]
+    def coordinator(self, consumer_group: str) -> NodeSpec:
+        """The coordinator of a consumer group: the master of broker group
+        ``groups[crc32(consumer_group) % n]``; while it is down, that broker group's first live slave."""
+        g = self.cluster.groups[zlib.crc32(consumer_group.encode()) % len(self.cluster.groups)]
         if self.alive(g.master.id):
             return g.master
         return next((n for n in g.slaves if self.alive(n.id)), g.master)

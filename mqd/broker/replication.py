@@ -1,10 +1,10 @@
-"""Slave side of replication: copy the group master's partition logs and committed offsets.
+"""Slave side of replication: copy the broker group master's partition logs and committed offsets.
 
-One long-poll loop asks the master's ``POST /v1/replica/fetch`` for every partition of the group at
+One long-poll loop asks the master's ``POST /v1/replica/fetch`` for every partition of the broker group at
 once, each at this node's log end (which also tells the master how far this slave has come, for
 ``acks=all``), and appends what comes back verbatim (offsets preserved) after a full batch check,
 so a corrupt answer never reaches the slave's log. A second loop pulls ``GET /v1/replica/offsets``
-every second into the GroupStore.
+every second into the ConsumerGroupStore.
 
 Divergence (an unclean master restart lost a tail this slave already copied): when the master's
 log end is below ours, or the batch the master returns for our log end starts before it, this
@@ -24,7 +24,7 @@ import structlog
 
 from mqd import format as fmt
 from mqd.backoff import Backoff
-from mqd.broker.groups import GroupError, GroupStore
+from mqd.broker.consumer_groups import ConsumerGroupError, ConsumerGroupStore
 from mqd.broker.storage import Storage, StorageError
 from mqd.client import BrokerClient, BrokerError
 from mqd.config import GroupSpec, MiB
@@ -42,7 +42,7 @@ class ReplicationError(MqdError):
 
 
 @dataclass(slots=True)
-class _PartitionState:
+class _ReplicaPartition:
     master_min_offset: int | None = None
     master_max_offset: int | None = None
     error: str | None = None
@@ -51,18 +51,18 @@ class _PartitionState:
 
 
 class Replicator:
-    """Slave side: long-polls its master's /v1/replica/fetch for all of its group's partitions,
+    """Slave side: long-polls its master's /v1/replica/fetch for all of its broker group's partitions,
     appends verbatim, pulls committed offsets (GET /v1/replica/offsets) every second."""
 
     def __init__(
         self,
         *,
         node_id: str,
-        group: GroupSpec,
+        broker_group: GroupSpec,
         storage: Storage,
         partitions: list[tuple[str, int]],
         client: BrokerClient,
-        groups: GroupStore,
+        consumer_groups: ConsumerGroupStore,
         on_append: Callable[[str, int], None],
         wait_ms: int,
         max_bytes: int = 32 * MiB,
@@ -72,12 +72,12 @@ class Replicator:
         backoff_max_s: float = 2.0,
     ) -> None:
         self.node_id = node_id
-        self.group = group
-        self.master = group.master
+        self.broker_group = broker_group
+        self.master = broker_group.master
         self._storage = storage
         self._partitions = list(partitions)
         self._client = client
-        self._groups = groups
+        self._consumer_groups = consumer_groups
         self._on_append = on_append
         self._wait_ms = wait_ms
         self._max_bytes = max_bytes
@@ -85,7 +85,7 @@ class Replicator:
         self._offsets_interval_s = offsets_interval_s
         self._backoff_s = backoff_s
         self._backoff_max_s = backoff_max_s
-        self._states = {key: _PartitionState() for key in self._partitions}
+        self._states = {key: _ReplicaPartition() for key in self._partitions}
         self._rotation = 0
         self._master_reachable = False
         self._last_error: str | None = None
@@ -239,7 +239,7 @@ class Replicator:
             if appended:
                 self._on_append(p.topic, p.partition)
 
-    def _apply_partition(self, p: PartitionFetch, st: _PartitionState) -> bool:
+    def _apply_partition(self, p: PartitionFetch, st: _ReplicaPartition) -> bool:
         """Apply one partition's answer; True when records were appended."""
         plog = self._storage.get(p.topic, p.partition)
         if plog is None:
@@ -300,12 +300,12 @@ class Replicator:
             try:
                 snapshot = await self._client.replica_offsets(self.master.url)
                 if snapshot != last:
-                    self._groups.merge_offsets(snapshot)
+                    self._consumer_groups.merge_offsets(snapshot)
                     last = snapshot
                 self._offsets_synced_at = time.time()
                 backoff.reset()
                 delay = self._offsets_interval_s
-            except (BrokerError, GroupError) as exc:
+            except (BrokerError, ConsumerGroupError) as exc:
                 self._record_error(f"committed offsets: {exc}")
                 delay = backoff.next()
             except (KeyError, TypeError, ValueError, AttributeError) as exc:

@@ -1,13 +1,11 @@
 """Broker storage: one append-only log of record batches per partition, in segment files.
 
-Layout: ``<data_dir>/logs/<topic>-<partition>/<base_offset:020d>.log|.index|.timeindex``.
+Layout: ``<data_dir>/logs/<topic>-<partition>/<base_offset:020d>.log|.index|.timeindex``. One
+segment (its log file and its offset and timestamp indexes) is :class:`mqd.broker.segment.Segment`;
+this file holds the partition log over its segments (appends and rolls, read plans, recovery on
+open, truncation, retention, the fsync policy) and the set of logs of a node (:class:`Storage`).
 
-- ``.log``: batches exactly as they go on the wire (format.py). A fetch answers with these bytes.
-- ``.index``: one entry per batch, ``(relative offset u32, position u32)``.
-- ``.timeindex``: ``(max_timestamp i64, relative offset u32)``, an entry each time the segment's
-  largest timestamp grows, so the first entry with ``ts >= T`` names the first batch reaching ``T``.
-
-Both indexes are also kept in memory (``array``) so lookups are a bisect. They are derived data,
+The indexes are also kept in memory (``array``) so lookups are a bisect. They are derived data,
 written when a segment is rolled (closed). On open, a closed segment's index is trusted when it
 is consistent with the log file (its last entry's batch ends exactly at the file size); otherwise,
 and always for the active (last) segment, the index is rebuilt by scanning the log with CRC checks.
@@ -25,34 +23,26 @@ from __future__ import annotations
 import dataclasses
 import errno
 import fcntl
-import mmap
 import os
 import threading
-from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-import numpy as np
 import structlog
 
+from mqd.broker.segment import INDEX_SUFFIX, LOG_SUFFIX, TIMEINDEX_SUFFIX, Segment, segment_name
 from mqd.config import StorageConfig
 from mqd.errors import MqdError
-from mqd.format import HEADER_SIZE, BatchError, BatchInfo, read_header, scan_valid_prefix, set_base_offset
+from mqd.format import BatchInfo, set_base_offset
 from mqd.fsutil import fsync_dir
 
 log = structlog.get_logger(__name__)
 
-LOG_SUFFIX = ".log"
-INDEX_SUFFIX = ".index"
-TIMEINDEX_SUFFIX = ".timeindex"
 LOCK_FILE = ".lock"
 _U32_MAX = 2**32 - 1
 # positions are u32 in the index file; keep every segment well inside that
 MAX_SEGMENT_BYTES = 2**31
-_INDEX_DTYPE = np.dtype([("rel", "<u4"), ("pos", "<u4")])
-_TIMEINDEX_DTYPE = np.dtype([("ts", "<i8"), ("rel", "<u4")])
-_NO_TIMESTAMP = -(2**63)
 
 
 class StorageError(MqdError):
@@ -60,10 +50,6 @@ class StorageError(MqdError):
 
     def __init__(self, message: str, *, retriable: bool) -> None:
         super().__init__(message, retriable=retriable)
-
-
-def _segment_name(base_offset: int) -> str:
-    return f"{base_offset:020d}"
 
 
 def _segment_chunks(infos: list[BatchInfo], used: int, segment_bytes: int) -> list[tuple[int, int]]:
@@ -98,162 +84,6 @@ def _check_layout(data: bytes | bytearray, infos: list[BatchInfo]) -> None:
         raise StorageError(f"batch infos cover {pos} of {len(data)} bytes", retriable=False)
 
 
-class _Segment:
-    """One segment file and its in-memory indexes (absolute offsets, positions in the file)."""
-
-    __slots__ = (
-        "base_offset",
-        "dirty",
-        "fd",
-        "next_offset",
-        "offsets",
-        "path",
-        "positions",
-        "size",
-        "start_byte",
-        "ts_offsets",
-        "ts_values",
-    )
-
-    def __init__(self, path: Path, base_offset: int, fd: int, start_byte: int) -> None:
-        self.path = path  # the .log file
-        self.base_offset = base_offset
-        self.fd = fd
-        self.size = 0
-        self.start_byte = start_byte  # byte position of this segment in the partition's whole log
-        self.next_offset = base_offset
-        self.offsets = array("q")  # base offset of every batch
-        self.positions = array("q")  # file position of every batch
-        self.ts_values = array("q")  # strictly increasing max timestamps
-        self.ts_offsets = array("q")  # base offset of the batch where the max grew
-        self.dirty = False  # written since the last fsync
-
-    @property
-    def index_path(self) -> Path:
-        return self.path.with_suffix(INDEX_SUFFIX)
-
-    @property
-    def timeindex_path(self) -> Path:
-        return self.path.with_suffix(TIMEINDEX_SUFFIX)
-
-    @property
-    def max_timestamp(self) -> int:
-        return self.ts_values[-1] if self.ts_values else _NO_TIMESTAMP
-
-    def add_batch(self, base_offset: int, count: int, position: int, max_timestamp: int) -> None:
-        self.offsets.append(base_offset)
-        self.positions.append(position)
-        if max_timestamp > self.max_timestamp:
-            self.ts_values.append(max_timestamp)
-            self.ts_offsets.append(base_offset)
-        self.next_offset = base_offset + count
-
-    def reset_index(self) -> None:
-        self.offsets = array("q")
-        self.positions = array("q")
-        self.ts_values = array("q")
-        self.ts_offsets = array("q")
-        self.next_offset = self.base_offset
-
-    def batch_index(self, offset: int) -> int:
-        """Index of the batch containing ``offset`` (the caller checks the segment holds it)."""
-        return bisect_right(self.offsets, offset) - 1
-
-    def batch_end(self, i: int) -> int:
-        return self.positions[i + 1] if i + 1 < len(self.positions) else self.size
-
-    # -- index files -------------------------------------------------------------------------------
-
-    def write_indexes(self) -> None:
-        """Write both index files from memory (a rolled segment's index is never changed again)."""
-        index = np.empty(len(self.offsets), dtype=_INDEX_DTYPE)
-        index["rel"] = np.frombuffer(self.offsets, dtype=np.int64) - self.base_offset
-        index["pos"] = np.frombuffer(self.positions, dtype=np.int64)
-        tindex = np.empty(len(self.ts_values), dtype=_TIMEINDEX_DTYPE)
-        tindex["ts"] = np.frombuffer(self.ts_values, dtype=np.int64)
-        tindex["rel"] = np.frombuffer(self.ts_offsets, dtype=np.int64) - self.base_offset
-        for path, arr in ((self.index_path, index), (self.timeindex_path, tindex)):
-            with open(path, "wb") as fh:
-                fh.write(arr.tobytes())
-
-    def remove_indexes(self) -> None:
-        self.index_path.unlink(missing_ok=True)
-        self.timeindex_path.unlink(missing_ok=True)
-
-    def load_indexes(self) -> bool:
-        """Load the index files when they are consistent with the log file; False otherwise."""
-        try:
-            raw_index = self.index_path.read_bytes()
-            raw_tindex = self.timeindex_path.read_bytes()
-        except OSError:
-            return False
-        if (
-            not raw_index
-            or len(raw_index) % _INDEX_DTYPE.itemsize
-            or len(raw_tindex) % _TIMEINDEX_DTYPE.itemsize
-        ):
-            return False
-        index = np.frombuffer(raw_index, dtype=_INDEX_DTYPE)
-        tindex = np.frombuffer(raw_tindex, dtype=_TIMEINDEX_DTYPE)
-        rel = index["rel"].astype(np.int64)
-        pos = index["pos"].astype(np.int64)
-        t_rel = tindex["rel"].astype(np.int64)
-        t_ts = tindex["ts"]
-        if (
-            rel[0] != 0
-            or pos[0] != 0
-            or np.any(np.diff(rel) <= 0)
-            or np.any(np.diff(pos) < HEADER_SIZE)
-            or len(tindex) == 0
-            or t_rel[0] != 0
-            or np.any(np.diff(t_rel) <= 0)
-            or np.any(np.diff(t_ts) <= 0)
-            or t_rel[-1] > rel[-1]
-            or not np.all(np.isin(t_rel, rel))
-        ):
-            return False
-        # the last batch must end exactly at the end of the file and carry the expected offset
-        last_pos = int(pos[-1])
-        try:
-            head = os.pread(self.fd, HEADER_SIZE, last_pos)
-            info = read_header(head, 0)
-        except (OSError, BatchError):
-            return False
-        if last_pos + info.length != self.size:
-            return False
-        if info.base_offset != self.base_offset + int(rel[-1]):
-            return False
-        self.offsets = array("q", (rel + self.base_offset).tobytes())
-        self.positions = array("q", pos.tobytes())
-        self.ts_values = array("q", t_ts.astype(np.int64).tobytes())
-        self.ts_offsets = array("q", (t_rel + self.base_offset).tobytes())
-        self.next_offset = info.base_offset + info.count
-        return True
-
-    def scan(self) -> int:
-        """Rebuild the indexes from the log file; returns the byte length of its valid prefix."""
-        self.reset_index()
-        if self.size == 0:
-            return 0
-        with mmap.mmap(self.fd, self.size, access=mmap.ACCESS_READ) as mm:
-            view = memoryview(mm)
-            try:
-                infos, valid = scan_valid_prefix(view)
-            finally:
-                view.release()
-        expected = self.base_offset
-        for i, info in enumerate(infos):
-            if info.base_offset != expected:
-                # offsets must be dense: everything from a jump on is unusable
-                valid = info.position
-                infos = infos[:i]
-                break
-            expected = info.next_offset
-        for info in infos:
-            self.add_batch(info.base_offset, info.count, info.position, info.max_timestamp)
-        return valid
-
-
 class ReadPlan:
     """Byte ranges of whole batches to read (:meth:`PartitionLog.plan_read`) and the offset after
     the last of them."""
@@ -274,7 +104,7 @@ class PartitionLog:
         self.partition = partition
         self.directory = directory
         self._config = config
-        self._segments: list[_Segment] = []
+        self._segments: list[Segment] = []
         self._bases: list[int] = []  # base offset of every segment, for bisect
         self._lock = threading.Lock()
         self._dir_dirty = False
@@ -337,7 +167,7 @@ class PartitionLog:
     def _recover(self, bases: list[int]) -> None:
         start_byte = 0
         for i, base in enumerate(bases):
-            path = self.directory / (_segment_name(base) + LOG_SUFFIX)
+            path = self.directory / (segment_name(base) + LOG_SUFFIX)
             last = i == len(bases) - 1
             if self._segments and base != self._segments[-1].next_offset:
                 log.warning(
@@ -346,10 +176,10 @@ class PartitionLog:
                     partition=self.partition,
                     expected=self._segments[-1].next_offset,
                     found=base,
-                    deleted=[_segment_name(b) for b in bases[i:]],
+                    deleted=[segment_name(b) for b in bases[i:]],
                 )
                 for b in bases[i:]:
-                    self._unlink_segment_files(self.directory / (_segment_name(b) + LOG_SUFFIX))
+                    self._unlink_segment_files(self.directory / (segment_name(b) + LOG_SUFFIX))
                 self._dir_dirty = True
                 return
             seg = self._open_segment(path, base, start_byte)
@@ -375,10 +205,10 @@ class PartitionLog:
                         "deleting segments after a corrupt segment",
                         topic=self.topic,
                         partition=self.partition,
-                        deleted=[_segment_name(b) for b in bases[i + 1 :]],
+                        deleted=[segment_name(b) for b in bases[i + 1 :]],
                     )
                     for b in bases[i + 1 :]:
-                        self._unlink_segment_files(self.directory / (_segment_name(b) + LOG_SUFFIX))
+                        self._unlink_segment_files(self.directory / (segment_name(b) + LOG_SUFFIX))
                     self._dir_dirty = True
                     last = True
             if not last and seg.size == 0:
@@ -393,24 +223,24 @@ class PartitionLog:
             if last:
                 return
 
-    def _open_segment(self, path: Path, base: int, start_byte: int) -> _Segment:
+    def _open_segment(self, path: Path, base: int, start_byte: int) -> Segment:
         fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        seg = _Segment(path, base, fd, start_byte)
+        seg = Segment(path, base, fd, start_byte)
         seg.size = os.fstat(fd).st_size
         return seg
 
-    def _append_segment(self, seg: _Segment) -> None:
+    def _append_segment(self, seg: Segment) -> None:
         self._segments.append(seg)
         self._bases.append(seg.base_offset)
 
-    def _new_segment(self, base: int) -> _Segment:
+    def _new_segment(self, base: int) -> Segment:
         start_byte = self._segments[-1].start_byte + self._segments[-1].size if self._segments else 0
         seg = self._create_segment(base, start_byte)
         self._append_segment(seg)
         return seg
 
-    def _create_segment(self, base: int, start_byte: int) -> _Segment:
-        path = self.directory / (_segment_name(base) + LOG_SUFFIX)
+    def _create_segment(self, base: int, start_byte: int) -> Segment:
+        path = self.directory / (segment_name(base) + LOG_SUFFIX)
         seg = self._open_segment(path, base, start_byte)
         if seg.size:
             # a leftover file under this name can only be stale: the log says nothing lives here
@@ -501,7 +331,7 @@ class PartitionLog:
             offset += info.count
         return seg.fd
 
-    def _undo_write(self, seg: _Segment, size: int, exc: OSError) -> None:
+    def _undo_write(self, seg: Segment, size: int, exc: OSError) -> None:
         try:
             os.ftruncate(seg.fd, size)
         except OSError as exc2:
@@ -523,7 +353,7 @@ class PartitionLog:
                 f"{self.topic}-{self.partition}: fsync failed: {exc}", retriable=False
             ) from exc
 
-    def _roll_locked(self, base: int) -> _Segment:
+    def _roll_locked(self, base: int) -> Segment:
         old = self._segments[-1]
         old.write_indexes()
         seg = self._new_segment(base)
@@ -715,7 +545,7 @@ class PartitionLog:
                 self._unlink_segment_files(victim.path)
         self._sync_truncation(seg)
 
-    def _sync_truncation(self, seg: _Segment) -> None:
+    def _sync_truncation(self, seg: Segment) -> None:
         # truncation must reach the disk before new data lands in the freed offsets
         if self._config.fsync == "never":
             self._dir_dirty = True

@@ -2,10 +2,10 @@
 
 Membership follows RocketMQ's cidAll: a heartbeat registers a client id (with its topics), the answer
 is the sorted member list and a version that grows on every change (join, leave, expiry, changed
-topics). Members silent for their session timeout are dropped by :meth:`GroupStore.expire`.
+topics). Members silent for their session timeout are dropped by :meth:`ConsumerGroupStore.expire`.
 
-Committed offsets live in ``<data_dir>/offsets.json``, replaced atomically (temp file, fsync, rename,
-directory fsync) on every commit batch; commits only move forward unless forced.
+Committed offsets live in ``<data_dir>/offsets.json``, replaced with :func:`mqd.fsutil.atomic_write`
+on every commit batch; commits only move forward unless forced.
 
 Replication is a symmetric max-merge of snapshots: slaves pull the master's, and a master pulls its
 slaves' (at start and every second), so commits a slave took as coordinator while the master was
@@ -18,10 +18,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import threading
 import time
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,7 +27,7 @@ from typing import Any
 import structlog
 
 from mqd.errors import MqdError
-from mqd.fsutil import fsync_dir
+from mqd.fsutil import atomic_write
 
 log = structlog.get_logger(__name__)
 
@@ -41,7 +39,7 @@ Committed = tuple[int, int]
 Snapshot = dict[str, list[dict[str, Any]]]
 
 
-class GroupError(MqdError):
+class ConsumerGroupError(MqdError):
     """The offsets file cannot be read or written."""
 
     def __init__(self, message: str, *, retriable: bool) -> None:
@@ -56,7 +54,7 @@ class _Member:
 
 
 @dataclass(slots=True)
-class _Group:
+class _ConsumerGroup:
     members: dict[str, _Member] = field(default_factory=dict)
     version: int = 0
 
@@ -64,13 +62,13 @@ class _Group:
         return sorted(self.members)
 
 
-class GroupStore:
+class ConsumerGroupStore:
     """Group membership (in memory) and committed offsets (durable: data_dir/offsets.json written
     atomically + fsync, replaced on every commit batch)."""
 
     def __init__(self, data_dir: Path) -> None:
         self._path = Path(data_dir) / OFFSETS_FILE
-        self._groups: dict[str, _Group] = {}
+        self._groups: dict[str, _ConsumerGroup] = {}
         self._offsets: dict[str, dict[tuple[str, int], Committed]] = {}
         self._write_lock = asyncio.Lock()
         # snapshots are numbered in the order the loop took them; a write never replaces the file
@@ -84,14 +82,16 @@ class GroupStore:
     def load(self) -> None:
         """Read the offsets file (blocking; call at start). A missing file means no commits yet."""
         self._path.parent.mkdir(parents=True, exist_ok=True)
-        for stale in self._path.parent.glob(f"{self._path.name}.*.tmp"):
-            stale.unlink(missing_ok=True)  # left by a crash before its rename
+        # left by a crash before the rename (the second pattern is the temp name of older versions)
+        for pattern in (f".{self._path.name}.*.tmp", f"{self._path.name}.*.tmp"):
+            for stale in self._path.parent.glob(pattern):
+                stale.unlink(missing_ok=True)
         try:
             raw = self._path.read_bytes()
         except FileNotFoundError:
             return
         except OSError as exc:
-            raise GroupError(f"{self._path}: cannot read: {exc}", retriable=False) from exc
+            raise ConsumerGroupError(f"{self._path}: cannot read: {exc}", retriable=False) from exc
         try:
             data = json.loads(raw)
             if not isinstance(data, dict):
@@ -99,7 +99,7 @@ class GroupStore:
             loaded = parse_snapshot(data["groups"])
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             # the file is only ever replaced by rename, so this is outside damage: refuse to guess
-            raise GroupError(f"{self._path}: corrupt offsets file: {exc}", retriable=False) from exc
+            raise ConsumerGroupError(f"{self._path}: corrupt offsets file: {exc}", retriable=False) from exc
         self._offsets = loaded
 
     def _snapshot_for_write(self) -> tuple[int, Snapshot]:
@@ -107,24 +107,17 @@ class GroupStore:
         return self._generation, self.offsets_snapshot()
 
     def _write(self, generation: int, snapshot: Snapshot) -> None:
-        # unique temp name: a commit and a merge may write at the same time
-        tmp = self._path.with_name(f"{self._path.name}.{uuid.uuid4().hex}.tmp")
         body = json.dumps({"version": 1, "groups": snapshot}, separators=(",", ":")).encode()
-        try:
-            with open(tmp, "wb") as fh:
-                fh.write(body)
-                fh.flush()
-                os.fsync(fh.fileno())
-            with self._replace_lock:
-                if generation <= self._written_generation:
-                    tmp.unlink()  # a newer snapshot (which holds this one's changes) is on disk
-                    return
-                os.replace(tmp, self._path)
-                fsync_dir(self._path.parent)
-                self._written_generation = generation
-        except OSError as exc:
-            tmp.unlink(missing_ok=True)
-            raise GroupError(f"{self._path}: cannot write: {exc}", retriable=True) from exc
+        # held across the whole write: a commit and a merge may write at the same time, and
+        # atomic_write's temp name is per process
+        with self._replace_lock:
+            if generation <= self._written_generation:
+                return  # a newer snapshot (which holds this one's changes) is on disk
+            try:
+                atomic_write(self._path, body)
+            except OSError as exc:
+                raise ConsumerGroupError(f"{self._path}: cannot write: {exc}", retriable=True) from exc
+            self._written_generation = generation
 
     # -- committed offsets -------------------------------------------------------------------------
 
@@ -154,7 +147,7 @@ class GroupStore:
     def merge_offsets(self, snapshot: Any) -> None:
         """Max-merge a peer's snapshot (blocking write when anything moved; the slave's pull loop).
 
-        Raises ValueError for a malformed snapshot (nothing merged), GroupError when the write fails.
+        Raises ValueError for a malformed snapshot (nothing merged), ConsumerGroupError when the write fails.
         """
         if self._merge(snapshot):
             self._write(*self._snapshot_for_write())
@@ -168,7 +161,7 @@ class GroupStore:
         return True
 
     async def commit(
-        self, group: str, offsets: list[tuple[str, int, int]], force: bool
+        self, consumer_group: str, offsets: list[tuple[str, int, int]], force: bool
     ) -> list[dict[str, Any]]:
         """Store ``(topic, partition, offset)`` commits; returns what is stored for each afterwards.
 
@@ -177,7 +170,7 @@ class GroupStore:
         only after the file is on disk (fsync in a worker thread).
         """
         async with self._write_lock:
-            offs = self._offsets.setdefault(group, {})
+            offs = self._offsets.setdefault(consumer_group, {})
             changed = False
             for topic, partition, offset in offsets:
                 key = (topic, partition)
@@ -193,17 +186,17 @@ class GroupStore:
                 await asyncio.get_running_loop().run_in_executor(None, self._write, generation, snapshot)
             return [{"topic": t, "partition": p, "offset": offs[(t, p)][1]} for t, p, _ in offsets]
 
-    def committed(self, group: str, partitions: list[tuple[str, int]]) -> list[dict[str, Any]]:
-        offs = self._offsets.get(group, {})
+    def committed(self, consumer_group: str, partitions: list[tuple[str, int]]) -> list[dict[str, Any]]:
+        offs = self._offsets.get(consumer_group, {})
         keys = partitions or sorted(offs)
         return [{"topic": t, "partition": p, "offset": offs[(t, p)][1]} for t, p in keys if (t, p) in offs]
 
     # -- membership --------------------------------------------------------------------------------
 
     def heartbeat(
-        self, group: str, client_id: str, topics: list[str], session_timeout_ms: int
+        self, consumer_group: str, client_id: str, topics: list[str], session_timeout_ms: int
     ) -> tuple[list[str], int]:
-        g = self._groups.setdefault(group, _Group())
+        g = self._groups.setdefault(consumer_group, _ConsumerGroup())
         now = time.monotonic()
         member = g.members.get(client_id)
         topic_set = tuple(sorted(set(topics)))
@@ -211,18 +204,18 @@ class GroupStore:
             g.version += 1
             log.info(
                 "group member joined" if member is None else "group member changed topics",
-                group=group,
+                group=consumer_group,
                 client_id=client_id,
                 version=g.version,
             )
         g.members[client_id] = _Member(topic_set, session_timeout_ms / 1000, now)
         return g.sorted_members(), g.version
 
-    def leave(self, group: str, client_id: str) -> tuple[list[str], int]:
-        g = self._groups.setdefault(group, _Group())
+    def leave(self, consumer_group: str, client_id: str) -> tuple[list[str], int]:
+        g = self._groups.setdefault(consumer_group, _ConsumerGroup())
         if g.members.pop(client_id, None) is not None:
             g.version += 1
-            log.info("group member left", group=group, client_id=client_id, version=g.version)
+            log.info("group member left", group=consumer_group, client_id=client_id, version=g.version)
         return g.sorted_members(), g.version
 
     def expire(self, now: float | None = None) -> int:
@@ -243,8 +236,8 @@ class GroupStore:
         timeouts = [m.session_timeout for g in self._groups.values() for m in g.members.values()]
         return min([default, *timeouts])
 
-    def members(self, group: str) -> tuple[list[str], int]:
-        g = self._groups.get(group)
+    def members(self, consumer_group: str) -> tuple[list[str], int]:
+        g = self._groups.get(consumer_group)
         return (g.sorted_members(), g.version) if g else ([], 0)
 
 

@@ -1,0 +1,102 @@
+"""Checking a request of the broker's HTTP API, and the error answer it gets when it is wrong.
+
+Every bad input becomes an :class:`ApiError`, answered as JSON ``{"error": code, "reason": ...}``
+with an HTTP status by the API's error middleware; the validators name the offending field
+(``partitions[3].offset: must be an integer``) so a client can tell what to fix.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, NoReturn
+
+from aiohttp import web
+
+from mqd.errors import MqdError
+
+MAX_OFFSET = 2**63 - 1
+MAX_PARTITION = 2**31 - 1
+_MISSING: Any = object()
+
+
+class ApiError(MqdError):
+    """An error answer: JSON ``{"error": code, "reason": ..., **extra}`` with an HTTP status."""
+
+    def __init__(self, status: int, code: str, reason: str, **extra: Any) -> None:
+        super().__init__(reason, retriable=status >= 500 or status in (408, 421, 429))
+        self.status = status
+        self.code = code
+        self.reason = reason
+        self.extra = extra
+
+    def response(self) -> web.Response:
+        body = {"error": self.code, "reason": self.reason, **self.extra}
+        return web.json_response(body, status=self.status)
+
+
+def bad(reason: str) -> NoReturn:
+    """Answer 400 bad_request with ``reason``."""
+    raise ApiError(400, "bad_request", reason)
+
+
+async def json_body(request: web.Request) -> dict[str, Any]:
+    """The request's body, which must be a JSON object."""
+    raw = await request.read()
+    try:
+        data = json.loads(raw)
+    except (ValueError, RecursionError):
+        bad("body is not valid JSON")
+    if not isinstance(data, dict):
+        bad("body must be a JSON object")
+    return data
+
+
+def int_field(
+    obj: dict[str, Any],
+    key: str,
+    where: str = "",
+    *,
+    default: Any = _MISSING,
+    minimum: int = 0,
+    maximum: int = MAX_OFFSET,
+) -> int:
+    value = obj.get(key, default)
+    if value is _MISSING:
+        bad(f"{where}{key}: required")
+    if isinstance(value, bool) or not isinstance(value, int):
+        bad(f"{where}{key}: must be an integer, got {type(value).__name__}")
+    if not minimum <= value <= maximum:
+        bad(f"{where}{key}: must be in [{minimum}, {maximum}], got {value}")
+    return value
+
+
+def str_field(
+    obj: dict[str, Any], key: str, where: str = "", *, default: Any = _MISSING, empty: bool = False
+) -> str:
+    value = obj.get(key, default)
+    if value is _MISSING:
+        bad(f"{where}{key}: required")
+    if not isinstance(value, str):
+        bad(f"{where}{key}: must be a string, got {type(value).__name__}")
+    if not empty and not value:
+        bad(f"{where}{key}: must not be empty")
+    if len(value) > 1024:
+        bad(f"{where}{key}: longer than 1024 characters")
+    return value
+
+
+def list_field(obj: dict[str, Any], key: str, *, default: Any = _MISSING, limit: int = 100_000) -> list[Any]:
+    value = obj.get(key, default)
+    if value is _MISSING:
+        bad(f"{key}: required")
+    if not isinstance(value, list):
+        bad(f"{key}: must be a list, got {type(value).__name__}")
+    if len(value) > limit:
+        bad(f"{key}: more than {limit} entries")
+    return value
+
+
+def obj_value(value: Any, where: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        bad(f"{where}: must be an object, got {type(value).__name__}")
+    return value

@@ -1,0 +1,192 @@
+"""One segment of a partition log: its ``.log`` file and its two indexes, on disk and in memory.
+
+- ``.log``: batches exactly as they go on the wire (format.py).
+- ``.index``: one entry per batch, ``(relative offset u32, position u32)``.
+- ``.timeindex``: ``(max_timestamp i64, relative offset u32)``, an entry each time the segment's
+  largest timestamp grows, so the first entry with ``ts >= T`` names the first batch reaching ``T``.
+
+The indexes are derived data, kept in memory (``array``, lookups are a bisect) and written when the
+segment is rolled. :meth:`Segment.load_indexes` trusts index files only when they agree with the
+log file; :meth:`Segment.scan` rebuilds them from the log with CRC checks. What to do with a torn
+tail (recovery) and when to roll is the partition log's business (storage.py).
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from array import array
+from bisect import bisect_right
+from pathlib import Path
+
+import numpy as np
+
+from mqd.format import HEADER_SIZE, BatchError, read_header, scan_valid_prefix
+
+LOG_SUFFIX = ".log"
+INDEX_SUFFIX = ".index"
+TIMEINDEX_SUFFIX = ".timeindex"
+_INDEX_DTYPE = np.dtype([("rel", "<u4"), ("pos", "<u4")])
+_TIMEINDEX_DTYPE = np.dtype([("ts", "<i8"), ("rel", "<u4")])
+NO_TIMESTAMP = -(2**63)
+
+
+def segment_name(base_offset: int) -> str:
+    """The file name (without suffix) of the segment starting at ``base_offset``."""
+    return f"{base_offset:020d}"
+
+
+class Segment:
+    """One segment file and its in-memory indexes (absolute offsets, positions in the file)."""
+
+    __slots__ = (
+        "base_offset",
+        "dirty",
+        "fd",
+        "next_offset",
+        "offsets",
+        "path",
+        "positions",
+        "size",
+        "start_byte",
+        "ts_offsets",
+        "ts_values",
+    )
+
+    def __init__(self, path: Path, base_offset: int, fd: int, start_byte: int) -> None:
+        self.path = path  # the .log file
+        self.base_offset = base_offset
+        self.fd = fd
+        self.size = 0
+        self.start_byte = start_byte  # byte position of this segment in the partition's whole log
+        self.next_offset = base_offset
+        self.offsets = array("q")  # base offset of every batch
+        self.positions = array("q")  # file position of every batch
+        self.ts_values = array("q")  # strictly increasing max timestamps
+        self.ts_offsets = array("q")  # base offset of the batch where the max grew
+        self.dirty = False  # written since the last fsync
+
+    @property
+    def index_path(self) -> Path:
+        return self.path.with_suffix(INDEX_SUFFIX)
+
+    @property
+    def timeindex_path(self) -> Path:
+        return self.path.with_suffix(TIMEINDEX_SUFFIX)
+
+    @property
+    def max_timestamp(self) -> int:
+        return self.ts_values[-1] if self.ts_values else NO_TIMESTAMP
+
+    def add_batch(self, base_offset: int, count: int, position: int, max_timestamp: int) -> None:
+        self.offsets.append(base_offset)
+        self.positions.append(position)
+        if max_timestamp > self.max_timestamp:
+            self.ts_values.append(max_timestamp)
+            self.ts_offsets.append(base_offset)
+        self.next_offset = base_offset + count
+
+    def reset_index(self) -> None:
+        self.offsets = array("q")
+        self.positions = array("q")
+        self.ts_values = array("q")
+        self.ts_offsets = array("q")
+        self.next_offset = self.base_offset
+
+    def batch_index(self, offset: int) -> int:
+        """Index of the batch containing ``offset`` (the caller checks the segment holds it)."""
+        return bisect_right(self.offsets, offset) - 1
+
+    def batch_end(self, i: int) -> int:
+        return self.positions[i + 1] if i + 1 < len(self.positions) else self.size
+
+    # -- index files -------------------------------------------------------------------------------
+
+    def write_indexes(self) -> None:
+        """Write both index files from memory (a rolled segment's index is never changed again)."""
+        index = np.empty(len(self.offsets), dtype=_INDEX_DTYPE)
+        index["rel"] = np.frombuffer(self.offsets, dtype=np.int64) - self.base_offset
+        index["pos"] = np.frombuffer(self.positions, dtype=np.int64)
+        tindex = np.empty(len(self.ts_values), dtype=_TIMEINDEX_DTYPE)
+        tindex["ts"] = np.frombuffer(self.ts_values, dtype=np.int64)
+        tindex["rel"] = np.frombuffer(self.ts_offsets, dtype=np.int64) - self.base_offset
+        for path, arr in ((self.index_path, index), (self.timeindex_path, tindex)):
+            with open(path, "wb") as fh:
+                fh.write(arr.tobytes())
+
+    def remove_indexes(self) -> None:
+        self.index_path.unlink(missing_ok=True)
+        self.timeindex_path.unlink(missing_ok=True)
+
+    def load_indexes(self) -> bool:
+        """Load the index files when they are consistent with the log file; False otherwise."""
+        try:
+            raw_index = self.index_path.read_bytes()
+            raw_tindex = self.timeindex_path.read_bytes()
+        except OSError:
+            return False
+        if (
+            not raw_index
+            or len(raw_index) % _INDEX_DTYPE.itemsize
+            or len(raw_tindex) % _TIMEINDEX_DTYPE.itemsize
+        ):
+            return False
+        index = np.frombuffer(raw_index, dtype=_INDEX_DTYPE)
+        tindex = np.frombuffer(raw_tindex, dtype=_TIMEINDEX_DTYPE)
+        rel = index["rel"].astype(np.int64)
+        pos = index["pos"].astype(np.int64)
+        t_rel = tindex["rel"].astype(np.int64)
+        t_ts = tindex["ts"]
+        if (
+            rel[0] != 0
+            or pos[0] != 0
+            or np.any(np.diff(rel) <= 0)
+            or np.any(np.diff(pos) < HEADER_SIZE)
+            or len(tindex) == 0
+            or t_rel[0] != 0
+            or np.any(np.diff(t_rel) <= 0)
+            or np.any(np.diff(t_ts) <= 0)
+            or t_rel[-1] > rel[-1]
+            or not np.all(np.isin(t_rel, rel))
+        ):
+            return False
+        # the last batch must end exactly at the end of the file and carry the expected offset
+        last_pos = int(pos[-1])
+        try:
+            head = os.pread(self.fd, HEADER_SIZE, last_pos)
+            info = read_header(head, 0)
+        except (OSError, BatchError):
+            return False
+        if last_pos + info.length != self.size:
+            return False
+        if info.base_offset != self.base_offset + int(rel[-1]):
+            return False
+        self.offsets = array("q", (rel + self.base_offset).tobytes())
+        self.positions = array("q", pos.tobytes())
+        self.ts_values = array("q", t_ts.astype(np.int64).tobytes())
+        self.ts_offsets = array("q", (t_rel + self.base_offset).tobytes())
+        self.next_offset = info.base_offset + info.count
+        return True
+
+    def scan(self) -> int:
+        """Rebuild the indexes from the log file; returns the byte length of its valid prefix."""
+        self.reset_index()
+        if self.size == 0:
+            return 0
+        with mmap.mmap(self.fd, self.size, access=mmap.ACCESS_READ) as mm:
+            view = memoryview(mm)
+            try:
+                infos, valid = scan_valid_prefix(view)
+            finally:
+                view.release()
+        expected = self.base_offset
+        for i, info in enumerate(infos):
+            if info.base_offset != expected:
+                # offsets must be dense: everything from a jump on is unusable
+                valid = info.position
+                infos = infos[:i]
+                break
+            expected = info.next_offset
+        for info in infos:
+            self.add_batch(info.base_offset, info.count, info.position, info.max_timestamp)
+        return valid
