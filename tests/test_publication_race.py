@@ -31,7 +31,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from harness import Cluster
+from support.harness import Cluster
 
 from mqd import format as fmt
 from mqd.client import BrokerClient
