@@ -1,6 +1,7 @@
 """The cluster layout as clients see it: one parsed ``GET /v1/metadata`` answer (docs/protocol.md).
 
-The consumer (mqd.consumer.metadata caches and refreshes it) and the producer both route with it.
+The consumer's mqd broker source (mqd.sources.mqd_broker.metadata_cache caches and refreshes it)
+and the producer both route with it.
 Standard library only, so every client can import it.
 """
 
@@ -9,17 +10,12 @@ from __future__ import annotations
 import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 from mqd.errors import MqdError
+from mqd.topic_partition import TopicPartition
 
-
-class TopicPartition(NamedTuple):
-    topic: str
-    partition: int
-
-    def __str__(self) -> str:
-        return f"{self.topic}/{self.partition}"
+__all__ = ["ClusterMetadata", "MetadataError", "NodeInfo", "PartitionInfo", "TopicPartition"]
 
 
 @dataclass(frozen=True, slots=True)
