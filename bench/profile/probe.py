@@ -279,8 +279,8 @@ async def run_daemon(
             "rss_mb": round(proc.memory_info().rss / 2**20, 1),
             "arrow_pool_mb": round(pa.total_allocated_bytes() / 2**20, 1),
             "arrow_pool_peak_mb": round(pool.max_memory() / 2**20, 1),
-            "consumer_buffered_mb": round(state.buffered_bytes / 2**20, 1),
-            "consumer_reserved_mb": round(state.reserved_bytes / 2**20, 1),
+            "consumer_buffered_mb": round(state.budget.buffered / 2**20, 1),
+            "consumer_reserved_mb": round(state.budget.reserved / 2**20, 1),
             "consumer_buffered_records": state.buffered_records,
             "sink_pending_mb": round(daemon.sink.pending_bytes / 2**20, 1),
             "sink_pending_records": daemon.sink.pending_records,
@@ -289,8 +289,8 @@ async def run_daemon(
         n_alive, b_alive = answers.alive()
         s["answer_bodies_alive"] = n_alive
         s["answer_bodies_alive_mb"] = round(b_alive / 2**20, 1)
-        for node, st in daemon.consumer._fetch.status().items():
-            fetch_requests[node] = st["requests"]
+        for n in daemon.consumer.snapshot().nodes:
+            fetch_requests[n.node_id] = n.requests
         for name, cpu in _thread_cpu().items():
             thread_cpu[name] = max(thread_cpu.get(name, 0.0), cpu)
         for k, v in s.items():
@@ -378,7 +378,7 @@ async def run_consumer(cfg_path: Path, out: Any, expect: int, timeout: float) ->
                 batches += 1
             peak_rss = max(peak_rss, proc.memory_info().rss / 2**20)
         seconds = time.perf_counter() - t0
-        fetch = {k: v["requests"] for k, v in consumer._fetch.status().items()}
+        fetch = {n.node_id: n.requests for n in consumer.snapshot().nodes}
     finally:
         await consumer.stop()
         await client.close()
