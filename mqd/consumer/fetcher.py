@@ -423,8 +423,11 @@ class FetchManager:
             op.errors = 0
             if not (status is FetchStatus.NO_MESSAGE and offset == 0):
                 op.retry_at = self.clock() + self.config.error_backoff_ms / 1000
-                node = cluster.nodes.get(node_id) if cluster is not None else None
-                if node is not None and node.role != "master":
+                route = (
+                    cluster.partitions.get(tp) if cluster is not None and node_id in cluster.nodes else None
+                )
+                # leadership is per partition (a Kafka broker leads some partitions, follows others)
+                if route is not None and route.leader != node_id:
                     leader = self.choose_pull_node(tp)
                     if leader is not None and leader != node_id:
                         self._switch(op, leader, f"replica lags ({status})")

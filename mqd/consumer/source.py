@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 class Node:
     id: str
     alive: bool
-    role: str  # "master" | "replica"
+    role: str  # "master" | "replica": for status and logs; the engine routes by PartitionRoute.leader
 
 
 @dataclass(frozen=True, slots=True)
