@@ -97,8 +97,10 @@ class MqdBrokerSource:
     @property
     def cluster(self) -> Cluster | None:
         md = self.metadata.current
-        if md is None:
-            return None
+        return None if md is None else self._convert(md)
+
+    def _convert(self, md: ClusterMetadata) -> Cluster:
+        # once per metadata answer, however many readers
         if self._converted is None or self._converted[0] is not md:
             self._converted = (md, to_cluster(md))
         return self._converted[1]
@@ -109,9 +111,7 @@ class MqdBrokerSource:
 
     def add_metadata_listener(self, fn: Callable[[Cluster], None]) -> None:
         def convert(md: ClusterMetadata) -> None:
-            cluster = self.cluster
-            assert cluster is not None and self.metadata.current is md
-            fn(cluster)
+            fn(self._convert(md))
 
         self.metadata.add_listener(convert)
 
