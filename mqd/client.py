@@ -200,13 +200,16 @@ class BrokerClient:
     # -- endpoints -----------------------------------------------------------------------------
 
     async def health(self, url: str, timeout: float = 2.0) -> dict[str, Any]:
-        return await self._request("GET", f"{url}/v1/health", timeout=timeout)
+        answer: dict[str, Any] = await self._request("GET", f"{url}/v1/health", timeout=timeout)
+        return answer
 
     async def metadata(self, url: str) -> dict[str, Any]:
-        return await self._request("GET", f"{url}/v1/metadata")
+        answer: dict[str, Any] = await self._request("GET", f"{url}/v1/metadata")
+        return answer
 
     async def stats(self, url: str) -> dict[str, Any]:
-        return await self._request("GET", f"{url}/v1/stats")
+        answer: dict[str, Any] = await self._request("GET", f"{url}/v1/stats")
+        return answer
 
     async def produce(
         self, url: str, topic: str, partition: int, batches: bytes, acks: str = "master"
@@ -256,7 +259,7 @@ class BrokerClient:
     async def heartbeat(
         self, url: str, group: str, client_id: str, topics: list[str], session_timeout_ms: int
     ) -> dict[str, Any]:
-        return await self._request(
+        answer: dict[str, Any] = await self._request(
             "POST",
             f"{url}/v1/groups/{group}/heartbeat",
             json_body={
@@ -265,11 +268,13 @@ class BrokerClient:
                 "session_timeout_ms": session_timeout_ms,
             },
         )
+        return answer
 
     async def leave(self, url: str, group: str, client_id: str) -> dict[str, Any]:
-        return await self._request(
+        answer: dict[str, Any] = await self._request(
             "POST", f"{url}/v1/groups/{group}/leave", json_body={"client_id": client_id}
         )
+        return answer
 
     async def commit(
         self,
@@ -279,11 +284,12 @@ class BrokerClient:
         offsets: list[dict[str, Any]],
         force: bool = False,
     ) -> dict[str, Any]:
-        return await self._request(
+        answer: dict[str, Any] = await self._request(
             "POST",
             f"{url}/v1/groups/{group}/commit",
             json_body={"client_id": client_id, "offsets": offsets, "force": force},
         )
+        return answer
 
     async def committed(
         self, url: str, group: str, partitions: list[dict[str, Any]] | None = None

@@ -40,7 +40,7 @@ import structlog
 
 from mqd.client import BrokerClient
 from mqd.config import MqdConfig
-from mqd.consumer import Consumer, ConsumerError, TopicPartition
+from mqd.consumer import Consumer, ConsumerError, ConsumerSnapshot, TopicPartition, consumer_status_json
 from mqd.format import now_ms
 from mqd.landing import layout
 from mqd.landing.layout import LandingCorrupt, LandingError
@@ -271,7 +271,7 @@ class Daemon:
         if room <= 0:
             return  # the sink is full: publications in flight make room
         for batch in self.consumer.fetched_batches(max_bytes=room):
-            if not self.consumer.is_owned(batch.tp, batch.generation):
+            if not self.consumer.is_owned(batch.tp, batch.epoch):
                 continue  # revoked or re-seeked since it was fetched
             self.sink.add(batch)
 
@@ -382,14 +382,13 @@ class Daemon:
     async def _idle_watermarks(self) -> None:
         """A partition at its log end with nothing buffered vouches for event times up to now
         (minus a grace for records in flight): its hours can be marked complete."""
-        assignment = self.consumer.status()["assignment"]
+        partitions = self.consumer.snapshot().partitions
         pending = self.sink.pending()
         mark = now_ms() - IDLE_GRACE_MS
         hour = mark // layout.HOUR_MS
-        for info in assignment.values():
-            tp = TopicPartition(info["topic"], info["partition"])
-            log_end = info.get("log_end")
-            if log_end is None or info["position"] < log_end or info.get("buffered_records"):
+        for p in partitions:
+            tp = p.tp
+            if not p.at_log_end():
                 continue
             # a publication in flight is not visible yet: its hour cannot be vouched for
             if pending.get(tp) or self.sink.busy(tp) or self._watermark_hour.get(tp, -1) >= hour:
@@ -474,16 +473,14 @@ class Daemon:
         if self._landing_error is not None:
             reasons.append(f"landing: {self._landing_error}")
         try:
-            cst = self.consumer.status()
+            snap: ConsumerSnapshot | None = self.consumer.snapshot()
         except Exception as exc:  # status must never take the endpoint down
             reasons.append(f"consumer status: {exc}")
-            cst = {}
-        for what, err in (cst.get("errors") or {}).items():
-            if err:
-                reasons.append(f"{what}: {err}")
-        parked = (cst.get("totals") or {}).get("parked")
-        if parked:
-            reasons.append(f"parked partitions: {', '.join(parked)}")
+            snap = None
+        if snap is not None:
+            reasons.extend(f"{what}: {err}" for what, err in snap.errors.items() if err)
+            if snap.totals.parked:
+                reasons.append(f"parked partitions: {', '.join(snap.totals.parked)}")
         return ("ok" if not reasons else "degraded"), reasons
 
     def status(self) -> dict[str, Any]:
@@ -495,7 +492,7 @@ class Daemon:
             "burst": self.burst,
             "uptime_s": None if self._started_at is None else round(time.monotonic() - self._started_at, 3),
             "last_loop_age_s": round(time.monotonic() - self.last_loop_time, 3),
-            "consumer": self.consumer.status() if self.state != "created" else None,
+            "consumer": consumer_status_json(self.consumer.snapshot()) if self.state != "created" else None,
             "landing": {
                 **self.sink.status(),
                 "error": self._landing_error,

@@ -1,6 +1,7 @@
 """The cluster layout as clients see it: one parsed ``GET /v1/metadata`` answer (docs/protocol.md).
 
-The consumer (mqd.consumer.metadata caches and refreshes it) and the producer both route with it.
+The consumer's mqd broker source (mqd.sources.mqd_broker.metadata_cache caches and refreshes it)
+and the producer both route with it.
 Standard library only, so every client can import it.
 """
 
@@ -9,17 +10,12 @@ from __future__ import annotations
 import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 from mqd.errors import MqdError
+from mqd.topic_partition import TopicPartition
 
-
-class TopicPartition(NamedTuple):
-    topic: str
-    partition: int
-
-    def __str__(self) -> str:
-        return f"{self.topic}/{self.partition}"
+__all__ = ["ClusterMetadata", "MetadataError", "NodeInfo", "PartitionInfo", "TopicPartition"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,14 +23,14 @@ class NodeInfo:
     id: str
     url: str
     role: str  # "master" | "slave"
-    group: str
+    broker_group: str
     alive: bool
 
 
 @dataclass(frozen=True, slots=True)
 class PartitionInfo:
     tp: TopicPartition
-    group: str
+    broker_group: str
     master: str
     replicas: tuple[str, ...]
 
@@ -46,17 +42,17 @@ class MetadataError(MqdError, ValueError):
 
 
 class ClusterMetadata:
-    """One immutable snapshot of the layout: groups, nodes, partitions -> group/master/replicas."""
+    """One snapshot of the layout: broker groups, nodes, partition -> broker group/master/replicas."""
 
     def __init__(
         self,
         nodes: dict[str, NodeInfo],
-        groups: list[tuple[str, list[str]]],
+        broker_groups: list[tuple[str, list[str]]],
         partitions: dict[TopicPartition, PartitionInfo],
         version: int = 0,
     ) -> None:
         self.nodes = nodes
-        self.groups = groups  # in cluster order: the coordinator lookup indexes into it
+        self.broker_groups = broker_groups  # in cluster order: the coordinator lookup indexes into it
         self.partitions = partitions
         self.version = version
         self.topics: dict[str, list[TopicPartition]] = {}
@@ -67,7 +63,7 @@ class ClusterMetadata:
     def parse(cls, data: Any) -> ClusterMetadata:
         try:
             nodes: dict[str, NodeInfo] = {}
-            groups: list[tuple[str, list[str]]] = []
+            broker_groups: list[tuple[str, list[str]]] = []
             for g in data["groups"]:
                 name = str(g["name"])
                 ids = []
@@ -76,12 +72,12 @@ class ClusterMetadata:
                         id=str(n["id"]),
                         url=str(n["url"]).rstrip("/"),
                         role=str(n["role"]),
-                        group=name,
+                        broker_group=name,
                         alive=bool(n.get("alive", True)),
                     )
                     nodes[node.id] = node
                     ids.append(node.id)
-                groups.append((name, ids))
+                broker_groups.append((name, ids))
             partitions: dict[TopicPartition, PartitionInfo] = {}
             for t in data["topics"]:
                 for p in t["partitions"]:
@@ -92,7 +88,7 @@ class ClusterMetadata:
                     if info.master not in nodes or any(r not in nodes for r in info.replicas):
                         raise MetadataError(f"metadata: partition {tp} names an unknown node")
                     partitions[tp] = info
-            meta = cls(nodes, groups, partitions, int(data.get("cluster_version", 0)))
+            meta = cls(nodes, broker_groups, partitions, int(data.get("cluster_version", 0)))
         except MetadataError:
             raise
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
@@ -125,11 +121,11 @@ class ClusterMetadata:
             return []
         return [info.master, *info.replicas]
 
-    def coordinator(self, group: str) -> NodeInfo | None:
-        """Master of ``groups[crc32(group) % len(groups)]``, or its first live slave while it is down."""
-        if not self.groups:
+    def coordinator(self, consumer_group: str) -> NodeInfo | None:
+        """Master of ``broker_groups[crc32(consumer_group) % n]``, or its first live slave while down."""
+        if not self.broker_groups:
             return None
-        _, ids = self.groups[zlib.crc32(group.encode()) % len(self.groups)]
+        _, ids = self.broker_groups[zlib.crc32(consumer_group.encode()) % len(self.broker_groups)]
         members = [self.nodes[i] for i in ids]
         ordered = [n for n in members if n.role == "master"] + [n for n in members if n.role != "master"]
         for n in ordered:

@@ -27,7 +27,8 @@ import pyarrow as pa
 
 from mqd import format as fmt
 from mqd.client import BrokerClient, BrokerError, ProduceResult
-from mqd.metadata import ClusterMetadata, MetadataError, TopicPartition
+from mqd.metadata import ClusterMetadata, MetadataError
+from mqd.topic_partition import TopicPartition
 
 __all__ = [
     "BrokerError",

@@ -40,6 +40,7 @@ from mqd.sdnotify import Notifier
 
 if TYPE_CHECKING:  # the CLI imports this module for the pid file helpers: keep aiohttp out of it
     from mqd.admin import AdminServer, PartitionSpec
+    from mqd.consumer import Consumer
 
 log = structlog.get_logger(__name__)
 
@@ -62,6 +63,9 @@ class DaemonLike(Protocol):
     """The part of mqd.daemon.Daemon the runner uses."""
 
     last_loop_time: float
+
+    @property
+    def consumer(self) -> Consumer: ...
 
     @property
     def stats(self) -> dict[str, Any]: ...
@@ -312,9 +316,12 @@ class Runner:
         return out
 
     def _resolve(self, specs: Sequence[PartitionSpec]) -> list[tuple[str, int]]:
-        from mqd.admin import AdminError, partition_rows
+        from mqd.admin import AdminError
 
-        owned = [(r.topic, r.partition) for r in partition_rows(self.status())]
+        # the consumer's own assignment, not the status JSON read back
+        owned: list[tuple[str, int]] = []
+        if self._daemon is not None:
+            owned = [(tp.topic, tp.partition) for tp in sorted(self._daemon.consumer.assignment())]
         out: list[tuple[str, int]] = []
         for topic, part in specs:
             if part is not None:
@@ -327,7 +334,7 @@ class Runner:
         return sorted(set(out))
 
     def _tps(self, pairs: Iterable[tuple[str, int]]) -> list[Any]:
-        from mqd.consumer.state import TopicPartition
+        from mqd.topic_partition import TopicPartition
 
         return [TopicPartition(t, p) for t, p in pairs]
 

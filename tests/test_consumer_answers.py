@@ -9,12 +9,13 @@ from typing import Any
 import pytest
 
 from mqd import format
-from mqd.client import BrokerClient
 from mqd.config import ConsumerConfig
-from mqd.consumer import FlowLimits, SubscriptionState, TopicPartition
+from mqd.consumer import ByteBudget, FlowLimits, SubscriptionState, TopicPartition
 from mqd.consumer.fetcher import FetchManager, _Sent
-from mqd.consumer.metadata import ClusterMetadata, MetadataCache
+from mqd.consumer.source import FetchResult
+from mqd.metadata import ClusterMetadata
 from mqd.protocol import Status, decode_fetch_answer, encode_fetch_answer
+from mqd.sources.mqd_broker import MqdBrokerSource
 
 TP = TopicPartition("events", 0)
 LAYOUT = {
@@ -45,11 +46,11 @@ def batches(*ranges: tuple[int, int]) -> bytes:
 
 
 def manager(**cfg: Any) -> FetchManager:
-    config = ConsumerConfig(**{"error_backoff_ms": 10, **cfg})
-    cache = MetadataCache(BrokerClient(), ["http://127.0.0.1:1"], refresh_interval=60)
-    cache.current = ClusterMetadata.parse(LAYOUT)
-    state = SubscriptionState(FlowLimits(max_buffered_bytes=config.max_buffered_bytes))
-    return FetchManager(config=config, client=BrokerClient(), state=state, metadata=cache, client_id="t")
+    config = ConsumerConfig(**{"error_backoff_ms": 10, "bootstrap": ["http://127.0.0.1:1"], **cfg})
+    source = MqdBrokerSource(config)
+    source.metadata.current = ClusterMetadata.parse(LAYOUT)
+    state = SubscriptionState(FlowLimits(), ByteBudget(config.max_buffered_bytes))
+    return FetchManager(config=config, source=source, state=state)
 
 
 def answer(
@@ -61,7 +62,7 @@ def answer(
     max_offset: int = 100,
     suggest: str | None = None,
     node: str = "m",
-) -> Any:
+) -> FetchResult:
     entry = {
         "topic": TP.topic,
         "partition": TP.partition,
@@ -71,14 +72,14 @@ def answer(
         "max_offset": max_offset,
         "suggest": suggest,
     }
-    return decode_fetch_answer(b"".join(encode_fetch_answer(node, [entry], [data])))
+    return MqdBrokerSource._result(decode_fetch_answer(b"".join(encode_fetch_answer(node, [entry], [data]))))
 
 
 def deliver(
-    m: FetchManager, position: int, ans: Any, node: str = "m", sent_generation: int | None = None
+    m: FetchManager, position: int, ans: FetchResult, node: str = "m", sent_epoch: int | None = None
 ) -> Any:
     ps = m.state.partitions.get(TP) or m.state.assign(TP, position, node)
-    sent = [_Sent(ps, ps.generation if sent_generation is None else sent_generation, position)]
+    sent = [_Sent(ps, ps.epoch if sent_epoch is None else sent_epoch, position)]
     m.handle_answer(node, ans, sent)
     return ps
 
@@ -122,7 +123,7 @@ def test_stale_answers_are_dropped(race: str) -> None:
     moves nothing."""
     m = manager()
     ps = m.state.assign(TP, 0, "m")
-    sent = [_Sent(ps, ps.generation, 0)]
+    sent = [_Sent(ps, ps.epoch, 0)]
     if race == "seek":
         m.state.seek(TP, 3)
     elif race == "paused":
@@ -193,9 +194,9 @@ def test_budget_clips_answer_and_blocks_until_drained() -> None:
     budget = len(batches((0, 10), (10, 10)))
     m = manager(max_buffered_bytes=budget)
     ps = deliver(m, 0, answer(Status.FOUND, 30, data))
-    assert ps.position == 20 and m.state.buffered_bytes == budget and m.state.budget_blocked
+    assert ps.position == 20 and m.state.budget.buffered == budget and m.state.budget.blocked
     m.state.drain()
-    assert not m.state.budget_blocked
+    assert not m.state.budget.blocked
 
 
 def test_suggestion_of_a_node_we_just_failed_to_reach_is_ignored() -> None:

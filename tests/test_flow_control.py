@@ -10,6 +10,7 @@ import pytest
 from mqd import format
 from mqd.config import ConsumerConfig
 from mqd.consumer import (
+    ByteBudget,
     Consumer,
     ConsumerError,
     FetchedBatch,
@@ -23,10 +24,10 @@ from mqd.waiting import wait_event
 TP = TopicPartition("events", 0)
 
 
-def batch(tp: TopicPartition, first: int, count: int, size: int = 10, generation: int = 1) -> FetchedBatch:
+def batch(tp: TopicPartition, first: int, count: int, size: int = 10, epoch: int = 1) -> FetchedBatch:
     raw = format.encode_batch([b"x" * size] * count, base_offset=first)
     info = format.read_header(raw)
-    return FetchedBatch(tp, generation, format.to_arrow(raw, info), first, first + count, info.length)
+    return FetchedBatch(tp, epoch, format.to_arrow(raw, info), first, first + count, info.length)
 
 
 class Clock:
@@ -37,8 +38,10 @@ class Clock:
         return self.now
 
 
-def state(**limits: int | float) -> SubscriptionState:
-    return SubscriptionState(FlowLimits(**limits))  # type: ignore[arg-type]
+def state(
+    max_buffered_bytes: int = ConsumerConfig().max_buffered_bytes, **limits: int | float
+) -> SubscriptionState:
+    return SubscriptionState(FlowLimits(**limits), ByteBudget(max_buffered_bytes))  # type: ignore[arg-type]
 
 
 def test_queue_counts_bytes_offsets_and_span() -> None:
@@ -49,11 +52,11 @@ def test_queue_counts_bytes_offsets_and_span() -> None:
     s.append(ps, batch(TP, 5, 10))
     q = ps.queue
     assert (q.records, q.min_offset, q.max_offset, q.span) == (15, 0, 14, 14)
-    assert q.nbytes == s.buffered_bytes > 0 and s.buffered_records == 15
+    assert q.nbytes == s.budget.buffered > 0 and s.buffered_records == 15
     assert ps.position == 15
     out = s.drain()
     assert [b.first_offset for b in out] == [0, 5]
-    assert (q.records, q.nbytes, q.min_offset, s.buffered_bytes, s.buffered_records) == (0, 0, None, 0, 0)
+    assert (q.records, q.nbytes, q.min_offset, s.budget.buffered, s.buffered_records) == (0, 0, None, 0, 0)
 
 
 @pytest.mark.parametrize(
@@ -64,19 +67,19 @@ def test_queue_counts_bytes_offsets_and_span() -> None:
         ({"max_offset_span": 5}, 7, "span"),
     ],
 )
-def test_over_a_threshold_holds_for_retry_interval(limits: dict, count: int, reason: str) -> None:
+def test_over_a_threshold_holds_for_retry_interval(limits: dict[str, int], count: int, reason: str) -> None:
     """Over any threshold the partition is held back for retry_s, then looked at again: still held
     while the queue is full, free once drained."""
     s = state(retry_s=0.05, **limits)
     ps = s.assign(TP, 0, "n")
     s.append(ps, batch(TP, 0, count, size=200))
     now = 10.0
-    assert s.flow_hold(ps, now) == pytest.approx(now + 0.05)
-    assert ps.flow_reason == reason
-    assert s.flow_hold(ps, now + 0.01) == pytest.approx(now + 0.05)  # still within the 50 ms
+    assert ps.queue.hold(s.limits, now) == pytest.approx(now + 0.05)
+    assert ps.queue.flow_reason == reason
+    assert ps.queue.hold(s.limits, now + 0.01) == pytest.approx(now + 0.05)  # still within the 50 ms
     s.drain()
-    assert s.flow_hold(ps, now + 0.01) == pytest.approx(now + 0.05)  # drained, but not 50 ms later
-    assert s.flow_hold(ps, now + 0.06) is None
+    assert ps.queue.hold(s.limits, now + 0.01) == pytest.approx(now + 0.05)  # drained, but not 50 ms later
+    assert ps.queue.hold(s.limits, now + 0.06) is None
 
 
 def test_under_thresholds_is_fetchable() -> None:
@@ -84,7 +87,7 @@ def test_under_thresholds_is_fetchable() -> None:
     s = state(max_queued_records=10, max_offset_span=9)
     ps = s.assign(TP, 0, "n")
     s.append(ps, batch(TP, 0, 10))
-    assert s.flow_hold(ps, 1.0) is None
+    assert ps.queue.hold(s.limits, 1.0) is None
 
 
 def test_budget_counts_buffered_and_reserved_bytes() -> None:
@@ -93,8 +96,8 @@ def test_budget_counts_buffered_and_reserved_bytes() -> None:
     ps = s.assign(TP, 0, "n")
     b = batch(TP, 0, 3)
     s.append(ps, b)
-    s.reserved_bytes = 1000
-    assert s.budget_left() == 10_000 - b.nbytes - 1000
+    s.budget.reserve(1000)
+    assert s.budget.left() == 10_000 - b.nbytes - 1000
 
 
 def test_drain_max_bytes_returns_at_least_one_batch_and_keeps_order() -> None:
@@ -115,21 +118,21 @@ def test_drain_max_bytes_returns_at_least_one_batch_and_keeps_order() -> None:
             break
         rest.extend(got)
     all_batches = one + rest
-    assert len(all_batches) == 9 and s.buffered_bytes == 0
+    assert len(all_batches) == 9 and s.budget.buffered == 0
     for tp in tps:
         assert [b.first_offset for b in all_batches if b.tp == tp] == [0, 10, 20]
 
 
-def test_seek_bumps_generation_and_drops_buffered_data() -> None:
-    """seek discards buffered batches, sets the position, changes the generation, unparks."""
+def test_seek_bumps_epoch_and_drops_buffered_data() -> None:
+    """seek discards buffered batches, sets the position, changes the assignment epoch, unparks."""
     s = state()
     ps = s.assign(TP, 0, "n")
     s.append(ps, batch(TP, 0, 5))
-    ps.parked = "x"
-    gen = ps.generation
+    setattr(ps, "parked", "x")  # noqa: B010 (mypy would narrow ps.parked to str for the rest)
+    epoch = ps.epoch
     s.seek(TP, 3)
-    assert (ps.position, ps.queue.records, s.buffered_bytes, ps.parked) == (3, 0, 0, None)
-    assert ps.generation > gen
+    assert (ps.position, ps.queue.records, s.budget.buffered, ps.parked) == (3, 0, 0, None)
+    assert ps.epoch > epoch
     assert not s.data_ready.is_set()
     with pytest.raises(ValueError, match="offsets are integers"):
         s.seek(TP, -1)
@@ -139,15 +142,15 @@ def test_seek_bumps_generation_and_drops_buffered_data() -> None:
 
 def test_drop_marks_queue_dropped_and_frees_budget() -> None:
     """A revoked partition's queue is flagged dropped and its bytes leave the totals; a new
-    assignment of the same partition gets a fresh generation."""
+    assignment of the same partition gets a fresh assignment epoch."""
     s = state()
     ps = s.assign(TP, 0, "n")
     s.append(ps, batch(TP, 0, 5))
-    old_gen = ps.generation
+    old_epoch = ps.epoch
     assert s.drop(TP) is ps
-    assert ps.queue.dropped and s.buffered_bytes == 0 and s.buffered_records == 0
+    assert ps.queue.dropped and s.budget.buffered == 0 and s.buffered_records == 0
     again = s.assign(TP, 0, "n")
-    assert again.generation != old_gen and not again.queue.dropped
+    assert again.epoch != old_epoch and not again.queue.dropped
 
 
 def test_wakeups_name_the_pull_node() -> None:

@@ -23,28 +23,25 @@ from support.harness import records_of
 
 from mqd import format
 from mqd.client import BrokerClient, FetchBody
-from mqd.consumer import Consumer, TopicPartition
-from mqd.consumer.state import SubscriptionState
+from mqd.consumer import ByteBudget, Consumer, TopicPartition
 from mqd.daemon import Daemon
 from mqd.waiting import wait_until
 
 
-def watch_answers(state: SubscriptionState) -> list[tuple[int, int, int]]:
+def watch_answers(bb: ByteBudget) -> list[tuple[int, int, int]]:
     """(pinned, reserved, buffered) right after every answer is charged and handled."""
     seen: list[tuple[int, int, int]] = []
-    pin = state.pin
+    pin = bb.pin
 
     def checked_pin(body: object, nbytes: int) -> bool:
         tracked = pin(body, nbytes)
         assert tracked, "a fetch answer could not be tracked"
         # the answer is handled in the same callback, right after it is charged
-        asyncio.get_running_loop().call_soon(
-            lambda: seen.append((state.pinned_bytes, state.reserved_bytes, state.buffered_bytes))
-        )
-        seen.append((state.pinned_bytes, state.reserved_bytes, state.buffered_bytes))
+        asyncio.get_running_loop().call_soon(lambda: seen.append((bb.pinned, bb.reserved, bb.buffered)))
+        seen.append((bb.pinned, bb.reserved, bb.buffered))
         return tracked
 
-    state.pin = checked_pin  # type: ignore[method-assign]
+    bb.pin = checked_pin  # type: ignore[method-assign]
     return seen
 
 
@@ -87,8 +84,8 @@ async def test_held_batches_keep_their_answers_charged_until_dropped(cluster_fac
         await produce_numbered(client, cluster, range(4), count, per_batch=per_batch)
         cfg = config(cluster, max_buffered_bytes=budget, partition_max_bytes=1024, fetch_max_wait_ms=100)
         async with Consumer(cfg, client=client, budget_held=True) as consumer:
-            state = consumer._state
-            seen = watch_answers(state)
+            bb = consumer._budget
+            seen = watch_answers(bb)
             held: list[Any] = []
 
             def drain() -> bool:
@@ -97,7 +94,7 @@ async def test_held_batches_keep_their_answers_charged_until_dropped(cluster_fac
 
             await wait_until(drain, 20, "fetching held back by the budget")
             assert count_records(held) < 4 * count
-            assert state.pinned_bytes >= state.buffered_bytes
+            assert bb.pinned >= bb.buffered
             got: dict[TopicPartition, list[tuple[int, bytes]]] = {}
 
             def take(batches: list[Any]) -> int:
@@ -116,7 +113,7 @@ async def test_held_batches_keep_their_answers_charged_until_dropped(cluster_fac
             assert seen and max(p + r for p, r, _ in seen) <= budget + slack
             assert max(p for p, _, _ in seen) > budget // 2  # the budget was pressed
             gc.collect()
-            await wait_until(lambda: state.pinned_bytes == 0, 5, "every answer released")
+            await wait_until(lambda: bb.pinned == 0, 5, "every answer released")
 
 
 async def test_daemon_tiny_budget_bounds_answers_held_by_the_sink(
@@ -148,8 +145,8 @@ async def test_daemon_tiny_budget_bounds_answers_held_by_the_sink(
         )
         d = Daemon(cfg, burst=True)
         await d.start()
-        state = d.consumer._state
-        seen = watch_answers(state)
+        bb = d.consumer._budget
+        seen = watch_answers(bb)
         await asyncio.wait_for(d.run(), 60)  # a sink waiting for max_age would time out here
         assert d.state == "stopped" and d.stats["records_published"] == 4 * count
         assert_exactly_once(tmp_path / "landing", 4, count)
@@ -158,4 +155,4 @@ async def test_daemon_tiny_budget_bounds_answers_held_by_the_sink(
         assert max(p for p, _, _ in seen) > budget // 2
         assert all(p >= b for p, _, b in seen)  # buffered batches are slices of charged answers
         gc.collect()
-        await wait_until(lambda: state.pinned_bytes == 0, 5, "every answer released")
+        await wait_until(lambda: bb.pinned == 0, 5, "every answer released")

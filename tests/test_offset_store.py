@@ -12,9 +12,7 @@ import pytest
 
 from mqd.client import BrokerClient
 from mqd.consumer import ConsumerError, LocalFileOffsetStore, TopicPartition
-from mqd.consumer.coordinator import GroupCoordinator
-from mqd.consumer.metadata import MetadataCache
-from mqd.consumer.offsets import BrokerOffsetStore
+from mqd.sources.mqd_broker import BrokerOffsetStore, GroupCoordinator, MetadataCache
 
 A = TopicPartition("events", 0)
 B = TopicPartition("events", 1)

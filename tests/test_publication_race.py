@@ -116,7 +116,7 @@ async def test_task_created_before_a_reassignment_re_seeks_after_losing_a_confli
             for batch in drained:
                 sink.add(batch)
             assert sink.pending() == {(TOPIC, 0): FIRST}
-            first_generation = consumer.generation(TP)
+            first_epoch = consumer.assignment_epoch(TP)
 
             # every worker slot is taken: the task about to be created waits before taking a buffer
             for _ in range(sink.workers):
@@ -139,7 +139,7 @@ async def test_task_created_before_a_reassignment_re_seeks_after_losing_a_confli
                 daemon._drain()
                 assert sink.pending() == {(TOPIC, 0): FIRST}
                 assert sink.busy(TP)  # the task still waits for a slot
-                assert consumer.generation(TP) != first_generation  # a new incarnation
+                assert consumer.assignment_epoch(TP) != first_epoch  # a new assignment
 
                 # the other owner lands 0..3 first
                 table = pa.Table.from_batches([b.records for b in drained]).slice(0, OTHER_LANDS)

@@ -11,26 +11,26 @@ from __future__ import annotations
 import bisect
 import hashlib
 from collections.abc import Callable, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
-from mqd.consumer.state import ConsumerError
+from mqd.consumer.errors import ConsumerError
 
 T = TypeVar("T")
 
 # (consumer_id, sorted members, sorted partitions) -> the partitions consumer_id owns
 Strategy = Callable[[str, Sequence[str], Sequence[T]], list[T]]
 
-_STRATEGIES: dict[str, Strategy] = {}
+_STRATEGIES: dict[str, Strategy[Any]] = {}
 
 
-def register_strategy(name: str, fn: Strategy) -> None:
+def register_strategy(name: str, fn: Strategy[Any]) -> None:
     """Make ``fn`` available as ``consumer.allocation = name`` (replaces an earlier one)."""
     if not name:
         raise ValueError("a strategy needs a name")
     _STRATEGIES[name] = fn
 
 
-def get_strategy(name: str) -> Strategy:
+def get_strategy(name: str) -> Strategy[Any]:
     try:
         return _STRATEGIES[name]
     except KeyError:
@@ -74,7 +74,7 @@ def _hash(key: str) -> int:
     return int.from_bytes(hashlib.md5(key.encode()).digest()[:8], "big")
 
 
-def make_consistent_hash(virtual_nodes: int = 10) -> Strategy:
+def make_consistent_hash(virtual_nodes: int = 10) -> Strategy[Any]:
     """Each member sits on a ring at ``virtual_nodes`` points; a partition goes to the next point
     clockwise of its own hash (AllocateMessageQueueConsistentHash). Adding or removing a member
     moves only the partitions next to its points."""

@@ -1,10 +1,11 @@
 """Offset stores (RocketMQ's OffsetStore): where consumed positions are persisted.
 
 The caller marks what it has durably handled (``mark``: forward-only); ``persist`` writes every mark
-that is ahead of what was last persisted. Cluster mode commits to the group's coordinator broker
-(which itself only moves forward); broadcast mode keeps a local JSON file, written atomically
-(temp file + fsync + rename, then fsync of the folder) with a ``.bak`` copy of the previous version,
-and read back on start (falling back to the ``.bak`` when the main file is damaged).
+that is ahead of what was last persisted. Cluster mode commits where the source says (its
+``consumer_group``: for the mqd broker, the group's coordinator broker, which itself only moves
+forward); broadcast mode keeps a local JSON file whatever the source, written atomically
+(mqd.fsutil.atomic_write) with a ``.bak`` copy of the previous version, and read back on start
+(falling back to the ``.bak`` when the main file is damaged).
 """
 
 from __future__ import annotations
@@ -20,10 +21,9 @@ from typing import Any
 import structlog
 
 from mqd import metrics
-from mqd.client import BrokerClient, BrokerError
-from mqd.consumer.coordinator import GroupCoordinator
-from mqd.consumer.state import ConsumerError, TopicPartition
-from mqd.fsutil import fsync_dir
+from mqd.consumer.errors import ConsumerError
+from mqd.fsutil import atomic_write
+from mqd.topic_partition import TopicPartition
 
 log = structlog.get_logger("mqd.consumer.offsets")
 
@@ -75,59 +75,6 @@ class OffsetStore:
     async def persist(self, tps: Iterable[TopicPartition] | None = None) -> int:
         """Write pending marks (of ``tps``, default all); returns how many were written."""
         raise NotImplementedError
-
-
-class BrokerOffsetStore(OffsetStore):
-    """Cluster mode: offsets committed on the group's coordinator broker."""
-
-    def __init__(self, client: BrokerClient, coordinator: GroupCoordinator) -> None:
-        super().__init__()
-        self._client = client
-        self._coordinator = coordinator
-        self._lock = asyncio.Lock()  # one commit at a time keeps them ordered
-
-    async def load(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
-        if not tps:
-            return {}
-        group = self._coordinator.group
-        body = [{"topic": tp.topic, "partition": tp.partition} for tp in tps]
-        try:
-            rows = await self._coordinator.call(lambda url: self._client.committed(url, group, body))
-        except BrokerError as exc:
-            raise ConsumerError(f"cannot read committed offsets: {exc}", retriable=True) from exc
-        wanted = set(tps)
-        out: dict[TopicPartition, int] = {}
-        for row in rows:
-            try:
-                tp = TopicPartition(str(row["topic"]), int(row["partition"]))
-                offset = int(row["offset"])
-            except (KeyError, TypeError, ValueError) as exc:
-                raise ConsumerError(f"malformed committed offset {row!r}", retriable=True) from exc
-            if tp in wanted and offset >= 0:
-                out[tp] = offset
-                self._persisted[tp] = max(offset, self._persisted.get(tp, -1))
-        return out
-
-    async def persist(self, tps: Iterable[TopicPartition] | None = None) -> int:
-        async with self._lock:
-            todo = self.pending(tps)
-            if not todo:
-                return 0
-            body = [{"topic": tp.topic, "partition": tp.partition, "offset": off} for tp, off in todo.items()]
-            group, cid = self._coordinator.group, self._coordinator.client_id
-            t0 = time.perf_counter()
-            try:
-                await self._coordinator.call(lambda url: self._client.commit(url, group, cid, body))
-            except (BrokerError, ConsumerError) as exc:
-                metrics.commits.labels("error").inc()
-                self.last_error = str(exc)
-                raise ConsumerError(f"offset commit failed: {exc}", retriable=True) from exc
-            metrics.commit_latency.observe(time.perf_counter() - t0)
-            metrics.commits.labels("ok").inc()
-            self.last_error = None
-            for tp, off in todo.items():
-                self._persisted[tp] = max(off, self._persisted.get(tp, -1))
-            return len(todo)
 
 
 class LocalFileOffsetStore(OffsetStore):
@@ -211,11 +158,6 @@ class LocalFileOffsetStore(OffsetStore):
             doc.setdefault(tp.topic, {})[str(tp.partition)] = offsets[tp]
         raw = json.dumps({"version": self.VERSION, "offsets": doc}, indent=1, sort_keys=True).encode()
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        with open(tmp, "wb") as fh:
-            fh.write(raw)
-            fh.flush()
-            os.fsync(fh.fileno())
         if self.path.exists():
             # the previous good version becomes the backup (atomically, by a hard link + rename)
             bak_tmp = self.backup.with_name(f".{self.backup.name}.{os.getpid()}.tmp")
@@ -225,5 +167,4 @@ class LocalFileOffsetStore(OffsetStore):
                 pass
             os.link(self.path, bak_tmp)
             os.replace(bak_tmp, self.backup)
-        os.replace(tmp, self.path)
-        fsync_dir(self.path.parent)
+        atomic_write(self.path, raw)

@@ -1,4 +1,4 @@
-"""Cluster metadata as the consumer sees it: parsed once per refresh, read everywhere.
+"""The mqd broker's cluster metadata as its consumer source sees it: parsed once per refresh.
 
 Any reachable node answers ``GET /v1/metadata`` with the whole layout (docs/protocol.md). The cache
 asks the nodes it already knows first and the bootstrap URLs last, refreshes every
@@ -14,8 +14,9 @@ from collections.abc import Callable
 
 import structlog
 
+from mqd.backoff import Backoff
 from mqd.client import BrokerClient, BrokerError
-from mqd.consumer.state import ConsumerError
+from mqd.consumer.errors import ConsumerError
 from mqd.metadata import ClusterMetadata, MetadataError
 from mqd.waiting import wait_event
 
@@ -40,7 +41,7 @@ class MetadataCache:
         self._interval = refresh_interval
         self._timeout = request_timeout  # per node: a hung node must not stall the refresh
         self._base_backoff = error_backoff
-        self._backoff = error_backoff
+        self._backoff = Backoff(error_backoff, 5.0)  # failed background refreshes in a row
         self._clock = clock
         self.current: ClusterMetadata | None = None
         self.last_error: str | None = None
@@ -56,19 +57,19 @@ class MetadataCache:
     async def start(self, timeout: float) -> None:
         """First refresh (retried until ``timeout``), then the background loop."""
         deadline = self._clock() + timeout
-        delay = self._base_backoff
+        backoff = Backoff(self._base_backoff, 2.0)
         while True:
             try:
                 await self.refresh()
                 break
             except ConsumerError as exc:
+                delay = backoff.next()
                 if self._clock() + delay > deadline:
                     raise ConsumerError(
                         f"no broker answered metadata (tried {', '.join(self._urls())}): {exc}",
                         retriable=True,
                     ) from exc
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, 2.0)
         if self._task is None:
             self._task = asyncio.create_task(self._run(), name="mqd-metadata")
 
@@ -125,10 +126,9 @@ class MetadataCache:
                 await self.refresh()
             except ConsumerError as exc:
                 log.warning("metadata refresh failed", error=str(exc))
-                await asyncio.sleep(self._backoff)
+                await asyncio.sleep(self._backoff.next())
                 self._wake.set()  # keep trying, paced by the backoff
-                self._backoff = min(self._backoff * 2, 5.0)
             else:
-                self._backoff = self._base_backoff
+                self._backoff.reset()
             # never refresh more often than every 50 ms, however many fetchers ask
             await asyncio.sleep(0.05)

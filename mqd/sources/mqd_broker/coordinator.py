@@ -1,9 +1,13 @@
-"""Group membership: heartbeats to the group's coordinator node (cluster mode only).
+"""Consumer-group membership on the mqd broker: heartbeats to the group's coordinator node.
 
-The coordinator of group ``g`` is the master of ``groups[crc32(g) % len(groups)]`` (its first live
-slave while it is down); any other node answers 421 ``not_coordinator`` naming the right one, which
-we follow. Every heartbeat returns the sorted member list and its version; a new version asks the
-consumer to rebalance at once (RocketMQ's "notify consumer ids changed").
+The coordinator of consumer group ``g`` is the master of ``broker_groups[crc32(g) % n]`` (its first
+live slave while it is down); any other node answers 421 ``not_coordinator`` naming the right one,
+which we follow. Every heartbeat returns the sorted member list and its *member version*; a new
+version asks the consumer to rebalance at once (RocketMQ's "notify consumer ids changed").
+
+The allocation strategy runs here, in the member itself (RocketMQ's way): every member computes the
+same global allocation from the same sorted member list and takes its own share. The engine only
+sees :meth:`GroupCoordinator.assignment` (mqd.consumer.source.Membership).
 """
 
 from __future__ import annotations
@@ -11,14 +15,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import structlog
 
 from mqd.client import BrokerClient, BrokerError
-from mqd.consumer.metadata import MetadataCache
-from mqd.consumer.state import ConsumerError
+from mqd.consumer.allocation import Strategy, get_strategy
+from mqd.consumer.errors import ConsumerError
+from mqd.consumer.source import Assignment, GroupSettings
+from mqd.sources.mqd_broker.metadata_cache import MetadataCache
+from mqd.topic_partition import TopicPartition
 from mqd.waiting import wait_event
 
 log = structlog.get_logger("mqd.consumer.coordinator")
@@ -27,7 +34,8 @@ R = TypeVar("R")
 
 
 class GroupCoordinator:
-    """Finds the coordinator, keeps this member alive in the group and tracks the member list."""
+    """Finds the coordinator, keeps this member alive in the consumer group, tracks the member list
+    and computes this member's assignment from it."""
 
     def __init__(
         self,
@@ -41,6 +49,7 @@ class GroupCoordinator:
         session_timeout: float,
         on_members_changed: Callable[[], None],
         request_timeout: float = 5.0,
+        allocation: str = "averagely",
     ) -> None:
         self._client = client
         self._metadata = metadata
@@ -50,12 +59,15 @@ class GroupCoordinator:
         self.heartbeat_interval = heartbeat_interval
         self.session_timeout = session_timeout
         self.request_timeout = request_timeout
+        self._allocation = allocation
+        self._strategy: Strategy[TopicPartition] = get_strategy(allocation)
         self._on_change = on_members_changed
         self.members: tuple[str, ...] = ()
-        self.version: int | None = None
+        self.member_version: int | None = None
         self.coordinator_url: str | None = None
         self.coordinator_id: str | None = None
         self.last_error: str | None = None
+        self._not_member_logged = False
         self.heartbeats = 0
         self.last_success: float | None = None  # monotonic time of the last answered heartbeat
         self._expiry_reported = False
@@ -113,7 +125,7 @@ class GroupCoordinator:
         )
         try:
             members = tuple(sorted(str(m) for m in answer["members"]))
-            version = int(answer["version"])
+            version = int(answer["version"])  # the member version
         except (KeyError, TypeError, ValueError) as exc:
             raise ConsumerError(f"malformed heartbeat answer: {answer!r}", retriable=True) from exc
         self.heartbeats += 1
@@ -126,8 +138,8 @@ class GroupCoordinator:
             changed = False
         if answer.get("coordinator"):
             self.coordinator_id = str(answer["coordinator"])
-        changed = changed or version != self.version or members != self.members
-        self.members, self.version = members, version
+        changed = changed or version != self.member_version or members != self.members
+        self.members, self.member_version = members, version
         if changed:
             log.info("group members changed", group=self.group, version=version, members=list(members))
             self._on_change()
@@ -144,6 +156,61 @@ class GroupCoordinator:
 
     def beat_now(self) -> None:
         self._wake.set()
+
+    # -- the engine's view (mqd.consumer.source.Membership) ---------------------------------------
+
+    @classmethod
+    def from_settings(
+        cls,
+        settings: GroupSettings,
+        *,
+        client: BrokerClient,
+        metadata: MetadataCache,
+        on_change: Callable[[], None],
+    ) -> GroupCoordinator:
+        return cls(
+            client=client,
+            metadata=metadata,
+            group=settings.group,
+            client_id=settings.member_id,
+            topics=list(settings.topics),
+            heartbeat_interval=settings.heartbeat_interval,
+            session_timeout=settings.session_timeout,
+            on_members_changed=on_change,
+            request_timeout=settings.request_timeout,
+            allocation=settings.allocation,
+        )
+
+    @property
+    def coordinator(self) -> str | None:
+        return self.coordinator_id
+
+    def assignment(self, partitions: Sequence[TopicPartition]) -> Assignment | None:
+        """Our share of ``partitions`` by the allocation strategy over the member list; nothing once
+        the session expired; None (and a heartbeat now) while we are not in the member list."""
+        if self.session_expired():
+            return Assignment(frozenset(), self.member_version, ())
+        members = self.members
+        if self.client_id not in members:
+            if not self._not_member_logged:
+                log.warning("not a group member (yet); assignment unchanged", group=self.group)
+                self._not_member_logged = True
+            self.beat_now()
+            return None
+        self._not_member_logged = False
+        mine = set(self._strategy(self.client_id, members, list(partitions))) & set(partitions)
+        return Assignment(frozenset(mine), self.member_version, members)
+
+    def update(self, settings: GroupSettings) -> None:
+        strategy = get_strategy(settings.allocation)
+        self.heartbeat_interval = settings.heartbeat_interval
+        self.session_timeout = settings.session_timeout
+        self.request_timeout = settings.request_timeout
+        self._strategy = strategy
+        if list(settings.topics) != self.topics or settings.allocation != self._allocation:
+            self.topics = list(settings.topics)
+            self._allocation = settings.allocation
+            self.beat_now()
 
     def session_expired(self) -> bool:
         """No heartbeat answered for a whole session timeout: the coordinator has dropped us by now

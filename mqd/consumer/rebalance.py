@@ -1,0 +1,247 @@
+"""RebalanceService: applies "my assignment" to the owned partitions (RocketMQ's RebalanceImpl).
+
+It runs every ``rebalance_interval`` and at once when the membership changes (a new member
+version, an expired session), when the subscribed partitions change in the metadata, or after a
+config reload. Each round asks the membership for this member's share of the subscribed
+partitions, diffs it against what is owned, revokes what is gone (listener first, then the queues,
+then a commit of their marks) and assigns what is new with a start position from the caller's hook
+(the landing directory is the source of truth), else the offset store, else ``consume_from``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import structlog
+
+from mqd import metrics
+from mqd.backoff import backoff_delay
+from mqd.config import ConsumerConfig
+from mqd.consumer.errors import ConsumerError
+from mqd.consumer.offset_store import OffsetStore
+from mqd.consumer.source import Assignment, Cluster, Membership, Source
+from mqd.consumer.subscription_state import SubscriptionState
+from mqd.topic_partition import TopicPartition
+from mqd.waiting import wait_event
+
+log = structlog.get_logger("mqd.consumer")
+
+StartPositionHook = Callable[[TopicPartition], Awaitable[int | None]]
+
+_CONSUME_FROM = {"last": "latest", "first": "earliest", "timestamp": "timestamp"}
+
+
+class RebalanceListener(Protocol):
+    def on_partitions_revoked(self, tps: set[TopicPartition]) -> None:
+        """Called before the revoked partitions' queues are dropped."""
+
+    def on_partitions_assigned(self, tps: set[TopicPartition]) -> None:
+        """Called once the new partitions have their start positions."""
+
+
+@dataclass(frozen=True, slots=True)
+class Diff:
+    removed: frozenset[TopicPartition]
+    added: frozenset[TopicPartition]
+
+
+def diff(owned: frozenset[TopicPartition], assignment: Assignment) -> Diff:
+    """What to revoke and what to assign to go from ``owned`` to ``assignment``."""
+    return Diff(owned - assignment.partitions, assignment.partitions - owned)
+
+
+class RebalanceService:
+    """The periodic and membership-triggered rebalance loop, and one rebalance round."""
+
+    def __init__(
+        self,
+        *,
+        config: ConsumerConfig,
+        source: Source,
+        membership: Membership,
+        state: SubscriptionState,
+        offsets: OffsetStore,
+        choose_pull_node: Callable[[TopicPartition], str | None],
+        lookup_offsets: Callable[
+            [list[TopicPartition], str, int | None], Awaitable[dict[TopicPartition, int]]
+        ],
+        start_position: StartPositionHook | None = None,
+        listener: RebalanceListener | None = None,
+        jitter: float = 0.2,
+    ) -> None:
+        self.config = config
+        self._source = source
+        self._membership = membership
+        self._state = state
+        self._offsets = offsets
+        self._choose_pull_node = choose_pull_node
+        self._lookup_offsets = lookup_offsets
+        self._hook = start_position
+        self._listener = listener
+        self._jitter = jitter
+        self._wake = asyncio.Event()
+        self._lock = asyncio.Lock()
+        self._known_tps: tuple[TopicPartition, ...] | None = None
+        self._task: asyncio.Task[None] | None = None
+        self.closed = False  # stop() began: assign nothing more
+        self.rebalances = 0
+        self.last_error: str | None = None
+        source.add_metadata_listener(self._on_metadata)
+
+    def request(self) -> None:
+        """Rebalance soon (membership or subscription changed)."""
+        self._wake.set()
+
+    def start(self) -> None:
+        if self._task is None and not self.closed:
+            self._task = asyncio.create_task(self._run(), name="mqd-rebalance")
+
+    async def stop(self) -> None:
+        self.closed = True
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    def _on_metadata(self, cluster: Cluster) -> None:
+        tps = tuple(cluster.partitions_for(self.config.topics))
+        if self._known_tps is not None and tps != self._known_tps:
+            log.info("subscribed partitions changed", before=len(self._known_tps), after=len(tps))
+            self.request()
+
+    async def _run(self) -> None:
+        failures = 0
+        # not `while True`: even with a lost cancel the loop must end once stop() has begun
+        while not self.closed:
+            await wait_event(self._wake, self.config.rebalance_interval)
+            self._wake.clear()
+            try:
+                complete = await self.rebalance()
+            except Exception as exc:  # keep the loop alive; the next round retries
+                log.exception("rebalance failed")
+                self.last_error = str(exc)
+                complete = False
+            if complete:
+                failures = 0
+                continue
+            failures += 1
+            cfg = self.config  # read each time: a reload may have changed the backoff
+            delay = backoff_delay(
+                failures,
+                base=cfg.error_backoff_ms / 1000,
+                cap=cfg.error_backoff_max_ms / 1000,
+                jitter=self._jitter,
+            )
+            await asyncio.sleep(delay)
+            self._wake.set()
+
+    async def rebalance(self) -> bool:
+        """Compute the assignment now and apply the difference. Returns False when it could not
+        complete (no metadata, not a member yet, start positions unknown)."""
+        async with self._lock:
+            cluster = self._source.cluster
+            if cluster is None:
+                return False
+            cfg = self.config
+            all_tps = cluster.partitions_for(cfg.topics)
+            self._known_tps = tuple(all_tps)
+            missing = sorted(set(cfg.topics) - set(cluster.topics))
+            if missing:
+                log.warning("subscribed topics not in the cluster metadata", topics=missing)
+            assignment = self._membership.assignment(all_tps)
+            if assignment is None:
+                return False
+            d = diff(frozenset(self._state.partitions), assignment)
+            complete = True
+            if d.removed:
+                await self._revoke(set(d.removed))
+            if d.added:
+                complete = await self._assign(set(d.added))
+            if d.removed or d.added:
+                self.rebalances += 1
+                metrics.rebalances.inc()
+                log.info(
+                    "rebalanced",
+                    group=cfg.group,
+                    members=list(assignment.members),
+                    added=sorted(map(str, d.added)),
+                    removed=sorted(map(str, d.removed)),
+                    owned=len(self._state.partitions),
+                )
+            metrics.assigned_partitions.set(len(self._state.partitions))
+            if complete:
+                self.last_error = None
+            return complete
+
+    async def _revoke(self, tps: set[TopicPartition]) -> None:
+        if self._listener is not None:
+            try:
+                self._listener.on_partitions_revoked(set(tps))
+            except Exception:
+                log.exception("on_partitions_revoked failed")
+        for tp in tps:
+            self._state.drop(tp)
+        try:
+            await self._offsets.persist(tps)
+        except ConsumerError as exc:
+            log.warning("commit on revoke failed; retried with the next commit", error=str(exc))
+        self._offsets.forget(tps)
+
+    async def _assign(self, tps: set[TopicPartition]) -> bool:
+        ordered = sorted(tps)
+        try:
+            positions = await self._start_positions(ordered)
+        except ConsumerError as exc:
+            self.last_error = str(exc)
+            log.warning(
+                "start positions unknown; assignment retried", partitions=len(ordered), error=str(exc)
+            )
+            return False
+        if self.closed:
+            return False
+        for tp in ordered:
+            self._state.assign(tp, positions[tp], self._choose_pull_node(tp))
+        if self._listener is not None:
+            try:
+                self._listener.on_partitions_assigned(set(ordered))
+            except Exception:
+                log.exception("on_partitions_assigned failed")
+        return True
+
+    async def _start_positions(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+        out: dict[TopicPartition, int] = {}
+        source: dict[str, str] = {}
+        if self._hook is not None:
+            for tp in tps:
+                pos = await self._hook(tp)
+                if pos is None:
+                    continue
+                if isinstance(pos, bool) or not isinstance(pos, int) or pos < 0:
+                    raise ConsumerError(f"{tp}: start_position hook answered {pos!r}, not an offset >= 0")
+                out[tp] = pos
+                source[str(tp)] = "hook"
+        rest = [tp for tp in tps if tp not in out]
+        if rest:
+            stored = await self._offsets.load(rest)
+            for tp in rest:
+                # a mark not persisted yet (the store was unreachable at revoke) is ours and newer
+                marked = self._offsets.marked(tp)
+                if marked is not None and marked > stored.get(tp, -1):
+                    stored[tp] = marked
+            out.update(stored)
+            source.update((str(tp), "offset store") for tp in stored)
+            rest = [tp for tp in rest if tp not in out]
+        if rest:
+            cfg = self.config
+            found = await self._lookup_offsets(
+                rest, _CONSUME_FROM[cfg.consume_from], cfg.consume_timestamp_ms
+            )
+            out.update(found)
+            source.update((str(tp), f"consume_from={cfg.consume_from}") for tp in found)
+        log.info("start positions", positions={str(tp): (out[tp], source[str(tp)]) for tp in tps})
+        return out

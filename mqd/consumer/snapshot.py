@@ -1,0 +1,160 @@
+"""Typed snapshots of the consumer's state, and the one function that turns them into status JSON.
+
+Internal readers (the daemon's health and idle watermarks, the runner) read the frozen dataclasses;
+JSON is produced only at the edge (the admin endpoint, ``mqd status --json``) by
+:func:`consumer_status_json`, whose shape is the documented status JSON and does not change. Two
+identifiers differ from their JSON keys: ``PartitionSnapshot.epoch`` is ``"generation"`` in an
+assignment entry (the assignment epoch), ``ConsumerSnapshot.member_version`` is the top-level
+``"generation"`` (the consumer group's member-list version); ``Totals.pinned_bodies`` is
+``"pinned_answers"``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from mqd.topic_partition import TopicPartition
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionSnapshot:
+    tp: TopicPartition
+    epoch: int  # assignment epoch
+    position: int
+    committed: int | None
+    marked: int | None
+    log_start: int | None
+    log_end: int | None
+    pull_node: str | None
+    paused: bool
+    in_flight: bool
+    flow_control: str | None  # the threshold holding it back now
+    buffered_records: int
+    buffered_bytes: int
+    parked: str | None
+    last_error: str | None
+
+    @property
+    def lag(self) -> int | None:
+        return None if self.log_end is None else max(0, self.log_end - self.position)
+
+    def at_log_end(self) -> bool:
+        """Fetched up to the last known log end and nothing of it is buffered."""
+        return self.log_end is not None and self.position >= self.log_end and not self.buffered_records
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSnapshot:
+    node_id: str
+    requests: int
+    errors: int
+    in_flight: bool
+    last_error: str | None
+    backoff_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Totals:
+    owned: int
+    buffered_bytes: int
+    buffered_records: int
+    budget_bytes: int
+    reserved_bytes: int
+    pinned_bytes: int
+    pinned_bodies: int
+    rebalances: int
+    offset_resets: int
+    parked: tuple[str, ...]  # sorted "topic/partition"
+
+
+@dataclass(frozen=True, slots=True)
+class Errors:
+    metadata: str | None
+    heartbeat: str | None
+    offset_store: str | None
+    rebalance: str | None
+
+    def items(self) -> list[tuple[str, str | None]]:
+        return [
+            ("metadata", self.metadata),
+            ("heartbeat", self.heartbeat),
+            ("offset_store", self.offset_store),
+            ("rebalance", self.rebalance),
+        ]
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerSnapshot:
+    member_id: str
+    group: str
+    mode: str
+    member_version: int | None
+    members: tuple[str, ...]
+    coordinator: str | None
+    allocation: str
+    partitions: tuple[PartitionSnapshot, ...]  # sorted by partition
+    totals: Totals
+    nodes: tuple[NodeSnapshot, ...]  # sorted by node id
+    errors: Errors
+
+
+def consumer_status_json(snap: ConsumerSnapshot) -> dict[str, Any]:
+    """The consumer section of the status JSON (the admin endpoint, ``mqd status --json``)."""
+    nodes = {
+        n.node_id: {
+            "requests": n.requests,
+            "errors": n.errors,
+            "in_flight": n.in_flight,
+            "last_error": n.last_error,
+            "backoff_s": n.backoff_s,
+        }
+        for n in snap.nodes
+    }
+    t = snap.totals
+    return {
+        "member_id": snap.member_id,
+        "group": snap.group,
+        "mode": snap.mode,
+        "generation": snap.member_version,
+        "members": list(snap.members),
+        "coordinator": snap.coordinator,
+        "allocation": snap.allocation,
+        "assignment": {
+            str(p.tp): {
+                "topic": p.tp.topic,
+                "partition": p.tp.partition,
+                "generation": p.epoch,
+                "position": p.position,
+                "committed": p.committed,
+                "marked": p.marked,
+                "log_start": p.log_start,
+                "log_end": p.log_end,
+                "lag": p.lag,
+                "pull_node": p.pull_node,
+                "paused": p.paused,
+                "in_flight": p.in_flight,
+                "flow_control": p.flow_control,
+                "buffered_records": p.buffered_records,
+                "buffered_bytes": p.buffered_bytes,
+                "parked": p.parked,
+                "last_error": p.last_error,
+            }
+            for p in snap.partitions
+        },
+        "totals": {
+            "owned": t.owned,
+            "buffered_bytes": t.buffered_bytes,
+            "buffered_records": t.buffered_records,
+            "budget_bytes": t.budget_bytes,
+            "reserved_bytes": t.reserved_bytes,
+            "pinned_bytes": t.pinned_bytes,
+            "pinned_answers": t.pinned_bodies,
+            "requests_per_node": {n.node_id: n.requests for n in snap.nodes},
+            "rebalances": t.rebalances,
+            "offset_resets": t.offset_resets,
+            "parked": list(t.parked),
+        },
+        "nodes": nodes,
+        "errors": dict(snap.errors.items()),
+    }

@@ -1,0 +1,245 @@
+"""The source seam: everything the consumer engine needs from a queue, and the typed data it gets.
+
+The engine (fetcher, process queues, budget, rebalance, offset reset, facade) talks to a queue only
+through :class:`Source`. The mqd HTTP broker is the first implementation
+(mqd.sources.mqd_broker.MqdBrokerSource); a Kafka-protocol source plugs in by implementing the same
+methods. Nothing here is HTTP- or broker-specific.
+
+Contracts:
+
+- **Metadata**: ``cluster`` is the last good layout (None before the first); listeners run after
+  every refresh; ``request_refresh()`` asks for one soon (a routing error, a dead node).
+- **Fetch**: one request per node for many partitions. Each partition's result carries a
+  source-neutral status, offsets, an optional suggested pull node, the log *incarnation* (an id that
+  changes when the partition's log is replaced by another one with the same offsets; None when the
+  source cannot tell), and ``decode``: decoding is source-specific and lazy, so the engine re-checks
+  ownership first and never decodes data it will drop. ``decode`` returns Arrow record batches
+  (columns offset, timestamp, key, value, headers) cut to start at the requested offset, zero-copy
+  (no Python object per record), stopping at the first bad batch with the good ones before it.
+  ``FetchResult.body`` is the object whose lifetime bounds every slice: the budget pins it.
+- **Membership**: the source builds the consumer-group membership. The engine only asks "my
+  assignment of these subscribed partitions, and its member version, or not known yet"; where the
+  allocation strategy runs is the source's business (the mqd broker hands every member the sorted
+  member list and each runs the strategy itself; Kafka's group protocol runs it on an elected
+  leader). Broadcast mode does not ask the source: it uses mqd.consumer.membership.Broadcast.
+- **Committed offsets**: the source builds the group's offset store; broadcast mode keeps the local
+  file store whatever the source.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+import pyarrow as pa
+
+from mqd.consumer.errors import ConsumerError
+from mqd.topic_partition import TopicPartition
+
+if TYPE_CHECKING:
+    from mqd.consumer.offset_store import OffsetStore
+
+# -- cluster metadata ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    id: str
+    alive: bool
+    role: str  # "master" | "replica": for status and logs; the engine routes by PartitionRoute.leader
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionRoute:
+    leader: str
+    replicas: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Cluster:
+    """One immutable snapshot of the layout as the engine needs it."""
+
+    nodes: Mapping[str, Node]
+    partitions: Mapping[TopicPartition, PartitionRoute]
+    topics: Mapping[str, Sequence[TopicPartition]] = field(default_factory=dict)  # sorted, per topic
+
+    def partitions_for(self, topics: Iterable[str]) -> list[TopicPartition]:
+        """Sorted partitions of ``topics`` (RocketMQ's mqSet); unknown topics contribute none."""
+        out: list[TopicPartition] = []
+        for t in sorted(set(topics)):
+            out.extend(self.topics.get(t, ()))
+        return out
+
+    def is_alive(self, node_id: str) -> bool:
+        node = self.nodes.get(node_id)
+        return node is not None and node.alive
+
+    def candidates(self, tp: TopicPartition) -> list[str]:
+        """Nodes that can serve reads of ``tp``, leader first."""
+        route = self.partitions.get(tp)
+        return [] if route is None else [route.leader, *route.replicas]
+
+
+# -- fetch ---------------------------------------------------------------------------------------
+
+
+class FetchStatus(enum.StrEnum):
+    """Per-partition fetch status. The values are the mqd broker's (mqd.protocol.Status, after
+    RocketMQ's GetMessageStatus); other sources map their answers onto these members."""
+
+    FOUND = "FOUND"
+    NO_MESSAGE = "NO_MESSAGE_IN_QUEUE"  # the log is empty
+    OFFSET_TOO_SMALL = "OFFSET_TOO_SMALL"  # below the log start
+    CAUGHT_UP = "OFFSET_OVERFLOW_ONE"  # exactly at the log end
+    OFFSET_OVERFLOW_BADLY = "OFFSET_OVERFLOW_BADLY"  # beyond the log end
+    NOT_SERVED = "NOT_SERVED"  # this node does not serve the partition (routing, not offsets)
+
+
+ILLEGAL_OFFSET = frozenset(
+    {FetchStatus.OFFSET_TOO_SMALL, FetchStatus.OFFSET_OVERFLOW_BADLY, FetchStatus.NO_MESSAGE}
+)
+
+
+@dataclass(frozen=True, slots=True)
+class FetchRequest:
+    tp: TopicPartition
+    offset: int
+    max_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class DecodedBatch:
+    records: pa.RecordBatch  # columns offset, timestamp, key, value, headers
+    first_offset: int  # offset of records[0] (the requested offset for the first batch)
+    next_offset: int
+    nbytes: int  # wire bytes of the whole batch
+
+
+@dataclass(frozen=True, slots=True)
+class Decoded:
+    batches: list[DecodedBatch]
+    error: str | None = None  # why decoding stopped before the end of the data
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionResult:
+    tp: TopicPartition
+    status: FetchStatus
+    next_offset: int  # where the node says to fetch next
+    log_start: int
+    log_end: int
+    suggested_node: str | None  # node to pull from next, or None to stay
+    incarnation: str | None  # which log these offsets belong to; None: the source cannot tell
+    error: str | None
+    # (start_offset, check_crc) -> the partition's batches from start_offset on
+    decode: Callable[[int, bool], Decoded] = field(repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class FetchResult:
+    partitions: list[PartitionResult]
+    body: object = field(repr=False)  # owns the memory every decoded batch points into
+    nbytes: int  # what the budget charges for ``body``
+
+
+class SourceError(ConsumerError):
+    """A request to the source failed. ``kind`` labels the fetch_errors metric; ``node_down`` says
+    the node itself failed (transport error, 5xx) and its partitions should move to a replica."""
+
+    def __init__(self, message: str, *, kind: str, node_down: bool, retriable: bool = True) -> None:
+        super().__init__(message, retriable=retriable)
+        self.kind = kind
+        self.node_down = node_down
+
+
+# -- membership ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Assignment:
+    """This member's share of the subscribed partitions, and the membership it was computed for."""
+
+    partitions: frozenset[TopicPartition]
+    member_version: int | None  # the member list's version (None: no group)
+    members: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class GroupSettings:
+    """What a consumer-group membership needs; reloadable ones are passed again to ``update``."""
+
+    group: str
+    member_id: str
+    topics: tuple[str, ...]
+    allocation: str  # strategy name (mqd.consumer.allocation)
+    heartbeat_interval: float
+    session_timeout: float
+    request_timeout: float
+
+
+class Membership(Protocol):
+    """The engine's view of membership: "my assignment and its member version"."""
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None:
+        """Leave (the others rebalance now); idempotent."""
+
+    def assignment(self, partitions: Sequence[TopicPartition]) -> Assignment | None:
+        """This member's share of ``partitions`` (sorted), or None while it is not known yet."""
+
+    def update(self, settings: GroupSettings) -> None:
+        """Apply reloaded settings (topics, allocation, intervals); rejoins when they matter."""
+
+    @property
+    def members(self) -> tuple[str, ...]: ...
+
+    @property
+    def member_version(self) -> int | None: ...
+
+    @property
+    def coordinator(self) -> str | None: ...
+
+    @property
+    def last_error(self) -> str | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerGroup:
+    membership: Membership
+    offsets: OffsetStore
+
+
+class Source(Protocol):
+    """Everything the engine needs from a queue (see the module docstring for the contracts)."""
+
+    async def start(self, timeout: float) -> None:
+        """Connect and read the metadata once; raises ConsumerError (retriable) after ``timeout``."""
+
+    async def stop(self) -> None: ...
+
+    @property
+    def cluster(self) -> Cluster | None: ...
+
+    @property
+    def metadata_error(self) -> str | None: ...
+
+    def add_metadata_listener(self, fn: Callable[[Cluster], None]) -> None: ...
+
+    def request_refresh(self) -> None: ...
+
+    def fetch(
+        self, node_id: str, requests: list[FetchRequest], *, max_wait_ms: int, min_bytes: int, max_bytes: int
+    ) -> Awaitable[FetchResult]:
+        """One request to ``node_id``; raises SourceError."""
+
+    async def list_offsets(
+        self, node_id: str, tps: list[TopicPartition], spec: str, timestamp: int | None = None
+    ) -> dict[TopicPartition, int]:
+        """``earliest`` / ``latest`` / ``timestamp`` offsets served by ``node_id``; raises
+        ConsumerError (retriable) when any is missing."""
+
+    def consumer_group(self, settings: GroupSettings, on_change: Callable[[], None]) -> ConsumerGroup:
+        """The group membership (``on_change`` asks for a rebalance) and the group's offset store."""

@@ -1,0 +1,186 @@
+"""SubscriptionState: the one state shared by the rebalance service, the fetchers and the drain.
+
+Modelled on aiokafka's SubscriptionState: the rebalance service assigns and revokes partitions, the
+node fetchers read and advance positions, the caller drains process queues. Nothing here does I/O,
+and everything runs on the consumer's event loop, so no locks are needed.
+
+Every assignment and every seek gets a fresh *assignment epoch* (unique in the process). A fetch
+records the epoch it was sent with; its answer is applied only when the partition still has that
+epoch, so a pause, seek or revoke racing with an in-flight fetch can never move a position or
+deliver data that belongs to the previous owner.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Callable, Iterable
+
+from mqd.consumer.budget import ByteBudget
+from mqd.consumer.errors import NotAssignedError
+from mqd.consumer.process_queue import FetchedBatch, FlowLimits, ProcessQueue
+from mqd.topic_partition import TopicPartition
+
+
+class OwnedPartition:
+    """Everything the consumer knows about one partition it owns (its fetch state)."""
+
+    __slots__ = (
+        "corrupt_answers",
+        "epoch",
+        "errors",
+        "in_flight",
+        "last_error",
+        "log_end",
+        "log_start",
+        "parked",
+        "paused",
+        "position",
+        "pull_node",
+        "queue",
+        "resetting",
+        "retry_at",
+        "tp",
+    )
+
+    def __init__(self, tp: TopicPartition, epoch: int, position: int, pull_node: str | None) -> None:
+        self.tp = tp
+        self.epoch = epoch
+        self.position = position  # next offset to fetch
+        self.pull_node = pull_node
+        self.paused = False
+        self.in_flight = False  # part of a fetch whose answer has not been handled yet
+        self.resetting = False  # an offset lookup (on_offset_reset earliest/latest) is running
+        self.queue = ProcessQueue()
+        self.retry_at = 0.0  # monotonic time before which an error backs it off
+        self.errors = 0  # consecutive failed fetches of this partition
+        self.corrupt_answers = 0  # consecutive answers with undecodable data
+        self.log_start: int | None = None  # from the last answer
+        self.log_end: int | None = None
+        self.last_error: str | None = None
+        self.parked: str | None = None  # why it is not fetched any more (policy fail, corrupt data)
+
+
+# epochs are unique in the process, so a batch from one Consumer instance can never pass the
+# ownership check of another
+_epochs = itertools.count(1)
+
+
+class SubscriptionState:
+    """The owned partitions and their buffered data. Positions move here (assign, seek, append) and
+    in the fetch callback (offset resets)."""
+
+    def __init__(self, limits: FlowLimits, budget: ByteBudget) -> None:
+        self.limits = limits
+        self.budget = budget
+        self.partitions: dict[TopicPartition, OwnedPartition] = {}
+        self.buffered_records = 0
+        self._drain_start = 0  # rotates so one busy partition cannot starve the others
+        self.data_ready = asyncio.Event()
+        # called with the pull node of every partition that may have become fetchable
+        self.on_fetchable: Callable[[str | None], None] = lambda node: None
+        budget.on_freed = lambda: self.on_fetchable(None)
+
+    # -- assignment ------------------------------------------------------------------------------
+
+    def assign(self, tp: TopicPartition, position: int, pull_node: str | None) -> OwnedPartition:
+        if position < 0:
+            raise ValueError(f"{tp}: start position {position} is negative")
+        if tp in self.partitions:
+            raise ValueError(f"{tp} is already assigned")
+        op = OwnedPartition(tp, next(_epochs), position, pull_node)
+        self.partitions[tp] = op
+        self.on_fetchable(pull_node)
+        return op
+
+    def drop(self, tp: TopicPartition) -> OwnedPartition | None:
+        """Revoke: mark dropped, discard buffered data; an in-flight answer is discarded on arrival."""
+        op = self.partitions.pop(tp, None)
+        if op is not None:
+            op.queue.dropped = True
+            self._discard(op)
+        return op
+
+    def clear(self) -> None:
+        for tp in list(self.partitions):
+            self.drop(tp)
+
+    def get(self, tp: TopicPartition) -> OwnedPartition:
+        op = self.partitions.get(tp)
+        if op is None:
+            raise NotAssignedError(tp)
+        return op
+
+    def seek(self, tp: TopicPartition, offset: int) -> None:
+        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+            raise ValueError(f"{tp}: cannot seek to {offset!r}: offsets are integers >= 0")
+        op = self.get(tp)
+        op.epoch = next(_epochs)
+        self._discard(op)
+        op.position = offset
+        op.parked = None
+        op.last_error = None
+        op.errors = op.corrupt_answers = 0
+        op.retry_at = op.queue.flow_until = 0.0
+        op.resetting = False
+        self.on_fetchable(op.pull_node)
+
+    def set_paused(self, tps: Iterable[TopicPartition], paused: bool) -> None:
+        for tp in tps:
+            op = self.get(tp)
+            if op.paused != paused:
+                op.paused = paused
+                if not paused:
+                    self.on_fetchable(op.pull_node)
+
+    def is_current(self, op: OwnedPartition, epoch: int) -> bool:
+        """``op`` is still owned with assignment epoch ``epoch`` (no revoke or seek since)."""
+        return self.partitions.get(op.tp) is op and op.epoch == epoch
+
+    # -- buffering -------------------------------------------------------------------------------
+
+    def _discard(self, op: OwnedPartition) -> None:
+        records, nbytes = op.queue.clear()
+        if records or nbytes:
+            self.buffered_records -= records
+            self.budget.take_buffered(nbytes)
+            if not self.buffered_records:
+                self.data_ready.clear()
+            self.budget.freed()  # any node may fetch again
+
+    def append(self, op: OwnedPartition, batch: FetchedBatch) -> None:
+        op.queue.append(batch)
+        op.position = batch.next_offset
+        self.buffered_records += batch.next_offset - batch.first_offset
+        self.budget.add_buffered(batch.nbytes)
+        self.data_ready.set()
+
+    def drain(self, max_bytes: int | None = None) -> list[FetchedBatch]:
+        """Take buffered batches (at least one when any is there), oldest first per partition."""
+        if not self.budget.buffered and not self.buffered_records:
+            self.data_ready.clear()
+            return []
+        out: list[FetchedBatch] = []
+        taken = 0
+        ops = [op for op in self.partitions.values() if op.queue.batches]
+        if ops:
+            start = self._drain_start % len(ops)
+            self._drain_start += 1
+            for op in ops[start:] + ops[:start]:
+                q = op.queue
+                while q.batches:
+                    if max_bytes is not None and out and taken + q.batches[0].nbytes > max_bytes:
+                        break
+                    batch = q.popleft()
+                    taken += batch.nbytes
+                    self.buffered_records -= batch.next_offset - batch.first_offset
+                    out.append(batch)
+                self.on_fetchable(op.pull_node)
+                if max_bytes is not None and taken >= max_bytes:
+                    break
+        self.budget.take_buffered(taken)
+        if not self.buffered_records:
+            self.data_ready.clear()
+        if out:
+            self.budget.freed()
+        return out

@@ -1,0 +1,98 @@
+"""The status JSON made at the edge from the typed snapshot has exactly the documented shape and
+keys (the admin endpoint, ``mqd status --json`` and the chaos harness read it): the assignment
+epoch is "generation" per partition, the member version the top-level "generation", pinned bodies
+"pinned_answers"."""
+
+from __future__ import annotations
+
+from mqd.config import ConsumerConfig
+from mqd.consumer import Consumer
+from mqd.consumer.snapshot import (
+    ConsumerSnapshot,
+    Errors,
+    NodeSnapshot,
+    PartitionSnapshot,
+    Totals,
+    consumer_status_json,
+)
+from mqd.topic_partition import TopicPartition
+
+TP = TopicPartition("events", 3)
+
+
+def test_shape_and_values() -> None:
+    """Every key and value of a filled snapshot, as the status JSON had them."""
+    snap = ConsumerSnapshot(
+        member_id="m1",
+        group="g",
+        mode="cluster",
+        member_version=5,
+        members=("m1", "m2"),
+        coordinator="n1",
+        allocation="averagely",
+        partitions=(
+            PartitionSnapshot(TP, 9, 40, 30, 35, 0, 100, "n1", False, True, "records", 4, 400, None, "x"),
+        ),
+        totals=Totals(1, 400, 4, 1000, 200, 600, 2, 3, 1, ()),
+        nodes=(NodeSnapshot("n1", 7, 1, True, "boom", 0.25),),
+        errors=Errors("md", None, None, "rb"),
+    )
+    assert consumer_status_json(snap) == {
+        "member_id": "m1",
+        "group": "g",
+        "mode": "cluster",
+        "generation": 5,
+        "members": ["m1", "m2"],
+        "coordinator": "n1",
+        "allocation": "averagely",
+        "assignment": {
+            "events/3": {
+                "topic": "events",
+                "partition": 3,
+                "generation": 9,
+                "position": 40,
+                "committed": 30,
+                "marked": 35,
+                "log_start": 0,
+                "log_end": 100,
+                "lag": 60,
+                "pull_node": "n1",
+                "paused": False,
+                "in_flight": True,
+                "flow_control": "records",
+                "buffered_records": 4,
+                "buffered_bytes": 400,
+                "parked": None,
+                "last_error": "x",
+            }
+        },
+        "totals": {
+            "owned": 1,
+            "buffered_bytes": 400,
+            "buffered_records": 4,
+            "budget_bytes": 1000,
+            "reserved_bytes": 200,
+            "pinned_bytes": 600,
+            "pinned_answers": 2,
+            "requests_per_node": {"n1": 7},
+            "rebalances": 3,
+            "offset_resets": 1,
+            "parked": [],
+        },
+        "nodes": {
+            "n1": {"requests": 7, "errors": 1, "in_flight": True, "last_error": "boom", "backoff_s": 0.25}
+        },
+        "errors": {"metadata": "md", "heartbeat": None, "offset_store": None, "rebalance": "rb"},
+    }
+
+
+def test_broadcast_consumer_before_start() -> None:
+    """A broadcast consumer names itself the only member, with no group version or coordinator."""
+    out = Consumer(ConsumerConfig(client_id="solo", mode="broadcast")).status()
+    assert (out["members"], out["generation"], out["coordinator"], out["assignment"]) == (
+        ["solo"],
+        None,
+        None,
+        {},
+    )
+    assert out["totals"]["budget_bytes"] == ConsumerConfig().max_buffered_bytes
