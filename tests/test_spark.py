@@ -125,6 +125,21 @@ def _rows(spark: Any, path: Path) -> int:
         return 0
 
 
+def test_run_from_another_thread_leaves_the_callers_session_running(tmp_path: Path, spark: Any) -> None:
+    """``job.run`` stops only a session it created: run from a worker thread (where Spark's active
+    session is not set, it is per thread), it must leave the caller's session usable."""
+    cfg = make_config(tmp_path)
+    pub = Publisher(LocalStore(cfg.landing.dir))
+    pub.store.open()
+    publish(pub, "events", 0, 0, [b"x"] * 3, T0)
+    result: dict[str, int] = {}
+    worker = threading.Thread(target=lambda: result.setdefault("code", job.run(cfg, once=True)))
+    worker.start()
+    worker.join(120)
+    assert not worker.is_alive() and result == {"code": 0}
+    assert _rows(spark, cfg.spark.output_dir) == 3  # raises if run() stopped the session
+
+
 def test_continuous_mode_appends_new_files_until_stopped(tmp_path: Path, spark: Any) -> None:
     """Without --once the job keeps running: files published after it started reach the table;
     stopping its queries ends run() with exit code 0."""

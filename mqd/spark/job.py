@@ -170,7 +170,7 @@ def run(config: MqdConfig, *, once: bool, master: str | None = None) -> int:
             note="not in the manifest: Spark reads them if they are valid Parquet with the "
             "landing schema and skips them if corrupt",
         )
-    had_session = _active_session() is not None
+    had_session = _session_running()
     spark = build_session(config, master)
     started: list[Any] = []
     stopping = threading.Event()
@@ -236,10 +236,14 @@ def run(config: MqdConfig, *, once: bool, master: str | None = None) -> int:
             spark.stop()
 
 
-def _active_session() -> Any:
-    from pyspark.sql import SparkSession
+def _session_running() -> bool:
+    """A SparkContext already runs in this process (the caller's): ``run`` must not stop it.
+    Not ``SparkSession.getActiveSession()``: that is per thread (the JVM's active session is a
+    thread-local), so ``run`` called from another thread took the caller's session for its own
+    and stopped it at the end."""
+    from pyspark import SparkContext
 
-    return SparkSession.getActiveSession()
+    return SparkContext._active_spark_context is not None
 
 
 __all__ = ["LANDING_DDL", "SparkJobError", "build_session", "run", "unlisted_files"]
