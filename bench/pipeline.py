@@ -19,7 +19,7 @@ Results: ``bench/results/pipeline.json`` and ``pipeline.md`` (``smoke.*`` with `
 machine's facts; a full run also refreshes the table in bench/README.md.
 
     python -m bench                         # the full run (from the project root)
-    python -m bench --records 20000 --smoke # seconds: what tests/test_bench_smoke.py runs
+    python -m bench --records 20000 --smoke # seconds: what tests/e2e/test_bench_smoke.py runs
 """
 
 from __future__ import annotations

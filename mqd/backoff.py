@@ -19,8 +19,8 @@ def backoff_delay(
 ) -> float:
     """Seconds to wait after ``failures`` (>= 1) errors in a row: base, 2*base, 4*base, ... up to
     ``cap``, then scaled by a random factor in [1 - jitter, 1 + jitter]."""
-    delay = min(cap, base * 2 ** min(max(failures, 1) - 1, 30))
-    return delay * uniform(1.0 - jitter, 1.0 + jitter) if jitter else delay
+    delay: float = min(cap, base * 2.0 ** min(max(failures, 1) - 1, 30))
+    return delay * float(uniform(1.0 - jitter, 1.0 + jitter)) if jitter else delay
 
 
 class Backoff:

@@ -92,7 +92,9 @@ class BrokerNode:
             replica_progress=self.replica_progress,
             replication_status=self._replication_status,
         )
-        self._app = self.api.app  # what the node serves (tests/test_openapi.py reads its routes)
+        self._app = (
+            self.api.app
+        )  # what the node serves (tests/integration/broker/test_openapi.py reads its routes)
         self._tasks: list[asyncio.Task[None]] = []
         self._runner: web.AppRunner | None = None
         self._started = False

@@ -14,8 +14,9 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from support import REPO_ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO_ROOT
 _NOT_SOURCE = shutil.ignore_patterns(
     ".git",
     ".venv",

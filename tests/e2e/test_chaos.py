@@ -24,8 +24,9 @@ from mqd_dev.chaos import check
 from mqd_dev.chaos.load import Ack, record_value
 from mqd_dev.chaos.proxy import FaultProxy, Faults
 from mqd_dev.chaos.runner import ALL_KINDS, ChaosOptions, ChaosRun
+from support import REPO_ROOT
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = REPO_ROOT
 
 # -- the proxy --------------------------------------------------------------------------------------
 

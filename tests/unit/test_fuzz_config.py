@@ -13,6 +13,7 @@ from typing import Any
 
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+from support import REPO_ROOT
 
 from mqd.config import (
     BrokerConfig,
@@ -25,7 +26,7 @@ from mqd.config import (
     load_daemon_config,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO_ROOT
 SHIPPED = sorted((ROOT / "config").glob("*.toml"))
 _SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

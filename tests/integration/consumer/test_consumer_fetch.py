@@ -153,7 +153,7 @@ async def test_buffered_bytes_never_exceed_budget(cluster_factory: Any) -> None:
                 assert peak <= budget
                 await asyncio.sleep(0.01)
             assert peak > budget // 2
-            got: list = []
+            got: list[Any] = []
             for _ in range(500):
                 assert consumer.status()["totals"]["buffered_bytes"] <= budget
                 got.extend(consumer.fetched_batches(max_bytes=1000))

@@ -10,10 +10,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from support import REPO_ROOT
 
 from mqd.config import DaemonSection, load_daemon_config
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO_ROOT
 MQD_BIN = str(Path(sys.executable).parent / "mqd")
 
 

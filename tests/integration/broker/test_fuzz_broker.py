@@ -38,12 +38,13 @@ _accepted: dict[int, list[bytes]] = {p: [] for p in range(PARTITIONS)}
 
 @pytest.fixture(scope="module")
 def node(module_cluster_factory: Any) -> Cluster:
-    return module_cluster_factory(
+    cluster: Cluster = module_cluster_factory(
         topics={TOPIC: PARTITIONS},
         slaves=1,
         # long polls are capped so a fuzzed max_wait_ms cannot stall the test
         node_settings={"limits": {"max_wait_ms": 200, "max_request_bytes": 256 * 1024}},
     )
+    return cluster
 
 
 class Http:

@@ -13,8 +13,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from support import REPO_ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO_ROOT
 RECORDS = 6000
 
 

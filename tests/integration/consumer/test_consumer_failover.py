@@ -154,7 +154,7 @@ async def test_far_behind_reads_from_slave_then_back_to_master(cluster_factory: 
         cfg = config(cluster, partition_max_bytes=1024, max_queued_records=30)
         async with Consumer(cfg, client=client) as consumer:
             seen_nodes: set[str] = set()
-            got: list = []
+            got: list[Any] = []
             for _ in range(2000):
                 seen_nodes.add(consumer.status()["assignment"][str(tp)]["pull_node"])
                 got += consumer.fetched_batches()

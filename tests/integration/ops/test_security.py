@@ -18,6 +18,7 @@ from typing import Any
 import psutil
 import pytest
 from mqd_dev.chaos.check import read_landing
+from support import REPO_ROOT
 from support.harness import Cluster, self_signed_cert, to_toml
 
 from mqd.client import BrokerClient, BrokerError
@@ -26,7 +27,7 @@ from mqd.waiting import wait_until_sync
 
 TOKEN = "tok-3f9a7c1e-never-log-me"
 WRONG = "wrong-b71d2e-never-log-me-either"
-REPO = Path(__file__).resolve().parent.parent
+REPO = REPO_ROOT
 needs_openssl = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl tool")
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from collections import Counter
 
 import pytest
@@ -28,7 +29,9 @@ partitions_st = st.integers(min_value=0, max_value=64).map(
 )
 
 
-def global_allocation(name: str, members: list[str], partitions: list[TopicPartition]) -> dict[str, list]:
+def global_allocation(
+    name: str, members: list[str], partitions: list[TopicPartition]
+) -> dict[str, list[TopicPartition]]:
     fn = get_strategy(name)
     ms, ps = sorted(members), sorted(partitions)
     return {m: fn(m, ms, ps) for m in ms}
@@ -37,7 +40,9 @@ def global_allocation(name: str, members: list[str], partitions: list[TopicParti
 @pytest.mark.parametrize("name", STRATEGIES)
 @settings(max_examples=60, deadline=None)
 @given(members=members_st, partitions=partitions_st)
-def test_every_partition_owned_exactly_once(name: str, members: list[str], partitions: list) -> None:
+def test_every_partition_owned_exactly_once(
+    name: str, members: list[str], partitions: list[TopicPartition]
+) -> None:
     """Each strategy gives every partition to exactly one member, and nothing else."""
     alloc = global_allocation(name, members, partitions)
     owners = Counter(p for owned in alloc.values() for p in owned)
@@ -48,7 +53,9 @@ def test_every_partition_owned_exactly_once(name: str, members: list[str], parti
 @pytest.mark.parametrize("name", STRATEGIES)
 @settings(max_examples=40, deadline=None)
 @given(members=members_st, partitions=partitions_st, seed=st.randoms())
-def test_members_agree_whatever_order_they_saw(name: str, members: list[str], partitions: list, seed) -> None:
+def test_members_agree_whatever_order_they_saw(
+    name: str, members: list[str], partitions: list[TopicPartition], seed: random.Random
+) -> None:
     """Members that sort the same lists compute the same global allocation, whatever order the
     lists arrived in (the inputs are sorted before allocating, as the rebalancer does)."""
     shuffled_m, shuffled_p = list(members), list(partitions)
@@ -60,7 +67,9 @@ def test_members_agree_whatever_order_they_saw(name: str, members: list[str], pa
 @pytest.mark.parametrize("name", ["averagely", "averagely-by-circle"])
 @settings(max_examples=60, deadline=None)
 @given(members=members_st, partitions=partitions_st)
-def test_average_strategies_balanced_within_one(name: str, members: list[str], partitions: list) -> None:
+def test_average_strategies_balanced_within_one(
+    name: str, members: list[str], partitions: list[TopicPartition]
+) -> None:
     """Averagely and by-circle: member loads differ by at most one partition."""
     sizes = [len(v) for v in global_allocation(name, members, partitions).values()]
     assert max(sizes) - min(sizes) <= 1

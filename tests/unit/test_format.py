@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 
 import numpy as np
 import pyarrow as pa
@@ -27,7 +28,9 @@ records = st.lists(
 
 @settings(max_examples=150, deadline=None)
 @given(records, st.integers(min_value=0, max_value=2**40))
-def test_round_trip_through_arrow(recs, base):
+def test_round_trip_through_arrow(
+    recs: list[tuple[bytes, bytes | None, int, list[tuple[str, bytes]]]], base: int
+) -> None:
     """Any records survive encode -> broker offset assignment -> zero-copy Arrow view unchanged."""
     values = [r[0] for r in recs]
     keys = [r[1] for r in recs]
@@ -49,7 +52,7 @@ def test_round_trip_through_arrow(recs, base):
     assert got_headers == headers
 
 
-def test_start_offset_cuts_records_below_it():
+def test_start_offset_cuts_records_below_it() -> None:
     """A fetch may return a batch that starts before the requested offset; the view starts at it."""
     raw = bytearray(fmt.encode_batch([b"a", b"b", b"c", b"d"]))
     fmt.set_base_offset(raw, 0, 10)
@@ -59,7 +62,7 @@ def test_start_offset_cuts_records_below_it():
     assert rb.column("value").to_pylist() == [b"c", b"d"]
 
 
-def test_arrow_input_encodes_without_python_lists():
+def test_arrow_input_encodes_without_python_lists() -> None:
     """Producers can hand a pyarrow array (vectorised path); sliced arrays are re-based."""
     arr = pa.array([b"x" * i for i in range(20)]).slice(5, 10)
     raw = fmt.encode_batch(arr)
@@ -67,7 +70,7 @@ def test_arrow_input_encodes_without_python_lists():
     assert rb.column("value").to_pylist() == arr.to_pylist()
 
 
-def test_base_offset_rewrite_keeps_crc_valid():
+def test_base_offset_rewrite_keeps_crc_valid() -> None:
     raw = bytearray(fmt.encode_batch([b"v"] * 3))
     for base in (0, 1, 2**50):
         fmt.set_base_offset(raw, 0, base)
@@ -84,13 +87,13 @@ def test_base_offset_rewrite_keeps_crc_valid():
         lambda b: b[:20] + struct.pack("<I", 0) + b[24:],  # zero records
     ],
 )
-def test_corrupt_batches_are_refused(mutate):
+def test_corrupt_batches_are_refused(mutate: Callable[[bytes], bytes]) -> None:
     raw = fmt.encode_batch([b"hello", b"world"], keys=[b"k", None])
     with pytest.raises(fmt.BatchError):
         fmt.validate(mutate(raw))
 
 
-def test_offsets_inconsistent_with_length_refused_even_with_good_crc():
+def test_offsets_inconsistent_with_length_refused_even_with_good_crc() -> None:
     """A producer cannot smuggle in offsets pointing outside the batch: layout is checked after CRC."""
     raw = bytearray(fmt.encode_batch([b"abc", b"def"]))
     n = 2
@@ -105,7 +108,7 @@ def test_offsets_inconsistent_with_length_refused_even_with_good_crc():
         fmt.validate(bytes(raw))
 
 
-def test_scan_valid_prefix_stops_at_torn_tail():
+def test_scan_valid_prefix_stops_at_torn_tail() -> None:
     a = fmt.encode_batch([b"1"])
     b = fmt.encode_batch([b"2", b"3"])
     buf = a + b + b[:30]
@@ -114,7 +117,7 @@ def test_scan_valid_prefix_stops_at_torn_tail():
     assert good == len(a) + len(b)
 
 
-def test_fetch_answer_framing_round_trip():
+def test_fetch_answer_framing_round_trip() -> None:
     """Batches come back as views at the right place, after the 8-aligned JSON head."""
     b1 = fmt.encode_batch([b"x"])
     b2 = fmt.encode_batch([b"y", b"z"])
@@ -160,7 +163,7 @@ def test_fetch_answer_framing_round_trip():
             decode_fetch_answer(bad)
 
 
-def test_offset_column_is_vectorised():
+def test_offset_column_is_vectorised() -> None:
     """The offset column is an arange over the batch, not a per-record list."""
     raw = bytearray(fmt.encode_batch([b"v"] * 1000))
     fmt.set_base_offset(raw, 0, 5000)

@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from support import REPO_ROOT
 
 from mqd.cli import main
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO_ROOT
 
 
 def _cfg(tmp_path: Path, text: str = "") -> Path:

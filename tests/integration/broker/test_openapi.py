@@ -36,6 +36,7 @@ from schemathesis.specs.openapi.checks import (
     response_schema_conformance,
     status_code_conformance,
 )
+from support import REPO_ROOT
 from support.harness import Cluster, fetch_all, records_of
 
 import mqd.broker
@@ -65,7 +66,7 @@ _SETTINGS = settings(
 
 @pytest.fixture(scope="module")
 def node(module_cluster_factory: Any) -> Cluster:
-    return module_cluster_factory(
+    cluster: Cluster = module_cluster_factory(
         topics={TOPIC: PARTITIONS},
         groups=2,
         slaves=1,
@@ -74,11 +75,13 @@ def node(module_cluster_factory: Any) -> Cluster:
             "limits": {"max_wait_ms": 20, "max_request_bytes": 64 * 1024, "max_partitions_per_fetch": 64}
         },
     )
+    return cluster
 
 
 @pytest.fixture(scope="module")
 def spec() -> dict[str, Any]:
-    return yaml.safe_load(SPEC_FILE.read_bytes())
+    loaded: dict[str, Any] = yaml.safe_load(SPEC_FILE.read_bytes())
+    return loaded
 
 
 # loaded from the packaged file at import (test_served_spec_is_the_packaged_file proves a node serves
@@ -141,7 +144,7 @@ def test_served_spec_is_the_packaged_file(node: Cluster) -> None:
         assert resp.headers["Content-Type"].startswith("application/yaml")
         served = resp.read()
     assert served == SPEC_FILE.read_bytes()
-    docs = Path(__file__).resolve().parent.parent / "docs" / "openapi.yaml"
+    docs = REPO_ROOT / "docs" / "openapi.yaml"
     assert docs.read_bytes() == served
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from support import REPO_ROOT
 
 from mqd.config import (
     ConfigError,
@@ -18,7 +19,7 @@ from mqd.config import (
     load_daemon_config,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO_ROOT
 SHIPPED = ROOT / "config" / "mqd.toml"
 
 
@@ -192,7 +193,7 @@ def test_config_is_frozen() -> None:
     """Models are immutable: a reload builds a new one."""
     cfg = MqdConfig()
     with pytest.raises(ValueError):
-        cfg.consumer.group = "x"  # type: ignore[misc]
+        cfg.consumer.group = "x"
 
 
 def test_detect_kind_and_check_shipped_files() -> None:

@@ -1,6 +1,6 @@
 """Slave replication (mqd/broker/replication.py).
 
-End to end with real broker processes (tests/harness.py): a slave catches up with its master's log
+End to end with real broker processes (tests/support/harness.py): a slave catches up with its master's log
 and committed offsets, acks=all answers only once the slave holds the records, a killed master's
 slave still serves everything acked, and replication resumes when the master comes back (also after
 the master lost a tail). Answer handling (corrupt data, divergence) is tested directly on a
