@@ -134,7 +134,9 @@ class NodeFetcher:
         chosen: list[OwnedPartition] = []
         next_at: float | None = None
         for op in state.partitions.values():
-            if op.pull_node != self.node_id or op.paused or op.in_flight or op.resetting or op.parked:
+            if op.pull_node != self.node_id or op.paused or op.in_flight or op.resetting:
+                continue
+            if op.parked and not op.probe_parked:
                 continue
             hold = op.retry_at if now < op.retry_at else op.queue.hold(state.limits, now)
             if hold is not None:
@@ -414,6 +416,8 @@ class FetchManager:
             return
         op.log_start, op.log_end = res.log_start, res.log_end
         cluster = self.source.cluster
+        if op.probe_parked and status is not FetchStatus.FOUND:
+            self._unpark(op, f"{node_id} answered {status}")  # what was damaged is not there any more
         if status is FetchStatus.FOUND:
             self._append_found(node_id, op, offset, res)
         elif status is FetchStatus.CAUGHT_UP:
@@ -444,6 +448,14 @@ class FetchManager:
         if op.log_end is not None:
             metrics.consumer_lag.labels(tp.topic, str(tp.partition)).set(max(0, op.log_end - op.position))
 
+    def _unpark(self, op: OwnedPartition, why: str) -> None:
+        log.warning(
+            "partition unparked", topic=op.tp.topic, partition=op.tp.partition, was=op.parked, why=why
+        )
+        op.parked = op.last_error = None
+        op.probe_parked = False
+        op.corrupt_answers = op.errors = 0
+
     def _partition_error(self, op: OwnedPartition, message: str) -> None:
         op.errors += 1
         op.last_error = message
@@ -468,6 +480,8 @@ class FetchManager:
             metrics.records_fetched.labels(*label).inc(records)
             metrics.bytes_fetched.labels(*label).inc(nbytes)
         if decoded.error is None or clipped:
+            if op.probe_parked:
+                self._unpark(op, f"{node_id} answered data that decodes")
             op.corrupt_answers = op.errors = 0
             op.last_error = None
             return
@@ -475,13 +489,17 @@ class FetchManager:
         metrics.fetch_errors.labels(node_id, "corrupt").inc()
         message = f"{node_id}: corrupt data at offset {op.position}: {decoded.error}"
         if op.corrupt_answers >= MAX_CORRUPT_ANSWERS:
+            first = not op.parked
             op.parked = op.last_error = message
-            log.error(
-                "partition parked: data keeps failing to decode",
-                topic=tp.topic,
-                partition=tp.partition,
-                error=message,
-            )
+            op.probe_parked = True
+            op.retry_at = self.clock() + self.config.error_backoff_max_ms / 1000
+            if first:
+                log.error(
+                    "partition parked: data keeps failing to decode; probed again every error_backoff_max_ms",
+                    topic=tp.topic,
+                    partition=tp.partition,
+                    error=message,
+                )
         else:
             self._partition_error(op, message)
             log.warning(

@@ -36,6 +36,7 @@ class OwnedPartition:
         "parked",
         "paused",
         "position",
+        "probe_parked",
         "pull_node",
         "queue",
         "resetting",
@@ -59,6 +60,9 @@ class OwnedPartition:
         self.log_end: int | None = None
         self.last_error: str | None = None
         self.parked: str | None = None  # why it is not fetched any more (policy fail, corrupt data)
+        # parked on undecodable data: still fetched once per error_backoff_max, since the damage
+        # may be on the path (a proxy, a NIC) and not on the broker's disk; a clean answer unparks it
+        self.probe_parked = False
 
 
 # epochs are unique in the process, so a batch from one Consumer instance can never pass the
@@ -119,6 +123,7 @@ class SubscriptionState:
         self._discard(op)
         op.position = offset
         op.parked = None
+        op.probe_parked = False
         op.last_error = None
         op.errors = op.corrupt_answers = 0
         op.retry_at = op.queue.flow_until = 0.0

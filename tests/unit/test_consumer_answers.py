@@ -110,6 +110,24 @@ def test_bad_batch_keeps_good_prefix_then_parks_after_repeats() -> None:
     assert ps.parked and "CRC mismatch" in ps.parked and ps.position == 5
 
 
+def test_a_corrupt_park_is_probed_and_heals_when_the_data_decodes_again() -> None:
+    """Damage on the path (a proxy, a NIC), not on disk: a partition parked after three bad answers
+    is still fetched once per error_backoff_max; a probe that is still bad keeps it parked at the
+    damaged batch, the first clean answer unparks it and its records flow. Nothing is skipped."""
+    m = manager(error_backoff_max_ms=2000)
+    good = batches((5, 5))
+    bad = bytearray(good)
+    bad[-1] ^= 0xFF
+    for _ in range(3):
+        ps = deliver(m, 5, answer(Status.FOUND, 10, bytes(bad)))
+    assert ps.parked and ps.probe_parked and ps.position == 5
+    assert ps.retry_at >= m.clock() + 1.5  # probed at the longest backoff, not at once
+    deliver(m, 5, answer(Status.FOUND, 10, bytes(bad)))
+    assert ps.parked and ps.position == 5 and offsets(m) == []
+    deliver(m, 5, answer(Status.FOUND, 10, good))
+    assert (ps.parked, ps.probe_parked, ps.position, offsets(m)) == (None, False, 10, [5, 6, 7, 8, 9])
+
+
 def test_offset_gap_is_an_error_not_a_skip() -> None:
     """Data starting after the requested offset is refused: never skip records silently."""
     m = manager()

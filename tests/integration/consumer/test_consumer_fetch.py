@@ -193,3 +193,27 @@ async def test_corrupt_batch_parks_only_its_partition(cluster_factory: Any) -> N
             consumer.seek(tp, after.base_offset)
             got = await collect(consumer, lambda b: count_records(b) >= 1)
             assert records(got)[tp] == [(after.base_offset, b"after")]
+
+
+async def test_a_partition_parked_on_corrupt_data_resumes_once_the_data_is_repaired(
+    cluster_factory: Any,
+) -> None:
+    """A partition parked on undecodable data is probed again (error_backoff_max_ms) without a seek:
+    once the stored batch is repaired, its records land from the parked offset on, none skipped."""
+    cluster = cluster_factory(topics={"events": 1}, groups=1)
+    tp = TopicPartition("events", 0)
+    async with BrokerClient(request_timeout=5) as client:
+        await produce(client, cluster, 0, [b"first"])
+        bad = await produce(client, cluster, 0, [b"CORRUPT-ME"])
+        segment = next((cluster.nodes[cluster.master(0)].data_dir / "logs" / "events-0").glob("*.log"))
+        intact = segment.read_bytes()
+        raw = bytearray(intact)
+        raw[raw.index(b"CORRUPT-ME")] ^= 0xFF
+        segment.write_bytes(bytes(raw))
+        cfg = config(cluster, check_crc=True, error_backoff_max_ms=300)
+        async with Consumer(cfg, client=client) as consumer:
+            await wait_until(lambda: consumer.status()["assignment"][str(tp)]["parked"], 10.0, what="parked")
+            segment.write_bytes(intact)
+            got = await collect(consumer, lambda b: any(x.next_offset > bad.base_offset for x in b))
+            assert (bad.base_offset, b"CORRUPT-ME") in records(got)[tp]
+            assert consumer.status()["assignment"][str(tp)]["parked"] is None
