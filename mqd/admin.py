@@ -394,7 +394,7 @@ def render_summary(status: Mapping[str, Any]) -> str:
     if consumer:
         member = _first(consumer, "member_id", "client_id", default="?")
         gen = consumer.get("generation", "?")
-        lines.append(f"  group {consumer.get('group', '?')}, member {member}, generation {gen}")
+        lines.append(f"  group {consumer.get('group', '?')}, member {member}, member version {gen}")
     lag = sum(r.lag or 0 for r in rows)
     paused = sum(1 for r in rows if r.paused)
     errors = [r for r in rows if r.error]

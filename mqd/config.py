@@ -56,7 +56,7 @@ class NodeSpec(_Model):
     role: Literal["master", "slave"]
 
 
-class GroupSpec(_Model):
+class BrokerGroupSpec(_Model):
     name: str = Field(min_length=1)
     nodes: list[NodeSpec] = Field(min_length=1)
 
@@ -84,7 +84,7 @@ class TopicSpec(_Model):
 
 
 class ClusterConfig(_Model):
-    groups: list[GroupSpec] = Field(min_length=1)
+    groups: list[BrokerGroupSpec] = Field(min_length=1)
     topics: list[TopicSpec] = Field(default_factory=list)
 
     @model_validator(mode="after")
@@ -99,7 +99,7 @@ class ClusterConfig(_Model):
                     raise ValueError(f"topic {t.name!r} names unknown group {g!r}")
         return self
 
-    def group_of(self, topic: str, partition: int) -> GroupSpec | None:
+    def broker_group_of(self, topic: str, partition: int) -> BrokerGroupSpec | None:
         t = next((t for t in self.topics if t.name == topic), None)
         if t is None or not 0 <= partition < t.partitions:
             return None
@@ -107,7 +107,7 @@ class ClusterConfig(_Model):
         name = names[partition % len(names)]
         return next(g for g in self.groups if g.name == name)
 
-    def node(self, node_id: str) -> tuple[GroupSpec, NodeSpec] | None:
+    def node(self, node_id: str) -> tuple[BrokerGroupSpec, NodeSpec] | None:
         for g in self.groups:
             for n in g.nodes:
                 if n.id == node_id:

@@ -16,7 +16,7 @@ from typing import Any
 import structlog
 
 from mqd.client import BrokerClient, BrokerError
-from mqd.config import BrokerConfig, ClusterConfig, GroupSpec, NodeSpec
+from mqd.config import BrokerConfig, BrokerGroupSpec, ClusterConfig, NodeSpec
 
 log = structlog.get_logger(__name__)
 
@@ -52,7 +52,7 @@ class ClusterState:
             (t.name, p)
             for t in cluster.topics
             for p in range(t.partitions)
-            if (g := cluster.group_of(t.name, p)) is not None and g.name == self.broker_group.name
+            if (g := cluster.broker_group_of(t.name, p)) is not None and g.name == self.broker_group.name
         ]
         self._held = set(self.partitions)
 
@@ -65,8 +65,8 @@ class ClusterState:
     def holds(self, topic: str, partition: int) -> bool:
         return (topic, partition) in self._held
 
-    def broker_group_of(self, topic: str, partition: int) -> GroupSpec | None:
-        return self.cluster.group_of(topic, partition)
+    def broker_group_of(self, topic: str, partition: int) -> BrokerGroupSpec | None:
+        return self.cluster.broker_group_of(topic, partition)
 
     def node_spec(self, node_id: str) -> NodeSpec | None:
         found = self.cluster.node(node_id)
@@ -100,7 +100,7 @@ class ClusterState:
         for t in self.cluster.topics:
             parts = []
             for p in range(t.partitions):
-                g = self.cluster.group_of(t.name, p)
+                g = self.cluster.broker_group_of(t.name, p)
                 assert g is not None
                 parts.append(
                     {

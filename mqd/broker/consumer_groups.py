@@ -73,8 +73,8 @@ class ConsumerGroupStore:
         self._write_lock = asyncio.Lock()
         # snapshots are numbered in the order the loop took them; a write never replaces the file
         # with an older snapshot than the last one written (a commit's and a merge's writes may race)
-        self._generation = 0
-        self._written_generation = 0
+        self._write_seq = 0
+        self._written_seq = 0
         self._replace_lock = threading.Lock()
 
     # -- persistence -------------------------------------------------------------------------------
@@ -103,21 +103,21 @@ class ConsumerGroupStore:
         self._offsets = loaded
 
     def _snapshot_for_write(self) -> tuple[int, Snapshot]:
-        self._generation += 1
-        return self._generation, self.offsets_snapshot()
+        self._write_seq += 1
+        return self._write_seq, self.offsets_snapshot()
 
-    def _write(self, generation: int, snapshot: Snapshot) -> None:
+    def _write(self, seq: int, snapshot: Snapshot) -> None:
         body = json.dumps({"version": 1, "groups": snapshot}, separators=(",", ":")).encode()
         # held across the whole write: a commit and a merge may write at the same time, and
         # atomic_write's temp name is per process
         with self._replace_lock:
-            if generation <= self._written_generation:
+            if seq <= self._written_seq:
                 return  # a newer snapshot (which holds this one's changes) is on disk
             try:
                 atomic_write(self._path, body)
             except OSError as exc:
                 raise ConsumerGroupError(f"{self._path}: cannot write: {exc}", retriable=True) from exc
-            self._written_generation = generation
+            self._written_seq = seq
 
     # -- committed offsets -------------------------------------------------------------------------
 
@@ -156,8 +156,8 @@ class ConsumerGroupStore:
         """Like :meth:`merge_offsets`, with the write in a worker thread; True when anything moved."""
         if not self._merge(snapshot):
             return False
-        generation, data = self._snapshot_for_write()
-        await asyncio.get_running_loop().run_in_executor(None, self._write, generation, data)
+        seq, data = self._snapshot_for_write()
+        await asyncio.get_running_loop().run_in_executor(None, self._write, seq, data)
         return True
 
     async def commit(
@@ -182,8 +182,8 @@ class ConsumerGroupStore:
                     offs[key] = (epoch, offset)
                     changed = True
             if changed:
-                generation, snapshot = self._snapshot_for_write()
-                await asyncio.get_running_loop().run_in_executor(None, self._write, generation, snapshot)
+                seq, snapshot = self._snapshot_for_write()
+                await asyncio.get_running_loop().run_in_executor(None, self._write, seq, snapshot)
             return [{"topic": t, "partition": p, "offset": offs[(t, p)][1]} for t, p, _ in offsets]
 
     def committed(self, consumer_group: str, partitions: list[tuple[str, int]]) -> list[dict[str, Any]]:

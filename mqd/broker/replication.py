@@ -27,7 +27,7 @@ from mqd.backoff import Backoff
 from mqd.broker.consumer_groups import ConsumerGroupError, ConsumerGroupStore
 from mqd.broker.storage import Storage, StorageError
 from mqd.client import BrokerClient, BrokerError
-from mqd.config import GroupSpec, MiB
+from mqd.config import BrokerGroupSpec, MiB
 from mqd.errors import MqdError
 from mqd.protocol import FetchAnswer, PartitionFetch, ProtocolError, Status
 
@@ -58,7 +58,7 @@ class Replicator:
         self,
         *,
         node_id: str,
-        broker_group: GroupSpec,
+        broker_group: BrokerGroupSpec,
         storage: Storage,
         partitions: list[tuple[str, int]],
         client: BrokerClient,

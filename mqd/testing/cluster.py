@@ -214,7 +214,7 @@ class LocalCluster:
         name = self.group_names[group] if isinstance(group, int) else group
         return [n.id for n in self.nodes.values() if n.group == name and n.role == "slave"]
 
-    def group_of(self, partition: int) -> str:
+    def broker_group_of(self, partition: int) -> str:
         """Group of partition ``partition`` of a topic spread over every group (the default)."""
         return self.group_names[partition % len(self.group_names)]
 

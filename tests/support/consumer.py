@@ -44,7 +44,7 @@ def config(cluster: Cluster, **overrides: Any) -> ConsumerConfig:
 
 
 def master_url(cluster: Cluster, partition: int) -> str:
-    return cluster.url(cluster.master(cluster.group_of(partition)))
+    return cluster.url(cluster.master(cluster.broker_group_of(partition)))
 
 
 async def produce(

@@ -65,7 +65,7 @@ async def produce_numbered(
     timestamp: int | None = None,
 ) -> None:
     for p in range(partitions):
-        url = cluster.url(cluster.master(cluster.group_of(p)))
+        url = cluster.url(cluster.master(cluster.broker_group_of(p)))
         for lo in range(start, start + per_partition, per_batch):
             n = min(per_batch, start + per_partition - lo)
             raw = fmt.encode_batch(

@@ -87,7 +87,7 @@ def test_corrupt_offsets_file_is_a_clear_error(tmp_path: Path) -> None:
 def test_unforced_commits_keep_the_maximum(offsets: list[int]) -> None:
     """Whatever the order of unforced commits, the stored offset is their maximum."""
     gs = ConsumerGroupStore(Path("/nonexistent"))
-    gs._write = lambda generation, snapshot: None  # type: ignore[method-assign]  # no disk here
+    gs._write = lambda seq, snapshot: None  # type: ignore[method-assign]  # no disk here
 
     async def run() -> int:
         for o in offsets:
@@ -204,7 +204,7 @@ async def test_commits_are_durable_forward_only_and_replicated(
 def _store(path: Path | None = None) -> ConsumerGroupStore:
     gs = ConsumerGroupStore(path or Path("/nonexistent"))
     if path is None:
-        gs._write = lambda generation, snapshot: None  # type: ignore[method-assign]  # no disk here
+        gs._write = lambda seq, snapshot: None  # type: ignore[method-assign]  # no disk here
     return gs
 
 

@@ -23,7 +23,7 @@ from mqd.broker.consumer_groups import ConsumerGroupStore
 from mqd.broker.replication import Replicator
 from mqd.broker.storage import Storage
 from mqd.client import BrokerClient, BrokerError
-from mqd.config import GroupSpec, NodeSpec, StorageConfig
+from mqd.config import BrokerGroupSpec, NodeSpec, StorageConfig
 from mqd.protocol import FetchAnswer, PartitionFetch, Status
 
 T = TypeVar("T")
@@ -223,7 +223,7 @@ class _Slave:
         self.storage = Storage(root, StorageConfig(segment_bytes=4096, fsync="never"))
         self.storage.open([(TOPIC, 0)])
         self.appended: list[tuple[str, int]] = []
-        group = GroupSpec(
+        group = BrokerGroupSpec(
             name="broker-a",
             nodes=[
                 NodeSpec(id="m", url="http://127.0.0.1:9", role="master"),

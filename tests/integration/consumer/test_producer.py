@@ -214,7 +214,7 @@ async def test_send_batch_routes_each_partition_to_its_master(
             r2 = await producer.send_batch("events", p, [b"c"])
             assert (r1.base_offset, r1.count, r2.base_offset, r2.max_offset) == (0, 2, 2, 3)
     for p in range(4):
-        master = cluster.master(cluster.group_of(p))
+        master = cluster.master(cluster.broker_group_of(p))
         table = await _read_all(client, cluster.url(master), "events", p)
         assert table.column("offset").to_pylist() == [0, 1, 2]
         assert table.column("value").to_pylist() == [b"a%d" % p, b"b", b"c"]

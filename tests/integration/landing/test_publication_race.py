@@ -80,7 +80,7 @@ def _config(cluster: Cluster, root: Path, topics: list[str]) -> MqdConfig:
 
 
 async def _produce(client: BrokerClient, cluster: Cluster, first: int, count: int) -> None:
-    url = cluster.url(cluster.master(cluster.group_of(TP.partition)))
+    url = cluster.url(cluster.master(cluster.broker_group_of(TP.partition)))
     raw = fmt.encode_batch([b"r%d" % i for i in range(first, first + count)])
     await client.produce(url, TOPIC, TP.partition, raw)
 
