@@ -8,6 +8,12 @@
 - ``POST /pause``, ``POST /resume``  body ``{"partitions": ["topic", "topic:3"]}`` (or
   ``?partition=topic:3``, repeatable): a bare topic means every owned partition of it.
 
+With ``admin.auth_token`` set, every route but the two probes needs the token (:class:`AdminAuth`):
+``Authorization: Bearer <token>`` (the CLI, Prometheus) or HTTP Basic with the token as password (a
+browser, which cannot add a bearer header to a page it loads). The probes stay open because systemd and
+Kubernetes probe without credentials; without the token they answer only ok/not ok, no reasons, since
+the reasons carry paths, URLs and error text.
+
 The server knows nothing about the daemon: it serves an :class:`AdminTarget` (the runner).
 The text and HTML views are pure functions of the status JSON so ``mqd status``/``mqd top`` render
 exactly what the endpoint serves.
@@ -15,6 +21,10 @@ exactly what the endpoint serves.
 
 from __future__ import annotations
 
+import base64
+import binascii
+import hashlib
+import hmac
 import html
 import json
 import re
@@ -25,6 +35,7 @@ from typing import Any, Protocol
 
 import structlog
 from aiohttp import web
+from aiohttp.typedefs import Handler
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
@@ -57,6 +68,55 @@ def parse_partition_spec(text: str) -> PartitionSpec:
     return topic, int(part)
 
 
+OPEN_ROUTES = frozenset({"/healthz", "/readyz"})  # probes: systemd and k8s send no credentials
+READ_METHODS = frozenset({"GET", "HEAD"})
+REALM = "mqd"
+
+
+class AdminAuth:
+    """Who may call the admin endpoint. Without a token everyone (loopback by default); with one, a
+    request must carry it as a bearer token, or, to read, as the password of HTTP Basic auth (any
+    user name)."""
+
+    def __init__(self, token: str | None) -> None:
+        self._digest = _digest(token.encode()) if token else None
+
+    def allows(self, authorization: str | None, *, basic: bool) -> bool:
+        """Whether an ``Authorization`` header value (None when absent) grants access; ``basic``
+        says whether HTTP Basic counts. A browser resends Basic credentials by itself, also on a
+        form another site posts to us, so only reads take them: pause/resume need the bearer header,
+        which no browser adds on its own."""
+        if self._digest is None:
+            return True
+        given = _credential(authorization or "", basic=basic)
+        # equal-length digests: the comparison takes the same time whatever the token's length or
+        # how much of it a guess gets right
+        return given is not None and hmac.compare_digest(_digest(given), self._digest)
+
+
+def _digest(secret: bytes) -> bytes:
+    return hashlib.sha256(secret).digest()
+
+
+def _credential(authorization: str, *, basic: bool) -> bytes | None:
+    """The secret a header carries: a bearer token or a basic password; None when it carries none."""
+    scheme, _, value = authorization.strip().partition(" ")
+    value = value.strip()
+    if not value:
+        return None
+    # aiohttp decodes headers as UTF-8 with surrogateescape: this gives back the bytes sent
+    if scheme.lower() == "bearer":
+        return value.encode("utf-8", "surrogateescape")
+    if scheme.lower() == "basic" and basic:
+        try:
+            decoded = base64.b64decode(value.encode("ascii"), validate=True)
+        except (binascii.Error, UnicodeEncodeError):
+            return None
+        _user, sep, password = decoded.partition(b":")
+        return password if sep else None
+    return None
+
+
 class AdminTarget(Protocol):
     """What the endpoint serves; the runner implements it around the Daemon."""
 
@@ -84,7 +144,8 @@ class AdminServer:
         self._config = config
         self._target = target
         self._registry = registry
-        self._app = web.Application(client_max_size=64 * 1024)
+        self._auth = AdminAuth(config.auth_token)
+        self._app = web.Application(client_max_size=64 * 1024, middlewares=[self._check_auth])
         self._app.add_routes(
             [
                 web.get("/", self._index),
@@ -132,6 +193,29 @@ class AdminServer:
 
     # -- handlers --------------------------------------------------------------------------------
 
+    @web.middleware
+    async def _check_auth(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        # judged on the route the router matched, so no spelling of a path reaches another handler
+        resource = request.match_info.route.resource
+        if (resource is not None and resource.canonical in OPEN_ROUTES) or self._trusted(request):
+            return await handler(request)
+        # reads offer Basic so a browser prompts (on the page, and on /status or /metrics opened
+        # directly); once given, it sends the password to every path under / (RFC 7617)
+        read = request.method in READ_METHODS
+        scheme = "Basic" if read else "Bearer"
+        response = _error(
+            401,
+            "unauthorized",
+            "this endpoint needs the admin token: Authorization: Bearer <admin.auth_token>"
+            + (", or HTTP Basic auth with the token as password" if read else ""),
+        )
+        response.headers["WWW-Authenticate"] = f'{scheme} realm="{REALM}"'
+        return response
+
+    def _trusted(self, request: web.Request) -> bool:
+        """Whether the request may see details: no token is set, or it carries the right one."""
+        return self._auth.allows(request.headers.get("Authorization"), basic=request.method in READ_METHODS)
+
     async def _healthz(self, request: web.Request) -> web.Response:
         ok, reason = self._target.liveness()
         return web.json_response(
@@ -140,6 +224,8 @@ class AdminServer:
 
     async def _readyz(self, request: web.Request) -> web.Response:
         ok, reasons = self._target.readiness()
+        if not self._trusted(request):
+            reasons = []  # the reasons name paths, broker URLs and error text
         return web.json_response({"ready": ok, "reasons": reasons}, status=200 if ok else 503)
 
     async def _metrics(self, request: web.Request) -> web.Response:
@@ -159,10 +245,6 @@ class AdminServer:
         return await self._pause_resume(request, pause=False)
 
     async def _pause_resume(self, request: web.Request, *, pause: bool) -> web.Response:
-        if self._config.auth_token and request.headers.get("Authorization") != (
-            f"Bearer {self._config.auth_token}"
-        ):
-            return _error(401, "unauthorized", "this endpoint needs Authorization: Bearer <admin.auth_token>")
         try:
             specs = [parse_partition_spec(s) for s in await _partition_args(request)]
             if not specs:

@@ -272,7 +272,7 @@ def start(config_path: Path, wait_s: float) -> None:
                 break
         elif info and info.get("pid") == proc.pid:
             try:
-                state = _http("GET", f"{info['url']}/status", timeout=2).get("state")
+                state = _http("GET", f"{info['url']}/status", token=rt.admin_token, timeout=2).get("state")
             except click.ClickException:
                 state = None
             if state not in (None, "starting"):
@@ -380,7 +380,7 @@ def _fetch_status(rt: _Runtime, pid: int) -> dict[str, Any]:
     url = _admin_url(rt, pid)
     if url is None:
         raise click.ClickException("the admin endpoint is disabled (admin.enabled = false)")
-    data = _http("GET", f"{url}/status")
+    data = _http("GET", f"{url}/status", token=rt.admin_token)
     if not isinstance(data, dict):
         raise click.ClickException(f"GET {url}/status: not a JSON object")
     return data

@@ -254,7 +254,7 @@ class AdminConfig(_Model):
     enabled: bool = True
     host: str = "127.0.0.1"
     port: int = Field(default=9480, ge=0, le=65535)  # 0: any free port (written to state_dir/admin.json)
-    auth_token: str | None = Field(default=None, repr=False)  # needed by POST /pause, /resume when set
+    auth_token: str | None = Field(default=None, repr=False)  # every route but the probes, when set
 
 
 class LogConfig(_Model):

@@ -1,7 +1,9 @@
-"""The admin endpoint over real HTTP (port 0), and the status views it and the CLI share."""
+"""The admin endpoint over real HTTP (port 0): the admin token on every route but the probes, and the
+status views the endpoint and the CLI share."""
 
 from __future__ import annotations
 
+import base64
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -14,6 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from mqd import metrics
 from mqd.admin import (
+    OPEN_ROUTES,
     AdminError,
     AdminServer,
     PartitionSpec,
@@ -24,6 +27,9 @@ from mqd.admin import (
     render_summary,
 )
 from mqd.config import AdminConfig
+
+TOKEN = "tok"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 STATUS: dict[str, Any] = {
     "state": "running",
@@ -71,6 +77,7 @@ class Target:
     def __init__(self) -> None:
         self.live = True
         self.ready = True
+        self.secret_reasons: list[str] = []
         self.calls: list[tuple[str, list[PartitionSpec]]] = []
 
     def status(self) -> dict[str, Any]:
@@ -80,7 +87,7 @@ class Target:
         return self.live, "loop ok" if self.live else "working loop silent for 99s"
 
     def readiness(self) -> tuple[bool, list[str]]:
-        return self.ready, [] if self.ready else ["no partitions assigned"]
+        return self.ready, [] if self.ready else ["no partitions assigned", *self.secret_reasons]
 
     def pause(self, specs: Sequence[PartitionSpec]) -> list[tuple[str, int]]:
         self.calls.append(("pause", list(specs)))
@@ -96,7 +103,7 @@ class Target:
 @pytest.fixture
 async def served() -> AsyncIterator[tuple[AdminServer, Target, aiohttp.ClientSession]]:
     target = Target()
-    server = AdminServer(AdminConfig(port=0, auth_token="tok"), target)
+    server = AdminServer(AdminConfig(port=0, auth_token=TOKEN), target)
     await server.start()
     session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10))
     try:
@@ -117,7 +124,7 @@ async def test_health_and_readiness_follow_the_target(served: Any) -> None:
     target.live, target.ready = False, False
     async with s.get(f"{server.url}/healthz") as r:
         assert r.status == 503 and "silent" in (await r.json())["reason"]
-    async with s.get(f"{server.url}/readyz") as r:
+    async with s.get(f"{server.url}/readyz", headers=AUTH) as r:
         assert r.status == 503 and (await r.json())["reasons"] == ["no partitions assigned"]
 
 
@@ -126,7 +133,7 @@ async def test_metrics_parse_with_prometheus_parser(served: Any) -> None:
     server, _, s = served
     metrics.records_fetched.labels("events", "0").inc(7)
     metrics.fetch_latency.labels("broker-a-0").observe(0.01)
-    async with s.get(f"{server.url}/metrics") as r:
+    async with s.get(f"{server.url}/metrics", headers=AUTH) as r:
         assert r.status == 200
         assert r.headers["Content-Type"].startswith("text/plain")
         text = await r.text()
@@ -170,9 +177,9 @@ async def test_metrics_of_a_given_registry() -> None:
 async def test_status_json_and_html_page(served: Any) -> None:
     """/status is the target's JSON; / renders it as HTML with user text escaped."""
     server, _, s = served
-    async with s.get(f"{server.url}/status") as r:
+    async with s.get(f"{server.url}/status", headers=AUTH) as r:
         assert await r.json() == STATUS
-    async with s.get(f"{server.url}/") as r:
+    async with s.get(f"{server.url}/", headers=AUTH) as r:
         page = await r.text()
     assert r.headers["Content-Type"].startswith("text/html")
     assert "broker-b-1" in page and "&lt;b&gt;boom&lt;/b&gt;" in page and "<b>boom" not in page
@@ -181,7 +188,7 @@ async def test_status_json_and_html_page(served: Any) -> None:
 async def test_pause_resume_need_the_token_and_valid_partitions(served: Any) -> None:
     """POST /pause and /resume: 401 without the token, 400 on bad input, 404 for an unowned partition."""
     server, target, s = served
-    auth = {"Authorization": "Bearer tok"}
+    auth = AUTH
     async with s.post(f"{server.url}/pause", json={"partitions": ["events:1"]}) as r:
         assert r.status == 401
     async with s.post(f"{server.url}/pause", json={"partitions": ["events:1", "clicks"]}, headers=auth) as r:
@@ -217,6 +224,135 @@ async def test_port_in_use_is_a_clear_retriable_error(served: Any) -> None:
     with pytest.raises(AdminError) as info:
         await other.start()
     assert f"127.0.0.1:{port}" in str(info.value) and info.value.retriable
+
+
+# -- the admin token -------------------------------------------------------------------------------
+
+# every route but the probes, with a request that succeeds once authorised
+GUARDED: list[tuple[str, str, dict[str, Any] | None]] = [
+    ("GET", "/", None),
+    ("HEAD", "/", None),
+    ("GET", "/status", None),
+    ("GET", "/metrics", None),
+    ("POST", "/pause", {"partitions": ["events:1"]}),
+    ("POST", "/resume", {"partitions": ["events:1"]}),
+]
+SECRETS = ["landing: [Errno 28] No space left on device: '/srv/landing/events'", "http://10.1.2.3:9090 down"]
+
+
+def _basic(password: str, user: str = "anyone") -> dict[str, str]:
+    """What a browser sends once the user typed a name and the password (RFC 7617)."""
+    return {"Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()}
+
+
+WRONG_CREDENTIALS: list[dict[str, str]] = [
+    {"Authorization": "Bearer wrong"},
+    {"Authorization": f"Bearer {TOKEN}x"},
+    {"Authorization": f"Bearer {TOKEN[:-1]}"},
+    {"Authorization": "Bearer "},
+    {"Authorization": TOKEN},
+    {"Authorization": f"Token {TOKEN}"},
+    _basic("wrong"),
+    _basic(TOKEN + "x"),
+    {"Authorization": "Basic !!not-base64!!"},
+    {"X-Admin-Token": TOKEN},
+]
+
+
+@pytest.mark.parametrize(("method", "path", "body"), GUARDED, ids=[f"{m} {p}" for m, p, _ in GUARDED])
+async def test_a_guarded_route_needs_the_admin_token(
+    served: Any, method: str, path: str, body: dict[str, Any] | None
+) -> None:
+    """With admin.auth_token set, each route but the probes answers 401 with a challenge (Basic for
+    reads so a browser prompts, Bearer for pause/resume) to a missing or wrong token, in either
+    scheme, and works with the right bearer token; Basic opens reads only."""
+    server, target, s = served
+    url = f"{server.url}{path}"
+    read = method in ("GET", "HEAD")
+    async with s.request(method, url, json=body) as r:
+        assert r.status == 401
+        assert r.headers["WWW-Authenticate"] == ('Basic realm="mqd"' if read else 'Bearer realm="mqd"')
+        if method != "HEAD":
+            assert (await r.json())["error"] == "unauthorized"
+    for wrong in WRONG_CREDENTIALS:
+        async with s.request(method, url, json=body, headers=wrong) as r:
+            assert r.status == 401, wrong
+    assert target.calls == []  # nothing reached the daemon
+    async with s.request(method, url, json=body, headers=AUTH) as r:
+        assert r.status == 200
+    async with s.request(method, url, json=body, headers=_basic(TOKEN)) as r:
+        # a browser resends Basic credentials on a form another site posts: no pause/resume by Basic
+        assert r.status == (200 if read else 401)
+    assert len(target.calls) == (0 if read else 1)
+
+
+async def test_a_browser_opens_the_status_page_with_the_token_as_password(served: Any) -> None:
+    """GET / without credentials asks the browser for a password (Basic realm "mqd"); any user name
+    with the token as password shows the page, and the same credentials open the pages it links."""
+    server, _, s = served
+    async with s.get(f"{server.url}/") as r:
+        assert r.status == 401 and r.headers["WWW-Authenticate"] == 'Basic realm="mqd"'
+        assert "broker-b-1" not in await r.text()
+    for user in ("admin", "", "ops team"):
+        async with s.get(f"{server.url}/", headers=_basic(TOKEN, user)) as r:
+            assert r.status == 200 and r.headers["Content-Type"].startswith("text/html")
+            assert "broker-b-1" in await r.text()
+    async with s.get(f"{server.url}/status", headers=_basic(TOKEN)) as r:
+        assert r.status == 200 and await r.json() == STATUS
+    async with s.get(f"{server.url}/metrics", headers=_basic(TOKEN)) as r:
+        assert r.status == 200
+
+
+async def test_the_probes_stay_open_and_show_details_only_with_the_token(served: Any) -> None:
+    """/healthz and /readyz answer without a token (systemd and k8s probes send none) with their
+    status code, but /readyz keeps its reasons (paths, broker URLs, error text) for token holders."""
+    server, target, s = served
+    assert OPEN_ROUTES == {"/healthz", "/readyz"}
+    target.secret_reasons = SECRETS
+    async with s.get(f"{server.url}/healthz") as r:
+        assert r.status == 200 and (await r.json())["status"] == "ok"
+    async with s.get(f"{server.url}/readyz") as r:
+        assert r.status == 200
+    target.live, target.ready = False, False
+    for headers in ({}, {"Authorization": "Bearer wrong"}, _basic("wrong")):
+        async with s.get(f"{server.url}/healthz", headers=headers) as r:
+            assert r.status == 503 and (await r.json())["status"] == "stuck"
+        async with s.get(f"{server.url}/readyz", headers=headers) as r:
+            text = await r.text()
+            assert r.status == 503 and (await r.json()) == {"ready": False, "reasons": []}
+        assert "/srv" not in text and "10.1.2.3" not in text and "Errno" not in text
+    for headers in (AUTH, _basic(TOKEN)):
+        async with s.get(f"{server.url}/readyz", headers=headers) as r:
+            assert r.status == 503
+            assert (await r.json())["reasons"] == ["no partitions assigned", *SECRETS]
+
+
+async def test_unknown_paths_are_not_revealed_without_the_token(served: Any) -> None:
+    """Without the token a path that does not exist answers 401 like one that does; with it, 404."""
+    server, _, s = served
+    for path in ("/nope", "/healthz/", "/status/../healthz/x", "/STATUS"):
+        async with s.get(f"{server.url}{path}") as r:
+            assert r.status == 401, path
+        async with s.get(f"{server.url}{path}", headers=AUTH) as r:
+            assert r.status == 404, path
+
+
+async def test_without_a_token_every_route_is_open() -> None:
+    """Control: with no admin.auth_token (the loopback-only default) nothing asks for one and the
+    probes keep their reasons."""
+    target = Target()
+    target.ready, target.secret_reasons = False, SECRETS
+    server = AdminServer(AdminConfig(port=0), target)
+    await server.start()
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as s:
+            for method, path, body in GUARDED:
+                async with s.request(method, f"{server.url}{path}", json=body) as r:
+                    assert r.status == 200, (method, path)
+            async with s.get(f"{server.url}/readyz") as r:
+                assert r.status == 503 and (await r.json())["reasons"] == ["no partitions assigned", *SECRETS]
+    finally:
+        await server.stop()
 
 
 # -- pure views ------------------------------------------------------------------------------------
