@@ -9,10 +9,10 @@
   ``?partition=topic:3``, repeatable): a bare topic means every owned partition of it.
 
 With ``admin.auth_token`` set, every route but the two probes needs the token (:class:`AdminAuth`):
-``Authorization: Bearer <token>`` (the CLI, Prometheus) or HTTP Basic with the token as password (a
-browser, which cannot add a bearer header to a page it loads). The probes stay open because systemd and
-Kubernetes probe without credentials; without the token they answer only ok/not ok, no reasons, since
-the reasons carry paths, URLs and error text.
+``Authorization: Bearer <token>`` (the CLI, Prometheus), or, for GET, HTTP Basic with the token as
+password (a browser, which cannot add a bearer header to a page it loads). The probes stay open
+because systemd and Kubernetes probe without credentials; without the token they answer only ok/not
+ok, no reasons, since the reasons carry paths, URLs and error text. See docs/security.md.
 
 The server knows nothing about the daemon: it serves an :class:`AdminTarget` (the runner).
 The text and HTML views are pure functions of the status JSON so ``mqd status``/``mqd top`` render

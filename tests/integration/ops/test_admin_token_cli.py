@@ -55,9 +55,9 @@ def _mqd(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def _cli(*args: str) -> tuple[int, str, str]:
+def _cli(*args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
     """The CLI in this process; the daemon it talks to is still real."""
-    res = CliRunner().invoke(main, list(args))
+    res = CliRunner().invoke(main, list(args), env=env)
     return res.exit_code, res.stdout, res.stderr
 
 
@@ -86,7 +86,8 @@ def test_cli_sends_the_admin_token_and_others_are_refused(
     tmp_path: Path, state_dir: Path, cluster_factory: Callable[..., Cluster]
 ) -> None:
     """start waits for a daemon whose /status needs the token; status, status --json, top, pause and
-    resume work through it; a plain GET /status without the token gets 401, /healthz stays open."""
+    resume work through it; a plain GET /status without the token gets 401, /healthz stays open; the
+    CLI with a wrong token in its config is refused."""
     cluster = cluster_factory(topics={"events": 2})
     cfg = _config(tmp_path, cluster)
     res = _mqd("start", "-c", str(cfg), "--wait", "30")
@@ -112,6 +113,12 @@ def test_cli_sends_the_admin_token_and_others_are_refused(
     code, out, err = _cli("status", "-c", str(cfg), "--json")
     assert code == 0, out + err
     assert json.loads(out)["runner"]["pid"] == pid
+
+    # the token sent is the config's: a wrong one (from MQD_ADMIN__AUTH_TOKEN) is refused
+    code, out, err = _cli("status", "-c", str(cfg), env={"MQD_ADMIN__AUTH_TOKEN": "wrong"})
+    assert code == 1 and "401: this endpoint needs the admin token" in out, out + err
+    code, out, err = _cli("pause", "-c", str(cfg), "events:0", env={"MQD_ADMIN__AUTH_TOKEN": "wrong"})
+    assert code != 0 and "401" in out + err, out + err
 
     code, out, err = _cli("pause", "-c", str(cfg), "events:1")
     assert code == 0 and "paused: events:1" in out, out + err
