@@ -7,8 +7,10 @@ open, truncation, retention, the fsync policy) and the set of logs of a node (:c
 
 The indexes are also kept in memory (``array``) so lookups are a bisect. They are derived data,
 written when a segment is rolled (closed). On open, a closed segment's index is trusted when it
-is consistent with the log file (its last entry's batch ends exactly at the file size); otherwise,
-and always for the active (last) segment, the index is rebuilt by scanning the log with CRC checks.
+is consistent with the log file (:meth:`Segment.load_indexes`: its first and last batches read back
+intact where the index puts them, the last one ending at the file size), so start-up does not grow
+with the whole log; otherwise, and always for the active (last) segment, the index is rebuilt by
+scanning the log with CRC checks (``segments_trusted`` / ``segments_scanned`` count both).
 A torn or corrupt tail is truncated (and later segments, which would leave a gap, are deleted), so
 a torn batch is never served.
 
@@ -110,6 +112,9 @@ class PartitionLog:
         self._dir_dirty = False
         self._closed = False
         self._failed: str | None = None  # set when a failed write could not be undone
+        # what open() did with each segment: start-up cost grows with the scanned ones only
+        self.segments_trusted = 0
+        self.segments_scanned = 0
 
     def __repr__(self) -> str:
         return f"PartitionLog({self.topic}-{self.partition}, [{self.min_offset}, {self.max_offset}))"
@@ -162,6 +167,8 @@ class PartitionLog:
             min_offset=self.min_offset,
             max_offset=self.max_offset,
             segments=len(self._segments),
+            trusted=self.segments_trusted,
+            scanned=self.segments_scanned,
         )
 
     def _recover(self, bases: list[int]) -> None:
@@ -184,9 +191,11 @@ class PartitionLog:
                 return
             seg = self._open_segment(path, base, start_byte)
             if not last and seg.load_indexes():
+                self.segments_trusted += 1
                 self._append_segment(seg)
                 start_byte += seg.size
                 continue
+            self.segments_scanned += 1
             valid = seg.scan()
             if valid < seg.size:
                 log.warning(
