@@ -53,6 +53,11 @@ class DiskHealth:
         self._last_probe = -float("inf")
         self._probing = False
 
+    @property
+    def probing(self) -> bool:
+        """A probe is running in a worker thread."""
+        return self._probing
+
     def note_error(self, exc: OSError, what: str) -> bool:
         """Record a failed disk operation; True when its errno says the disk is the problem."""
         if exc.errno not in DISK_ERRNOS:
