@@ -166,7 +166,7 @@ class ConsumerConfig(_Model):
     bootstrap: list[str] = Field(default_factory=lambda: ["http://127.0.0.1:9400"], min_length=1)
     topics: list[str] = Field(default_factory=lambda: ["events"], min_length=1)
     mode: Literal["cluster", "broadcast"] = "cluster"
-    consume_from: Literal["last", "first", "timestamp"] = "last"
+    consume_from: Literal["last", "first", "timestamp"] = "first"
     consume_timestamp_ms: int | None = None  # for consume_from = "timestamp"
     allocation: str = "averagely"
     on_offset_reset: Literal["broker", "earliest", "latest", "fail"] = "broker"

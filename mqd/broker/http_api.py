@@ -152,14 +152,19 @@ class BrokerApi:
     # -- simple endpoints --------------------------------------------------------------------------
 
     async def _health(self, request: web.Request) -> web.Response:
-        return web.json_response(
-            {
-                "node": self.node_id,
-                "role": self.state.node.role,
-                "group": self.state.broker_group.name,
-                "status": "stopping" if self.closing else "ok",
-            }
-        )
+        # 200 even when degraded: the node still serves reads, so peers must keep it alive
+        disk = self.storage.disk
+        disk.probe_soon()  # answers from the last probe; a full or read-only disk shows within 1 s
+        reasons = [] if disk.problem is None else [disk.problem]
+        body: dict[str, Any] = {
+            "node": self.node_id,
+            "role": self.state.node.role,
+            "group": self.state.broker_group.name,
+            "status": "stopping" if self.closing else "degraded" if reasons else "ok",
+        }
+        if reasons:
+            body["reasons"] = reasons
+        return web.json_response(body)
 
     async def _metadata(self, request: web.Request) -> web.Response:
         return web.json_response(self.state.metadata())

@@ -7,7 +7,9 @@
 
 The indexes are derived data, kept in memory (``array``, lookups are a bisect) and written when the
 segment is rolled. :meth:`Segment.load_indexes` trusts index files only when they agree with the
-log file; :meth:`Segment.scan` rebuilds them from the log with CRC checks. What to do with a torn
+log file (their own invariants, and the first and last indexed batches read back intact where the
+index puts them, the last one ending at the file end), so a closed segment opens in O(index size);
+:meth:`Segment.scan` rebuilds them from the log with CRC checks. What to do with a torn
 tail (recovery) and when to roll is the partition log's business (storage.py).
 """
 
@@ -21,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mqd.format import HEADER_SIZE, BatchError, read_header, scan_valid_prefix
+from mqd.format import HEADER_SIZE, BatchError, BatchInfo, check_crc, read_header, scan_valid_prefix
 
 LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".index"
@@ -150,16 +152,18 @@ class Segment:
             or not np.all(np.isin(t_rel, rel))
         ):
             return False
-        # the last batch must end exactly at the end of the file and carry the expected offset
+        # Cheap proof that the index describes this file (a closed segment is never written again):
+        # its first and its last indexed batch, read back whole, are intact (CRC), carry the
+        # indexed offsets and fill their indexed ranges, the last one up to the file end. Batches in
+        # between are not re-read: that is the rescan this path exists to avoid.
         last_pos = int(pos[-1])
-        try:
-            head = os.pread(self.fd, HEADER_SIZE, last_pos)
-            info = read_header(head, 0)
-        except (OSError, BatchError):
+        first = self._read_batch(0, int(pos[1]) if len(pos) > 1 else self.size)
+        info = first if len(pos) == 1 else self._read_batch(last_pos, self.size - last_pos)
+        if first is None or info is None:
             return False
-        if last_pos + info.length != self.size:
+        if first.base_offset != self.base_offset or info.base_offset != self.base_offset + int(rel[-1]):
             return False
-        if info.base_offset != self.base_offset + int(rel[-1]):
+        if int(t_ts[0]) != first.max_timestamp:
             return False
         self.offsets = array("q", (rel + self.base_offset).tobytes())
         self.positions = array("q", pos.tobytes())
@@ -167,6 +171,19 @@ class Segment:
         self.ts_offsets = array("q", (t_rel + self.base_offset).tobytes())
         self.next_offset = info.base_offset + info.count
         return True
+
+    def _read_batch(self, position: int, length: int) -> BatchInfo | None:
+        """The intact batch (header and CRC) filling exactly ``[position, position + length)`` of
+        the file, or None when the bytes there are anything else."""
+        if length < HEADER_SIZE:
+            return None
+        try:
+            raw = os.pread(self.fd, length, position)
+            info = read_header(raw, 0)
+            check_crc(raw, info)
+        except (OSError, BatchError):
+            return None
+        return info if info.length == length else None
 
     def scan(self) -> int:
         """Rebuild the indexes from the log file; returns the byte length of its valid prefix."""

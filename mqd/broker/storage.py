@@ -7,10 +7,16 @@ open, truncation, retention, the fsync policy) and the set of logs of a node (:c
 
 The indexes are also kept in memory (``array``) so lookups are a bisect. They are derived data,
 written when a segment is rolled (closed). On open, a closed segment's index is trusted when it
-is consistent with the log file (its last entry's batch ends exactly at the file size); otherwise,
-and always for the active (last) segment, the index is rebuilt by scanning the log with CRC checks.
+is consistent with the log file (:meth:`Segment.load_indexes`: its first and last batches read back
+intact where the index puts them, the last one ending at the file size), so start-up does not grow
+with the whole log; otherwise, and always for the active (last) segment, the index is rebuilt by
+scanning the log with CRC checks (``segments_trusted`` / ``segments_scanned`` count both).
 A torn or corrupt tail is truncated (and later segments, which would leave a gap, are deleted), so
 a torn batch is never served.
+
+Disk errors (ENOSPC, EROFS, EIO on a write, an fsync or a roll) are noted in the node's
+:class:`mqd.broker.disk_health.DiskHealth`, which ``/v1/health`` reports; while it knows a problem,
+appends are refused with it.
 
 Threading: a log is used from the event loop thread; ``flush()`` (and ``Storage.flush_all()``)
 may run in a worker thread at the same time. A per-log ``threading.Lock`` guards the segment list,
@@ -31,6 +37,7 @@ from pathlib import Path
 
 import structlog
 
+from mqd.broker.disk_health import DISK_ERRNOS, DiskHealth
 from mqd.broker.segment import INDEX_SUFFIX, LOG_SUFFIX, TIMEINDEX_SUFFIX, Segment, segment_name
 from mqd.config import StorageConfig
 from mqd.errors import MqdError
@@ -99,17 +106,28 @@ class ReadPlan:
 class PartitionLog:
     """The log of one partition: segments ordered by base offset, the last one takes appends."""
 
-    def __init__(self, topic: str, partition: int, directory: Path, config: StorageConfig) -> None:
+    def __init__(
+        self,
+        topic: str,
+        partition: int,
+        directory: Path,
+        config: StorageConfig,
+        disk: DiskHealth | None = None,
+    ) -> None:
         self.topic = topic
         self.partition = partition
         self.directory = directory
         self._config = config
+        self._disk = disk if disk is not None else DiskHealth(directory)
         self._segments: list[Segment] = []
         self._bases: list[int] = []  # base offset of every segment, for bisect
         self._lock = threading.Lock()
         self._dir_dirty = False
         self._closed = False
         self._failed: str | None = None  # set when a failed write could not be undone
+        # what open() did with each segment: start-up cost grows with the scanned ones only
+        self.segments_trusted = 0
+        self.segments_scanned = 0
 
     def __repr__(self) -> str:
         return f"PartitionLog({self.topic}-{self.partition}, [{self.min_offset}, {self.max_offset}))"
@@ -162,6 +180,8 @@ class PartitionLog:
             min_offset=self.min_offset,
             max_offset=self.max_offset,
             segments=len(self._segments),
+            trusted=self.segments_trusted,
+            scanned=self.segments_scanned,
         )
 
     def _recover(self, bases: list[int]) -> None:
@@ -184,9 +204,11 @@ class PartitionLog:
                 return
             seg = self._open_segment(path, base, start_byte)
             if not last and seg.load_indexes():
+                self.segments_trusted += 1
                 self._append_segment(seg)
                 start_byte += seg.size
                 continue
+            self.segments_scanned += 1
             valid = seg.scan()
             if valid < seg.size:
                 log.warning(
@@ -262,6 +284,18 @@ class PartitionLog:
             raise StorageError(f"{self.topic}-{self.partition}: log is closed", retriable=True)
         if self._failed is not None:
             raise StorageError(f"{self.topic}-{self.partition}: log failed: {self._failed}", retriable=False)
+        problem = self._disk.problem
+        if problem is not None:
+            # a write now could be lost by the next roll or fsync: refuse until a probe succeeds
+            self._disk.probe_soon()
+            raise StorageError(f"{self.topic}-{self.partition}: not writable: {problem}", retriable=True)
+
+    def _disk_error(self, exc: OSError, what: str) -> StorageError:
+        """The StorageError for a failed disk operation, noted in the node's disk health."""
+        self._disk.note_error(exc, what)
+        self._disk.probe_soon()
+        retriable = exc.errno in DISK_ERRNOS and exc.errno != errno.EIO
+        return StorageError(f"{self.topic}-{self.partition}: {what} failed: {exc}", retriable=retriable)
 
     def append(self, data: bytes, infos: list[BatchInfo]) -> tuple[int, int]:
         """Assign offsets to validated batches and write them; returns (first, last) offset."""
@@ -308,7 +342,10 @@ class PartitionLog:
         if seg.size > 0 and (
             seg.size + len(data) > self._config.segment_bytes or first + count - seg.base_offset > _U32_MAX
         ):
-            seg = self._roll_locked(first)
+            try:
+                seg = self._roll_locked(first)
+            except OSError as exc:  # the old segment stays the active one: nothing changed
+                raise self._disk_error(exc, "segment roll") from exc
         if seg.size + len(data) > _U32_MAX:
             raise StorageError(f"{len(data)} bytes do not fit a segment", retriable=False)
         start = seg.size
@@ -319,10 +356,7 @@ class PartitionLog:
                 written += os.write(seg.fd, view[written:])
         except OSError as exc:
             self._undo_write(seg, start, exc)
-            retriable = exc.errno in (errno.ENOSPC, errno.EDQUOT)
-            raise StorageError(
-                f"{self.topic}-{self.partition}: write failed: {exc}", retriable=retriable
-            ) from exc
+            raise self._disk_error(exc, "write") from exc
         seg.size = start + len(data)
         seg.dirty = True
         offset = first
@@ -349,9 +383,8 @@ class PartitionLog:
                 self._dir_dirty = False
                 fsync_dir(self.directory)
         except OSError as exc:
-            raise StorageError(
-                f"{self.topic}-{self.partition}: fsync failed: {exc}", retriable=False
-            ) from exc
+            err = self._disk_error(exc, "fsync")
+            raise StorageError(str(err), retriable=False) from exc
 
     def _roll_locked(self, base: int) -> Segment:
         old = self._segments[-1]
@@ -619,6 +652,7 @@ class PartitionLog:
             except OSError as exc:
                 error = exc
         if error is not None:
+            self._disk.note_error(error, "fsync")  # a worker thread: the next health call probes
             raise StorageError(
                 f"{self.topic}-{self.partition}: fsync failed: {error}", retriable=False
             ) from error
@@ -654,6 +688,7 @@ class Storage:
         self.data_dir = Path(data_dir)
         self.logs_dir = self.data_dir / "logs"
         self.config = config
+        self.disk = DiskHealth(self.data_dir)  # shared by every log: one data dir, one disk
         self._logs: dict[tuple[str, int], PartitionLog] = {}
         self._lock_fd: int | None = None
         self._closed = False
@@ -676,7 +711,9 @@ class Storage:
                 continue
             if not topic or "/" in topic or topic in (".", "..") or partition < 0:
                 raise StorageError(f"invalid partition {topic!r}/{partition}", retriable=False)
-            plog = PartitionLog(topic, partition, self.logs_dir / f"{topic}-{partition}", self.config)
+            plog = PartitionLog(
+                topic, partition, self.logs_dir / f"{topic}-{partition}", self.config, self.disk
+            )
             plog.open()
             self._logs[(topic, partition)] = plog
 

@@ -5,7 +5,9 @@ version, an expired session), when the subscribed partitions change in the metad
 config reload. Each round asks the membership for this member's share of the subscribed
 partitions, diffs it against what is owned, revokes what is gone (listener first, then the queues,
 then a commit of their marks) and assigns what is new with a start position from the caller's hook
-(the landing directory is the source of truth), else the offset store, else ``consume_from``.
+(the landing directory is the source of truth), else the offset store, else ``consume_from``; a
+position resolved from ``consume_from`` is committed to the offset store (awaited) before the
+partition is fetched, so a restart or the next owner continues from it instead of resolving again.
 """
 
 from __future__ import annotations
@@ -226,13 +228,15 @@ class RebalanceService:
                 out[tp] = pos
                 source[str(tp)] = "hook"
         rest = [tp for tp in tps if tp not in out]
+        durable: dict[TopicPartition, int] = {}  # positions the store must hold before any fetch
         if rest:
             stored = await self._offsets.load(rest)
             for tp in rest:
-                # a mark not persisted yet (the store was unreachable at revoke) is ours and newer
+                # a mark not persisted yet (the store was unreachable at revoke, or at an earlier
+                # round's commit of a consume_from position) is ours and newer
                 marked = self._offsets.marked(tp)
                 if marked is not None and marked > stored.get(tp, -1):
-                    stored[tp] = marked
+                    stored[tp] = durable[tp] = marked
             out.update(stored)
             source.update((str(tp), "offset store") for tp in stored)
             rest = [tp for tp in rest if tp not in out]
@@ -241,7 +245,26 @@ class RebalanceService:
             found = await self._lookup_offsets(
                 rest, _CONSUME_FROM[cfg.consume_from], cfg.consume_timestamp_ms
             )
+            durable.update(found)
             out.update(found)
             source.update((str(tp), f"consume_from={cfg.consume_from}") for tp in found)
+        await self._make_durable(durable)
         log.info("start positions", positions={str(tp): (out[tp], source[str(tp)]) for tp in tps})
         return out
+
+    async def _make_durable(self, resolved: dict[TopicPartition, int]) -> None:
+        """Commit start positions the store does not hold yet before they are fetched: "last" or a
+        timestamp resolves to a different offset each time, so a restart or a new owner that
+        resolved again would skip what arrived in between (DESIGN: the resolved position is made
+        durable before anything after it counts as consumed). Raises when the store refuses:
+        the partitions are then not assigned and the next round retries from the same marks."""
+        if not resolved:
+            return
+        for tp, offset in resolved.items():
+            self._offsets.mark(tp, offset)
+        try:
+            await self._offsets.persist(resolved)
+        except ConsumerError as exc:
+            raise ConsumerError(
+                f"cannot commit start positions before fetching: {exc}", retriable=True
+            ) from exc
