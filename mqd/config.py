@@ -3,13 +3,21 @@
 Every model rejects unknown keys; a bad file raises ConfigError naming the file, the key path and
 what is allowed. ``MQD_<SECTION>__<KEY>`` environment variables override daemon keys (containers,
 secrets): ``MQD_CONSUMER__GROUP=g`` sets ``consumer.group``; numbers, booleans and lists take TOML
-syntax (``MQD_CONSUMER__TOPICS='["a", "b"]'``). Files are validated strictly: ``"100"`` is not a
-number.
+syntax (``MQD_CONSUMER__TOPICS='["a", "b"]'``); any other ``MQD_`` variable that is not one of
+NOT_OVERRIDES is an error (a misspelt override must not be ignored). Files are validated strictly:
+``"100"`` is not a number.
+
+The loader is the one edge that refuses what ``mqd run`` or the broker would refuse later (issue 13):
+inf/NaN floats, integers past 64 bits, empty paths, broker URLs that are not http(s) with a host,
+tokens with whitespace or control characters, topic names outside mqd.topic_name's rule. So
+``mqd config check`` (and ``mqd run`` itself) exit 2 on them, before anything starts, instead of a
+crash with exit 1 later that systemd would restart in a loop.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import sys
@@ -109,7 +117,7 @@ class _Model(BaseModel):
 
     @field_validator("*", mode="after")
     @classmethod
-    def _no_nul_in_paths(cls, value: Any) -> Any:
+    def _usable_value(cls, value: Any) -> Any:
         # the OS refuses such a path later, with a ValueError far from the config file
         if isinstance(value, Path) and "\0" in str(value):
             raise ValueError("a path may not contain a NUL character")
@@ -211,7 +219,7 @@ class BrokerConfig(_Model):
     cluster_file: ConfigPath  # relative to the node's config file
     data_dir: ConfigPath
     host: str = "127.0.0.1"
-    port: int | None = None  # default: the port of the node's url
+    port: int | None = Field(default=None, ge=0, le=65535)  # default: the port of the node's url
     offset_check_in_slave: bool = False
     slave_suggest_lag_bytes: int = Field(default=64 * MiB, ge=0)  # RocketMQ's "40% of RAM"
     session_timeout_ms: int = Field(default=10_000, ge=100)
@@ -227,6 +235,14 @@ class BrokerConfig(_Model):
     log_format: Literal["auto", "json", "console"] = "auto"
     storage: StorageConfig = StorageConfig()
     limits: BrokerLimits = BrokerLimits()
+
+    @field_validator("log_level")
+    @classmethod
+    def _known_log_level(cls, value: str) -> str:
+        # the node's logging setup takes any level name the logging module knows (case-insensitive)
+        if not isinstance(logging.getLevelName(value.upper()), int):
+            raise ValueError(f"unknown log level {value!r}; allowed: debug, info, warning, error")
+        return value
 
 
 # ---------------------------------------------------------------------------------------------
@@ -422,7 +438,10 @@ def _format_errors(
             shown = ""
         else:
             msg = err["msg"].removeprefix("Value error, ")
-        origin = (env_keys or {}).get((str(loc[0]), str(loc[1]))) if len(loc) >= 2 else None
+        if len(loc) >= 2:
+            origin = (env_keys or {}).get((str(loc[0]), str(loc[1])))
+        else:  # an unknown section: the variable that created it
+            origin = next((v for (s, _), v in (env_keys or {}).items() if loc and s == str(loc[0])), None)
         suffix = f" (got {shown})" if shown else ""
         if origin:
             suffix += f" [from environment variable {origin}]"

@@ -292,3 +292,46 @@ def test_layout_topics_follow_the_topic_rule(tmp_path: Path, topic: str) -> None
     )
     with pytest.raises(ConfigError, match=r"topics\.0\.name"):
         load_cluster_config(path)
+
+
+# -- broker node values the node would refuse at start ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("line", "needle"),
+    [("port = 70000", "port"), ("port = -1", "port"), ('log_level = "loud"', "unknown log level")],
+)
+def test_broker_values_the_node_refuses_at_start(tmp_path: Path, line: str, needle: str) -> None:
+    """A port outside 0..65535 or an unknown log level made `mqd broker` die with a traceback."""
+    _write(
+        tmp_path,
+        '[[groups]]\nname = "g"\nnodes = [{id = "n1", url = "http://127.0.0.1:9401", role = "master"}]\n',
+        "c.toml",
+    )
+    path = _write(tmp_path, f'node_id = "n1"\ncluster_file = "c.toml"\ndata_dir = "d"\n{line}\n', "n.toml")
+    with pytest.raises(ConfigError, match=needle):
+        load_broker_config(path)
+    code, _ = _check_exit(path)
+    assert code == EXIT_CONFIG
+
+
+def test_broker_log_level_takes_what_the_node_takes(tmp_path: Path) -> None:
+    """Level names are case-insensitive, as the node's logging setup reads them."""
+    _write(
+        tmp_path,
+        '[[groups]]\nname = "g"\nnodes = [{id = "n1", url = "http://127.0.0.1:9401", role = "master"}]\n',
+        "c.toml",
+    )
+    for level in ("debug", "INFO", "Warning", "error"):
+        path = _write(
+            tmp_path,
+            f'node_id = "n1"\ncluster_file = "c.toml"\ndata_dir = "d"\nlog_level = "{level}"\n',
+            "n.toml",
+        )
+        assert load_broker_config(path)[0].log_level == level
+
+
+def test_unknown_section_from_the_environment_names_the_variable(tmp_path: Path) -> None:
+    """MQD_CONSUMR__GROUP: the unknown section is reported with the variable that made it."""
+    msg = _error(_write(tmp_path, ""), {"MQD_CONSUMR__GROUP": "x"})
+    assert "consumr: unknown key" in msg and "[from environment variable MQD_CONSUMR__GROUP]" in msg
