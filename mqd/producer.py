@@ -28,7 +28,7 @@ import pyarrow as pa
 from mqd import format as fmt
 from mqd.client import BrokerClient, BrokerError, ProduceResult
 from mqd.metadata import ClusterMetadata, MetadataError
-from mqd.topic_name import check_topic_name
+from mqd.topic_name import check_topic_name, topic_name_problem
 from mqd.topic_partition import TopicPartition
 
 __all__ = [
@@ -513,6 +513,9 @@ def produce_cli(
         problems.append("--batch must be >= 1")
     if acks not in _ACKS:
         problems.append(f"--acks must be one of {_ACKS}")
+    topic_problem = topic_name_problem(topic)
+    if topic_problem is not None:  # a usage error (exit 2), found before connecting
+        problems.append(f"--topic: {topic_problem}")
     if problems:
         for p in problems:
             print(f"error: {p}", file=sys.stderr)

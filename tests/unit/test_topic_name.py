@@ -15,6 +15,7 @@ from mqd.admin import AdminError, parse_partition_spec
 from mqd.errors import MqdError
 from mqd.landing import layout, markers
 from mqd.landing.local_store import LocalStore, read_manifest
+from mqd.producer import produce_cli
 from mqd.topic_name import MAX_LENGTH, InvalidTopicName, check_topic_name, topic_name_problem
 
 VALID = ["events", "a", "A.b-c_9", "..a", "a..", "-", "_", "x" * MAX_LENGTH]
@@ -99,3 +100,10 @@ def test_cli_partition_specs_use_the_same_rule() -> None:
     for bad in ("..", "..:0", ".:1", "a/b:0"):
         with pytest.raises(AdminError):
             parse_partition_spec(bad)
+
+
+def test_mqd_produce_refuses_an_invalid_topic_before_connecting(capsys: pytest.CaptureFixture[str]) -> None:
+    """`mqd produce --topic ../../etc` is a usage error (exit 2); the unreachable bootstrap is never tried."""
+    code = produce_cli("http://127.0.0.1:1", "../../etc", 1, 10, 0, 0, 1, "master", None)
+    assert code == 2
+    assert "--topic: topic '../../etc' may only use" in capsys.readouterr().err
