@@ -27,7 +27,6 @@ import hashlib
 import hmac
 import html
 import json
-import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -42,11 +41,11 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from mqd import metrics
 from mqd.config import AdminConfig
 from mqd.errors import MqdError
+from mqd.topic_name import topic_name_problem
 
 log = structlog.get_logger(__name__)
 
 PartitionSpec = tuple[str, int | None]
-_TOPIC = re.compile(r"^[A-Za-z0-9._-]+$")
 
 
 class AdminError(MqdError):
@@ -59,7 +58,7 @@ class AdminError(MqdError):
 def parse_partition_spec(text: str) -> PartitionSpec:
     """``"events"`` -> ("events", None); ``"events:3"`` -> ("events", 3). Raises AdminError."""
     topic, sep, part = text.strip().partition(":")
-    if not _TOPIC.match(topic):
+    if topic_name_problem(topic) is not None:
         raise AdminError(f"bad topic in {text!r}: use TOPIC or TOPIC:PARTITION (letters, digits, ._-)")
     if not sep:
         return topic, None

@@ -3,26 +3,47 @@
 Every model rejects unknown keys; a bad file raises ConfigError naming the file, the key path and
 what is allowed. ``MQD_<SECTION>__<KEY>`` environment variables override daemon keys (containers,
 secrets): ``MQD_CONSUMER__GROUP=g`` sets ``consumer.group``; numbers, booleans and lists take TOML
-syntax (``MQD_CONSUMER__TOPICS='["a", "b"]'``). Files are validated strictly: ``"100"`` is not a
-number.
+syntax (``MQD_CONSUMER__TOPICS='["a", "b"]'``); any other ``MQD_`` variable that is not one of
+NOT_OVERRIDES is an error (a misspelt override must not be ignored). Files are validated strictly:
+``"100"`` is not a number.
+
+The loader is the one edge that refuses what ``mqd run`` or the broker would refuse later (issue 13):
+inf/NaN floats, integers past 64 bits, empty paths, broker URLs that are not http(s) with a host,
+tokens with whitespace or control characters, topic names outside mqd.topic_name's rule. So
+``mqd config check`` (and ``mqd run`` itself) exit 2 on them, before anything starts, instead of a
+crash with exit 1 later that systemd would restart in a loop.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import sys
 import tomllib
+import unicodedata
+import urllib.parse
 from collections.abc import Mapping
 from difflib import get_close_matches
 from pathlib import Path
 from types import UnionType
-from typing import Any, Literal, Self, TypeVar, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, Self, TypeVar, Union, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    FiniteFloat,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from mqd.errors import MqdError
+from mqd.topic_name import check_topic_name
 
 MiB = 1024 * 1024
 BUILTIN_ALLOCATIONS = ("averagely", "averagely-by-circle", "consistent-hash")  # mqd.consumer.allocation
@@ -34,15 +55,75 @@ class ConfigError(MqdError):
     retriable = False
 
 
+INT64_MAX = 2**63 - 1  # TOML's integer range, and the broker's largest integer in a request
+MAX_SESSION_TIMEOUT_S = 3600  # the broker refuses a heartbeat's session_timeout_ms above 3_600_000
+# the chars that would end or split the URL path segment a consumer group name is sent in
+_URL_PATH_SPECIALS = frozenset("/?#%")
+
+
+def _non_empty_path(value: Any) -> Any:
+    # Path("") is Path("."): an empty value would silently mean the config file's folder
+    if isinstance(value, str) and not value.strip():
+        raise ValueError("a path may not be empty")
+    return value
+
+
+def _bad_chars(value: str) -> list[str]:
+    """Whitespace and control (or other non-printing) characters, as shown in messages."""
+    return [repr(c) for c in value if c.isspace() or unicodedata.category(c).startswith("C")]
+
+
+def _token(value: str) -> str:
+    # a newline in a token splits the Authorization header; a space makes it a different scheme
+    bad = _bad_chars(value)
+    if bad:
+        raise ValueError(
+            f"a token may not contain whitespace or control characters ({', '.join(sorted(set(bad)))})"
+        )
+    return value
+
+
+def _http_url(value: str) -> str:
+    """An http:// or https:// URL with a host (and a valid port, if any): what the client can call."""
+    if _bad_chars(value):
+        raise ValueError("a URL may not contain whitespace or control characters")
+    if "://" not in value:
+        raise ValueError(
+            "mqd broker addresses are http:// URLs; for a Kafka cluster set consumer.source = 'kafka'"
+        )
+    try:
+        parts = urllib.parse.urlsplit(value)
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number in 0..65535
+    except ValueError as exc:
+        raise ValueError(f"not a valid URL: {exc}") from None
+    if parts.scheme not in ("http", "https"):
+        raise ValueError(f"a broker URL starts with http:// or https://, got {parts.scheme}://")
+    if not parts.hostname:
+        raise ValueError("a broker URL needs a host (http://HOST:PORT)")
+    return value
+
+
+# every float field takes this type: inf and NaN pass a plain float and then overflow where the
+# daemon turns seconds into milliseconds (OverflowError at `mqd run`, exit 1 instead of 2)
+Float = FiniteFloat
+ConfigPath = Annotated[Path, BeforeValidator(_non_empty_path)]
+Token = Annotated[str, AfterValidator(_token)]
+HttpUrl = Annotated[str, AfterValidator(_http_url)]
+TopicName = Annotated[str, AfterValidator(check_topic_name)]
+
+
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=False)
 
     @field_validator("*", mode="after")
     @classmethod
-    def _no_nul_in_paths(cls, value: Any) -> Any:
+    def _usable_value(cls, value: Any) -> Any:
         # the OS refuses such a path later, with a ValueError far from the config file
         if isinstance(value, Path) and "\0" in str(value):
             raise ValueError("a path may not contain a NUL character")
+        # TOML takes integers of any size; past 64 bits they overflow a float or the broker refuses them
+        if isinstance(value, int) and not isinstance(value, bool) and not -INT64_MAX <= value <= INT64_MAX:
+            raise ValueError(f"an integer here must be within +-{INT64_MAX}")
         return value
 
 
@@ -52,7 +133,7 @@ class _Model(BaseModel):
 
 class NodeSpec(_Model):
     id: str = Field(min_length=1)
-    url: str = Field(pattern=r"^https?://")
+    url: HttpUrl
     role: Literal["master", "slave"]
 
 
@@ -77,7 +158,7 @@ class BrokerGroupSpec(_Model):
 
 
 class TopicSpec(_Model):
-    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9._-]+$")
+    name: TopicName
     partitions: int = Field(ge=1, le=4096)
     # partition i lives on groups[i % len(groups)]; empty means every group, in cluster order
     groups: list[str] = Field(default_factory=list)
@@ -135,10 +216,10 @@ class BrokerConfig(_Model):
     """One node: which node of the cluster it is, where its data lives, how it behaves."""
 
     node_id: str
-    cluster_file: Path  # relative to the node's config file
-    data_dir: Path
+    cluster_file: ConfigPath  # relative to the node's config file
+    data_dir: ConfigPath
     host: str = "127.0.0.1"
-    port: int | None = None  # default: the port of the node's url
+    port: int | None = Field(default=None, ge=0, le=65535)  # default: the port of the node's url
     offset_check_in_slave: bool = False
     slave_suggest_lag_bytes: int = Field(default=64 * MiB, ge=0)  # RocketMQ's "40% of RAM"
     session_timeout_ms: int = Field(default=10_000, ge=100)
@@ -146,14 +227,22 @@ class BrokerConfig(_Model):
     liveness_timeout_ms: int = Field(default=3000, ge=100)
     replica_wait_ms: int = Field(default=1000, ge=0)  # replica long-poll
     acks_all_timeout_ms: int = Field(default=10_000, ge=1)
-    auth_token: str | None = Field(default=None, repr=False)
-    tls_cert: Path | None = None
-    tls_key: Path | None = None
-    tls_ca_file: Path | None = None  # CA bundle to verify peers' certificates (default: system store)
+    auth_token: Token | None = Field(default=None, repr=False)
+    tls_cert: ConfigPath | None = None
+    tls_key: ConfigPath | None = None
+    tls_ca_file: ConfigPath | None = None  # CA bundle to verify peers' certificates (default: system store)
     log_level: str = "info"
     log_format: Literal["auto", "json", "console"] = "auto"
     storage: StorageConfig = StorageConfig()
     limits: BrokerLimits = BrokerLimits()
+
+    @field_validator("log_level")
+    @classmethod
+    def _known_log_level(cls, value: str) -> str:
+        # the node's logging setup takes any level name the logging module knows (case-insensitive)
+        if not isinstance(logging.getLevelName(value.upper()), int):
+            raise ValueError(f"unknown log level {value!r}; allowed: debug, info, warning, error")
+        return value
 
 
 # ---------------------------------------------------------------------------------------------
@@ -161,20 +250,20 @@ class BrokerConfig(_Model):
 
 
 class ConsumerConfig(_Model):
-    group: str = Field(default="mqd", min_length=1)
-    client_id: str = ""  # default: hostname-pid
-    bootstrap: list[str] = Field(default_factory=lambda: ["http://127.0.0.1:9400"], min_length=1)
-    topics: list[str] = Field(default_factory=lambda: ["events"], min_length=1)
+    group: str = Field(default="mqd", min_length=1, max_length=255)  # the broker's limit
+    client_id: str = Field(default="", max_length=1024)  # default: hostname-pid
+    bootstrap: list[HttpUrl] = Field(default_factory=lambda: ["http://127.0.0.1:9400"], min_length=1)
+    topics: list[TopicName] = Field(default_factory=lambda: ["events"], min_length=1)
     mode: Literal["cluster", "broadcast"] = "cluster"
     consume_from: Literal["last", "first", "timestamp"] = "first"
     consume_timestamp_ms: int | None = None  # for consume_from = "timestamp"
     allocation: str = "averagely"
     on_offset_reset: Literal["broker", "earliest", "latest", "fail"] = "broker"
-    rebalance_interval: float = Field(default=20.0, gt=0)
-    heartbeat_interval: float = Field(default=3.0, gt=0)
-    session_timeout: float = Field(default=10.0, gt=0)
-    metadata_refresh_interval: float = Field(default=30.0, gt=0)
-    commit_interval: float = Field(default=5.0, gt=0)
+    rebalance_interval: Float = Field(default=20.0, gt=0)
+    heartbeat_interval: Float = Field(default=3.0, gt=0)
+    session_timeout: Float = Field(default=10.0, gt=0, le=MAX_SESSION_TIMEOUT_S)
+    metadata_refresh_interval: Float = Field(default=30.0, gt=0)
+    commit_interval: Float = Field(default=5.0, gt=0)
     max_queued_records: int = Field(default=1000, ge=1)
     max_queued_bytes: int = Field(default=100 * MiB, ge=1)
     max_offset_span: int = Field(default=2000, ge=1)
@@ -186,13 +275,13 @@ class ConsumerConfig(_Model):
     fetch_min_bytes: int = Field(default=1, ge=0)
     fetch_max_bytes: int = Field(default=32 * MiB, ge=1)
     partition_max_bytes: int = Field(default=4 * MiB, ge=1)
-    request_timeout: float = Field(default=30.0, gt=0)
+    request_timeout: Float = Field(default=30.0, gt=0)
     error_backoff_ms: int = Field(default=100, ge=1)
     error_backoff_max_ms: int = Field(default=5000, ge=1)
     check_crc: bool = True
-    offset_file: Path = Path("state/offsets.json")  # broadcast mode
-    auth_token: str | None = Field(default=None, repr=False)
-    tls_ca_file: Path | None = None  # CA bundle to verify brokers' certificates (default: system store)
+    offset_file: ConfigPath = Path("state/offsets.json")  # broadcast mode
+    auth_token: Token | None = Field(default=None, repr=False)
+    tls_ca_file: ConfigPath | None = None  # CA bundle to verify brokers' certificates (default: system store)
 
     @model_validator(mode="after")
     def _timestamp_needs_time(self) -> Self:
@@ -201,6 +290,17 @@ class ConsumerConfig(_Model):
         if self.error_backoff_max_ms < self.error_backoff_ms:
             raise ValueError("error_backoff_max_ms must be >= error_backoff_ms")
         return self
+
+    @field_validator("group")
+    @classmethod
+    def _group_fits_a_url_path(cls, value: str) -> str:
+        # the group is a path segment of the broker's URLs (/v1/groups/<group>/...)
+        if value in (".", "..") or _bad_chars(value) or _URL_PATH_SPECIALS.intersection(value):
+            raise ValueError(
+                "a consumer group name may not be '.' or '..' nor contain whitespace, "
+                "control characters or / ? # %"
+            )
+        return value
 
     @field_validator("allocation")
     @classmethod
@@ -221,20 +321,20 @@ class ConsumerConfig(_Model):
 
 
 class LandingConfig(_Model):
-    dir: Path = Path("landing")
+    dir: ConfigPath = Path("landing")
     max_records: int = Field(default=500_000, ge=1)
     max_bytes: int = Field(default=32 * MiB, ge=1)
-    max_age: float = Field(default=5.0, gt=0)
+    max_age: Float = Field(default=5.0, gt=0)
     compression: Literal["snappy", "zstd", "gzip", "lz4", "none"] = "snappy"
-    disk_retry_interval: float = Field(default=1.0, gt=0)
+    disk_retry_interval: Float = Field(default=1.0, gt=0)
 
 
 class SparkConfig(_Model):
     master: str = "local[*]"
     app_name: str = "mqd-landing"
-    output_dir: Path = Path("warehouse/events")
-    checkpoint_dir: Path = Path("warehouse/_checkpoints/events")
-    quarantine_dir: Path = Path("warehouse/_quarantine/events")
+    output_dir: ConfigPath = Path("warehouse/events")
+    checkpoint_dir: ConfigPath = Path("warehouse/_checkpoints/events")
+    quarantine_dir: ConfigPath = Path("warehouse/_quarantine/events")
     max_files_per_trigger: int = Field(default=1000, ge=1)
     trigger_interval: str = "10 seconds"
     partition_by: list[str] = Field(default_factory=lambda: ["topic", "dt"])
@@ -254,7 +354,7 @@ class AdminConfig(_Model):
     enabled: bool = True
     host: str = "127.0.0.1"
     port: int = Field(default=9480, ge=0, le=65535)  # 0: any free port (written to state_dir/admin.json)
-    auth_token: str | None = Field(default=None, repr=False)  # every route but the probes, when set
+    auth_token: Token | None = Field(default=None, repr=False)  # every route but the probes, when set
 
 
 class LogConfig(_Model):
@@ -263,10 +363,10 @@ class LogConfig(_Model):
 
 
 class DaemonSection(_Model):
-    state_dir: Path = Path("state")
-    pid_file: Path = Path("state/mqd.pid")
-    log_file: Path = Path("state/mqd.log")
-    shutdown_timeout: float = Field(default=30.0, gt=0)
+    state_dir: ConfigPath = Path("state")
+    pid_file: ConfigPath = Path("state/mqd.pid")
+    log_file: ConfigPath = Path("state/mqd.log")
+    shutdown_timeout: Float = Field(default=30.0, gt=0)
     watchdog: bool = True
 
 
@@ -338,7 +438,10 @@ def _format_errors(
             shown = ""
         else:
             msg = err["msg"].removeprefix("Value error, ")
-        origin = (env_keys or {}).get((str(loc[0]), str(loc[1]))) if len(loc) >= 2 else None
+        if len(loc) >= 2:
+            origin = (env_keys or {}).get((str(loc[0]), str(loc[1])))
+        else:  # an unknown section: the variable that created it
+            origin = next((v for (s, _), v in (env_keys or {}).items() if loc and s == str(loc[0])), None)
         suffix = f" (got {shown})" if shown else ""
         if origin:
             suffix += f" [from environment variable {origin}]"
@@ -367,16 +470,26 @@ def read_toml(path: Path) -> dict[str, Any]:
 
 
 def _validate(
-    model: type[_M], path: Path, data: dict[str, Any], env_keys: Mapping[tuple[str, str], str] | None = None
+    model: type[_M],
+    path: Path,
+    data: dict[str, Any],
+    env_keys: Mapping[tuple[str, str], str] | None = None,
+    env_errors: list[str] | None = None,
 ) -> _M:
     """Strict validation: TOML has real types, so "100" is not accepted where a number is expected.
 
     JSON mode lets strict validation take strings for paths and ints for floats, nothing looser.
+    ``env_errors`` (unknown variables) are reported with the file's problems, or alone.
     """
     try:
-        return model.model_validate_json(json.dumps(data, default=str), strict=True)
+        cfg = model.model_validate_json(json.dumps(data, default=str), strict=True)
     except ValidationError as exc:
-        raise ConfigError(_format_errors(path, exc, model, env_keys)) from None
+        raise ConfigError(
+            "\n".join([_format_errors(path, exc, model, env_keys), *(env_errors or [])])
+        ) from None
+    if env_errors:
+        raise ConfigError("\n".join([f"{path}: invalid configuration", *env_errors]))
+    return cfg
 
 
 def _resolve(base: Path, p: Path) -> Path:
@@ -396,22 +509,57 @@ def _scalar_kind(model: type[BaseModel], section: str, key: str) -> str:
     ann: Any = sub.model_fields[key].annotation
     union = get_origin(ann) in (Union, UnionType)
     args = [a for a in get_args(ann) if a is not type(None)] if union else [ann]
+    # Annotated[str, ...] (Token, ConfigPath) inside an Optional is text too
+    args = [get_args(a)[0] if get_origin(a) is Annotated else a for a in args]
     for a in args:
         if a in (str, Path) or (get_origin(a) is Literal and all(isinstance(v, str) for v in get_args(a))):
             return "str"
     return "value"
 
 
+# MQD_* variables that are not config overrides: the CLI's (--config, --token), the systemd
+# installer's, the benchmarks' and the chaos tool's. Any other MQD_ name without "__" is a mistake.
+NOT_OVERRIDES = frozenset(
+    {"MQD_CONFIG", "MQD_TOKEN", "MQD_BIN", "MQD_BENCH_SINK_BYTES_PER_S", "MQD_CHAOS_MOUNT_NS"}
+)
+
+
+def _override_names(model: type[BaseModel]) -> list[str]:
+    return [
+        f"MQD_{section}__{key}".upper()
+        for section, field in model.model_fields.items()
+        if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)
+        for key in field.annotation.model_fields
+    ]
+
+
+def _unknown_variable(name: str) -> str:
+    """The error line for an MQD_ variable that is neither an override nor one of NOT_OVERRIDES."""
+    names = _override_names(MqdConfig)
+    # MQD_CONSUMER_GROUP: one underscore where the section ends
+    guess = next((n for n in names if n.replace("__", "_") == name), None)
+    if guess is None:
+        close = get_close_matches(name, [*names, *NOT_OVERRIDES], n=1)
+        guess = close[0] if close else None
+    hint = f"; did you mean {guess}" if guess else ""
+    return f"  {name}: unknown MQD_ environment variable (overrides are MQD_<SECTION>__<KEY>{hint})"
+
+
 def _env_overrides(
     data: dict[str, Any], environ: Mapping[str, str]
-) -> tuple[dict[str, Any], dict[tuple[str, str], str]]:
+) -> tuple[dict[str, Any], dict[tuple[str, str], str], list[str]]:
     """Apply ``MQD_<SECTION>__<KEY>=value``. Text fields take the value as is; numbers, booleans and
-    lists take TOML syntax (``MQD_CONSUMER__TOPICS='["a", "b"]'``). Returns the data and which keys
-    came from which variable (so errors can name the variable, not the file)."""
+    lists take TOML syntax (``MQD_CONSUMER__TOPICS='["a", "b"]'``). Returns the data, which keys
+    came from which variable (so errors can name the variable, not the file) and one error line per
+    unknown MQD_ variable (a misspelt override must not be silently ignored)."""
     out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in data.items()}
     origins: dict[tuple[str, str], str] = {}
+    unknown: list[str] = []
     for name, value in sorted(environ.items()):
-        if not name.startswith("MQD_") or "__" not in name:
+        if not name.startswith("MQD_") or name in NOT_OVERRIDES:
+            continue
+        if "__" not in name:
+            unknown.append(_unknown_variable(name))
             continue
         section, _, key = name[4:].lower().partition("__")
         parsed: Any = value
@@ -424,14 +572,14 @@ def _env_overrides(
         if isinstance(section_data, dict):
             section_data[key] = parsed
             origins[(section, key)] = name
-    return out, origins
+    return out, origins, unknown
 
 
 def load_daemon_config(path: str | Path, environ: Mapping[str, str] | None = None) -> MqdConfig:
     """Load ``mqd.toml``; relative paths in it are taken relative to the file's folder."""
     path = Path(path)
-    data, origins = _env_overrides(read_toml(path), os.environ if environ is None else environ)
-    cfg = _validate(MqdConfig, path, data, origins)
+    data, origins, unknown = _env_overrides(read_toml(path), os.environ if environ is None else environ)
+    cfg = _validate(MqdConfig, path, data, origins, unknown)
     base = path.resolve().parent
     return cfg.model_copy(
         update={

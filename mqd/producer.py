@@ -28,6 +28,7 @@ import pyarrow as pa
 from mqd import format as fmt
 from mqd.client import BrokerClient, BrokerError, ProduceResult
 from mqd.metadata import ClusterMetadata, MetadataError
+from mqd.topic_name import check_topic_name, topic_name_problem
 from mqd.topic_partition import TopicPartition
 
 __all__ = [
@@ -195,6 +196,7 @@ class Producer:
 
     def partitions_for(self, topic: str) -> int:
         """Number of partitions of ``topic`` (from the last metadata)."""
+        check_topic_name(topic)
         meta = self._require_meta()
         if topic not in meta.topics:
             raise BrokerError(f"unknown topic {topic!r}", status=404, code="unknown_topic", retriable=False)
@@ -210,6 +212,7 @@ class Producer:
         return self._meta
 
     async def _check_partition(self, topic: str, partition: int) -> None:
+        check_topic_name(topic)  # InvalidTopicName before any request is sent
         meta = self._require_meta()
         if topic not in meta.topics:
             await self.refresh_metadata()  # a topic may have been added to the layout since
@@ -510,6 +513,9 @@ def produce_cli(
         problems.append("--batch must be >= 1")
     if acks not in _ACKS:
         problems.append(f"--acks must be one of {_ACKS}")
+    topic_problem = topic_name_problem(topic)
+    if topic_problem is not None:  # a usage error (exit 2), found before connecting
+        problems.append(f"--topic: {topic_problem}")
     if problems:
         for p in problems:
             print(f"error: {p}", file=sys.stderr)

@@ -41,6 +41,7 @@ from mqd.broker.request_parsing import (
 from mqd.broker.storage import PartitionLog, Storage, StorageError
 from mqd.config import BrokerConfig, ClusterConfig
 from mqd.protocol import BATCH_CONTENT_TYPE, FETCH_CONTENT_TYPE
+from mqd.topic_name import topic_name_problem
 
 log = structlog.get_logger(__name__)
 
@@ -412,8 +413,9 @@ class BrokerApi:
         client_id = str_field(body, "client_id")
         topics = list_field(body, "topics", default=[], limit=10_000)
         for i, t in enumerate(topics):
-            if not isinstance(t, str) or not t:
-                bad(f"topics[{i}]: must be a non-empty string")
+            problem = topic_name_problem(t)
+            if problem is not None:
+                bad(f"topics[{i}]: {problem}")
         timeout_ms = int_field(
             body,
             "session_timeout_ms",

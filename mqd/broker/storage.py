@@ -43,6 +43,7 @@ from mqd.config import StorageConfig
 from mqd.errors import MqdError
 from mqd.format import BatchInfo, set_base_offset
 from mqd.fsutil import fsync_dir
+from mqd.topic_name import topic_name_problem
 
 log = structlog.get_logger(__name__)
 
@@ -709,7 +710,7 @@ class Storage:
         for topic, partition in partitions:
             if (topic, partition) in self._logs:
                 continue
-            if not topic or "/" in topic or topic in (".", "..") or partition < 0:
+            if topic_name_problem(topic) is not None or partition < 0:
                 raise StorageError(f"invalid partition {topic!r}/{partition}", retriable=False)
             plog = PartitionLog(
                 topic, partition, self.logs_dir / f"{topic}-{partition}", self.config, self.disk

@@ -31,6 +31,7 @@ from mqd import fsutil
 from mqd.errors import MqdError
 from mqd.format import RECORD_SCHEMA
 from mqd.landing.schema import LANDING_SCHEMA as LANDING_SCHEMA  # re-exported: bench reads it here
+from mqd.topic_name import check_topic_name
 
 SCHEMA_VERSION = 1
 HOUR_MS = 3_600_000
@@ -125,10 +126,25 @@ def folder_hours(ts_ms: np.ndarray) -> np.ndarray:
     return hours
 
 
+def topic_dir(topic: str) -> str:
+    """``topic=t``; InvalidTopicName for a name that could leave the landing (``..``, ``a/b``)."""
+    return f"topic={check_topic_name(topic)}"
+
+
+def topic_state_dir(topic: str) -> str:
+    """``_state/t``, checked like topic_dir."""
+    return f"{STATE_DIR}/{check_topic_name(topic)}"
+
+
+def topic_manifest_dir(topic: str) -> str:
+    """``_manifest/t``, checked like topic_dir."""
+    return f"{MANIFEST_DIR}/{check_topic_name(topic)}"
+
+
 def hour_dir(topic: str, hour: int) -> str:
     """``topic=t/dt=YYYY-MM-DD/hour=HH`` for an hour index (ms // HOUR_MS)."""
     t = datetime.fromtimestamp(hour * 3600, UTC)
-    return f"topic={topic}/dt={t:%Y-%m-%d}/hour={t:%H}"
+    return f"{topic_dir(topic)}/dt={t:%Y-%m-%d}/hour={t:%H}"
 
 
 def hour_of_dir(dt: str, hour: str) -> int:

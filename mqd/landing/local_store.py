@@ -37,6 +37,7 @@ from mqd import fsutil
 from mqd.landing import layout
 from mqd.landing.layout import FileRange, LandingCorrupt, LandingError
 from mqd.landing.store import STALE_AFTER_S, PartitionHead, PublishConflict, StagedFile
+from mqd.topic_name import check_topic_name
 
 _STATE_VERSION = 1
 
@@ -92,13 +93,13 @@ class LocalStore:
     # -- paths ----------------------------------------------------------------------------------
 
     def _state_path(self, topic: str, partition: int) -> Path:
-        return self.root / layout.STATE_DIR / topic / f"{partition:05d}.json"
+        return self.root / layout.topic_state_dir(topic) / f"{partition:05d}.json"
 
     def _lock_path(self, topic: str, partition: int) -> Path:
-        return self.root / layout.STATE_DIR / topic / f"{partition:05d}.lock"
+        return self.root / layout.topic_state_dir(topic) / f"{partition:05d}.lock"
 
     def _manifest_dir(self, topic: str, partition: int) -> Path:
-        return self.root / layout.MANIFEST_DIR / topic / f"{partition:05d}"
+        return self.root / layout.topic_manifest_dir(topic) / f"{partition:05d}"
 
     def _manifest_path(self, topic: str, partition: int, created: str) -> Path:
         """One manifest file per partition and UTC day of publication, so recovery reads a day."""
@@ -178,7 +179,7 @@ class LocalStore:
     def _scan_files(self, topic: str, partition: int) -> list[FileRange]:
         out: list[FileRange] = []
         pattern = f"dt=*/hour=*/part-{partition:05d}-*.parquet"
-        for path in sorted((self.root / f"topic={topic}").glob(pattern)):
+        for path in sorted((self.root / layout.topic_dir(topic)).glob(pattern)):
             try:
                 ranges = layout.read_ranges(path)
             except LandingCorrupt:
@@ -365,7 +366,7 @@ def read_manifest_file(path: Path) -> list[FileRange]:
 def read_manifest(root: Path, topic: str | None = None) -> list[FileRange]:
     """Every published file in a landing directory (for tools and the Spark job)."""
     base = Path(root) / layout.MANIFEST_DIR
-    pattern = f"{topic}/*/*.jsonl" if topic else "*/*/*.jsonl"
+    pattern = "*/*/*.jsonl" if topic is None else f"{check_topic_name(topic)}/*/*.jsonl"
     out: list[FileRange] = []
     for path in sorted(base.glob(pattern)):
         out.extend(read_manifest_file(path))

@@ -25,7 +25,7 @@ IDLE_GRACE_MS = 10_000  # an idle partition vouches for event times older than n
 
 
 def _state_dir(root: Path, topic: str) -> Path:
-    return root / layout.STATE_DIR / topic
+    return root / layout.topic_state_dir(topic)
 
 
 def read_watermarks(root: Path, topic: str, partitions: int) -> list[int | None]:
@@ -47,7 +47,7 @@ def read_watermarks(root: Path, topic: str, partitions: int) -> list[int | None]
 
 def _hour_dirs(root: Path, topic: str, from_hour: int, to_hour: int) -> list[tuple[int, Path]]:
     """Existing ``hour=`` folders of the topic with from_hour <= hour < to_hour."""
-    base = root / f"topic={topic}"
+    base = root / layout.topic_dir(topic)
     out: list[tuple[int, Path]] = []
     if not base.is_dir():
         return out

@@ -7,15 +7,18 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import string
 from pathlib import Path
 from typing import Any
 
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+from pydantic import BaseModel
 from support import REPO_ROOT
 
 from mqd.config import (
+    NOT_OVERRIDES,
     BrokerConfig,
     ClusterConfig,
     ConfigError,
@@ -25,6 +28,7 @@ from mqd.config import (
     load_cluster_config,
     load_daemon_config,
 )
+from mqd.topic_name import topic_name_problem
 
 ROOT = REPO_ROOT
 SHIPPED = sorted((ROOT / "config").glob("*.toml"))
@@ -98,13 +102,25 @@ nasty_text = st.one_of(
             "cluster",
             "master",
             "events",
+            "inf",
+            "nan",
+            "../../etc",
+            "a\nb",
+            "tok en",
+            "ftp://127.0.0.1:9400",
+            "127.0.0.1:9400",
+            "http://:9400",
+            "http://h:99999",
+            "http://127.0.0.1:9400",
+            "x" * 250,
         ]
     ),
 )
 scalars = st.one_of(
     st.booleans(),
     st.integers(min_value=-(2**63), max_value=2**63 - 1),
-    st.sampled_from([0, -1, 1, 2**31, 2**63 - 1, -(2**63)]),
+    st.sampled_from([0, -1, 1, 2**31, 2**63 - 1, -(2**63), 2**63, 10**400, -(10**400)]),
+    st.floats(min_value=1e300),
     st.floats(),
     nasty_text,
 )
@@ -123,8 +139,26 @@ documents = st.dictionaries(
 )
 
 
+def _assert_usable(value: Any, where: str = "") -> None:
+    """What loaded is usable by `mqd run` and the broker: finite floats, 64-bit integers, topic
+    names inside the rule."""
+    if isinstance(value, BaseModel):
+        for name in type(value).model_fields:
+            _assert_usable(getattr(value, name), f"{where}.{name}")
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            _assert_usable(v, f"{where}[{i}]")
+    elif isinstance(value, float):
+        assert math.isfinite(value), where
+    elif isinstance(value, int) and not isinstance(value, bool):
+        assert -(2**63) < value < 2**63, where
+    if where == ".consumer.topics" or re.fullmatch(r"\.topics\[\d+\]\.name", where):
+        for t in value if isinstance(value, list) else [value]:
+            assert topic_name_problem(t) is None, where
+
+
 def _load_all(path: Path, environ: dict[str, str] | None = None) -> None:
-    """Every loader on ``path``: a model or ConfigError, nothing else."""
+    """Every loader on ``path``: a model or ConfigError, nothing else; a model is usable."""
     env = environ or {}
     for load in (
         lambda: check_file(path, env),
@@ -139,6 +173,8 @@ def _load_all(path: Path, environ: dict[str, str] | None = None) -> None:
             assert exc.retriable is False
         else:
             assert result is not None
+            for part in result if isinstance(result, tuple) else (result,):
+                _assert_usable(part)
 
 
 @_SETTINGS
@@ -146,6 +182,12 @@ def _load_all(path: Path, environ: dict[str, str] | None = None) -> None:
 @example(doc={"cluster_file": "a\0b", "node_id": "n", "data_dir": "d"})
 @example(doc={"cluster_file": "x" * 5000, "node_id": "n", "data_dir": "d"})
 @example(doc={"landing": {"dir": "a\0b"}})
+@example(doc={"consumer": {"session_timeout": math.inf}})
+@example(doc={"landing": {"max_age": math.inf}})  # loaded before, an OverflowError later
+@example(doc={"consumer": {"flow_control_retry_ms": 10**400}})
+@example(doc={"landing": {"dir": ""}})
+@example(doc={"consumer": {"topics": ["..", "../../etc"], "bootstrap": ["ftp://x"], "auth_token": "a\nb"}})
+@example(doc={"groups": [{"name": "g", "nodes": [{"id": "n", "url": "http://:1", "role": "master"}]}]})
 def test_random_toml_documents_load_or_raise_config_error(tmp_path_factory: Any, doc: dict[str, Any]) -> None:
     """Random documents over the real key names, with wrong types, huge numbers, inf/nan, NUL bytes
     and over-long paths: a valid config or a ConfigError."""
@@ -206,27 +248,49 @@ def test_mutated_shipped_files(
     _load_all(path)
 
 
-env_names = st.builds(
-    lambda s, k: f"MQD_{s}__{k}".upper(),
-    st.sampled_from(SECTIONS) | st.text(alphabet=string.ascii_letters + "_", max_size=6),
-    st.sampled_from(KEYS) | st.text(alphabet=string.ascii_letters + "_", max_size=6),
+env_names = (
+    st.builds(
+        lambda s, k: f"MQD_{s}__{k}".upper(),
+        st.sampled_from(SECTIONS) | st.text(alphabet=string.ascii_letters + "_", max_size=6),
+        st.sampled_from(KEYS) | st.text(alphabet=string.ascii_letters + "_", max_size=6),
+    )
+    | st.builds(  # one underscore, a stray name, or a variable that is not an override
+        lambda s, sep, k: f"MQD_{s}{sep}{k}".upper(),
+        st.sampled_from(SECTIONS) | st.text(alphabet=string.ascii_letters + "_", max_size=6),
+        st.sampled_from(["_", "", "___"]),
+        st.sampled_from(KEYS) | st.text(alphabet=string.ascii_letters + "_", max_size=6),
+    )
+    | st.sampled_from(["MQD_TOKEN", "MQD_CONFIG", "MQD_BIN", "MQD_", "MQD_CONSUMER_GROUP"])
 )
 
 
 @_SETTINGS
 @given(
     environ=st.dictionaries(
-        env_names, nasty_text | st.sampled_from(['["a", 1]', "[", "{", "1_000", "nan"]), max_size=5
+        env_names,
+        nasty_text
+        | st.sampled_from(['["a", 1]', "[", "{", "1_000", "nan", "inf", "1e400", str(10**400), '[".."]']),
+        max_size=5,
     )
 )
+@example(environ={"MQD_LANDING__DIR": ""})
+@example(environ={"MQD_CONSUMER_GROUP": "x"})
+@example(environ={"MQD_CONSUMER__SESSION_TIMEOUT": "inf"})
 def test_random_environment_overrides(tmp_path_factory: Any, environ: dict[str, str]) -> None:
-    """MQD_<SECTION>__<KEY> with any value: a valid config or a ConfigError naming the variable."""
+    """MQD_ variables with any name and value: a usable config or a ConfigError; an unknown
+    MQD_ variable (one that is not a known non-override) is always an error naming it."""
     path = tmp_path_factory.mktemp("cfg") / "mqd.toml"
     path.write_text((ROOT / "config" / "mqd.toml").read_text())
+    stray = [n for n in environ if "__" not in n and n not in NOT_OVERRIDES]
     try:
-        load_daemon_config(path, environ)
+        cfg = load_daemon_config(path, environ)
     except ConfigError as exc:
         assert str(exc)
+        for name in stray:
+            assert name in str(exc)
+    else:
+        assert not stray, stray
+        _assert_usable(cfg)
 
 
 def test_unreadable_paths_are_config_errors(tmp_path: Path) -> None:
