@@ -32,6 +32,7 @@ from mqd.broker.consumer_groups import ConsumerGroupError, ConsumerGroupStore
 from mqd.broker.http_api import BrokerApi
 from mqd.broker.long_poll import LongPoll
 from mqd.broker.offsets_pull import SlaveOffsetsPull
+from mqd.broker.rejected_requests import ParserErrorLog
 from mqd.broker.replica_progress import ReplicaProgress
 from mqd.broker.replication import Replicator
 from mqd.broker.storage import Storage, StorageError
@@ -61,7 +62,7 @@ class BrokerNode:
         self.storage = Storage(config.data_dir, config.storage)
         self.consumer_groups = ConsumerGroupStore(config.data_dir)
         self.stats = ClientStats()
-        self.long_poll = LongPoll()
+        self.long_poll = LongPoll(max_held=config.limits.max_long_polls)
         self.replica_progress = ReplicaProgress(self.state.live_slaves)
         self._offsets_pull: SlaveOffsetsPull | None = None
         if self.state.is_master and self.state.broker_group.slaves:
@@ -137,8 +138,16 @@ class BrokerNode:
             self._tasks.append(asyncio.create_task(self._retention_loop(), name="retention"))
         # handler_cancellation: a fetch held for a client that went away is cancelled at once, so
         # its waiter and in-flight count go with it instead of lasting until max_wait_ms
+        # logger: a request aiohttp's parser refuses (URL over 8 KiB, ...) is a counted, rate-limited
+        # warning, not an error-level traceback per request; lingering_time: a body left unread after
+        # an early answer (415, 421...) is drained for body_timeout_ms at most (aiohttp: 10 s)
         self._runner = web.AppRunner(
-            self._app, shutdown_timeout=SHUTDOWN_DRAIN_S, access_log=None, handler_cancellation=True
+            self._app,
+            shutdown_timeout=SHUTDOWN_DRAIN_S,
+            access_log=None,
+            handler_cancellation=True,
+            logger=ParserErrorLog(self.api.rejected),
+            lingering_time=self.config.limits.body_timeout_ms / 1000,
         )
         await self._runner.setup()
         spec = self.cluster.node(self.node_id)
