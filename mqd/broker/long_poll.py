@@ -40,6 +40,7 @@ class LongPoll:
         self._waiters: dict[PartitionKey, set[asyncio.Event]] = defaultdict(set)
         self.max_held = max_held
         self.held = 0  # capped holds now waiting
+        self.held_peak = 0  # most capped holds at once since the last take_peak()
         self.closing = False
 
     def notify(self, topic: str, partition: int) -> None:
@@ -48,6 +49,11 @@ class LongPoll:
         if events:
             for ev in events:
                 ev.set()
+
+    def take_peak(self) -> int:
+        """The most capped holds at once since the last call (then counting starts again)."""
+        peak, self.held_peak = self.held_peak, self.held
+        return peak
 
     def close(self) -> None:
         """Answer every held fetch now, and hold no new one (the node is stopping)."""
@@ -80,6 +86,7 @@ class LongPoll:
             raise LongPollFull(self.max_held)
         if capped:
             self.held += 1
+            self.held_peak = max(self.held_peak, self.held)
         event = asyncio.Event()
         wanted = set(keys)
         for key in wanted:

@@ -10,7 +10,7 @@ from the slaves on a master (offsets_pull.py), liveness of the peers (cluster_st
 This file starts them in order (consumer groups and storage, then the master's first pull of its
 slaves' committed offsets, liveness, replication, then the listening socket) and stops them in the
 reverse order, and runs the periodic work: consumer-group expiry, client-stats pruning, fsync on an
-interval, retention.
+interval, retention, giving memory back after a burst of long polls (memory_trim.py).
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from mqd.broker.cluster_state import ClusterState
 from mqd.broker.consumer_groups import ConsumerGroupError, ConsumerGroupStore
 from mqd.broker.http_api import BrokerApi
 from mqd.broker.long_poll import LongPoll
+from mqd.broker.memory_trim import TRIM_CHECK_INTERVAL_S, burst_ended, trim_heap
 from mqd.broker.offsets_pull import SlaveOffsetsPull
 from mqd.broker.rejected_requests import ParserErrorLog
 from mqd.broker.replica_progress import ReplicaProgress
@@ -132,6 +133,7 @@ class BrokerNode:
             await self._replicator.start()
         self._tasks.append(asyncio.create_task(self._expiry_loop(), name="group-expiry"))
         self._tasks.append(asyncio.create_task(self._stats_prune_loop(), name="stats-prune"))
+        self._tasks.append(asyncio.create_task(self._memory_trim_loop(), name="memory-trim"))
         if self.config.storage.fsync == "interval":
             self._tasks.append(asyncio.create_task(self._flush_loop(), name="fsync"))
         if self.config.storage.retention_bytes >= 0 or self.config.storage.retention_ms >= 0:
@@ -217,6 +219,12 @@ class BrokerNode:
         while True:
             await asyncio.sleep(STATS_PRUNE_INTERVAL_S)
             self.stats.prune()
+
+    async def _memory_trim_loop(self) -> None:
+        while True:
+            await asyncio.sleep(TRIM_CHECK_INTERVAL_S)
+            if burst_ended(self.long_poll.take_peak(), self.long_poll.held):
+                trim_heap()
 
     async def _flush_loop(self) -> None:
         loop = asyncio.get_running_loop()
