@@ -44,6 +44,9 @@ log = structlog.get_logger(__name__)
 
 SHUTDOWN_DRAIN_S = 5.0  # how long in-flight requests may take to finish on stop
 STATS_PRUNE_INTERVAL_S = 60.0
+# an idle keep-alive connection is closed after this (aiohttp: 3630 s, one fd each that long);
+# above the clients' own 15 s pool keep-alive so a client never reuses a socket the node is closing
+KEEPALIVE_TIMEOUT_S = 75.0
 
 
 class BrokerNode:
@@ -150,6 +153,7 @@ class BrokerNode:
             handler_cancellation=True,
             logger=ParserErrorLog(self.api.rejected),
             lingering_time=self.config.limits.body_timeout_ms / 1000,
+            keepalive_timeout=KEEPALIVE_TIMEOUT_S,
         )
         await self._runner.setup()
         spec = self.cluster.node(self.node_id)
