@@ -124,7 +124,8 @@ async def test_long_polls_over_the_cap_get_429_with_retry_after(
         async with asyncio.timeout(10):
             while (await client.stats(url))["long_polls_held"] < MAX_LONG_POLLS:
                 await asyncio.sleep(0.01)
-        wanted = {"partitions": [{"topic": "events", "partition": 1, "offset": end}], "max_wait_ms": 5000}
+        partitions: list[dict[str, Any]] = [{"topic": "events", "partition": 1, "offset": end}]
+        wanted = {"partitions": partitions, "max_wait_ms": 5000}
         async with aiohttp.ClientSession() as s:
             resp = await _fetch_raw(s, url, wanted)
             assert resp.status == 429
@@ -132,7 +133,7 @@ async def test_long_polls_over_the_cap_get_429_with_retry_after(
             # max_wait_ms 0 is never held: answered at once
             assert (await _fetch_raw(s, url, {**wanted, "max_wait_ms": 0})).status == 200
         with pytest.raises(BrokerError) as caught:
-            await client.fetch(url, wanted["partitions"], max_wait_ms=5000)
+            await client.fetch(url, partitions, max_wait_ms=5000)
         assert caught.value.status == 429 and caught.value.code == "too_many_long_polls"
         err = source_error(caught.value)
         assert err.retriable and not err.node_down and err.kind == "http_429"
