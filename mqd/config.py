@@ -210,6 +210,11 @@ class BrokerLimits(_Model):
     max_fetch_bytes: int = Field(default=64 * MiB, ge=1024)
     max_wait_ms: int = Field(default=30_000, ge=0)
     max_partitions_per_fetch: int = Field(default=10_000, ge=1)
+    # a body not received whole this long after its headers is cut with 408 (one fd per stalled
+    # sender otherwise lasts forever); 64 MiB takes ~5 s at 100 Mbit/s
+    body_timeout_ms: int = Field(default=10_000, ge=100, le=3_600_000)
+    # fetches held at once on the node (each holds a task, a socket and its buffers); above it 429
+    max_long_polls: int = Field(default=1000, ge=1)
 
 
 class BrokerConfig(_Model):

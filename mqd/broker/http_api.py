@@ -5,6 +5,10 @@ the work (storage, long polling, replica progress, consumer groups) and builds t
 become JSON answers in one middleware. Produce is for masters only; ``acks=all`` waits for the
 live slaves (:mod:`mqd.broker.replica_progress`). The node's lifecycle (binding, background loops,
 shutdown order) is :mod:`mqd.broker.server`'s.
+
+Handling is bounded: bodies are read within ``limits.body_timeout_ms`` (408), fetches held at once
+are capped by ``limits.max_long_polls`` (429 with Retry-After), and 4xx answers are counted and
+logged at most once per interval (:mod:`mqd.broker.rejected_requests`), never with a traceback.
 """
 
 from __future__ import annotations
@@ -25,7 +29,8 @@ from mqd.broker.client_stats import ClientStats
 from mqd.broker.cluster_state import ClusterState
 from mqd.broker.consumer_groups import ConsumerGroupError, ConsumerGroupStore
 from mqd.broker.fetch_plan import FetchItem, FetchPlan, FetchPlanner
-from mqd.broker.long_poll import LongPoll
+from mqd.broker.long_poll import LongPoll, LongPollFull
+from mqd.broker.rejected_requests import WARNED_STATUSES, RejectedRequests
 from mqd.broker.replica_progress import ReplicaProgress
 from mqd.broker.request_parsing import (
     MAX_OFFSET,
@@ -36,6 +41,7 @@ from mqd.broker.request_parsing import (
     json_body,
     list_field,
     obj_value,
+    read_body,
     str_field,
 )
 from mqd.broker.storage import PartitionLog, Storage, StorageError
@@ -46,6 +52,7 @@ from mqd.topic_name import topic_name_problem
 log = structlog.get_logger(__name__)
 
 MAX_SESSION_TIMEOUT_MS = 3_600_000
+LONG_POLL_RETRY_AFTER_S = 1  # a held fetch ends within max_wait_ms; the client backs off with jitter too
 _PARTITION_RE = re.compile(r"-?[0-9]+")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -89,6 +96,8 @@ class BrokerApi:
         self._replication_status = replication_status
         self._planner = FetchPlanner(config, state, storage, replica_progress)
         self._openapi_spec = openapi_spec()
+        self._body_timeout_s = config.limits.body_timeout_ms / 1000
+        self.rejected = RejectedRequests()
         self.closing = False  # the node is stopping: health says so, produce refuses
         self.app = self._build_app()
 
@@ -123,15 +132,34 @@ class BrokerApi:
         try:
             return await handler(request)
         except ApiError as exc:
-            return exc.response()
+            resp = self._refuse(request, exc)
+            if exc.close:
+                # the unread rest of the body would otherwise be drained for lingering_time
+                await resp.prepare(request)
+                await resp.write_eof()
+                request.protocol.force_close()  # closes once the answer is flushed
+            return resp
+        except LongPollFull as exc:
+            return self._refuse(
+                request,
+                ApiError(
+                    429,
+                    "too_many_long_polls",
+                    f"{exc}: retry after {LONG_POLL_RETRY_AFTER_S}s",
+                    headers={"Retry-After": str(LONG_POLL_RETRY_AFTER_S)},
+                    retry_after_ms=LONG_POLL_RETRY_AFTER_S * 1000,
+                ),
+            )
         except web.HTTPRequestEntityTooLarge:
             limit = self.config.limits.max_request_bytes
-            return ApiError(413, "too_large", f"request body larger than {limit} bytes").response()
+            return self._refuse(
+                request, ApiError(413, "too_large", f"request body larger than {limit} bytes")
+            )
         except web.HTTPException as exc:
             if exc.status < 400:
                 raise
             code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status, "http_error")
-            return ApiError(exc.status, code, exc.reason).response()
+            return self._refuse(request, ApiError(exc.status, code, exc.reason))
         except (StorageError, ConsumerGroupError) as exc:
             log.error("storage failure", route=route, error=str(exc))
             return ApiError(500, "storage_error", str(exc)).response()
@@ -140,6 +168,21 @@ class BrokerApi:
         except Exception:
             log.exception("request failed", route=route)
             return ApiError(500, "internal_error", "the node failed to handle the request").response()
+
+    def _refuse(self, request: web.Request, exc: ApiError) -> web.Response:
+        """The error answer; a 4xx is counted, and the ones where the node protected itself are
+        logged (rate-limited): a client's mistake must not cost the node a log line each."""
+        if 400 <= exc.status < 500:
+            if exc.status in WARNED_STATUSES:
+                self.rejected.record(
+                    exc.status, exc.reason, route=request.match_info.route.name, remote=request.remote
+                )
+            else:
+                self.rejected.count(exc.status)
+        return exc.response()
+
+    async def _json(self, request: web.Request) -> dict[str, Any]:
+        return await json_body(request, self._body_timeout_s)
 
     @web.middleware
     async def _auth_middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -178,6 +221,8 @@ class BrokerApi:
 
     async def _get_stats(self, request: web.Request) -> web.Response:
         body = self.stats.as_json(self.node_id)
+        body["rejected"] = self.rejected.as_json()
+        body["long_polls_held"] = self.long_poll.held
         replication = self._replication_status()
         if replication is not None:
             body["replication"] = replication
@@ -243,7 +288,7 @@ class BrokerApi:
         ctype = request.headers.get("Content-Type", BATCH_CONTENT_TYPE).split(";")[0].strip()
         if ctype not in (BATCH_CONTENT_TYPE, "application/octet-stream"):
             raise ApiError(415, "bad_content_type", f"expected {BATCH_CONTENT_TYPE}, got {ctype}")
-        body = await request.read()
+        body = await read_body(request, self._body_timeout_s)
         try:
             infos = fmt.validate(body)
         except fmt.BatchError as exc:
@@ -307,7 +352,7 @@ class BrokerApi:
         return items
 
     async def _fetch(self, request: web.Request) -> web.StreamResponse:
-        body = await json_body(request)
+        body = await self._json(request)
         client_id = str_field(body, "client_id", default="", empty=True)
         max_wait, min_bytes, max_bytes = self._fetch_limits(body)
         items = self._parse_fetch(body, max_bytes)
@@ -320,7 +365,7 @@ class BrokerApi:
             self.stats.fetch_done(client_id)
 
     async def _replica_fetch(self, request: web.Request) -> web.StreamResponse:
-        body = await json_body(request)
+        body = await self._json(request)
         slave = str_field(body, "node")
         found = self.cluster.node(slave)
         own = self.state.broker_group.name
@@ -349,7 +394,8 @@ class BrokerApi:
         def attempt() -> tuple[FetchPlan, bool]:
             return self._planner.plan(items, min_bytes, max_bytes, replica)
 
-        plan = await self.long_poll.hold(keys, max_wait_ms / 1000, attempt)
+        # replica fetches are not capped: there are only as many as slaves, and acks=all needs them
+        plan = await self.long_poll.hold(keys, max_wait_ms / 1000, attempt, capped=not replica)
         # no await between the last plan and reading it: its file descriptors stay valid until then
         head, data = self._planner.read(self.node_id, plan)
         response = web.StreamResponse(headers={"Content-Type": FETCH_CONTENT_TYPE})
@@ -364,7 +410,7 @@ class BrokerApi:
     # -- offsets -----------------------------------------------------------------------------------
 
     async def _offsets(self, request: web.Request) -> web.Response:
-        body = await json_body(request)
+        body = await self._json(request)
         out = []
         limit = self.config.limits.max_partitions_per_fetch
         for i, p in enumerate(list_field(body, "partitions", limit=limit)):
@@ -409,7 +455,7 @@ class BrokerApi:
 
     async def _heartbeat(self, request: web.Request) -> web.Response:
         consumer_group = self._coordinator_check(request)
-        body = await json_body(request)
+        body = await self._json(request)
         client_id = str_field(body, "client_id")
         topics = list_field(body, "topics", default=[], limit=10_000)
         for i, t in enumerate(topics):
@@ -429,7 +475,7 @@ class BrokerApi:
 
     async def _leave(self, request: web.Request) -> web.Response:
         consumer_group = self._coordinator_check(request)
-        body = await json_body(request)
+        body = await self._json(request)
         members, version = self.consumer_groups.leave(consumer_group, str_field(body, "client_id"))
         return web.json_response({"members": members, "version": version})
 
@@ -446,7 +492,7 @@ class BrokerApi:
 
     async def _commit(self, request: web.Request) -> web.Response:
         consumer_group = self._coordinator_check(request)
-        body = await json_body(request)
+        body = await self._json(request)
         client_id = str_field(body, "client_id", default="", empty=True)
         force = body.get("force", False)
         if not isinstance(force, bool):
@@ -458,7 +504,7 @@ class BrokerApi:
 
     async def _committed(self, request: web.Request) -> web.Response:
         consumer_group = self._coordinator_check(request)
-        body = await json_body(request)
+        body = await self._json(request)
         wanted = self._partition_list(list_field(body, "partitions", default=[]), with_offset=False)
         partitions = [(t, p) for t, p, _ in wanted]
         return web.json_response({"offsets": self.consumer_groups.committed(consumer_group, partitions)})

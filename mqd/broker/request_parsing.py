@@ -2,12 +2,15 @@
 
 Every bad input becomes an :class:`ApiError`, answered as JSON ``{"error": code, "reason": ...}``
 with an HTTP status by the API's error middleware; the validators name the offending field
-(``partitions[3].offset: must be an integer``) so a client can tell what to fix.
+(``partitions[3].offset: must be an integer``) so a client can tell what to fix. Bodies are read
+with a deadline (:func:`read_body`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+from collections.abc import Mapping
 from typing import Any, NoReturn
 
 from aiohttp import web
@@ -20,18 +23,33 @@ _MISSING: Any = object()
 
 
 class ApiError(MqdError):
-    """An error answer: JSON ``{"error": code, "reason": ..., **extra}`` with an HTTP status."""
+    """An error answer: JSON ``{"error": code, "reason": ..., **extra}`` with an HTTP status, extra
+    ``headers``, and ``close`` to drop the connection after it (its request body was not read)."""
 
-    def __init__(self, status: int, code: str, reason: str, **extra: Any) -> None:
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        reason: str,
+        *,
+        headers: Mapping[str, str] | None = None,
+        close: bool = False,
+        **extra: Any,
+    ) -> None:
         super().__init__(reason, retriable=status >= 500 or status in (408, 421, 429))
         self.status = status
         self.code = code
         self.reason = reason
+        self.headers = dict(headers or {})
+        self.close = close
         self.extra = extra
 
     def response(self) -> web.Response:
         body = {"error": self.code, "reason": self.reason, **self.extra}
-        return web.json_response(body, status=self.status)
+        resp = web.json_response(body, status=self.status, headers=self.headers)
+        if self.close:
+            resp.force_close()
+        return resp
 
 
 def bad(reason: str) -> NoReturn:
@@ -39,9 +57,21 @@ def bad(reason: str) -> NoReturn:
     raise ApiError(400, "bad_request", reason)
 
 
-async def json_body(request: web.Request) -> dict[str, Any]:
-    """The request's body, which must be a JSON object."""
-    raw = await request.read()
+async def read_body(request: web.Request, timeout_s: float) -> bytes:
+    """The request's whole body; 408 (and the connection closed) when it has not all arrived
+    ``timeout_s`` seconds after the call: a sender stalling mid-body would hold a socket forever."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await request.read()
+    except TimeoutError:
+        raise ApiError(
+            408, "body_timeout", f"request body not received within {timeout_s:g}s", close=True
+        ) from None
+
+
+async def json_body(request: web.Request, timeout_s: float) -> dict[str, Any]:
+    """The request's body (read within ``timeout_s``, see :func:`read_body`), a JSON object."""
+    raw = await read_body(request, timeout_s)
     try:
         data = json.loads(raw)
     except (ValueError, RecursionError):

@@ -10,7 +10,7 @@ from the slaves on a master (offsets_pull.py), liveness of the peers (cluster_st
 This file starts them in order (consumer groups and storage, then the master's first pull of its
 slaves' committed offsets, liveness, replication, then the listening socket) and stops them in the
 reverse order, and runs the periodic work: consumer-group expiry, client-stats pruning, fsync on an
-interval, retention.
+interval, retention, giving memory back after a burst of long polls (memory_trim.py).
 """
 
 from __future__ import annotations
@@ -31,7 +31,9 @@ from mqd.broker.cluster_state import ClusterState
 from mqd.broker.consumer_groups import ConsumerGroupError, ConsumerGroupStore
 from mqd.broker.http_api import BrokerApi
 from mqd.broker.long_poll import LongPoll
+from mqd.broker.memory_trim import TRIM_CHECK_INTERVAL_S, burst_ended, trim_heap
 from mqd.broker.offsets_pull import SlaveOffsetsPull
+from mqd.broker.rejected_requests import ParserErrorLog
 from mqd.broker.replica_progress import ReplicaProgress
 from mqd.broker.replication import Replicator
 from mqd.broker.storage import Storage, StorageError
@@ -42,6 +44,9 @@ log = structlog.get_logger(__name__)
 
 SHUTDOWN_DRAIN_S = 5.0  # how long in-flight requests may take to finish on stop
 STATS_PRUNE_INTERVAL_S = 60.0
+# an idle keep-alive connection is closed after this (aiohttp: 3630 s, one fd each that long);
+# above the clients' own 15 s pool keep-alive so a client never reuses a socket the node is closing
+KEEPALIVE_TIMEOUT_S = 75.0
 
 
 class BrokerNode:
@@ -61,7 +66,7 @@ class BrokerNode:
         self.storage = Storage(config.data_dir, config.storage)
         self.consumer_groups = ConsumerGroupStore(config.data_dir)
         self.stats = ClientStats()
-        self.long_poll = LongPoll()
+        self.long_poll = LongPoll(max_held=config.limits.max_long_polls)
         self.replica_progress = ReplicaProgress(self.state.live_slaves)
         self._offsets_pull: SlaveOffsetsPull | None = None
         if self.state.is_master and self.state.broker_group.slaves:
@@ -131,14 +136,24 @@ class BrokerNode:
             await self._replicator.start()
         self._tasks.append(asyncio.create_task(self._expiry_loop(), name="group-expiry"))
         self._tasks.append(asyncio.create_task(self._stats_prune_loop(), name="stats-prune"))
+        self._tasks.append(asyncio.create_task(self._memory_trim_loop(), name="memory-trim"))
         if self.config.storage.fsync == "interval":
             self._tasks.append(asyncio.create_task(self._flush_loop(), name="fsync"))
         if self.config.storage.retention_bytes >= 0 or self.config.storage.retention_ms >= 0:
             self._tasks.append(asyncio.create_task(self._retention_loop(), name="retention"))
         # handler_cancellation: a fetch held for a client that went away is cancelled at once, so
         # its waiter and in-flight count go with it instead of lasting until max_wait_ms
+        # logger: a request aiohttp's parser refuses (URL over 8 KiB, ...) is a counted, rate-limited
+        # warning, not an error-level traceback per request; lingering_time: a body left unread after
+        # an early answer (415, 421...) is drained for body_timeout_ms at most (aiohttp: 10 s)
         self._runner = web.AppRunner(
-            self._app, shutdown_timeout=SHUTDOWN_DRAIN_S, access_log=None, handler_cancellation=True
+            self._app,
+            shutdown_timeout=SHUTDOWN_DRAIN_S,
+            access_log=None,
+            handler_cancellation=True,
+            logger=ParserErrorLog(self.api.rejected),
+            lingering_time=self.config.limits.body_timeout_ms / 1000,
+            keepalive_timeout=KEEPALIVE_TIMEOUT_S,
         )
         await self._runner.setup()
         spec = self.cluster.node(self.node_id)
@@ -208,6 +223,12 @@ class BrokerNode:
         while True:
             await asyncio.sleep(STATS_PRUNE_INTERVAL_S)
             self.stats.prune()
+
+    async def _memory_trim_loop(self) -> None:
+        while True:
+            await asyncio.sleep(TRIM_CHECK_INTERVAL_S)
+            if burst_ended(self.long_poll.take_peak(), self.long_poll.held):
+                trim_heap()
 
     async def _flush_loop(self) -> None:
         loop = asyncio.get_running_loop()
