@@ -10,6 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from support import REPO_ROOT
+from support.config import config_error as _error
+from support.config import write_file as _write
 
 from mqd.config import (
     ConfigError,
@@ -21,19 +23,6 @@ from mqd.config import (
 
 ROOT = REPO_ROOT
 SHIPPED = ROOT / "config" / "mqd.toml"
-
-
-def _write(tmp_path: Path, text: str, name: str = "mqd.toml") -> Path:
-    path = tmp_path / name
-    path.write_text(text)
-    return path
-
-
-def _error(path: Path, environ: dict[str, str] | None = None) -> str:
-    with pytest.raises(ConfigError) as info:
-        load_daemon_config(path, environ or {})
-    assert info.value.retriable is False
-    return str(info.value)
 
 
 # -- the shipped file ------------------------------------------------------------------------------

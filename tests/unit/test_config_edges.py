@@ -14,6 +14,8 @@ import pytest
 from click.testing import CliRunner
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
+from support.config import config_error as _error
+from support.config import write_file as _write
 
 from mqd.cli import main
 from mqd.config import (
@@ -27,21 +29,6 @@ from mqd.config import (
 )
 
 EXIT_CONFIG = 2
-
-
-def _write(tmp_path: Path, text: str, name: str = "mqd.toml") -> Path:
-    path = tmp_path / name
-    path.write_text(text)
-    return path
-
-
-def _error(path: Path, environ: dict[str, str] | None = None) -> str:
-    with pytest.raises(ConfigError) as info:
-        load_daemon_config(path, environ or {})
-    assert info.value.retriable is False
-    msg = str(info.value)
-    assert str(path) in msg
-    return msg
 
 
 def _check_exit(path: Path, environ: dict[str, str] | None = None) -> tuple[int, str]:

@@ -18,74 +18,18 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from support.harness import Cluster, to_toml
+from support.cli import SHUTDOWN_TIMEOUT, mqd, produce, write_config
+from support.harness import Cluster
 
 from mqd.cli import main
 from mqd.landing.local_store import read_manifest
 from mqd.waiting import wait_until_sync
-
-SHUTDOWN_TIMEOUT = 10.0
-
-
-def write_config(tmp_path: Path, cluster: Cluster, **sections: dict[str, Any]) -> Path:
-    data: dict[str, Any] = {
-        "consumer": {
-            "bootstrap": [cluster.bootstrap],
-            "topics": ["events"],
-            "consume_from": "first",
-            "commit_interval": 0.5,
-            "heartbeat_interval": 0.5,
-        },
-        "landing": {"dir": str(tmp_path / "landing"), "max_age": 0.3},
-        "admin": {"port": 0},
-        "log": {"level": "info", "format": "json"},
-        "daemon": {
-            "state_dir": str(tmp_path / "state"),
-            "pid_file": str(tmp_path / "state" / "mqd.pid"),
-            "log_file": str(tmp_path / "state" / "mqd.log"),
-            "shutdown_timeout": SHUTDOWN_TIMEOUT,
-        },
-    }
-    for name, values in sections.items():
-        data.setdefault(name, {}).update(values)
-    path = tmp_path / "mqd.toml"
-    path.write_text(to_toml(data))
-    return path
-
-
-def mqd(
-    *args: str, timeout: float = 60, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    """The CLI as its own process."""
-    return subprocess.run(
-        [sys.executable, "-m", "mqd.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, **(env or {})},
-    )
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
     """The CLI in this process (no interpreter start-up); the daemon it talks to is still real."""
     res = CliRunner().invoke(main, list(args))
     return subprocess.CompletedProcess(list(args), res.exit_code, res.stdout, res.stderr)
-
-
-def produce(cluster: Cluster, count: int, *extra: str) -> None:
-    res = mqd(
-        "produce",
-        "--bootstrap",
-        cluster.bootstrap,
-        "--topic",
-        "events",
-        "--count",
-        str(count),
-        "--batch",
-        "250",
-        *extra,
-    )
-    assert res.returncode == 0, res.stderr
 
 
 def status(state_dir: Path) -> dict[str, Any] | None:

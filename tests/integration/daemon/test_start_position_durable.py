@@ -19,7 +19,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from support.harness import Cluster, fetch_all, to_toml
+from support.cli import produce, write_config
+from support.harness import Cluster, fetch_all
 
 from mqd.landing.local_store import read_manifest
 from mqd.waiting import wait_until_sync
@@ -28,51 +29,17 @@ PARTITIONS = 4
 
 
 def _config(tmp_path: Path, cluster: Cluster) -> Path:
-    data = {
-        "consumer": {
-            "bootstrap": [cluster.bootstrap],
-            "topics": ["events"],
-            "consume_from": "last",
-            "commit_interval": 0.5,
-            "heartbeat_interval": 0.5,
-            "session_timeout": 3.0,
-        },
-        # nothing is published by age or size while the test looks: the kill comes first
-        "landing": {"dir": str(tmp_path / "landing"), "max_age": 120.0},
-        "admin": {"port": 0},
-        "log": {"level": "info", "format": "json"},
-        "daemon": {
-            "state_dir": str(tmp_path / "state"),
-            "pid_file": str(tmp_path / "state" / "mqd.pid"),
-            "log_file": str(tmp_path / "state" / "mqd.log"),
-        },
-    }
-    path = tmp_path / "mqd.toml"
-    path.write_text(to_toml(data))
-    return path
+    # nothing is published by age or size while the test looks: the kill comes first
+    return write_config(
+        tmp_path,
+        cluster,
+        consumer={"consume_from": "last", "session_timeout": 3.0},
+        landing={"max_age": 120.0},
+    )
 
 
 def _produce(cluster: Cluster, count: int) -> None:
-    res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "mqd.cli",
-            "produce",
-            "--bootstrap",
-            cluster.bootstrap,
-            "--topic",
-            "events",
-            "--count",
-            str(count),
-            "--batch",
-            "50",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert res.returncode == 0, res.stderr
+    produce(cluster, count, batch=50)
 
 
 def _log_ends(cluster: Cluster) -> dict[int, int]:

@@ -7,8 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -17,7 +15,8 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from support.harness import Cluster, to_toml
+from support.cli import mqd, write_config
+from support.harness import Cluster
 
 from mqd.cli import main
 from mqd.waiting import wait_until_sync
@@ -26,33 +25,10 @@ ADMIN_TOKEN = "adm-7c41e9-token"
 
 
 def _config(tmp_path: Path, cluster: Cluster) -> Path:
-    data: dict[str, Any] = {
-        "consumer": {
-            "bootstrap": [cluster.bootstrap],
-            "topics": ["events"],
-            "consume_from": "first",
-            "heartbeat_interval": 0.5,
-        },
-        "landing": {"dir": str(tmp_path / "landing"), "max_age": 0.3},
-        "admin": {"port": 0, "auth_token": ADMIN_TOKEN},
-        "log": {"level": "info", "format": "json"},
-        "daemon": {
-            "state_dir": str(tmp_path / "state"),
-            "pid_file": str(tmp_path / "state" / "mqd.pid"),
-            "log_file": str(tmp_path / "state" / "mqd.log"),
-            "shutdown_timeout": 10.0,
-        },
-    }
-    path = tmp_path / "mqd.toml"
-    path.write_text(to_toml(data))
-    return path
+    return write_config(tmp_path, cluster, admin={"auth_token": ADMIN_TOKEN})
 
 
-def _mqd(*args: str) -> subprocess.CompletedProcess[str]:
-    """The CLI as its own process."""
-    return subprocess.run(
-        [sys.executable, "-m", "mqd.cli", *args], capture_output=True, text=True, timeout=60, env=os.environ
-    )
+_mqd = mqd
 
 
 def _cli(*args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
