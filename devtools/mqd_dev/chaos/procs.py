@@ -28,24 +28,16 @@ from mqd_dev.chaos.proxy import FaultProxy
 
 
 class Proc(ManagedProcess):
-    """A child of the chaos run (mqd.testing's process manager): it dies with the chaos process,
-    and ``check`` reports an exit nobody asked for (once), which the supervisor counts as a crash."""
+    """A child of the chaos run (mqd.testing's process manager): it dies with the chaos process, and
+    ``unasked_exit`` reports an exit nobody asked for (once), which the supervisor counts as a crash."""
 
     def __init__(self, name: str, argv: list[str], log_path: Path, cwd: Path, env: Mapping[str, str]) -> None:
         super().__init__(name, argv, log_path, cwd=cwd, env=env, die_with_parent=True)
-        self.unexpected_exits: list[int] = []
-
-    def check(self) -> int | None:
-        """The exit code if the process exited without being asked to (reported once), else None."""
-        code = self.unasked_exit()
-        if code is not None:
-            self.unexpected_exits.append(code)
-        return code
 
 
 class Node(NodeProcess):
     """A broker node: listens on ``port``; everyone else reaches it through ``proxy``. Like
-    :class:`Proc`, it dies with the chaos process and ``check`` reports a crash once."""
+    :class:`Proc`, it dies with the chaos process and ``unasked_exit`` reports a crash once."""
 
     def __init__(
         self, node_id: str, group: str, role: str, root: Path, env: Mapping[str, str], seed: int
@@ -53,14 +45,6 @@ class Node(NodeProcess):
         port = free_port()
         super().__init__(node_id, group, role, port, root, "http", env=env, die_with_parent=True)
         self.proxy = FaultProxy(port, seed=seed)
-        self.unexpected_exits: list[int] = []
-
-    def check(self) -> int | None:
-        """The exit code if the node exited without being asked to (reported once), else None."""
-        code = self.unasked_exit()
-        if code is not None:
-            self.unexpected_exits.append(code)
-        return code
 
     @property
     def direct_url(self) -> str:

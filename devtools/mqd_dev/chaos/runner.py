@@ -205,7 +205,7 @@ class ChaosRun:
         while True:
             await asyncio.sleep(0.2)
             for d in [*self.daemons, self.extra]:
-                code = d.check()
+                code = d.unasked_exit()
                 if code is not None:
                     self.crashes[d.name] += 1
                     self.failures.append(f"daemon {d.name} exited by itself with {code}:\n{d.tail(20)}")
@@ -213,7 +213,7 @@ class ChaosRun:
                     if d is not self.extra:
                         d.start()
             for n in self.cluster.nodes.values():
-                code = n.check()
+                code = n.unasked_exit()
                 if code is not None:
                     self.crashes[n.id] += 1
                     self.failures.append(f"node {n.id} exited by itself with {code}:\n{n.tail(20)}")
