@@ -236,6 +236,8 @@ class BrokerConfig(_Model):
     tls_cert: ConfigPath | None = None
     tls_key: ConfigPath | None = None
     tls_ca_file: ConfigPath | None = None  # CA bundle to verify peers' certificates (default: system store)
+    # this node's replica credentials (`mqd broker-credentials`): required in a group of 2+ nodes
+    replica_credentials: ConfigPath | None = None
     log_level: str = "info"
     log_format: Literal["auto", "json", "console"] = "auto"
     storage: StorageConfig = StorageConfig()
@@ -627,6 +629,7 @@ def load_broker_config(path: str | Path) -> tuple[BrokerConfig, ClusterConfig]:
             "tls_cert": _resolve_opt(base, cfg.tls_cert),
             "tls_key": _resolve_opt(base, cfg.tls_key),
             "tls_ca_file": _resolve_opt(base, cfg.tls_ca_file),
+            "replica_credentials": _resolve_opt(base, cfg.replica_credentials),
         }
     )
     cluster = load_cluster_config(cfg.cluster_file)

@@ -100,13 +100,19 @@ class Producer:
     ``bootstrap`` is one URL, a comma-separated list or a list of node URLs; any live node serves
     the metadata. ``retry_timeout`` bounds how long a produce keeps retrying a master that does not
     answer before it reports ``master_unavailable``.
+
+    ``acks = "all"`` (the default, as Kafka's since 3.0) answers once every live slave of the group
+    holds the batch: it survives the loss of the master's disk. ``acks = "master"`` answers once the
+    master wrote it, before any slave has it (and before an fsync, unless the master runs with
+    ``fsync = "always"``): a master that crashes or loses its disk before a slave copied the batch
+    loses it although the producer saw it acknowledged.
     """
 
     def __init__(
         self,
         bootstrap: list[str] | str,
         *,
-        acks: str = "master",
+        acks: str = "all",
         token: str | None = None,
         request_timeout: float = 30.0,
         retry_timeout: float = 3.0,

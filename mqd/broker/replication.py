@@ -6,9 +6,16 @@ once, each at this node's log end (which also tells the master how far this slav
 so a corrupt answer never reaches the slave's log. A second loop pulls ``GET /v1/replica/offsets``
 every second into the ConsumerGroupStore.
 
+Every call is signed and every answer checked (:mod:`mqd.broker.replica_client`): nothing is
+applied unless the real master (it knows its secret) answered this very request.
+
 Divergence (an unclean master restart lost a tail this slave already copied): when the master's
 log end is below ours, or the batch the master returns for our log end starts before it, this
-slave truncates back and copies again. Like RocketMQ's HA (and Kafka before leader epochs) this
+slave truncates back and copies again, but never below its floor (:mod:`mqd.broker.replica_floor`:
+what it reported to its master, so what acks=all may have acknowledged). A master that comes back
+shorter copies the records back from its slaves before it takes writes (master_recovery.py); if it
+still asks for a cut below the floor, the slave parks the partition (error in /v1/stats, degraded
+health, a counter) instead of deleting. Like RocketMQ's HA (and Kafka before leader epochs) this
 cannot see a divergence whose batch boundaries happen to line up.
 """
 
@@ -25,8 +32,10 @@ import structlog
 from mqd import format as fmt
 from mqd.backoff import Backoff
 from mqd.broker.consumer_groups import ConsumerGroupError, ConsumerGroupStore
+from mqd.broker.replica_client import ReplicaClient, ReplicaPeerError
+from mqd.broker.replica_floor import ReplicaFloor
 from mqd.broker.storage import Storage, StorageError
-from mqd.client import BrokerClient, BrokerError
+from mqd.client import BrokerError
 from mqd.config import BrokerGroupSpec, MiB
 from mqd.errors import MqdError
 from mqd.protocol import FetchAnswer, PartitionFetch, ProtocolError, Status
@@ -48,6 +57,14 @@ class _ReplicaPartition:
     error: str | None = None
     retry_at: float = 0.0  # monotonic; the partition is left out of requests until then
     backoff: Backoff | None = None
+    parked: bool = False  # following the master would cut below the floor: refused
+
+
+PARKED_RETRY_S = 5.0  # a parked partition asks again this often (the master may have recovered)
+
+
+class FloorRefusal(ReplicationError):
+    """Following the master would truncate below what this slave reported (may be acknowledged)."""
 
 
 class Replicator:
@@ -61,8 +78,9 @@ class Replicator:
         broker_group: BrokerGroupSpec,
         storage: Storage,
         partitions: list[tuple[str, int]],
-        client: BrokerClient,
+        client: ReplicaClient,
         consumer_groups: ConsumerGroupStore,
+        floor: ReplicaFloor,
         on_append: Callable[[str, int], None],
         wait_ms: int,
         max_bytes: int = 32 * MiB,
@@ -78,6 +96,9 @@ class Replicator:
         self._partitions = list(partitions)
         self._client = client
         self._consumer_groups = consumer_groups
+        self._floor = floor
+        self.truncations_refused = 0  # partitions parked by the floor, counted per refusal
+        self.unverified_answers = 0  # answers refused because the master did not sign them
         self._on_append = on_append
         self._wait_ms = wait_ms
         self._max_bytes = max_bytes
@@ -117,6 +138,10 @@ class Replicator:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks = []
+        try:
+            self._floor.save(force=True)
+        except OSError as exc:
+            log.error("cannot save the replica floor", error=str(exc))
 
     def status(self) -> dict[str, Any]:
         """Per partition lag, whether the master answers, the last error (GET /v1/stats)."""
@@ -134,6 +159,8 @@ class Replicator:
                     "max_offset": end,
                     "master_max_offset": st.master_max_offset,
                     "lag": lag,
+                    "floor": self._floor.floor(topic, partition),
+                    "parked": st.parked,
                     "error": st.error,
                 }
             )
@@ -143,8 +170,19 @@ class Replicator:
             "last_error": self._last_error,
             "last_error_at": self._last_error_at,
             "offsets_synced_at": self._offsets_synced_at,
+            "truncations_refused": self.truncations_refused,
+            "unverified_answers": self.unverified_answers,
             "partitions": parts,
         }
+
+    def health_problems(self) -> list[str]:
+        """Reasons for a degraded health: parked partitions, a master that could not be verified."""
+        out = [
+            f"replication of {t}/{p} refused: {st.error}" for (t, p), st in self._states.items() if st.parked
+        ]
+        if self._last_error is not None and self._last_error.startswith("unverified master"):
+            out.append(self._last_error)
+        return out
 
     def _record_error(self, message: str) -> None:
         self._last_error = message
@@ -165,14 +203,17 @@ class Replicator:
                 continue
             try:
                 answer = await self._client.fetch(
-                    self.master.url,
-                    request,
-                    client_id=self.node_id,
-                    max_wait_ms=self._wait_ms,
-                    min_bytes=1,
-                    max_bytes=self._max_bytes,
-                    replica=self.node_id,
+                    self.master, request, max_wait_ms=self._wait_ms, min_bytes=1, max_bytes=self._max_bytes
                 )
+            except ReplicaPeerError as exc:
+                # something answers at the master's address without its secret: apply nothing
+                self.unverified_answers += 1
+                if self._master_reachable or backoff.failures == 0:
+                    log.error("master answer not verified: ignored", master=self.master.id, error=str(exc))
+                self._master_reachable = False
+                self._record_error(f"unverified master: {exc}")
+                await asyncio.sleep(backoff.next())
+                continue
             except (BrokerError, ProtocolError) as exc:
                 if self._master_reachable or backoff.failures == 0:
                     log.warning("master unreachable for replication", master=self.master.id, error=str(exc))
@@ -184,7 +225,13 @@ class Replicator:
                 log.info("replicating from master", master=self.master.id)
             self._master_reachable = True
             backoff.reset()
-            self._apply(answer, loop.time())
+            # the master answered (signed) a request reporting these ends: they may be acknowledged
+            reported = {(r["topic"], r["partition"]): int(r["offset"]) for r in request}
+            self._apply(answer, loop.time(), reported)
+            try:
+                self._floor.save()
+            except OSError as exc:
+                log.error("cannot save the replica floor", error=str(exc))
 
     def _fetch_request(self, now: float) -> list[dict[str, Any]]:
         # start at a different partition each round: the answer's byte budget goes to the first
@@ -209,7 +256,11 @@ class Replicator:
             )
         return out
 
-    def _apply(self, answer: FetchAnswer, now: float) -> None:
+    def _apply(
+        self, answer: FetchAnswer, now: float, reported: dict[tuple[str, int], int] | None = None
+    ) -> None:
+        for (topic, partition), offset in (reported or {}).items():
+            self._floor.raise_to(topic, partition, offset)
         for p in answer.partitions:
             key = (p.topic, p.partition)
             st = self._states.get(key)
@@ -217,6 +268,21 @@ class Replicator:
                 continue  # not asked for: ignore
             try:
                 appended = self._apply_partition(p, st)
+            except FloorRefusal as exc:
+                message = f"{p.topic}/{p.partition}: {exc}"
+                if not st.parked:
+                    self.truncations_refused += 1
+                    log.error(
+                        "replication parked: the master would cut acknowledged records",
+                        topic=p.topic,
+                        partition=p.partition,
+                        error=str(exc),
+                    )
+                st.parked = True
+                st.error = message
+                self._record_error(message)
+                st.retry_at = now + PARKED_RETRY_S
+                continue
             except (ReplicationError, StorageError, fmt.BatchError) as exc:
                 message = f"{p.topic}/{p.partition}: {exc}"
                 if st.error != message:
@@ -233,6 +299,7 @@ class Replicator:
                 continue
             if st.error is not None:
                 log.info("replication recovered for partition", topic=p.topic, partition=p.partition)
+            st.parked = False
             st.error = None
             st.backoff = None
             st.retry_at = 0.0
@@ -257,8 +324,15 @@ class Replicator:
                 master_min_offset=p.min_offset,
             )
             plog.truncate_fully_and_start_at(p.min_offset)
+            self._floor.reset(p.topic, p.partition, p.min_offset)
             return False
+        floor = self._floor.floor(p.topic, p.partition)
         if p.max_offset < plog.max_offset:
+            if p.max_offset < floor:
+                raise FloorRefusal(
+                    f"master {self.master.id} log ends at {p.max_offset}, below offset {floor} this "
+                    f"slave reported (possibly acknowledged with acks=all); not truncating"
+                )
             # ahead of the master: it lost a tail (unclean restart) that we copied; follow it
             log.warning(
                 "replica log ahead of the master: truncating",
@@ -276,6 +350,11 @@ class Replicator:
         first = infos[0].base_offset
         if first < plog.max_offset:
             # our log end falls inside a master batch: the logs diverged there
+            if first < floor:
+                raise FloorRefusal(
+                    f"master {self.master.id} diverges at offset {first}, below offset {floor} this "
+                    f"slave reported (possibly acknowledged with acks=all); not truncating"
+                )
             log.warning(
                 "replica log diverged from the master: truncating",
                 topic=p.topic,
@@ -298,7 +377,7 @@ class Replicator:
         last: dict[str, list[dict[str, Any]]] | None = None
         while True:
             try:
-                snapshot = await self._client.replica_offsets(self.master.url)
+                snapshot = await self._client.offsets(self.master)
                 if snapshot != last:
                     self._consumer_groups.merge_offsets(snapshot)
                     last = snapshot

@@ -23,7 +23,15 @@ from typing import Any
 
 import aiohttp
 
-from mqd.testing import ManagedProcess, NodeProcess, cluster_toml, free_port, group_names, node_toml
+from mqd.testing import (
+    ManagedProcess,
+    NodeProcess,
+    cluster_toml,
+    free_port,
+    group_names,
+    node_toml,
+    replica_credentials,
+)
 from mqd_dev.chaos.proxy import FaultProxy
 
 
@@ -114,8 +122,12 @@ class ChaosCluster:
     def _write_configs(self) -> None:
         topics = [{"name": self.topic, "partitions": self.partitions}]
         self.cluster_path.write_text(cluster_toml(self.group_names, self.nodes.values(), topics))
+        creds = replica_credentials(self.cluster_path, self.cluster_path.parent / "credentials")
         for n in self.nodes.values():
-            body = node_toml(n.id, self.cluster_path, n.data_dir, n.port, self.node_settings)
+            settings = dict(self.node_settings)
+            if n.id in creds:  # nodes of groups with slaves prove who they are to each other
+                settings["replica_credentials"] = str(creds[n.id])
+            body = node_toml(n.id, self.cluster_path, n.data_dir, n.port, settings)
             n.config_path.write_text(body)
 
     async def health(self, node: Node, timeout: float = 1.0) -> dict[str, Any] | None:

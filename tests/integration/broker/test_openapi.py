@@ -10,7 +10,7 @@ of a real broker, and cannot drift from the code.
 * The spec served by a node is byte-identical to the packaged file, and the aiohttp routes of a
   node and the spec's operations are the same set.
 * Hand-built cases reach the 200 answers random data cannot: a produce of a valid record batch and
-  a fetch that returns it, a replica fetch by the real slave, stats of a slave.
+  a fetch that returns it, a replica fetch signed by the real slave, stats of a slave.
 * After all that, the log on master and slave holds exactly what the accepted produces wrote.
 
 The cluster: two groups (a master and a slave each), so a produce to the other group's partition
@@ -273,7 +273,7 @@ def test_bearer_auth_answers_conform(cluster_factory: Any) -> None:
     url = cluster.url(cluster.master())
     health = api_schema["/v1/health"]["GET"].Case()
     assert health.call_and_validate(base_url=url, checks=CHECKS, timeout=15).status_code == 200
-    for path in ("/v1/metadata", "/v1/stats", "/v1/openapi.yaml", "/v1/replica/offsets"):
+    for path in ("/v1/metadata", "/v1/stats", "/v1/openapi.yaml"):
         case = api_schema[path]["GET"].Case()
         response = case.call_and_validate(base_url=url, checks=CHECKS, timeout=15)
         assert response.status_code == 401 and response.json()["error"] == "unauthorized", path
@@ -289,6 +289,12 @@ def test_bearer_auth_answers_conform(cluster_factory: Any) -> None:
         base_url=url, headers={"Authorization": "Bearer wrong"}, checks=CHECKS, timeout=15
     )
     assert response.status_code == 401
+    # replica routes never take the client token: a lone master has no replica peers
+    replica = api_schema["/v1/replica/offsets"]["GET"].Case()
+    response = replica.call_and_validate(
+        base_url=url, headers={"Authorization": f"Bearer {token}"}, checks=CHECKS, timeout=15
+    )
+    assert response.status_code == 403 and response.json()["error"] == "replica_forbidden"
 
 
 def test_slave_answers_conform(spec: dict[str, Any], node: Cluster) -> None:
@@ -299,18 +305,30 @@ def test_slave_answers_conform(spec: dict[str, Any], node: Cluster) -> None:
     response = stats.call_and_validate(base_url=node.url(slave), checks=CHECKS, timeout=15)
     assert "replication" in response.json()
 
-    replica = api_schema["/v1/replica/fetch"]["POST"]
-    case = replica.Case(
-        body={"node": slave, "max_wait_ms": 0, "partitions": [{"topic": TOPIC, "partition": 0, "offset": 0}]},
-        media_type="application/json",
+    # a replica fetch signed by the real slave: a binary answer whose head matches FetchAnswerHead
+    master = node.master()
+    body = json.dumps(
+        {"node": slave, "max_wait_ms": 0, "partitions": [{"topic": TOPIC, "partition": 0, "offset": 0}]}
+    ).encode()
+    status, ctype, answer = _signed_replica_fetch(node, slave, node.url(master), body)
+    assert status == 200
+    _check_binary_answer(spec, status, ctype, answer)
+    # the same signer to the slave itself: not one of its replica peers, a documented 403
+    status, ctype, answer = _signed_replica_fetch(node, slave, node.url(slave), body)
+    assert status == 403 and json.loads(answer)["error"] == "replica_forbidden"
+
+
+def _signed_replica_fetch(node: Cluster, signer: str, url: str, body: bytes) -> tuple[int, str, bytes]:
+    auth = node.replica_auth(signer)
+    headers = auth.sign_request("POST", "/v1/replica/fetch", body, auth.new_nonce())
+    req = urllib.request.Request(
+        url + "/v1/replica/fetch", data=body, headers={"Content-Type": "application/json", **headers}
     )
-    response = case.call_and_validate(base_url=node.url(node.master()), checks=CHECKS, timeout=15)
-    assert response.status_code == 200
-    _check_binary_answer(spec, 200, FETCH_CONTENT_TYPE, response.content)
-    # the same request to the slave: every partition NOT_SERVED (not_master), still a 200
-    response = case.call_and_validate(base_url=node.url(slave), checks=CHECKS, timeout=15)
-    assert response.status_code == 200
-    assert decode_fetch_answer(response.content).partitions[0].error == "not_master"
+    try:
+        with urllib.request.urlopen(req, timeout=15) as resp:
+            return resp.status, resp.headers.get("Content-Type", ""), resp.read()
+    except urllib.error.HTTPError as err:
+        return err.code, err.headers.get("Content-Type", ""), err.read()
 
 
 def test_logs_are_intact_after_the_run(node: Cluster) -> None:
