@@ -675,9 +675,10 @@ def broker_credentials(cluster_path: Path, out_dir: Path, cluster_id: str | None
     """Generate replica credentials: a secret per broker node, shared only with its replica peers.
 
     Every node of a broker group with slaves needs its file (``replica_credentials`` in its node
-    config): replica calls are signed with it, so no client token, other node or process at a
-    peer's address can report replica progress or pose as the master. Copy each file to its node
-    only (mode 0600). Running it again makes new secrets: install the new files on every node.
+    config; a lone master gets one too, unused): replica calls are signed with it, so no client
+    token, other node or process at a peer's address can report replica progress or pose as the
+    master. Copy each file to its node only (mode 0600). Running it again makes new secrets:
+    install the new files on every node.
 
     \b
     Example:
@@ -691,13 +692,11 @@ def broker_credentials(cluster_path: Path, out_dir: Path, cluster_id: str | None
     except ConfigError as exc:
         _die(f"error: {exc}", EXIT_CONFIG)
     try:
-        written = generate_credentials(cluster, out_dir, cluster_id=cluster_id)
+        written = generate_credentials(cluster, out_dir, cluster_id=cluster_id, lone_masters=True)
     except OSError as exc:
         _die(f"error: cannot write credentials into {out_dir}: {exc}", EXIT_FAIL)
     for node_id, path in written.items():
         click.echo(f"{node_id}: {path}")
-    if not written:
-        click.echo("no broker group has slaves: no credentials needed")
 
 
 @main.command("broker-init")

@@ -34,7 +34,7 @@ from mqd.broker.client_stats import ClientStats
 from mqd.broker.cluster_state import ClusterState
 from mqd.broker.consumer_groups import ConsumerGroupError, ConsumerGroupStore
 from mqd.broker.fetch_plan import FetchItem, FetchPlan, FetchPlanner
-from mqd.broker.incarnation import is_valid_id
+from mqd.broker.incarnation import entries_to_json, is_valid_id
 from mqd.broker.long_poll import LongPoll, LongPollFull
 from mqd.broker.rejected_requests import WARNED_STATUSES, RejectedRequests
 from mqd.broker.replica_auth import HEADER_NONCE, ReplicaAuth, ReplicaAuthError
@@ -420,7 +420,9 @@ class BrokerApi:
 
         if not self.state.is_master:
             # the master recovering its log (master_recovery.py) reads this slave's like a consumer
-            return await self._answer_fetch(request, items, 0, min_bytes, max_bytes, replica=False, sign=sign)
+            return await self._answer_fetch(
+                request, items, 0, min_bytes, max_bytes, replica=False, sign=sign, with_history=True
+            )
         refused = self._writes_refused()
         if refused is not None:  # do not let slaves follow a log that is not yet recovered
             raise ApiError(503, "data_dir_unverified", refused)
@@ -441,6 +443,7 @@ class BrokerApi:
         *,
         replica: bool,
         sign: Callable[[bytes, memoryview], dict[str, str]] | None = None,
+        with_history: bool = False,
     ) -> web.StreamResponse:
         keys = [(it.topic, it.partition) for it in items]
 
@@ -449,6 +452,11 @@ class BrokerApi:
 
         # replica fetches are not capped: there are only as many as slaves, and acks=all needs them
         plan = await self.long_poll.hold(keys, max_wait_ms / 1000, attempt, capped=not replica)
+        if with_history:  # a slave answering its recovering master: which records its offsets name
+            for entry in plan.entries:
+                plog = self.storage.get(entry["topic"], entry["partition"])
+                if plog is not None and "history" not in entry:
+                    entry["history"] = entries_to_json(plog.history)
         # no await between the last plan and reading it: its file descriptors stay valid until then
         head, data = self._planner.read(self.node_id, plan)
         headers = {"Content-Type": FETCH_CONTENT_TYPE}

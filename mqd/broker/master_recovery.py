@@ -4,7 +4,10 @@ A master that restarts with a shorter log than a slave's (an unclean stop lost i
 its data dir was replaced) would otherwise take new writes at offsets its slaves already hold with
 other, acknowledged records. So at start, before it listens, a master with slaves asks each one
 (signed replica fetches, :mod:`mqd.broker.replica_client`) for its log from the master's log end, and
-copies back, verbatim and batch-checked, whatever the longest slave has beyond it.
+copies back, verbatim and batch-checked, whatever the longest slave has beyond it, under the
+slave's incarnation history (the records keep the names consumers saw them under). Our log must
+agree with the slave's up to our end (replica_divergence.py); when it holds other records past the
+agreed point it is left as it is and the partition is reported.
 
 Whether the master may take writes without having consulted a slave depends on the node marker
 (:mod:`mqd.broker.node_marker`): with a marker the data dir is the node's own, so after a bounded wait
@@ -24,9 +27,11 @@ import structlog
 
 from mqd import format as fmt
 from mqd.backoff import Backoff
+from mqd.broker.incarnation import IncarnationEntry
 from mqd.broker.node_marker import read_marker, write_marker
 from mqd.broker.replica_client import ReplicaClient, ReplicaPeerError
-from mqd.broker.storage import Storage, StorageError
+from mqd.broker.replica_divergence import agreed_end
+from mqd.broker.storage import PartitionLog, Storage, StorageError
 from mqd.client import BrokerError
 from mqd.config import NodeSpec
 from mqd.errors import MqdError
@@ -37,6 +42,9 @@ log = structlog.get_logger(__name__)
 START_CONSULT_S = 3.0  # before listening, wait at most this long for a slave to answer
 COPY_MAX_BYTES = 8 * 1024 * 1024  # one copy-back fetch
 RETRY_MAX_S = 2.0
+
+
+_SlaveLog = tuple[int, int, list[IncarnationEntry] | None]  # a slave's min, max offset and history
 
 
 class RecoveryError(MqdError):
@@ -144,14 +152,17 @@ class MasterRecovery:
             plog = self._storage.get(topic, partition)
             if plog is None:
                 continue
-            best = max(ends.items(), key=lambda kv: kv[1].get((topic, partition), (0, -1))[1])
-            slave_id, slave_ends = best
-            slave_min, slave_max = slave_ends.get((topic, partition), (0, -1))
+            key = (topic, partition)
+            have = [(sid, e[key]) for sid, e in ends.items() if key in e]
+            if not have:
+                continue
+            slave_id, (slave_min, slave_max, slave_history) = max(have, key=lambda kv: kv[1][1])
             if slave_max <= plog.max_offset:
                 continue
             spec = next(s for s in self._slaves if s.id == slave_id)
             try:
-                copied = await self._copy(spec, topic, partition, slave_min, slave_max)
+                self._prepare(plog, slave_min, slave_max, slave_history)
+                copied = await self._copy(spec, topic, partition, slave_max)
             except (RecoveryError, StorageError, fmt.BatchError, BrokerError, ProtocolError) as exc:
                 problem = f"{topic}/{partition}: cannot copy back from {slave_id}: {exc}"
                 log.error("master recovery: partition not recovered", node=self.node_id, problem=problem)
@@ -168,6 +179,7 @@ class MasterRecovery:
                 partition=partition,
                 records=copied,
                 log_end=plog.max_offset,
+                incarnation=plog.incarnation,
             )
         self.result = result
         if not self._marked():
@@ -182,8 +194,8 @@ class MasterRecovery:
         )
         return True
 
-    async def _slave_ends(self) -> dict[str, dict[tuple[str, int], tuple[int, int]]]:
-        """Each answering slave's (min, max) offset per partition, from one signed replica fetch."""
+    async def _slave_ends(self) -> dict[str, dict[tuple[str, int], _SlaveLog]]:
+        """Each answering slave's (min, max, history) per partition, from one signed replica fetch."""
         request = [
             {"topic": t, "partition": p, "offset": plog.max_offset, "max_bytes": 1}
             for t, p in self._partitions
@@ -193,7 +205,7 @@ class MasterRecovery:
             *(self._client.fetch(s, request, max_wait_ms=0, max_bytes=1, min_bytes=0) for s in self._slaves),
             return_exceptions=True,
         )
-        out: dict[str, dict[tuple[str, int], tuple[int, int]]] = {}
+        out: dict[str, dict[tuple[str, int], _SlaveLog]] = {}
         for slave, answer in zip(self._slaves, answers, strict=True):
             if isinstance(answer, ReplicaPeerError):
                 log.error(
@@ -206,21 +218,47 @@ class MasterRecovery:
             if isinstance(answer, BaseException):
                 raise answer
             out[slave.id] = {
-                (p.topic, p.partition): (p.min_offset, p.max_offset)
+                (p.topic, p.partition): (p.min_offset, p.max_offset, p.history)
                 for p in answer.partitions
                 if p.status is not Status.NOT_SERVED
             }
         return out
 
-    async def _copy(self, slave: NodeSpec, topic: str, partition: int, slave_min: int, slave_max: int) -> int:
+    def _prepare(
+        self, plog: PartitionLog, slave_min: int, slave_max: int, history: list[IncarnationEntry] | None
+    ) -> None:
+        """Make our log ready to continue with the slave's records: an empty log takes the slave's
+        start and history; one sharing the slave's history up to our end takes its history (our
+        newest incarnation wrote nothing the slave lacks); otherwise refuse (RecoveryError)."""
+        if plog.max_offset == plog.min_offset:  # empty: a new data dir, or everything lost
+            if history is None:
+                if slave_min != plog.max_offset:
+                    plog.truncate_fully_and_start_at(slave_min)
+            elif slave_min != plog.max_offset:
+                plog.truncate_fully_and_start_at(slave_min, history)
+            else:
+                plog.adopt_history(history)
+            return
+        if plog.max_offset < slave_min:
+            raise RecoveryError(
+                f"our log ends at {plog.max_offset}, the slave's starts at {slave_min} (a gap)"
+            )
+        if history is None:
+            return  # a slave without histories: offsets decide (batch boundaries checked on append)
+        agreed = agreed_end(plog.history, plog.max_offset, history, slave_max)
+        if agreed is None:
+            return  # never shared a history (logs upgraded separately): offsets decide, as before
+        if agreed < plog.max_offset:
+            raise RecoveryError(
+                f"our log holds other records than the slave's from offset {agreed} (incarnation "
+                f"{plog.incarnation}): left as it is"
+            )
+        plog.adopt_history(history)
+
+    async def _copy(self, slave: NodeSpec, topic: str, partition: int, slave_max: int) -> int:
         plog = self._storage.get(topic, partition)
         assert plog is not None
         start = plog.max_offset
-        if start < slave_min:
-            if plog.max_offset != plog.min_offset:
-                raise RecoveryError(f"our log ends at {start}, the slave's starts at {slave_min} (a gap)")
-            plog.truncate_fully_and_start_at(slave_min)  # empty: start where the slave's log starts
-            start = slave_min
         while plog.max_offset < slave_max:
             answer: FetchAnswer = await self._client.fetch(
                 slave,

@@ -93,16 +93,19 @@ def generate_credentials(
     *,
     cluster_id: str | None = None,
     nodes: Iterable[str] | None = None,
+    lone_masters: bool = False,
 ) -> dict[str, Path]:
     """Write one credentials file (mode 0600) per node of every group with more than one node into
     ``out_dir``: a fresh secret per node, shared only with the peers that verify it. Returns node id
-    -> file. ``nodes`` limits which files are written (every node still gets a new secret)."""
+    -> file. ``nodes`` limits which files are written (every node still gets a new secret);
+    ``lone_masters`` writes one for masters without slaves too (a uniform install: systemd's
+    LoadCredential= needs a file for every node)."""
     cid = cluster_id or uuid.uuid4().hex
     wanted = set(nodes) if nodes is not None else None
     out_dir.mkdir(parents=True, exist_ok=True)
     written: dict[str, Path] = {}
     for group in cluster.groups:
-        if len(group.nodes) < 2:
+        if len(group.nodes) < 2 and not lone_masters:
             continue  # a lone master has no replica calls to prove
         node_secrets = {n.id: secrets.token_hex(SECRET_BYTES) for n in group.nodes}
         for n in group.nodes:

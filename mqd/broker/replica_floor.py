@@ -7,6 +7,10 @@ than the floor would delete acknowledged records; the slave refuses instead (rep
 the partition and reports it). The floor is kept in ``<data_dir>/replica_floor.json``, written at
 most every :data:`SAVE_INTERVAL_S` and at stop. It only protects more than acks=all does (acks=master
 records that were reported count too), never less, except for the last interval before a crash.
+
+It also remembers whether the partition's log has taken its master's incarnation history once
+(``synced``): from then on a master history that shares no incarnation with ours means a log with
+other records (a replaced disk), not a pair that has not met yet, so offsets alone no longer decide.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ class ReplicaFloor:
     def __init__(self, data_dir: Path) -> None:
         self._path = data_dir / FLOOR_FILE
         self._floors: dict[tuple[str, int], int] = {}
+        self._synced: set[tuple[str, int]] = set()
         self._dirty = False
         self._saved_at = 0.0
 
@@ -46,7 +51,10 @@ class ReplicaFloor:
             return
         for entry in raw.get("partitions", []) if isinstance(raw, dict) else []:
             try:
-                self._floors[(str(entry["topic"]), int(entry["partition"]))] = int(entry["floor"])
+                key = (str(entry["topic"]), int(entry["partition"]))
+                self._floors[key] = int(entry["floor"])
+                if entry.get("synced") is True:
+                    self._synced.add(key)
             except (KeyError, TypeError, ValueError):
                 log.error("malformed replica floor entry ignored", path=str(self._path), entry=entry)
 
@@ -59,6 +67,14 @@ class ReplicaFloor:
             self._floors[key] = offset
             self._dirty = True
 
+    def synced(self, topic: str, partition: int) -> bool:
+        return (topic, partition) in self._synced
+
+    def mark_synced(self, topic: str, partition: int) -> None:
+        if (topic, partition) not in self._synced:
+            self._synced.add((topic, partition))
+            self._dirty = True
+
     def reset(self, topic: str, partition: int, offset: int) -> None:
         """The log restarted at ``offset`` (the master's retention passed it): the floor follows."""
         self._floors[(topic, partition)] = offset
@@ -69,7 +85,16 @@ class ReplicaFloor:
         now = time.monotonic()
         if not self._dirty or (not force and now - self._saved_at < SAVE_INTERVAL_S):
             return
-        entries = [{"topic": t, "partition": p, "floor": f} for (t, p), f in sorted(self._floors.items())]
+        keys = sorted(set(self._floors) | self._synced)
+        entries = [
+            {
+                "topic": t,
+                "partition": p,
+                "floor": self._floors.get((t, p), 0),
+                "synced": (t, p) in self._synced,
+            }
+            for t, p in keys
+        ]
         atomic_write(self._path, json.dumps({"partitions": entries}).encode())
         self._dirty = False
         self._saved_at = now

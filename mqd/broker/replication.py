@@ -9,14 +9,16 @@ every second into the ConsumerGroupStore.
 Every call is signed and every answer checked (:mod:`mqd.broker.replica_client`): nothing is
 applied unless the real master (it knows its secret) answered this very request.
 
-Divergence (an unclean master restart lost a tail this slave already copied): when the master's
-log end is below ours, or the batch the master returns for our log end starts before it, this
-slave truncates back and copies again, but never below its floor (:mod:`mqd.broker.replica_floor`:
+Divergence is told by content first: the master's incarnation history (in every replica answer)
+and ours agree up to the newest incarnation both know (replica_divergence.py); past that point the
+master holds other records, so this slave truncates there and adopts the master's history. Logs
+that never shared one (a new or upgraded pair) fall back to offsets: when the master's log
+end is below ours, or the batch it returns for our log end starts before it, this slave truncates
+back and copies again. Either way never below its floor (:mod:`mqd.broker.replica_floor`:
 what it reported to its master, so what acks=all may have acknowledged). A master that comes back
 shorter copies the records back from its slaves before it takes writes (master_recovery.py); if it
 still asks for a cut below the floor, the slave parks the partition (error in /v1/stats, degraded
-health, a counter) instead of deleting. Like RocketMQ's HA (and Kafka before leader epochs) this
-cannot see a divergence whose batch boundaries happen to line up.
+health, a counter) instead of deleting.
 """
 
 from __future__ import annotations
@@ -32,9 +34,11 @@ import structlog
 from mqd import format as fmt
 from mqd.backoff import Backoff
 from mqd.broker.consumer_groups import ConsumerGroupError, ConsumerGroupStore
+from mqd.broker.incarnation import IncarnationEntry
 from mqd.broker.replica_client import ReplicaClient, ReplicaPeerError
+from mqd.broker.replica_divergence import agreed_end
 from mqd.broker.replica_floor import ReplicaFloor
-from mqd.broker.storage import Storage, StorageError
+from mqd.broker.storage import PartitionLog, Storage, StorageError
 from mqd.client import BrokerError
 from mqd.config import BrokerGroupSpec, MiB
 from mqd.errors import MqdError
@@ -314,6 +318,7 @@ class Replicator:
         if p.status is Status.NOT_SERVED:
             raise ReplicationError(f"master does not serve it: {p.error}")
         st.master_min_offset, st.master_max_offset = p.min_offset, p.max_offset
+        history = p.history  # the master's incarnation history (replica answers carry it)
         if p.status is Status.OFFSET_TOO_SMALL:
             # the master's retention passed our log end: our log cannot continue, restart at its start
             log.warning(
@@ -323,26 +328,26 @@ class Replicator:
                 log_end=plog.max_offset,
                 master_min_offset=p.min_offset,
             )
-            plog.truncate_fully_and_start_at(p.min_offset)
+            plog.truncate_fully_and_start_at(p.min_offset, history)
             self._floor.reset(p.topic, p.partition, p.min_offset)
             return False
         floor = self._floor.floor(p.topic, p.partition)
-        if p.max_offset < plog.max_offset:
-            if p.max_offset < floor:
-                raise FloorRefusal(
-                    f"master {self.master.id} log ends at {p.max_offset}, below offset {floor} this "
-                    f"slave reported (possibly acknowledged with acks=all); not truncating"
-                )
-            # ahead of the master: it lost a tail (unclean restart) that we copied; follow it
-            log.warning(
-                "replica log ahead of the master: truncating",
-                topic=p.topic,
-                partition=p.partition,
-                log_end=plog.max_offset,
-                master_max_offset=p.max_offset,
-            )
-            plog.truncate_to(p.max_offset)
+        agreed = None if history is None else agreed_end(plog.history, plog.max_offset, history, p.max_offset)
+        if agreed is None and history is not None and self._floor.synced(p.topic, p.partition):
+            agreed = 0  # we took a master history before and share none with this one: other records
+        if agreed is not None:
+            # by content: past the newest incarnation both know, the master holds other records
+            if agreed < plog.max_offset:
+                self._cut(plog, agreed, floor, "diverged from the master's incarnation history", history)
+                return False
+        elif p.max_offset < plog.max_offset:
+            # no shared history (a new or upgraded pair): offsets decide, as before incarnations
+            self._cut(plog, p.max_offset, floor, "ahead of the master's log end", history)
             return False
+        if history is not None:
+            if plog.history != history:
+                plog.adopt_history(history)  # our records are the master's: take its names for them
+            self._floor.mark_synced(p.topic, p.partition)
         if p.status is not Status.FOUND or len(p.data) == 0:
             return False
         data = bytes(p.data)
@@ -350,25 +355,32 @@ class Replicator:
         first = infos[0].base_offset
         if first < plog.max_offset:
             # our log end falls inside a master batch: the logs diverged there
-            if first < floor:
-                raise FloorRefusal(
-                    f"master {self.master.id} diverges at offset {first}, below offset {floor} this "
-                    f"slave reported (possibly acknowledged with acks=all); not truncating"
-                )
-            log.warning(
-                "replica log diverged from the master: truncating",
-                topic=p.topic,
-                partition=p.partition,
-                log_end=plog.max_offset,
-                master_batch=first,
-            )
-            plog.truncate_to(first)
+            self._cut(plog, first, floor, "inside a master batch", history)
             if plog.max_offset != first:
                 return False  # our batches are cut elsewhere: ask again from the new end
         elif first > plog.max_offset:
             raise ReplicationError(f"master answered from offset {first}, log end is {plog.max_offset}")
         plog.append_replica(data, infos)
         return True
+
+    def _cut(
+        self, plog: PartitionLog, to: int, floor: int, why: str, history: list[IncarnationEntry] | None
+    ) -> None:
+        """Truncate to follow the master, never below the floor (FloorRefusal instead)."""
+        if to < floor:
+            raise FloorRefusal(
+                f"following master {self.master.id} would cut to offset {to} ({why}), below offset "
+                f"{floor} this slave reported (possibly acknowledged with acks=all); not truncating"
+            )
+        log.warning(
+            "replica log truncated to follow the master",
+            topic=plog.topic,
+            partition=plog.partition,
+            log_end=plog.max_offset,
+            to=to,
+            why=why,
+        )
+        plog.truncate_to(to, history)
 
     # -- committed offsets -------------------------------------------------------------------------
 

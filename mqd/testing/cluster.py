@@ -35,6 +35,7 @@ from mqd.broker.replica_auth import ReplicaAuth, load_credentials, peers_of
 from mqd.config import NodeSpec, load_cluster_config
 from mqd.testing.configfiles import cluster_toml, merge_settings, node_toml, replica_credentials
 from mqd.testing.process import START_TIMEOUT, STOP_TIMEOUT, ManagedProcess
+from mqd.waiting import wait_until_sync
 
 # Fast liveness so "node down" is observed well under a second after it happens.
 DEFAULT_NODE_SETTINGS: dict[str, Any] = {
@@ -281,12 +282,26 @@ class LocalCluster:
     # -- lifecycle ---------------------------------------------------------------------------------
 
     def start(self, timeout: float = START_TIMEOUT) -> LocalCluster:
-        """Start every node and wait until each answers ``/v1/health``; returns the cluster."""
+        """Start every node and wait until each answers ``/v1/health`` and every slave replicates
+        from its master (a master consults its slaves before it listens, so a slave started with
+        it may be backing off for a moment); returns the cluster."""
         for node_id in self.nodes:
             self.start_node(node_id, wait=False)
         for node_id in self.nodes:
             self.wait_healthy(node_id, timeout)
+        for node_id in self.nodes:
+            if self.nodes[node_id].role == "slave":
+                self.wait_replicating(node_id, timeout)
         return self
+
+    def wait_replicating(self, node_id: str, timeout: float = START_TIMEOUT) -> None:
+        """Until slave ``node_id`` reports its master reachable (``/v1/stats`` replication)."""
+
+        def replicating() -> bool:
+            stats = self.get_json(node_id, "/v1/stats", timeout=0.5) or {}
+            return bool(stats.get("replication", {}).get("master_reachable"))
+
+        wait_until_sync(replicating, timeout, f"{node_id} to replicate from its master", interval=0.05)
 
     def start_node(self, node_id: str, *, wait: bool = True, timeout: float = START_TIMEOUT) -> None:
         """Start one node (again); with ``wait``, until it is healthy. ProcessError if it runs."""
