@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import fcntl
+import json
 import os
 import threading
 from bisect import bisect_left, bisect_right
@@ -43,12 +44,13 @@ from mqd.broker.segment import INDEX_SUFFIX, LOG_SUFFIX, TIMEINDEX_SUFFIX, Segme
 from mqd.config import StorageConfig
 from mqd.errors import MqdError
 from mqd.format import BatchInfo, set_base_offset
-from mqd.fsutil import fsync_dir
+from mqd.fsutil import atomic_write, fsync_dir
 from mqd.topic_name import topic_name_problem
 
 log = structlog.get_logger(__name__)
 
 LOCK_FILE = ".lock"
+FENCED_FILE = "fenced.json"  # per partition folder: the fenced offset ranges, for people and restarts
 _U32_MAX = 2**32 - 1
 # positions are u32 in the index file; keep every segment well inside that
 MAX_SEGMENT_BYTES = 2**31
@@ -128,6 +130,9 @@ class PartitionLog:
         self._closed = False
         self._failed: str | None = None  # set when a failed write could not be undone
         self._history = IncarnationHistory(directory)
+        # offset ranges (first, last) this log cannot serve: holes in segments and gaps between them
+        self._fenced: list[tuple[int, int]] = []
+        self._fenced_firsts: list[int] = []
         # what open() did with each segment: start-up cost grows with the scanned ones only
         self.segments_trusted = 0
         self.segments_scanned = 0
@@ -201,9 +206,90 @@ class PartitionLog:
             why=why,
         )
 
+    # -- fenced ranges -----------------------------------------------------------------------------
+
+    def fenced_ranges(self) -> list[tuple[int, int]]:
+        """Offset ranges ``(first, last)`` (inclusive) this log cannot serve, in offset order: damaged
+        bytes no replica repaired, offsets missing between segments. Fetches answer DATA_LOST there."""
+        return list(self._fenced)
+
     def fenced_at(self, offset: int) -> tuple[int, int] | None:
         """The fenced range ``(first, last)`` (inclusive) holding ``offset``, or None."""
+        if not self._fenced:
+            return None
+        i = bisect_right(self._fenced_firsts, offset) - 1
+        if i >= 0 and offset <= self._fenced[i][1]:
+            return self._fenced[i]
         return None
+
+    def _load_fenced(self) -> list[tuple[int, int]]:
+        """The fenced ranges recorded at the last change (empty when there is no record)."""
+        try:
+            doc = json.loads((self.directory / FENCED_FILE).read_bytes())
+            return [(int(r["first"]), int(r["last"])) for r in doc["fenced"]]
+        except FileNotFoundError:
+            return []
+        except (ValueError, KeyError, TypeError) as exc:
+            # the record is derived from the segments (rebuilt below): a damaged one is replaced
+            log.warning(
+                "unreadable fenced-range record: rebuilding it", path=str(self.directory), error=str(exc)
+            )
+            return [(-1, -1)]
+
+    def _refresh_fenced_locked(self, recorded: list[tuple[int, int]] | None = None) -> None:
+        """Derive the fenced ranges from the segments (their holes, the gaps between them) and
+        record them durably in ``fenced.json`` when they changed."""
+        ranges: list[tuple[int, int]] = []
+        prev: Segment | None = None
+        for seg in self._segments:
+            if prev is not None and seg.base_offset > prev.next_offset:
+                ranges.append((prev.next_offset, seg.base_offset - 1))
+            ranges.extend((h.first, h.last) for h in seg.holes)
+            prev = seg
+        before = self._fenced if recorded is None else recorded
+        if ranges == before:
+            self._fenced, self._fenced_firsts = ranges, [r[0] for r in ranges]
+            return
+        for first, last in sorted(set(ranges) - set(before)):
+            log.error(
+                "offsets fenced: damaged or missing, answered DATA_LOST until repaired",
+                topic=self.topic,
+                partition=self.partition,
+                first_offset=first,
+                last_offset=last,
+                count=last - first + 1,
+            )
+        for first, last in sorted(set(before) - set(ranges)):
+            if first >= 0:
+                log.info(
+                    "fenced range gone (repaired, truncated or deleted by retention)",
+                    topic=self.topic,
+                    partition=self.partition,
+                    first_offset=first,
+                    last_offset=last,
+                )
+        doc = {"format": 1, "fenced": [{"first": a, "last": b} for a, b in ranges]}
+        try:
+            atomic_write(self.directory / FENCED_FILE, json.dumps(doc, separators=(",", ":")).encode())
+        except OSError as exc:
+            raise self._disk_error(exc, "fenced-range record write") from exc
+        self._fenced, self._fenced_firsts = ranges, [r[0] for r in ranges]
+
+    def append_fenced(self, first: int, last: int) -> None:
+        """Continue this log with a fenced range ``first..last`` and no bytes (slave side: the
+        master answered DATA_LOST there, so no replica holds those records); ``first`` must be
+        the log end. The next append continues at ``last + 1``."""
+        with self._lock:
+            self._check_writable()
+            if first != self.max_offset or last < first:
+                raise StorageError(
+                    f"{self.topic}-{self.partition}: fenced range {first}..{last} does not continue "
+                    f"the log at {self.max_offset}",
+                    retriable=False,
+                )
+            seg = self._segments[-1]
+            seg.add_hole(first, last, seg.size, seg.size)
+            self._refresh_fenced_locked()
 
     @property
     def size_bytes(self) -> int:
@@ -238,6 +324,13 @@ class PartitionLog:
             self._recover(bases)
             if not self._segments:
                 self._new_segment(0)
+            recorded = self._load_fenced()
+            for first, last in recorded:
+                if first == self.max_offset and first >= 0:
+                    # a fenced range copied from a master at the log end: no bytes to find it by
+                    active = self._segments[-1]
+                    active.add_hole(first, last, active.size, active.size)
+            self._refresh_fenced_locked(recorded)
             if self.max_offset < self._history.current_base:
                 # the files end before the current incarnation began: they were cut outside mqd
                 self._begin_incarnation(self.max_offset, "log shorter than its current incarnation")
@@ -256,13 +349,15 @@ class PartitionLog:
         )
 
     def _recover(self, bases: list[int]) -> None:
+        bases = self._drop_empty_closed_segments(bases)
         start_byte = 0
         for i, base in enumerate(bases):
             path = self.directory / (segment_name(base) + LOG_SUFFIX)
             last = i == len(bases) - 1
-            if self._segments and base != self._segments[-1].next_offset:
+            next_base = None if last else bases[i + 1]
+            if self._segments and base < self._segments[-1].next_offset:
                 log.warning(
-                    "gap or overlap between segments: deleting the later segments",
+                    "overlapping segments: deleting the later segments",
                     topic=self.topic,
                     partition=self.partition,
                     expected=self._segments[-1].next_offset,
@@ -274,6 +369,19 @@ class PartitionLog:
                     self._unlink_segment_files(self.directory / (segment_name(b) + LOG_SUFFIX))
                 self._dir_dirty = True
                 return
+            if self._segments and base > self._segments[-1].next_offset and last and path.stat().st_size == 0:
+                # an empty last segment after a gap (a crash inside a reset): it holds nothing
+                log.warning(
+                    "dropping an empty segment after a gap",
+                    topic=self.topic,
+                    partition=self.partition,
+                    segment=path.name,
+                    log_end=self._segments[-1].next_offset,
+                )
+                self._unlink_segment_files(path)
+                self._dir_dirty = True
+                return
+            # a gap before this segment (a segment file lost) is fenced by _refresh_fenced_locked
             seg = self._open_segment(path, base, start_byte)
             if not last and seg.load_indexes():
                 self.segments_trusted += 1
@@ -281,8 +389,8 @@ class PartitionLog:
                 start_byte += seg.size
                 continue
             self.segments_scanned += 1
-            valid = seg.scan()
-            if valid < seg.size:
+            valid = seg.scan(next_base)
+            if valid < seg.size and last:
                 log.warning(
                     "truncating torn or corrupt log tail",
                     topic=self.topic,
@@ -297,28 +405,50 @@ class PartitionLog:
                 os.ftruncate(seg.fd, valid)
                 os.fsync(seg.fd)
                 seg.size = valid
-                if not last:
-                    log.warning(
-                        "deleting segments after a corrupt segment",
-                        topic=self.topic,
-                        partition=self.partition,
-                        deleted=[segment_name(b) for b in bases[i + 1 :]],
-                    )
-                    for b in bases[i + 1 :]:
-                        self._unlink_segment_files(self.directory / (segment_name(b) + LOG_SUFFIX))
-                    self._dir_dirty = True
-                    last = True
-            if not last and seg.size == 0:
-                # an empty segment before others carries nothing: drop it
-                os.close(seg.fd)
-                self._unlink_segment_files(path)
-                continue
+            elif next_base is not None and seg.next_offset < next_base:
+                # a closed segment damaged or cut short up to its end: fence the rest of its offsets
+                seg.add_hole(seg.next_offset, next_base - 1, valid, seg.size)
+            elif valid < seg.size:
+                # bytes after the last batch of a closed segment that stand for no offset
+                log.warning(
+                    "cutting bytes after the last batch of a closed segment",
+                    topic=self.topic,
+                    partition=self.partition,
+                    segment=path.name,
+                    bytes=seg.size - valid,
+                    at=valid,
+                )
+                os.ftruncate(seg.fd, valid)
+                os.fsync(seg.fd)
+                seg.size = valid
+            for hole in seg.holes:
+                log.error(
+                    "damaged range in a log segment: fenced",
+                    topic=self.topic,
+                    partition=self.partition,
+                    segment=path.name,
+                    first_offset=hole.first,
+                    last_offset=hole.last,
+                    byte_start=hole.start,
+                    byte_end=hole.end,
+                )
             if not last:
                 seg.write_indexes()
             self._append_segment(seg)
             start_byte += seg.size
-            if last:
-                return
+
+    def _drop_empty_closed_segments(self, bases: list[int]) -> list[int]:
+        """An empty segment before others carries nothing (a crash inside a roll or a reset, or a
+        file cut to nothing, whose offsets then show as a gap): drop it."""
+        kept = []
+        for i, base in enumerate(bases):
+            path = self.directory / (segment_name(base) + LOG_SUFFIX)
+            if i < len(bases) - 1 and path.stat().st_size == 0:
+                self._unlink_segment_files(path)
+                self._dir_dirty = True
+                continue
+            kept.append(base)
+        return kept
 
     def _open_segment(self, path: Path, base: int, start_byte: int) -> Segment:
         fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
@@ -492,6 +622,8 @@ class PartitionLog:
         with self._lock:
             if self._closed or not self.min_offset <= offset < self.max_offset:
                 return None
+            if self._fenced and self.fenced_at(offset) is not None:
+                return None
             si, bi = self._locate(offset)
             ranges: list[tuple[int, int, int]] = []  # (fd, position, length)
             budget = max_bytes
@@ -499,10 +631,16 @@ class PartitionLog:
             while si < len(self._segments):
                 seg = self._segments[si]
                 start = seg.positions[bi] if bi < len(seg.positions) else seg.size
-                if start < seg.size:
+                # a read never crosses a hole: it ends where the first one after this batch begins
+                seg_end = (
+                    seg.readable_end(seg.offsets[bi]) if seg.holes and bi < len(seg.offsets) else seg.size
+                )
+                after = len(seg.positions)
+                if start < seg_end:
                     limit = start + max(budget, 0)
-                    if seg.size <= limit:
-                        end, after = seg.size, len(seg.positions)
+                    if seg_end <= limit:
+                        end = seg_end
+                        after = bisect_left(seg.positions, end) if seg.holes else len(seg.positions)
                     else:
                         k = bisect_right(seg.positions, limit) - 1  # batches before k end by limit
                         if k > bi:
@@ -514,9 +652,14 @@ class PartitionLog:
                     ranges.append((seg.fd, start, end - start))
                     next_offset = seg.offsets[after] if after < len(seg.offsets) else seg.next_offset
                     budget -= end - start
-                    if end < seg.size or budget <= 0:
+                    if after < len(seg.positions) or budget <= 0:
                         break
-                si, bi = si + 1, 0
+                elif start < seg.size:
+                    break  # the segment goes on with a hole right here
+                nxt = si + 1
+                if nxt < len(self._segments) and self._segments[nxt].base_offset != seg.next_offset:
+                    break  # a gap between segments: fenced
+                si, bi = nxt, 0
             return ReadPlan(ranges, next_offset) if ranges else None
 
     def read_into(self, plan: ReadPlan, buffer: memoryview) -> None:
@@ -601,14 +744,16 @@ class PartitionLog:
                 return
             si, bi = self._locate(offset)
             seg = self._segments[si]
-            self._begin_incarnation(seg.offsets[bi], "truncation", history)
+            if offset >= seg.next_offset:
+                bi = len(seg.offsets)  # in a gap after this segment: it stays whole
+            new_end = seg.offsets[bi] if bi < len(seg.offsets) else seg.next_offset
+            self._begin_incarnation(new_end, "truncation", history)
             for victim in reversed(self._segments[si + 1 :]):
                 os.close(victim.fd)
                 self._unlink_segment_files(victim.path)
             del self._segments[si + 1 :]
             del self._bases[si + 1 :]
-            new_size = seg.positions[bi]
-            new_end = seg.offsets[bi]
+            new_size = seg.positions[bi] if bi < len(seg.positions) else seg.size
             log.warning(
                 "truncating log",
                 topic=self.topic,
@@ -624,9 +769,11 @@ class PartitionLog:
             ti = bisect_left(seg.ts_offsets, new_end)
             del seg.ts_offsets[ti:]
             del seg.ts_values[ti:]
+            seg.holes = [h for h in seg.holes if h.first < new_end]
             seg.next_offset = new_end
             seg.remove_indexes()  # it is the active segment again: its index is rebuilt on open
             self._sync_truncation(seg)
+            self._refresh_fenced_locked()
 
     def truncate_fully_and_start_at(self, offset: int, history: list[IncarnationEntry] | None = None) -> None:
         """Drop the whole log and restart it empty at ``offset`` (a replica behind the master's
@@ -658,6 +805,7 @@ class PartitionLog:
             if victim.base_offset != offset:
                 self._unlink_segment_files(victim.path)
         self._sync_truncation(seg)
+        self._refresh_fenced_locked()
 
     def _sync_truncation(self, seg: Segment) -> None:
         # truncation must reach the disk before new data lands in the freed offsets
@@ -706,6 +854,8 @@ class PartitionLog:
                     reason="age" if too_old else "size",
                     min_offset=self.min_offset,
                 )
+            if deleted and self._fenced:
+                self._refresh_fenced_locked()
         return deleted
 
     # -- durability and shutdown -------------------------------------------------------------------
@@ -803,6 +953,10 @@ class Storage:
 
     def logs(self) -> Iterator[PartitionLog]:
         return iter(list(self._logs.values()))
+
+    def fenced(self) -> list[tuple[str, int, int, int]]:
+        """Every fenced range of this node: ``(topic, partition, first, last)`` (health, stats)."""
+        return [(plog.topic, plog.partition, a, b) for plog in self.logs() for a, b in plog.fenced_ranges()]
 
     def flush_all(self) -> None:
         """fsync every log (the server calls this from a worker thread every fsync_interval_ms)."""
