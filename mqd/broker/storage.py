@@ -291,6 +291,109 @@ class PartitionLog:
             seg.add_hole(first, last, seg.size, seg.size)
             self._refresh_fenced_locked()
 
+    def repair_fenced(self, data: bytes, infos: list[BatchInfo]) -> None:
+        """Replace one fenced range with intact batches from a replica (verbatim, offsets kept):
+        ``infos`` (``data``'s batches, validated by the caller) must cover exactly the range that
+        starts at their first offset. A hole in a segment is replaced by rewriting that segment
+        (a new file renamed over it); a gap between segments becomes a new segment. Durable on
+        return; the range is no longer fenced."""
+        _check_layout(data, infos)
+        with self._lock:
+            self._check_writable()
+            first = infos[0].base_offset
+            fenced = self.fenced_at(first)
+            expected = first
+            for info in infos:
+                if info.base_offset != expected:
+                    expected = -1
+                    break
+                expected = info.next_offset
+            if fenced is None or fenced[0] != first or expected != fenced[1] + 1:
+                raise StorageError(
+                    f"{self.topic}-{self.partition}: batches {first}..{expected - 1} do not cover exactly "
+                    f"a fenced range (fenced: {self._fenced})",
+                    retriable=False,
+                )
+            si = bisect_right(self._bases, first) - 1
+            try:
+                if self._segments[si].hole_at(first) is None:
+                    self._fill_gap_locked(si, data)
+                else:
+                    self._rewrite_hole_locked(si, first, data)
+            except OSError as exc:
+                raise self._disk_error(exc, "repair") from exc
+            start_byte = 0
+            for seg in self._segments:
+                seg.start_byte = start_byte
+                start_byte += seg.size
+            log.warning(
+                "fenced range repaired from a replica",
+                topic=self.topic,
+                partition=self.partition,
+                first_offset=fenced[0],
+                last_offset=fenced[1],
+                bytes=len(data),
+            )
+            self._refresh_fenced_locked()
+
+    def _fill_gap_locked(self, si: int, data: bytes) -> None:
+        """A new closed segment holding ``data`` in the gap after segment ``si``."""
+        base = self._segments[si].next_offset
+        seg = self._create_segment(base, 0)
+        self._write_all(seg.fd, data)
+        os.fsync(seg.fd)
+        seg.size = len(data)
+        seg.scan(self._segments[si + 1].base_offset)
+        seg.write_indexes()
+        self._segments.insert(si + 1, seg)
+        self._bases.insert(si + 1, base)
+        fsync_dir(self.directory)
+
+    def _rewrite_hole_locked(self, si: int, first: int, data: bytes) -> None:
+        """Segment ``si`` again with ``data`` in place of the hole starting at ``first``."""
+        old = self._segments[si]
+        hole = old.hole_at(first)
+        assert hole is not None
+        last = si == len(self._segments) - 1
+        # holes copied from a master at the end of the active segment have no bytes to be found by
+        trailing = [h for h in old.holes if h.first > first and h.start == h.end == old.size] if last else []
+        tmp = old.path.with_name(f".{old.path.name}.repair")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        try:
+            self._write_all(fd, os.pread(old.fd, hole.start, 0))
+            self._write_all(fd, data)
+            self._write_all(fd, os.pread(old.fd, old.size - hole.end, hole.end))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, old.path)
+        fsync_dir(self.directory)
+        os.close(old.fd)
+        seg = self._open_segment(old.path, old.base_offset, old.start_byte)
+        self._segments[si] = seg
+        next_base = None if last else self._segments[si + 1].base_offset
+        valid = seg.scan(next_base)
+        if valid < seg.size:
+            # the bytes were checked before: only a disk returning other bytes gets here
+            self._failed = f"repaired segment {old.path.name} does not read back intact"
+            raise StorageError(f"{self.topic}-{self.partition}: {self._failed}", retriable=False)
+        if next_base is not None and seg.next_offset < next_base:
+            seg.add_hole(seg.next_offset, next_base - 1, seg.size, seg.size)
+        for h in trailing:
+            if h.first == seg.next_offset:
+                seg.add_hole(h.first, h.last, seg.size, seg.size)
+        if not last:
+            seg.write_indexes()
+        else:
+            seg.remove_indexes()
+
+    @staticmethod
+    def _write_all(fd: int, data: bytes | memoryview) -> None:
+        view = memoryview(data)
+        written = 0
+        while written < len(view):
+            written += os.write(fd, view[written:])
+
     @property
     def size_bytes(self) -> int:
         return sum(s.size for s in self._segments)
