@@ -11,8 +11,20 @@ is consistent with the log file (:meth:`Segment.load_indexes`: its first and las
 intact where the index puts them, the last one ending at the file size), so start-up does not grow
 with the whole log; otherwise, and always for the active (last) segment, the index is rebuilt by
 scanning the log with CRC checks (``segments_trusted`` / ``segments_scanned`` count both).
-A torn or corrupt tail is truncated (and later segments, which would leave a gap, are deleted), so
-a torn batch is never served.
+
+Recovery keeps intact data (issue 12). A damaged batch (a CRC that fails) with intact batches
+after it, in any segment, is *fenced*: the scan resynchronises on the next intact batch and records
+the offsets in between as a hole (:class:`mqd.broker.segment.Hole`); a closed segment cut short or
+lost leaves its missing offsets fenced up to the next segment's base. A fenced range is never read
+(a read stops before it), a fetch there answers DATA_LOST, ``fenced.json`` in the partition folder
+records the ranges, ``/v1/health`` reports them (degraded) and a replica can repair them
+(:meth:`PartitionLog.repair_fenced`). Only a torn tail of the active segment, with nothing intact
+after it, is cut (those records were never acknowledged as flushed), and that cut begins a new
+incarnation at the cut offset.
+
+Every partition log has an incarnation history (:mod:`mqd.broker.incarnation`): a log created empty
+or recreated begins one at 0, every truncation (a recovery cut, a slave following its master, a
+reset) begins one at the new log end before it cuts, or adopts the master's history.
 
 Disk errors (ENOSPC, EROFS, EIO on a write, an fsync or a roll) are noted in the node's
 :class:`mqd.broker.disk_health.DiskHealth`, which ``/v1/health`` reports; while it knows a problem,

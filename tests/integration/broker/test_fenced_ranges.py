@@ -337,3 +337,21 @@ async def test_broker_answers_data_lost_and_reports_the_hole(cluster_factory: Ca
     stats = _get(url, "/v1/stats")
     assert stats["fenced_offsets"] == PER_BATCH
     assert stats["fenced"] == [{"topic": TOPIC, "partition": 0, "first": lost[0], "last": lost[1]}]
+
+
+def test_damage_inside_the_active_segment_with_intact_batches_after_is_fenced(node: Node) -> None:
+    """A flipped byte in a middle batch of the active segment, intact batches after it: not a torn
+    tail, so nothing is cut (no new incarnation); the batch is fenced and the rest is served."""
+    plog = node.open()
+    values = _fill(plog, 8)
+    assert plog.segment_count == 1
+    incarnation, end = plog.incarnation, plog.max_offset
+    node.close()
+    active = node.segments()[-1]
+    victim = _batch_positions(active)[3]
+    _flip(active, victim.position + 60)
+    plog = node.open()
+    lost = (victim.base_offset, victim.base_offset + PER_BATCH - 1)
+    assert plog.fenced_ranges() == [lost] and plog.max_offset == end
+    assert plog.incarnation == incarnation and len(plog.history) == 1
+    assert _records(plog) == {o: v for o, v in values.items() if not lost[0] <= o <= lost[1]}
