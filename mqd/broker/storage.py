@@ -51,7 +51,7 @@ from pathlib import Path
 import structlog
 
 from mqd.broker.disk_health import DISK_ERRNOS, DiskHealth
-from mqd.broker.incarnation import IncarnationEntry, IncarnationHistory
+from mqd.broker.incarnation import IncarnationEntry, IncarnationError, IncarnationHistory
 from mqd.broker.segment import INDEX_SUFFIX, LOG_SUFFIX, TIMEINDEX_SUFFIX, Segment, segment_name
 from mqd.config import StorageConfig
 from mqd.errors import MqdError
@@ -62,6 +62,7 @@ from mqd.topic_name import topic_name_problem
 log = structlog.get_logger(__name__)
 
 LOCK_FILE = ".lock"
+REPAIR_SUFFIX = ".repair"  # a segment being rewritten by repair_fenced, renamed over it when done
 FENCED_FILE = "fenced.json"  # per partition folder: the fenced offset ranges, for people and restarts
 _U32_MAX = 2**32 - 1
 # positions are u32 in the index file; keep every segment well inside that
@@ -200,6 +201,8 @@ class PartitionLog:
     ) -> None:
         """Start a new incarnation at ``base`` (or adopt a master's ``history``) before a cut;
         ``cut`` False for a log created or upgraded (nothing served is affected: an info line)."""
+        if history is not None and history == self._history.entries:
+            return  # already the master's: nothing to write or say
         before = self._history.current if self._history.entries else None
         try:
             if history is None:
@@ -369,7 +372,7 @@ class PartitionLog:
         last = si == len(self._segments) - 1
         # holes copied from a master at the end of the active segment have no bytes to be found by
         trailing = [h for h in old.holes if h.first > first and h.start == h.end == old.size] if last else []
-        tmp = old.path.with_name(f".{old.path.name}.repair")
+        tmp = old.path.with_name(f".{old.path.name}{REPAIR_SUFFIX}")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
         try:
             self._write_all(fd, os.pread(old.fd, hole.start, 0))
@@ -421,6 +424,9 @@ class PartitionLog:
         self.directory.mkdir(parents=True, exist_ok=True)
         bases: list[int] = []
         for p in self.directory.iterdir():
+            if p.name.startswith(".") and p.suffix == REPAIR_SUFFIX:
+                p.unlink()  # a repair that did not finish: the segment it was to replace is intact
+                continue
             if p.suffix != LOG_SUFFIX:
                 continue
             try:
@@ -429,7 +435,7 @@ class PartitionLog:
                 log.warning("ignoring unexpected file in log directory", path=str(p))
         bases.sort()
         try:
-            loaded = self._history.load()
+            loaded = self._load_history()
             if not bases:
                 # created empty, or recreated: whatever a history says named records that are gone
                 self._begin_incarnation(0, "log created" if not loaded else "log files gone", cut=loaded)
@@ -462,6 +468,24 @@ class PartitionLog:
             trusted=self.segments_trusted,
             scanned=self.segments_scanned,
         )
+
+    def _load_history(self) -> bool:
+        """Load the incarnation history; an unreadable one is set aside (kept for people) and the
+        log gets a new incarnation: consumers then land what they read again, counted, instead of
+        trusting offsets nothing vouches for, and the node still starts."""
+        try:
+            return self._history.load()
+        except IncarnationError as exc:
+            aside = self._history.path.with_name(self._history.path.name + ".damaged")
+            log.error(
+                "incarnation history unreadable: set aside, the log begins a new incarnation",
+                topic=self.topic,
+                partition=self.partition,
+                error=str(exc),
+                kept_as=str(aside),
+            )
+            os.replace(self._history.path, aside)
+            return False
 
     def _recover(self, bases: list[int]) -> None:
         bases = self._drop_empty_closed_segments(bases)

@@ -222,3 +222,18 @@ async def _fetch_after_cut(client: BrokerClient, url: str, first: str) -> None:
         with pytest.raises(BrokerError) as err:
             await client.fetch(url, [fetch_at(0, bad)], max_wait_ms=0)  # type: ignore[arg-type]
         assert err.value.status == 400 and "incarnation" in str(err.value), bad
+
+
+def test_unreadable_history_is_set_aside_and_a_new_incarnation_begins(node: Node) -> None:
+    """A damaged incarnation.json does not stop the node: it is kept as incarnation.json.damaged and
+    the log begins a new incarnation at its start (a consumer's old id then diverged at 0)."""
+    plog = node.open()
+    for i in range(3):
+        _append(plog, tag=i)
+    before = plog.incarnation
+    node.close()
+    (node.folder / HISTORY_FILE).write_text("{not json")
+    plog = node.open()
+    assert plog.incarnation != before and [e.base for e in plog.history] == [0]
+    assert plog.diverged_at(before) == 0 and plog.max_offset == 6
+    assert (node.folder / (HISTORY_FILE + ".damaged")).read_text() == "{not json"
