@@ -28,6 +28,7 @@ import mmap
 import os
 from array import array
 from bisect import bisect_right
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -245,13 +246,16 @@ class Segment:
             return None
         return info if info.length == length else None
 
-    def scan(self, next_base: int | None = None) -> int:
+    def scan(self, next_base: int | None = None, known: Sequence[tuple[int, int]] = ()) -> int:
         """Rebuild the indexes from the log file with CRC checks, recording holes (module doc).
 
         Returns where the damaged tail begins: the byte length up to the end of the last intact
         batch or hole, after which no intact batch could be found (the file size when there is no
         such tail). ``next_base``, the base offset of the next segment (None for the last one),
-        bounds the offsets a batch of this segment may carry.
+        bounds the offsets a batch of this segment may carry. ``known`` are the fenced ranges
+        recorded before: an intact batch whose offsets jump over exactly one of them follows a
+        hole with no bytes (copied from a master); any other jump is damage (the CRC does not
+        cover the base offset, so a flipped bit there must not renumber records).
         """
         self.reset_index()
         if self.size == 0:
@@ -259,17 +263,23 @@ class Segment:
         with mmap.mmap(self.fd, self.size, access=mmap.ACCESS_READ) as mm:
             view = memoryview(mm)
             try:
-                return self._scan(mm, view, next_base)
+                return self._scan(mm, view, next_base, set(known))
             finally:
                 view.release()
 
-    def _scan(self, mm: mmap.mmap, view: memoryview, next_base: int | None) -> int:
+    def _scan(
+        self, mm: mmap.mmap, view: memoryview, next_base: int | None, known: set[tuple[int, int]]
+    ) -> int:
         pos = 0
         expected = self.base_offset
         while True:
             infos, valid = scan_valid_prefix(view[pos:])
             for info in infos:
-                if info.base_offset < expected or (next_base is not None and info.next_offset > next_base):
+                if (
+                    info.base_offset < expected
+                    or (info.base_offset > expected and (expected, info.base_offset - 1) not in known)
+                    or (next_base is not None and info.next_offset > next_base)
+                ):
                     valid = info.position  # offsets this segment cannot hold: damage from here
                     break
                 if info.base_offset > expected:

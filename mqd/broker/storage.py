@@ -387,7 +387,7 @@ class PartitionLog:
         seg = self._open_segment(old.path, old.base_offset, old.start_byte)
         self._segments[si] = seg
         next_base = None if last else self._segments[si + 1].base_offset
-        valid = seg.scan(next_base)
+        valid = seg.scan(next_base, self._fenced)
         if valid < seg.size:
             # the bytes were checked before: only a disk returning other bytes gets here
             self._failed = f"repaired segment {old.path.name} does not read back intact"
@@ -442,10 +442,10 @@ class PartitionLog:
             elif not loaded:
                 # a log written before incarnations: every offset it holds stays valid under one id
                 self._begin_incarnation(bases[0], "log written before incarnations", cut=False)
-            self._recover(bases)
+            recorded = self._load_fenced()
+            self._recover(bases, recorded)
             if not self._segments:
                 self._new_segment(0)
-            recorded = self._load_fenced()
             for first, last in recorded:
                 if first == self.max_offset and first >= 0:
                     # a fenced range copied from a master at the log end: no bytes to find it by
@@ -487,7 +487,7 @@ class PartitionLog:
             os.replace(self._history.path, aside)
             return False
 
-    def _recover(self, bases: list[int]) -> None:
+    def _recover(self, bases: list[int], recorded: list[tuple[int, int]]) -> None:
         bases = self._drop_empty_closed_segments(bases)
         start_byte = 0
         for i, base in enumerate(bases):
@@ -528,7 +528,7 @@ class PartitionLog:
                 start_byte += seg.size
                 continue
             self.segments_scanned += 1
-            valid = seg.scan(next_base)
+            valid = seg.scan(next_base, recorded)
             if valid < seg.size and last:
                 log.warning(
                     "truncating torn or corrupt log tail",

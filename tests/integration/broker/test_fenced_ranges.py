@@ -355,3 +355,24 @@ def test_damage_inside_the_active_segment_with_intact_batches_after_is_fenced(no
     assert plog.fenced_ranges() == [lost] and plog.max_offset == end
     assert plog.incarnation == incarnation and len(plog.history) == 1
     assert _records(plog) == {o: v for o, v in values.items() if not lost[0] <= o <= lost[1]}
+
+
+def test_flipped_bit_in_a_base_offset_does_not_renumber_records(node: Node) -> None:
+    """The CRC does not cover a batch's base offset: a flipped high bit there makes the batch look
+    like it sits far ahead. It is treated as damage (fenced), not as a jump that would renumber
+    its records and everything after, nor as a torn tail that would cut the rest."""
+    plog = node.open()
+    values = _fill(plog, 8)
+    end = plog.max_offset
+    node.close()
+    active = node.segments()[-1]
+    victim = _batch_positions(active)[3]
+    with open(active, "r+b") as fh:
+        fh.seek(victim.position + 8 + 5)  # byte 5 of the little-endian base offset: + 2**40
+        b = fh.read(1)
+        fh.seek(victim.position + 8 + 5)
+        fh.write(bytes([b[0] ^ 1]))
+    plog = node.open()
+    lost = (victim.base_offset, victim.base_offset + PER_BATCH - 1)
+    assert plog.fenced_ranges() == [lost] and plog.max_offset == end
+    assert _records(plog) == {o: v for o, v in values.items() if not lost[0] <= o <= lost[1]}
