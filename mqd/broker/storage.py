@@ -24,7 +24,10 @@ incarnation at the cut offset.
 
 Every partition log has an incarnation history (:mod:`mqd.broker.incarnation`): a log created empty
 or recreated begins one at 0, every truncation (a recovery cut, a slave following its master, a
-reset) begins one at the new log end before it cuts, or adopts the master's history.
+reset) begins one at the new log end before it cuts, or adopts the master's history. So does an
+open after a crash (no ``.clean_shutdown`` marker, which a clean close writes) unless every append
+was fsynced: records are served before they are flushed, and a crash may take them back without a
+torn byte (the file reverts to its last synced size).
 
 Disk errors (ENOSPC, EROFS, EIO on a write, an fsync or a roll) are noted in the node's
 :class:`mqd.broker.disk_health.DiskHealth`, which ``/v1/health`` reports; while it knows a problem,
@@ -63,7 +66,11 @@ log = structlog.get_logger(__name__)
 
 LOCK_FILE = ".lock"
 REPAIR_SUFFIX = ".repair"  # a segment being rewritten by repair_fenced, renamed over it when done
-FENCED_FILE = "fenced.json"  # per partition folder: the fenced offset ranges, for people and restarts
+FENCED_FILE = "fenced.json"
+# in <data_dir>/logs, written by a clean close, removed at open: its absence means a crash
+CLEAN_SHUTDOWN_FILE = (
+    ".clean_shutdown"  # per partition folder: the fenced offset ranges, for people and restarts
+)
 _U32_MAX = 2**32 - 1
 # positions are u32 in the index file; keep every segment well inside that
 MAX_SEGMENT_BYTES = 2**31
@@ -419,8 +426,11 @@ class PartitionLog:
 
     # -- open / recovery ---------------------------------------------------------------------------
 
-    def open(self) -> None:
-        """Create or recover the log (blocking)."""
+    def open(self, *, after_crash: bool = False) -> None:
+        """Create or recover the log (blocking). ``after_crash``: the node did not close cleanly
+        and appends were not each fsynced, so the tail may have lost records that were served
+        (a file reverted to its last synced size shows no torn bytes): unless recovery cut
+        something already, the log begins a new incarnation at its end."""
         self.directory.mkdir(parents=True, exist_ok=True)
         bases: list[int] = []
         for p in self.directory.iterdir():
@@ -443,6 +453,7 @@ class PartitionLog:
                 # a log written before incarnations: every offset it holds stays valid under one id
                 self._begin_incarnation(bases[0], "log written before incarnations", cut=False)
             recorded = self._load_fenced()
+            history_before = self._history.entries
             self._recover(bases, recorded)
             if not self._segments:
                 self._new_segment(0)
@@ -455,6 +466,8 @@ class PartitionLog:
             if self.max_offset < self._history.current_base:
                 # the files end before the current incarnation began: they were cut outside mqd
                 self._begin_incarnation(self.max_offset, "log shorter than its current incarnation")
+            elif after_crash and bases and self._history.entries == history_before:
+                self._begin_incarnation(self.max_offset, "unclean shutdown: unflushed records may be lost")
         except BaseException:
             self._close_fds()
             raise
@@ -1050,7 +1063,9 @@ class PartitionLog:
 class Storage:
     """Every partition log of one broker node under ``<data_dir>/logs``."""
 
-    def __init__(self, data_dir: Path, config: StorageConfig) -> None:
+    def __init__(
+        self, data_dir: Path, config: StorageConfig, *, new_incarnation_after_crash: bool = True
+    ) -> None:
         if config.segment_bytes > MAX_SEGMENT_BYTES:
             raise StorageError(
                 f"segment_bytes {config.segment_bytes} exceeds {MAX_SEGMENT_BYTES}", retriable=False
@@ -1062,6 +1077,9 @@ class Storage:
         self._logs: dict[tuple[str, int], PartitionLog] = {}
         self._lock_fd: int | None = None
         self._closed = False
+        # a crash may have lost unflushed records that were served: their offsets get reused
+        self._after_crash_new = new_incarnation_after_crash and config.fsync != "always"
+        self.clean_start: bool | None = None  # known at the first open: the last close was clean
 
     def open(self, partitions: Iterable[tuple[str, int]]) -> None:
         """Create or recover the logs of ``partitions`` (blocking). May be called again to add more."""
@@ -1076,6 +1094,12 @@ class Storage:
                 os.close(fd)
                 raise StorageError(f"{self.logs_dir} is in use by another process", retriable=False) from exc
             self._lock_fd = fd
+            marker = self.logs_dir / CLEAN_SHUTDOWN_FILE
+            self.clean_start = marker.exists()
+            if self.clean_start:
+                # gone for good before anything is written: a crash from now on is unclean
+                marker.unlink()
+                fsync_dir(self.logs_dir)
         for topic, partition in partitions:
             if (topic, partition) in self._logs:
                 continue
@@ -1084,7 +1108,7 @@ class Storage:
             plog = PartitionLog(
                 topic, partition, self.logs_dir / f"{topic}-{partition}", self.config, self.disk
             )
-            plog.open()
+            plog.open(after_crash=self._after_crash_new and not self.clean_start)
             self._logs[(topic, partition)] = plog
 
     def get(self, topic: str, partition: int) -> PartitionLog | None:
@@ -1119,13 +1143,22 @@ class Storage:
             return
         self._closed = True
         try:
+            clean = self._lock_fd is not None
             for plog in self._logs.values():
                 try:
+                    if self.config.fsync == "never":
+                        plog.flush()  # once, at shutdown: the clean marker must not outrun the data
                     plog.close()
                 except StorageError as exc:
+                    clean = False
                     log.error(
                         "closing log failed", topic=plog.topic, partition=plog.partition, error=str(exc)
                     )
+            if clean:
+                try:
+                    atomic_write(self.logs_dir / CLEAN_SHUTDOWN_FILE, b"")
+                except OSError as exc:
+                    log.error("could not record a clean shutdown", error=str(exc))
         finally:
             if self._lock_fd is not None:
                 os.close(self._lock_fd)
