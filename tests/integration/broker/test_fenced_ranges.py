@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from support.harness import Cluster
 
 from mqd import format as fmt
@@ -376,3 +378,45 @@ def test_flipped_bit_in_a_base_offset_does_not_renumber_records(node: Node) -> N
     lost = (victim.base_offset, victim.base_offset + PER_BATCH - 1)
     assert plog.fenced_ranges() == [lost] and plog.max_offset == end
     assert _records(plog) == {o: v for o, v in values.items() if not lost[0] <= o <= lost[1]}
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_any_single_flipped_byte_loses_exactly_its_batch(
+    tmp_path_factory: pytest.TempPathFactory, data: Any
+) -> None:
+    """For a byte flipped anywhere in any batch of any segment (header fields included, index
+    removed so the segment is scanned): exactly that batch's offsets are gone and every other
+    record reads back. In a closed segment or mid-active-segment the batch is fenced and the log
+    end stays; as the last batch of the active segment it is a torn tail, cut, with a new
+    incarnation at its base."""
+    node = Node(tmp_path_factory.mktemp("flip"))
+    try:
+        plog = node.open()
+        values = _fill(plog, data.draw(st.integers(min_value=2, max_value=40), label="batches"))
+        end, before = plog.max_offset, plog.incarnation
+        node.close()
+        segs = node.segments()
+        si = data.draw(st.integers(min_value=0, max_value=len(segs) - 1), label="segment")
+        infos = _batch_positions(segs[si])
+        bi = data.draw(st.integers(min_value=0, max_value=len(infos) - 1), label="batch")
+        victim = infos[bi]
+        at = data.draw(st.integers(min_value=0, max_value=victim.length - 1), label="byte")
+        segs[si].with_suffix(".index").unlink(missing_ok=True)
+        with open(segs[si], "r+b") as fh:
+            fh.seek(victim.position + at)
+            b = fh.read(1)
+            fh.seek(victim.position + at)
+            fh.write(bytes([b[0] ^ data.draw(st.integers(min_value=1, max_value=255), label="xor")]))
+        plog = node.open()
+        lost = (victim.base_offset, victim.next_offset - 1)
+        torn_tail = si == len(segs) - 1 and bi == len(infos) - 1
+        if torn_tail:
+            assert plog.fenced_ranges() == [] and plog.max_offset == victim.base_offset
+            assert plog.diverged_at(before) == victim.base_offset
+        else:
+            assert plog.fenced_ranges() == [lost] and plog.max_offset == end
+            assert plog.incarnation == before
+        assert _records(plog) == {o: v for o, v in values.items() if not lost[0] <= o <= lost[1]}
+    finally:
+        node.close()
