@@ -231,7 +231,14 @@ class BrokerApi:
         # 200 even when degraded: the node still serves reads, so peers must keep it alive
         disk = self.storage.disk
         disk.probe_soon()  # answers from the last probe; a full or read-only disk shows within 1 s
-        reasons = ([] if disk.problem is None else [disk.problem]) + self._node_problems()
+        reasons = [] if disk.problem is None else [disk.problem]
+        # a fenced range is data this node cannot serve: an operator must hear of it (issue 12)
+        reasons += [
+            f"{topic}-{partition}: offsets {first}..{last} fenced (damaged or missing, not repaired): "
+            "fetches there answer DATA_LOST"
+            for topic, partition, first, last in self.storage.fenced()
+        ]
+        reasons += self._node_problems()  # writes refused, replication parked or unverified
         body: dict[str, Any] = {
             "node": self.node_id,
             "role": self.state.node.role,
@@ -255,6 +262,12 @@ class BrokerApi:
         body = self.stats.as_json(self.node_id)
         body["rejected"] = self.rejected.as_json()
         body["long_polls_held"] = self.long_poll.held
+        fenced = self.storage.fenced()
+        body["fenced_offsets"] = sum(last - first + 1 for _, _, first, last in fenced)
+        body["fenced"] = [
+            {"topic": topic, "partition": partition, "first": first, "last": last}
+            for topic, partition, first, last in fenced
+        ]
         replication = self._replication_status()
         if replication is not None:
             body["replication"] = replication

@@ -222,3 +222,45 @@ async def _fetch_after_cut(client: BrokerClient, url: str, first: str) -> None:
         with pytest.raises(BrokerError) as err:
             await client.fetch(url, [fetch_at(0, bad)], max_wait_ms=0)  # type: ignore[arg-type]
         assert err.value.status == 400 and "incarnation" in str(err.value), bad
+
+
+def test_unreadable_history_is_set_aside_and_a_new_incarnation_begins(node: Node) -> None:
+    """A damaged incarnation.json does not stop the node: it is kept as incarnation.json.damaged and
+    the log begins a new incarnation at its start (a consumer's old id then diverged at 0)."""
+    plog = node.open()
+    for i in range(3):
+        _append(plog, tag=i)
+    before = plog.incarnation
+    node.close()
+    (node.folder / HISTORY_FILE).write_text("{not json")
+    plog = node.open()
+    assert plog.incarnation != before and [e.base for e in plog.history] == [0]
+    assert plog.diverged_at(before) == 0 and plog.max_offset == 6
+    assert (node.folder / (HISTORY_FILE + ".damaged")).read_text() == "{not json"
+
+
+@pytest.mark.parametrize("fsync", ["interval", "never", "always"])
+def test_unclean_restart_begins_a_new_incarnation_unless_every_append_was_synced(
+    tmp_path: Path, fsync: str
+) -> None:
+    """After a crash (no clean-shutdown marker) a log whose appends were not each fsynced may
+    have lost served records from its tail without a torn byte (a file reverted to its last synced
+    size): it begins a new incarnation at its end. With fsync = always, or after a clean close,
+    the incarnation stays."""
+    node = Node(tmp_path)
+    node.config = StorageConfig(segment_bytes=4096, fsync=fsync)  # type: ignore[arg-type]
+    try:
+        plog = node.open()
+        _append(plog)
+        first = plog.incarnation
+        plog = node.open()  # a clean close in between
+        assert plog.incarnation == first
+        node.close()
+        (node.root / "logs" / ".clean_shutdown").unlink()  # what a crash leaves: no marker
+        plog = node.open()
+        if fsync == "always":
+            assert plog.incarnation == first
+        else:
+            assert plog.incarnation != first and plog.diverged_at(first) == plog.max_offset == 2
+    finally:
+        node.close()
