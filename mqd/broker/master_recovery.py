@@ -181,6 +181,8 @@ class MasterRecovery:
                 log_end=plog.max_offset,
                 incarnation=plog.incarnation,
             )
+        for slave_id in result.consulted:
+            await self._repair_fenced(next(s for s in self._slaves if s.id == slave_id), result)
         self.result = result
         if not self._marked():
             write_marker(self._data_dir, self.node_id, self._cluster_id, "recovered")
@@ -254,6 +256,63 @@ class MasterRecovery:
                 f"{plog.incarnation}): left as it is"
             )
         plog.adopt_history(history)
+
+    async def _repair_fenced(self, slave: NodeSpec, result: RecoveryResult) -> None:
+        """Ask ``slave`` for the batches of every fenced range of ours (damaged bytes found at
+        open): where it holds them whole, with the same boundaries, they replace the hole."""
+        for topic, partition in self._partitions:
+            plog = self._storage.get(topic, partition)
+            if plog is None:
+                continue
+            for first, last in plog.fenced_ranges():
+                try:
+                    data = await self._read_range(slave, topic, partition, first, last)
+                    if data is None:
+                        continue
+                    plog.repair_fenced(data, fmt.validate(data))
+                except (StorageError, fmt.BatchError, BrokerError, ProtocolError) as exc:
+                    problem = (
+                        f"{topic}/{partition}: fenced {first}..{last} not repaired from {slave.id}: {exc}"
+                    )
+                    log.error(
+                        "master recovery: fenced range not repaired", node=self.node_id, problem=problem
+                    )
+                    result.problems.append(problem)
+                    continue
+                result.copied[f"{topic}/{partition}"] = result.copied.get(f"{topic}/{partition}", 0) + (
+                    last - first + 1
+                )
+
+    async def _read_range(
+        self, slave: NodeSpec, topic: str, partition: int, first: int, last: int
+    ) -> bytes | None:
+        """The slave's batches for exactly ``first..last``; None when it does not hold them whole."""
+        out = bytearray()
+        offset = first
+        while offset <= last:
+            answer = await self._client.fetch(
+                slave,
+                [{"topic": topic, "partition": partition, "offset": offset, "max_bytes": COPY_MAX_BYTES}],
+                max_wait_ms=0,
+                max_bytes=COPY_MAX_BYTES,
+            )
+            p = answer.partitions[0]
+            if p.status is not Status.FOUND or len(p.data) == 0:
+                return None  # the slave lacks them too (or lost them the same way)
+            chunk = bytes(p.data)
+            infos = fmt.validate(chunk)
+            if infos[0].base_offset != offset:
+                return None
+            end = len(chunk)
+            for info in infos:
+                if info.base_offset > last:
+                    end = info.position  # the rest lies after the hole
+                    break
+                if info.next_offset > last + 1:
+                    return None  # batch boundaries differ from the hole's: cannot fill it exactly
+                offset = info.next_offset
+            out += chunk[infos[0].position : end]
+        return bytes(out)
 
     async def _copy(self, slave: NodeSpec, topic: str, partition: int, slave_max: int) -> int:
         plog = self._storage.get(topic, partition)

@@ -348,6 +348,9 @@ class Replicator:
             if plog.history != history:
                 plog.adopt_history(history)  # our records are the master's: take its names for them
             self._floor.mark_synced(p.topic, p.partition)
+        if p.status is Status.DATA_LOST:
+            self._copy_hole(plog, p)
+            return False
         if p.status is not Status.FOUND or len(p.data) == 0:
             return False
         data = bytes(p.data)
@@ -362,6 +365,24 @@ class Replicator:
             raise ReplicationError(f"master answered from offset {first}, log end is {plog.max_offset}")
         plog.append_replica(data, infos)
         return True
+
+    def _copy_hole(self, plog: PartitionLog, p: PartitionFetch) -> None:
+        """The master cannot serve offsets ``lost_first..lost_last`` (a fenced range no replica
+        repaired): fence the same range here and go on after it. Records of it that this log holds
+        are kept (the master repairs its range from them at its next start)."""
+        first, last = p.lost_first, p.lost_last
+        end = plog.max_offset
+        if first is None or last is None or not first <= end <= last:
+            raise ReplicationError(f"master answered DATA_LOST {first}..{last} for our log end {end}")
+        log.error(
+            "master lost a range: fencing it here too",
+            topic=plog.topic,
+            partition=plog.partition,
+            lost_first=first,
+            lost_last=last,
+            kept_up_to=end,
+        )
+        plog.append_fenced(end, last)
 
     def _cut(
         self, plog: PartitionLog, to: int, floor: int, why: str, history: list[IncarnationEntry] | None

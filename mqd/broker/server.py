@@ -71,7 +71,10 @@ class BrokerNode:
         self._replica_client: ReplicaClient | None = None
         if self.replica_auth is not None:
             self._replica_client = ReplicaClient(self.replica_auth, ca_file=config.tls_ca_file)
-        self.storage = Storage(config.data_dir, config.storage)
+        # a slave re-copies its master's history after a crash: no incarnation of its own for it
+        self.storage = Storage(
+            config.data_dir, config.storage, new_incarnation_after_crash=self.state.is_master
+        )
         self.consumer_groups = ConsumerGroupStore(config.data_dir)
         self.stats = ClientStats()
         self.long_poll = LongPoll(max_held=config.limits.max_long_polls)

@@ -156,3 +156,28 @@ def test_a_new_pair_without_shared_history_follows_offsets_and_adopts(slave: Sla
     slave.feed(Status.FOUND, batch(3, 0, "x"), 3, [IncarnationEntry(C, 0)])
     assert slave.log.max_offset == 3
     assert slave.log.incarnation == C != own
+
+
+def test_a_hole_in_the_masters_log_is_copied_as_a_hole(slave: Slave) -> None:
+    """The master answers DATA_LOST 4..7 at the slave's log end 4 (a fenced range no replica
+    repaired): the slave fences the same offsets and asks on from 8, where it appends again."""
+    history = [IncarnationEntry(A, 0)]
+    slave.feed(Status.FOUND, batch(4, 0, "x"), 12, history)
+    p = PartitionFetch(
+        TOPIC,
+        0,
+        Status.DATA_LOST,
+        8,
+        0,
+        12,
+        None,
+        memoryview(b""),
+        history=history,
+        lost_first=4,
+        lost_last=7,
+    )
+    slave.replicator._apply(FetchAnswer("m", [p], b""), 0.0, {(TOPIC, 0): 4})
+    assert slave.log.max_offset == 8 and slave.log.fenced_ranges() == [(4, 7)]
+    slave.feed(Status.FOUND, batch(4, 8, "after"), 12, history)
+    assert slave.log.max_offset == 12
+    assert slave.partition_status()["error"] is None
