@@ -103,6 +103,7 @@ class Replicator:
         self._floor = floor
         self.truncations_refused = 0  # partitions parked by the floor, counted per refusal
         self.unverified_answers = 0  # answers refused because the master did not sign them
+        self._unverified: str | None = None  # the last answer came from a node without the master's secret
         self._on_append = on_append
         self._wait_ms = wait_ms
         self._max_bytes = max_bytes
@@ -184,8 +185,8 @@ class Replicator:
         out = [
             f"replication of {t}/{p} refused: {st.error}" for (t, p), st in self._states.items() if st.parked
         ]
-        if self._last_error is not None and self._last_error.startswith("unverified master"):
-            out.append(self._last_error)
+        if self._unverified is not None:
+            out.append(self._unverified)
         return out
 
     def _record_error(self, message: str) -> None:
@@ -212,6 +213,7 @@ class Replicator:
             except ReplicaPeerError as exc:
                 # something answers at the master's address without its secret: apply nothing
                 self.unverified_answers += 1
+                self._unverified = f"unverified master: {exc}"
                 if self._master_reachable or backoff.failures == 0:
                     log.error("master answer not verified: ignored", master=self.master.id, error=str(exc))
                 self._master_reachable = False
@@ -228,6 +230,7 @@ class Replicator:
             if not self._master_reachable:
                 log.info("replicating from master", master=self.master.id)
             self._master_reachable = True
+            self._unverified = None  # the real master answered
             backoff.reset()
             # the master answered (signed) a request reporting these ends: they may be acknowledged
             reported = {(r["topic"], r["partition"]): int(r["offset"]) for r in request}

@@ -181,7 +181,7 @@ async def test_a_fake_master_is_refused_and_learns_no_secret(
 ) -> None:
     """The master is down and another process answers on its port (the issue's attack): the slave
     sends it no bearer token and no secret, applies none of its answers (its 100 records stay), and
-    reports the unverified master in /v1/stats and a degraded health."""
+    reports the unverified master in /v1/stats and a degraded health until the real master is back."""
     cluster = cluster_factory(topics={TOPIC: 1}, slaves=1, node_settings={"auth_token": TOKEN})
     master, slave = cluster.master(), cluster.slaves()[0]
     async with BrokerClient(request_timeout=10.0, auth_token=TOKEN) as client:
@@ -214,6 +214,12 @@ async def test_a_fake_master_is_refused_and_learns_no_secret(
             assert secret not in json.dumps(headers) and secret.encode() not in body
         assert headers[HEADER_NONCE]  # signed, not carrying a secret
     assert fetch_all_with_token(cluster, slave) == before
+    # the real master back: the slave replicates from it again and its health clears
+    await asyncio.to_thread(cluster.start_node, master)
+    deadline = time.monotonic() + 15
+    while (cluster.health(slave) or {}).get("status") != "ok":
+        assert time.monotonic() < deadline, cluster.health(slave)
+        await asyncio.sleep(0.05)
 
 
 def fetch_all_with_token(cluster: Cluster, node: str) -> list[tuple[int, bytes]]:
