@@ -24,11 +24,14 @@ class Batch:
     next_offset: int
     nbytes: int
     fetched_at: float
+    incarnation: str | None = None
 
 
-def batch(partition: int, first: int, count: int, *, nbytes: int = 100, at: float = 0.0) -> Batch:
+def batch(
+    partition: int, first: int, count: int, *, nbytes: int = 100, at: float = 0.0, inc: str | None = None
+) -> Batch:
     rb = pa.RecordBatch.from_pydict({"offset": pa.array(range(first, first + count), pa.int64())})
-    return Batch(("t", partition), rb, first, first + count, nbytes, at)
+    return Batch(("t", partition), rb, first, first + count, nbytes, at, inc)
 
 
 def cfg(**kw: float) -> LandingConfig:
