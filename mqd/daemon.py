@@ -40,7 +40,14 @@ import structlog
 
 from mqd.client import BrokerClient
 from mqd.config import MqdConfig
-from mqd.consumer import Consumer, ConsumerError, ConsumerSnapshot, TopicPartition, consumer_status_json
+from mqd.consumer import (
+    Consumer,
+    ConsumerError,
+    ConsumerSnapshot,
+    StartPosition,
+    TopicPartition,
+    consumer_status_json,
+)
 from mqd.format import now_ms
 from mqd.landing import layout
 from mqd.landing.layout import LandingCorrupt, LandingError
@@ -118,6 +125,13 @@ class Daemon:
             await self.sink.start()
         except LandingError as exc:
             self._set_landing_error(exc)
+        except LandingCorrupt as exc:
+            # not ours to fix (another landing format, a foreign marker): refuse to start
+            self.state = "failed"
+            log.error("landing directory refused", error=str(exc))
+            await self.sink.close()
+            await self._client.close()
+            raise
         try:
             await self.consumer.start()
         except BaseException:
@@ -313,7 +327,8 @@ class Daemon:
             self.consumer.mark_consumed(tp, res.conflict.last_offset + 1)
         if res.conflict is not None and res.owned:
             last = res.conflict.last_offset
-            self.consumer.seek(tp, 0 if last is None else last + 1)
+            # resume after what is landed, in the log incarnation it was landed from
+            self.consumer.seek(tp, 0 if last is None else last + 1, res.conflict.incarnation)
         if res.error is not None:
             self._set_landing_error(res.error)
 
@@ -423,16 +438,17 @@ class Daemon:
         if again:
             self.consumer.pause(again)
 
-    async def _start_position(self, tp: TopicPartition) -> int | None:
+    async def _start_position(self, tp: TopicPartition) -> StartPosition | None:
         try:
-            position = await self.sink.resume_position(tp)
+            position, incarnation = await self.sink.resume(tp)
         except (LandingError, LandingCorrupt) as exc:
             self._record_error("resume_position", exc)
             # retriable: the consumer retries the assignment; nothing is fetched without a position
             raise ConsumerError(f"{tp}: cannot read landing state: {exc}", retriable=True) from exc
-        if position is not None:
-            self.consumer.mark_consumed(tp, position)  # a lost or lagging broker commit catches up
-        return position
+        if position is None:
+            return None
+        self.consumer.mark_consumed(tp, position)  # a lost or lagging broker commit catches up
+        return StartPosition(position, incarnation)
 
     # -- operations ------------------------------------------------------------------------------
 
@@ -462,6 +478,7 @@ class Daemon:
             "files_published": s.files,
             "publish_conflicts": s.conflicts,
             "records_dropped": s.dropped,
+            "records_cut": s.cut,
             "commits": self._commits,
             "markers": self._markers,
         }

@@ -98,9 +98,10 @@ lost_offsets = Counter(
     ["topic", "partition"],
     registry=REGISTRY,
 )
-start_position_timeouts = Counter(
-    "mqd_start_position_timeouts",
-    "Start positions not resolved in time (landing lock held too long); retried later",
+start_position_retries = Counter(
+    "mqd_start_position_retries",
+    "Start positions of new partitions not resolved (landing lock held past its bound, state "
+    "unreadable); the others are assigned, these retried in the next rebalance round",
     registry=REGISTRY,
 )
 landing_errors = Counter("mqd_landing_errors", "Landing write failures", ["kind"], registry=REGISTRY)

@@ -15,8 +15,8 @@ from mqd.spark import job
 # the Arrow schema that changes this is a change of the landing format, not a refactoring.
 # Landing format 2 added ``incarnation`` (the log incarnation; null in format-1 files).
 EXPECTED_DDL = (
-    "topic STRING, partition INT, incarnation STRING, offset BIGINT, timestamp TIMESTAMP, key BINARY, value BINARY, "
-    "headers ARRAY<STRUCT<key: STRING, value: BINARY>>, dt STRING, hour INT"
+    "topic STRING, partition INT, incarnation STRING, offset BIGINT, timestamp TIMESTAMP, "
+    "key BINARY, value BINARY, headers ARRAY<STRUCT<key: STRING, value: BINARY>>, dt STRING, hour INT"
 )
 
 
