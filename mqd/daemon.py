@@ -49,6 +49,7 @@ from mqd.consumer import (
     consumer_status_json,
 )
 from mqd.format import now_ms
+from mqd.fsutil import LockTimeout
 from mqd.landing import layout
 from mqd.landing.layout import LandingCorrupt, LandingError
 from mqd.landing.markers import IDLE_GRACE_MS
@@ -335,6 +336,7 @@ class Daemon:
     def _burst_done(self) -> bool:
         return (
             bool(self.consumer.assignment())
+            and self.consumer.assignment_resolved()  # a partition still waiting is not landed yet
             and self._landing_error is None
             and not self.sink.running
             and self.sink.pending_records == 0
@@ -441,6 +443,11 @@ class Daemon:
     async def _start_position(self, tp: TopicPartition) -> StartPosition | None:
         try:
             position, incarnation = await self.sink.resume(tp)
+        except LockTimeout as exc:
+            # another process holds the partition's publication lock (frozen inside a commit?):
+            # this partition waits for the next rebalance round, the others start now
+            log.warning("landing lock held too long; partition retried later", tp=str(tp), error=str(exc))
+            raise ConsumerError(f"{tp}: landing lock held by another process: {exc}", retriable=True) from exc
         except (LandingError, LandingCorrupt) as exc:
             self._record_error("resume_position", exc)
             # retriable: the consumer retries the assignment; nothing is fetched without a position

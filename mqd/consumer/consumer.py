@@ -315,6 +315,11 @@ class Consumer:
         """The log incarnation each owned partition's position belongs to (None: not known yet)."""
         return {tp: op.incarnation for tp, op in self._state.partitions.items()}
 
+    def assignment_resolved(self) -> bool:
+        """Every partition of this member's share is assigned (none waits for a start position,
+        e.g. behind a landing lock held past its bound)."""
+        return not self._rebalance.unresolved
+
     def caught_up(self) -> bool:
         """Every owned partition (parked ones excepted) was fetched up to the last known log end and
         nothing is buffered."""

@@ -106,6 +106,8 @@ class RebalanceService:
         self.closed = False  # stop() began: assign nothing more
         self.rebalances = 0
         self.last_error: str | None = None
+        # partitions of this member's share still waiting for a start position (retried each round)
+        self.unresolved: frozenset[TopicPartition] = frozenset()
         source.add_metadata_listener(self._on_metadata)
 
     def request(self) -> None:
@@ -173,6 +175,7 @@ class RebalanceService:
             if assignment is None:
                 return False
             d = diff(frozenset(self._state.partitions), assignment)
+            self.unresolved = d.added  # until _assign resolved them
             complete = True
             if d.removed:
                 await self._revoke(set(d.removed))
@@ -229,6 +232,7 @@ class RebalanceService:
                 self._listener.on_partitions_assigned(set(assigned))
             except Exception:
                 log.exception("on_partitions_assigned failed")
+        self.unresolved = frozenset(tp for tp in ordered if tp not in positions)
         if failed:
             self.last_error = "; ".join(failed.values())
             return False  # the next round (backed off) assigns the rest

@@ -99,8 +99,12 @@ class LocalStore:
     """The landing in one local (or shared POSIX) directory. Thread-compatible per partition: the
     flock serialises committers of one partition across threads and processes."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, *, head_lock_timeout: float | None = None) -> None:
         self.root = Path(root)
+        # how long ``head`` waits for a partition's lock (None: as long as it takes). A holder
+        # frozen inside a commit (a stopped VM, SIGSTOP) must not stall a new owner's start
+        # position for as long as it is frozen: fsutil.LockTimeout (retriable) instead.
+        self.head_lock_timeout = head_lock_timeout
 
     @property
     def location(self) -> str:
@@ -182,8 +186,10 @@ class LocalStore:
                     removed += 1
         return removed
 
-    def _locked(self, topic: str, partition: int) -> contextlib.AbstractContextManager[None]:
-        return fsutil.locked(self._lock_path(topic, partition))
+    def _locked(
+        self, topic: str, partition: int, timeout: float | None = None
+    ) -> contextlib.AbstractContextManager[None]:
+        return fsutil.locked(self._lock_path(topic, partition), timeout=timeout)
 
     # -- state ----------------------------------------------------------------------------------
 
@@ -266,16 +272,17 @@ class LocalStore:
         self._write_state(topic, partition, st)
         return st
 
-    def state(self, topic: str, partition: int) -> PartitionState:
-        """The partition's state record, with any half-done publication completed."""
+    def state(self, topic: str, partition: int, timeout: float | None = None) -> PartitionState:
+        """The partition's state record, with any half-done publication completed. ``timeout``
+        bounds the wait for the partition's lock (fsutil.LockTimeout, retriable)."""
         try:
-            with self._locked(topic, partition):
+            with self._locked(topic, partition, timeout):
                 return self._recover(topic, partition, self._read_state(topic, partition))
         except OSError as exc:
             raise _landing_error(exc, f"{topic}/{partition}: reading landing state") from None
 
     def head(self, topic: str, partition: int) -> PartitionHead:
-        st = self.state(topic, partition)
+        st = self.state(topic, partition, self.head_lock_timeout)
         return PartitionHead(st.last_offset, st.watermark_ms, st.files, st.incarnation)
 
     def advance_watermark(self, topic: str, partition: int, watermark_ms: int) -> None:

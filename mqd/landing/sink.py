@@ -50,6 +50,15 @@ log = structlog.get_logger("mqd.landing")
 
 _T = TypeVar("_T")
 
+# How long a new owner waits for a partition's publication lock to read its head. A live holder
+# keeps it for one commit (a link and two small fsynced writes: milliseconds, a second on a slow
+# disk); a holder frozen inside it (a stopped VM) keeps it as long as it is frozen. Past the bound
+# the partition is retried in the next rebalance round while the others start.
+HEAD_LOCK_TIMEOUT_S = 5.0
+# heads of newly assigned partitions are read on threads of their own, several at once, so a
+# partition waiting for its lock neither delays the others nor a publication's worker
+_HEAD_READERS = 4
+
 
 @dataclass(slots=True)
 class PublishResult:
@@ -94,11 +103,15 @@ class LandingSink:
         workers: int = 2,
         on_result: Callable[[PublishResult], None] = _ignore,
         store: LandingStore | None = None,
+        head_lock_timeout: float = HEAD_LOCK_TIMEOUT_S,
     ) -> None:
         if workers < 1:
             raise ValueError(f"workers must be at least 1, got {workers}")
         self._config = config
-        self.store = store if store is not None else open_store(config.dir)
+        self.store = (
+            store if store is not None else open_store(config.dir, head_lock_timeout=head_lock_timeout)
+        )
+        self._readers = ThreadPoolExecutor(_HEAD_READERS, thread_name_prefix="mqd-landing-head")
         self.publisher = Publisher(self.store, compression=config.compression)
         self.batches = MicroBatches(config)
         self.workers = workers
@@ -140,6 +153,7 @@ class LandingSink:
         if self._closed:
             return
         self._closed = True
+        self._readers.shutdown(wait=False, cancel_futures=True)
         if self._own_executor:
             self._executor.shutdown(wait=False, cancel_futures=True)
 
@@ -160,8 +174,10 @@ class LandingSink:
         return (await self.resume(tp))[0]
 
     async def resume(self, tp: TP) -> tuple[int | None, str | None]:
-        """``resume_position`` and the log incarnation that position belongs to (None: unknown)."""
-        head = await self.run_blocking(self.store.head, tp[0], tp[1])
+        """``resume_position`` and the log incarnation that position belongs to (None: unknown).
+        fsutil.LockTimeout (retriable) when the partition's lock stays held past the bound."""
+        loop = asyncio.get_running_loop()
+        head = await loop.run_in_executor(self._readers, self.store.head, tp[0], tp[1])
         self.drop(tp)
         self.batches.set_expected(tp, head.last_offset, head.incarnation)
         return (None if head.last_offset is None else head.last_offset + 1), head.incarnation

@@ -126,7 +126,8 @@ class LandingStore(Protocol):
         ...
 
     def head(self, topic: str, partition: int) -> PartitionHead:
-        """The partition's published head, with any half-done commit completed."""
+        """The partition's published head, with any half-done commit completed. A store with
+        locks bounds the wait for one (fsutil.LockTimeout, retriable)."""
         ...
 
     def advance_watermark(self, topic: str, partition: int, watermark_ms: int) -> None:
@@ -151,9 +152,10 @@ class LandingStore(Protocol):
         ...
 
 
-def open_store(location: Path) -> LandingStore:
+def open_store(location: Path, *, head_lock_timeout: float | None = None) -> LandingStore:
     """The store for ``landing.dir``. Only the local directory exists so far; an ``s3://`` URI
-    selects the object store once it is built (issue 15)."""
+    selects the object store once it is built (issue 15). ``head_lock_timeout`` bounds how long
+    reading a partition's head waits for a lock (a store without locks ignores it)."""
     from mqd.landing.local_store import LocalStore
 
-    return LocalStore(location)
+    return LocalStore(location, head_lock_timeout=head_lock_timeout)
