@@ -22,6 +22,7 @@ from support.daemon import daemon_config, produce_numbered
 from support.harness import Cluster
 
 from mqd import format as fmt
+from mqd.admin import render_summary
 from mqd.client import BrokerClient
 from mqd.consumer import TopicPartition
 from mqd.daemon import Daemon
@@ -90,6 +91,7 @@ async def test_a_replaced_log_lands_its_new_records_and_says_so(
             assert entry["incarnation"] == new_inc and entry["incarnation_changes"] == 1
             assert entry["reused_offsets"] == 1000 and status["totals"]["reused_offsets"] == 1000
             assert status["assignment"]["events/1"]["incarnation_changes"] == 0
+            assert "log incarnation changed 1 times (1000 reused offsets" in render_summary(daemon.status())
             assert any(p.name.startswith(f"part-00000-{new_inc}-") for p in root.rglob("*.parquet"))
 
             # a replay within the new incarnation: cut at the landed floor, counted, nothing twice
