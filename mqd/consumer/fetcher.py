@@ -445,6 +445,12 @@ class FetchManager:
                 incarnation=res.incarnation,
                 position=offset,
             )
+        if status is FetchStatus.FOUND and res.incarnation not in (None, op.incarnation):
+            # a source must answer INCARNATION_CHANGED instead: never tag records with the wrong log
+            self._partition_error(
+                op, f"{node_id}: records of incarnation {res.incarnation} for a fetch of {op.incarnation}"
+            )
+            return
         if status is FetchStatus.DATA_LOST:
             self._data_lost(node_id, op, offset, res)
         elif status is FetchStatus.FOUND:

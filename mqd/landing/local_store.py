@@ -389,7 +389,9 @@ class LocalStore:
                     # the state lagged the files (rebuilt from an old manifest): repair, then lose.
                     # read_ranges raises LandingCorrupt when a foreign file squats on the name.
                     existing = layout.read_ranges(final)
-                    st.last_offset = max([st.last_offset or -1, *(r.last_offset for r in existing)])
+                    newest = max(existing, key=lambda r: r.last_offset, default=None)
+                    if newest is not None and (st.last_offset is None or newest.last_offset > st.last_offset):
+                        st.last_offset, st.incarnation = newest.last_offset, newest.incarnation
                     self._write_state(topic, partition, st)
                     raise PublishConflict(
                         topic, partition, expected_last, st.last_offset, incarnation=st.incarnation

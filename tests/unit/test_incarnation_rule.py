@@ -135,3 +135,13 @@ def test_data_lost_counts_the_hole_and_continues_after_it() -> None:
     op = deliver(m, result(FetchStatus.DATA_LOST, 10, incarnation=OLD, lost_first=5, lost_last=9, log_end=20))
     assert (op.position, op.lost_offsets, m.lost_offsets) == (10, 5, 5)
     assert op.last_error is not None and "5..9" in op.last_error
+
+
+def test_records_of_another_incarnation_are_never_tagged_with_ours() -> None:
+    """A FOUND answer whose incarnation is not the one the fetch named (a source that should have
+    answered INCARNATION_CHANGED) is an error: nothing is appended, the position stays."""
+    m = manager()
+    m.state.assign(TP, 0, "m", OLD)
+    op = deliver(m, result(FetchStatus.FOUND, 3, records(0, 3), incarnation=NEW))
+    assert (op.position, op.incarnation, drained(m)) == (0, OLD, [])
+    assert op.last_error is not None and NEW in op.last_error
