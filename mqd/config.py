@@ -332,6 +332,9 @@ class LandingConfig(_Model):
     max_age: Float = Field(default=5.0, gt=0)
     compression: Literal["snappy", "zstd", "gzip", "lz4", "none"] = "snappy"
     disk_retry_interval: Float = Field(default=1.0, gt=0)
+    # seconds an event time may be ahead of the publishing wall clock and still move the partition's
+    # watermark (mqd/landing/watermark.py); files stamped further ahead land but are counted instead
+    max_event_ahead: Float = Field(default=3600.0, gt=0, le=10 * 365 * 86400)
 
 
 class SparkConfig(_Model):

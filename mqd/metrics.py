@@ -75,6 +75,12 @@ publish_latency = Histogram(
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
 )
 landing_errors = Counter("mqd_landing_errors", "Landing write failures", ["kind"], registry=REGISTRY)
+event_time_ahead_records = Counter(
+    "mqd_event_time_ahead_records",
+    "Records landed in files stamped past landing.max_event_ahead (the watermark ignores them)",
+    ["topic"],
+    registry=REGISTRY,
+)
 
 # -- process (mqd.runner) ---------------------------------------------------------------------------
 # Added by the ops work: process figures (RSS, CPU, fds) and the service's own life cycle.

@@ -34,7 +34,7 @@ from typing import Any
 import pyarrow as pa
 
 from mqd import fsutil
-from mqd.landing import layout
+from mqd.landing import layout, watermark
 from mqd.landing.layout import FileRange, LandingCorrupt, LandingError
 from mqd.landing.store import STALE_AFTER_S, PartitionHead, PublishConflict, StagedFile
 from mqd.topic_name import check_topic_name
@@ -83,8 +83,9 @@ class LocalStore:
     """The landing in one local (or shared POSIX) directory. Thread-compatible per partition: the
     flock serialises committers of one partition across threads and processes."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, *, max_event_ahead_ms: int = watermark.DEFAULT_MAX_EVENT_AHEAD_MS) -> None:
         self.root = Path(root)
+        self.max_event_ahead_ms = max_event_ahead_ms  # the watermark's trust in event times (watermark.py)
 
     @property
     def location(self) -> str:
@@ -170,10 +171,11 @@ class LocalStore:
                 layout.write_atomic(mpath, b"".join(_manifest_line(r) for r in ranges))
         if not ranges:
             return PartitionState()
+        mark: int | None = None
+        for r in ranges:
+            mark = watermark.watermark_after(mark, r, self.max_event_ahead_ms)
         return PartitionState(
-            last_offset=max(r.last_offset for r in ranges),
-            watermark_ms=max(r.ts_max for r in ranges),
-            files=len(ranges),
+            last_offset=max(r.last_offset for r in ranges), watermark_ms=mark, files=len(ranges)
         )
 
     def _scan_files(self, topic: str, partition: int) -> list[FileRange]:
@@ -199,7 +201,7 @@ class LocalStore:
                 self._append_manifest(mpath, rng)
             st = PartitionState(
                 last_offset=rng.last_offset,
-                watermark_ms=max(st.watermark_ms or rng.ts_max, rng.ts_max),
+                watermark_ms=watermark.watermark_after(st.watermark_ms, rng, self.max_event_ahead_ms),
                 files=st.files + 1,
             )
         else:
@@ -329,7 +331,7 @@ class LocalStore:
                 self._append_manifest(self._manifest_path(topic, partition, rng.created), rng)
                 st = PartitionState(
                     last_offset=rng.last_offset,
-                    watermark_ms=max(st.watermark_ms or rng.ts_max, rng.ts_max),
+                    watermark_ms=watermark.watermark_after(st.watermark_ms, rng, self.max_event_ahead_ms),
                     files=st.files + 1,
                 )
                 self._write_state(topic, partition, st)

@@ -138,9 +138,12 @@ class LandingStore(Protocol):
         ...
 
 
-def open_store(location: Path) -> LandingStore:
+def open_store(location: Path, *, max_event_ahead_ms: int | None = None) -> LandingStore:
     """The store for ``landing.dir``. Only the local directory exists so far; an ``s3://`` URI
-    selects the object store once it is built (issue 15)."""
+    selects the object store once it is built (issue 15). ``max_event_ahead_ms``: the
+    watermark's bound (landing.max_event_ahead, watermark.py; None: its default)."""
     from mqd.landing.local_store import LocalStore
 
-    return LocalStore(location)
+    if max_event_ahead_ms is None:
+        return LocalStore(location)
+    return LocalStore(location, max_event_ahead_ms=max_event_ahead_ms)
