@@ -18,6 +18,11 @@ layout.folder_hours: so ``timestamp`` agrees with ``dt``/``hour``), with the pro
 ``timestamp_raw_ms`` when it was clamped (null otherwise): nothing is lost, every record is
 readable, also by Python clients (datetime stops at year 9999).
 
+Schema changes: the output table only gains columns (``timestamp_raw_ms``; the landing's own new
+columns, derived from mqd.landing.schema). An existing checkpoint keeps working (the query is
+stateless); files written before a change lack the new columns, so read the table with
+``mergeSchema`` (or an explicit schema): they read as null there.
+
 ``value_format = "json"`` parses values with the configured DDL schema into columns; rows whose
 value is not valid JSON for that schema go, with the reason, to a quarantine table written by a
 second query over the same source with its own checkpoint.
