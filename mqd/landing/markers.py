@@ -97,7 +97,13 @@ def update_markers(root: Path, topic: str, partitions: int, now_ms: int | None =
             start = int(json.loads(progress.read_bytes())["complete_before_hour"])
         except (FileNotFoundError, ValueError, KeyError, TypeError):
             start = 0
-        if done_before <= start:
+        if done_before < start:
+            # the progress ran ahead of what the watermarks vouch for now (moved by an outlier
+            # before the bound existed, or by a clock that jumped): step it back, so the hours in
+            # between are marked when they become whole; markers already written stay
+            layout.write_atomic(progress, json.dumps({"complete_before_hour": done_before}).encode())
+            return []
+        if done_before == start:
             return []
         for h, hdir in _hour_dirs(root, topic, start, done_before):
             marker = hdir / layout.MARKER_NAME

@@ -88,3 +88,21 @@ def test_marker_body_names_the_watermark(tmp_path: Path) -> None:
     pub.publish("t", 0, records(2, [t0 + HOUR]), 1)
     (marker,) = update_markers(root, "t", 1)
     assert json.loads(marker.read_bytes())["watermark_ms"] == t0 + HOUR
+
+
+def test_progress_pushed_ahead_by_an_old_outlier_steps_back(tmp_path: Path) -> None:
+    """A landing whose marker progress was pushed days ahead (by an outlier before the bound
+    existed) gets the hours in between marked once they become whole, not skipped for ever."""
+    root = tmp_path / "landing"
+    pub = Publisher(LocalStore(root))
+    pub.store.open()
+    now = time.time_ns() // 1_000_000
+    hour = now // HOUR - 3
+    progress = root / layout.topic_state_dir("t") / "_markers.json"
+    progress.parent.mkdir(parents=True)
+    progress.write_text(json.dumps({"complete_before_hour": hour + 48}))
+    pub.publish("t", 0, records(0, [hour * HOUR, (hour + 1) * HOUR + 5]), None)
+    pub.publish("t", 0, records(2, [(hour + 1) * HOUR + 5]), 1)
+    assert update_markers(root, "t", 1) == []  # steps back to the hour the watermark vouches for
+    pub.store.advance_watermark("t", 0, (hour + 2) * HOUR)
+    assert update_markers(root, "t", 1) == [root / layout.hour_dir("t", hour + 1) / layout.MARKER_NAME]
