@@ -10,7 +10,10 @@ import numpy as np
 import pyarrow as pa
 
 from mqd import format as fmt
-from mqd.landing import LocalStore, Publisher, layout, update_markers
+from mqd import metrics
+from mqd.config import LandingConfig
+from mqd.consumer import FetchedBatch, TopicPartition
+from mqd.landing import LandingSink, LocalStore, Publisher, layout, update_markers
 from mqd.landing.markers import read_watermarks
 
 HOUR = layout.HOUR_MS
@@ -106,3 +109,25 @@ def test_progress_pushed_ahead_by_an_old_outlier_steps_back(tmp_path: Path) -> N
     assert update_markers(root, "t", 1) == []  # steps back to the hour the watermark vouches for
     pub.store.advance_watermark("t", 0, (hour + 2) * HOUR)
     assert update_markers(root, "t", 1) == [root / layout.hour_dir("t", hour + 1) / layout.MARKER_NAME]
+
+
+async def test_sink_counts_records_stamped_past_its_configured_bound(tmp_path: Path) -> None:
+    """Through the daemon's sink with landing.max_event_ahead = 60 s: a record stamped 2 hours
+    ahead lands (a file of its own: another folder hour), is counted in
+    mqd_event_time_ahead_records and leaves the watermark where the record before it put it."""
+    sink = LandingSink(LandingConfig(dir=tmp_path / "landing", max_event_ahead=60.0))
+    await sink.start()
+    now = time.time_ns() // 1_000_000
+    sample = ("mqd_event_time_ahead_records_total", {"topic": "ahead"})
+    before = metrics.REGISTRY.get_sample_value(*sample) or 0.0
+    ts = [now - HOUR, now + 2 * HOUR]
+    raw = fmt.encode_batch([b"a", b"b"], timestamps=np.array(ts))
+    rb = fmt.to_arrow(raw, fmt.scan(raw)[0])
+    await sink.resume_position(TopicPartition("ahead", 0))
+    sink.add(FetchedBatch(TopicPartition("ahead", 0), 1, rb, 0, 2, len(raw)))
+    results = await sink.publish()
+    await sink.close()
+    assert [r.next_offset for r in results] == [2]
+    assert [len(r.published) for r in results] == [2]
+    assert metrics.REGISTRY.get_sample_value(*sample) == before + 1
+    assert read_watermarks(tmp_path / "landing", "ahead", 1) == [ts[0]]
