@@ -79,9 +79,9 @@ class SparkJobError(MqdError):
 
 def unlisted_files(landing: Path) -> list[Path]:
     """Data-looking files in the landing directory that mqd did not publish (foreign or corrupt
-    files dropped in by hand, or a publication a crash left half done). Spark skips the corrupt
-    ones; this is how they get reported. What is visible and what is published both come from
-    the store (store.py)."""
+    files dropped in by hand, or a publication a crash left half done), listed at start: a
+    corrupt one fails the job when Spark reaches it, a foreign one's rows are left out. What is
+    visible and what is published both come from the store (store.py)."""
     store = open_store(landing)
     known = {r.path for r in store.manifest()}
     return sorted(landing / rel for rel in store.visible_files() if rel not in known)
