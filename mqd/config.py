@@ -46,6 +46,8 @@ from mqd.errors import MqdError
 from mqd.topic_name import check_topic_name
 
 MiB = 1024 * 1024
+# the one record-size limit's default (broker, producer, landing): measured, see mqd/record_size.py
+DEFAULT_MAX_RECORD_BYTES = 16 * MiB
 BUILTIN_ALLOCATIONS = ("averagely", "averagely-by-circle", "consistent-hash")  # mqd.consumer.allocation
 
 
@@ -207,6 +209,8 @@ class StorageConfig(_Model):
 
 class BrokerLimits(_Model):
     max_request_bytes: int = Field(default=64 * MiB, ge=1024)
+    # largest record (key + value + headers) accepted, 413 record_too_large above (mqd/record_size.py)
+    max_record_bytes: int = Field(default=DEFAULT_MAX_RECORD_BYTES, ge=1)
     max_fetch_bytes: int = Field(default=64 * MiB, ge=1024)
     max_wait_ms: int = Field(default=30_000, ge=0)
     max_partitions_per_fetch: int = Field(default=10_000, ge=1)
@@ -286,6 +290,9 @@ class ConsumerConfig(_Model):
     error_backoff_ms: int = Field(default=100, ge=1)
     error_backoff_max_ms: int = Field(default=5000, ge=1)
     check_crc: bool = True
+    # a fetched record larger than this (key + value + headers) parks its partition instead of
+    # landing a file the Spark job cannot read; the same limit as the broker's (mqd/record_size.py)
+    max_record_bytes: int = Field(default=DEFAULT_MAX_RECORD_BYTES, ge=1)
     offset_file: ConfigPath = Path("state/offsets.json")  # broadcast mode
     auth_token: Token | None = Field(default=None, repr=False)
     tls_ca_file: ConfigPath | None = None  # CA bundle to verify brokers' certificates (default: system store)
@@ -334,6 +341,9 @@ class LandingConfig(_Model):
     max_age: Float = Field(default=5.0, gt=0)
     compression: Literal["snappy", "zstd", "gzip", "lz4", "none"] = "snappy"
     disk_retry_interval: Float = Field(default=1.0, gt=0)
+    # seconds an event time may be ahead of the publishing wall clock and still move the partition's
+    # watermark (mqd/landing/watermark.py); files stamped further ahead land but are counted instead
+    max_event_ahead: Float = Field(default=3600.0, gt=0, le=10 * 365 * 86400)
 
 
 class SparkConfig(_Model):

@@ -105,6 +105,12 @@ start_position_retries = Counter(
     registry=REGISTRY,
 )
 landing_errors = Counter("mqd_landing_errors", "Landing write failures", ["kind"], registry=REGISTRY)
+event_time_ahead_records = Counter(
+    "mqd_event_time_ahead_records",
+    "Records landed in files stamped past landing.max_event_ahead (the watermark ignores them)",
+    ["topic"],
+    registry=REGISTRY,
+)
 
 # -- process (mqd.runner) ---------------------------------------------------------------------------
 # Added by the ops work: process figures (RSS, CPU, fds) and the service's own life cycle.

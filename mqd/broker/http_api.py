@@ -44,6 +44,7 @@ from mqd.broker.request_parsing import (
     MAX_PARTITION,
     ApiError,
     bad,
+    check_record_sizes,
     int_field,
     json_body,
     list_field,
@@ -341,6 +342,7 @@ class BrokerApi:
             infos = fmt.validate(body)
         except fmt.BatchError as exc:
             raise ApiError(400, "malformed_batch", str(exc)) from None
+        check_record_sizes(body, infos, self.config.limits.max_record_bytes)
         plog = self._log(topic, partition)
         first, last = plog.append(body, infos)
         self.long_poll.notify(topic, partition)

@@ -15,6 +15,8 @@ from typing import Any, NoReturn
 
 from aiohttp import web
 
+from mqd import format as fmt
+from mqd import record_size
 from mqd.errors import MqdError
 
 MAX_OFFSET = 2**63 - 1
@@ -79,6 +81,15 @@ async def json_body(request: web.Request, timeout_s: float) -> dict[str, Any]:
     if not isinstance(data, dict):
         bad("body must be a JSON object")
     return data
+
+
+def check_record_sizes(body: bytes, infos: list[fmt.BatchInfo], limit: int) -> None:
+    """413 ``record_too_large`` when a record of the validated produce ``body`` is larger than
+    ``limit`` (limits.max_record_bytes; mqd/record_size.py says why there is one limit)."""
+    try:
+        record_size.check_batches(body, infos, limit)
+    except record_size.RecordTooLarge as exc:
+        raise ApiError(413, "record_too_large", str(exc), size=exc.size, limit=exc.limit) from None
 
 
 def int_field(

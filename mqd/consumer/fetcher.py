@@ -35,7 +35,7 @@ from typing import Any
 
 import structlog
 
-from mqd import metrics
+from mqd import metrics, record_size
 from mqd.backoff import backoff_delay
 from mqd.config import ConsumerConfig
 from mqd.consumer.errors import ConsumerError
@@ -579,8 +579,13 @@ class FetchManager:
         tp, state, budget = op.tp, self.state, self.state.budget
         decoded = res.decode(offset, self.config.check_crc)
         records = nbytes = 0
-        clipped = False
+        clipped = too_large = False
         for d in decoded.batches:
+            big = record_size.oversize(d.records, d.nbytes, self.config.max_record_bytes)
+            if big is not None:  # the batch waits with it: the partition stops at its first offset
+                self._park_too_large(node_id, op, *big)
+                too_large = True
+                break
             # hard cap on memory: stop at the budget; the rest is fetched again after a drain
             if not budget.fits(d.nbytes):
                 budget.block()
@@ -604,6 +609,8 @@ class FetchManager:
             label = (tp.topic, str(tp.partition))
             metrics.records_fetched.labels(*label).inc(records)
             metrics.bytes_fetched.labels(*label).inc(nbytes)
+        if too_large:
+            return
         if decoded.error is None or clipped:
             if op.probe_parked:
                 self._unpark(op, f"{node_id} answered data that decodes")
@@ -629,6 +636,26 @@ class FetchManager:
             self._partition_error(op, message)
             log.warning(
                 "corrupt fetch data, will retry", topic=tp.topic, partition=tp.partition, error=message
+            )
+
+    def _park_too_large(self, node_id: str, op: OwnedPartition, offset: int, size: int) -> None:
+        """Park on a record the landing must not take (the Spark job could not read its file):
+        not fetched again until the partition is reassigned or sought (a restart with a larger
+        consumer.max_record_bytes, or a seek past it); nothing after it lands meanwhile."""
+        tp, limit = op.tp, self.config.max_record_bytes
+        first = op.parked is None
+        what = f"{tp.topic}/{tp.partition} record at offset {offset}"
+        op.parked = op.last_error = str(record_size.RecordTooLarge(what, size, limit))
+        op.probe_parked = False
+        metrics.fetch_errors.labels(node_id, "record_too_large").inc()
+        if first:
+            log.error(
+                "partition parked: a record is larger than consumer.max_record_bytes",
+                topic=tp.topic,
+                partition=tp.partition,
+                offset=offset,
+                size=size,
+                limit=limit,
             )
 
     # -- offset lookups --------------------------------------------------------------------------

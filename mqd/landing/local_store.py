@@ -41,7 +41,7 @@ from typing import Any
 import pyarrow as pa
 
 from mqd import fsutil
-from mqd.landing import layout
+from mqd.landing import layout, watermark
 from mqd.landing.layout import FileRange, LandingCorrupt, LandingError, LandingFormatError
 from mqd.landing.store import STALE_AFTER_S, PartitionHead, PublishConflict, StagedFile
 from mqd.topic_name import check_topic_name
@@ -99,12 +99,19 @@ class LocalStore:
     """The landing in one local (or shared POSIX) directory. Thread-compatible per partition: the
     flock serialises committers of one partition across threads and processes."""
 
-    def __init__(self, root: Path, *, head_lock_timeout: float | None = None) -> None:
+    def __init__(
+        self,
+        root: Path,
+        *,
+        head_lock_timeout: float | None = None,
+        max_event_ahead_ms: int = watermark.DEFAULT_MAX_EVENT_AHEAD_MS,
+    ) -> None:
         self.root = Path(root)
         # how long ``head`` waits for a partition's lock (None: as long as it takes). A holder
         # frozen inside a commit (a stopped VM, SIGSTOP) must not stall a new owner's start
         # position for as long as it is frozen: fsutil.LockTimeout (retriable) instead.
         self.head_lock_timeout = head_lock_timeout
+        self.max_event_ahead_ms = max_event_ahead_ms  # the watermark's trust in event times (watermark.py)
 
     @property
     def location(self) -> str:
@@ -232,9 +239,12 @@ class LocalStore:
         last = ranges[-1]
         if all(r.incarnation is None for r in ranges):
             last = max(ranges, key=lambda r: r.last_offset)  # format-1 files: one log, offsets only grow
+        mark: int | None = None
+        for r in ranges:
+            mark = watermark.watermark_after(mark, r, self.max_event_ahead_ms)
         return PartitionState(
             last_offset=last.last_offset,
-            watermark_ms=max(r.ts_max for r in ranges),
+            watermark_ms=mark,
             files=len(ranges),
             incarnation=last.incarnation,
         )
@@ -263,7 +273,7 @@ class LocalStore:
                 self._append_manifest(mpath, rng)
             st = PartitionState(
                 last_offset=rng.last_offset,
-                watermark_ms=max(st.watermark_ms or rng.ts_max, rng.ts_max),
+                watermark_ms=watermark.watermark_after(st.watermark_ms, rng, self.max_event_ahead_ms),
                 files=st.files + 1,
                 incarnation=rng.incarnation,
             )
@@ -401,7 +411,7 @@ class LocalStore:
                 self._append_manifest(self._manifest_path(topic, partition, rng.created), rng)
                 st = PartitionState(
                     last_offset=rng.last_offset,
-                    watermark_ms=max(st.watermark_ms or rng.ts_max, rng.ts_max),
+                    watermark_ms=watermark.watermark_after(st.watermark_ms, rng, self.max_event_ahead_ms),
                     files=st.files + 1,
                     incarnation=rng.incarnation,
                 )

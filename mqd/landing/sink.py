@@ -44,6 +44,7 @@ from mqd.landing.layout import FileRange, LandingCorrupt, LandingError
 from mqd.landing.micro_batches import TP, Drained, MicroBatch, MicroBatches
 from mqd.landing.publisher import Publisher, PublishOutcome
 from mqd.landing.store import LandingStore, PublishConflict, open_store
+from mqd.landing.watermark import AheadOfClock
 from mqd.waiting import wait_event
 
 log = structlog.get_logger("mqd.landing")
@@ -108,9 +109,13 @@ class LandingSink:
         if workers < 1:
             raise ValueError(f"workers must be at least 1, got {workers}")
         self._config = config
+        ahead_ms = round(config.max_event_ahead * 1000)
         self.store = (
-            store if store is not None else open_store(config.dir, head_lock_timeout=head_lock_timeout)
+            store
+            if store is not None
+            else open_store(config.dir, head_lock_timeout=head_lock_timeout, max_event_ahead_ms=ahead_ms)
         )
+        self.ahead_of_clock = AheadOfClock(ahead_ms)  # files the watermark ignores: counted, logged
         self._readers = ThreadPoolExecutor(_HEAD_READERS, thread_name_prefix="mqd-landing-head")
         self.publisher = Publisher(self.store, compression=config.compression)
         self.batches = MicroBatches(config)
@@ -161,6 +166,8 @@ class LandingSink:
         """New thresholds and compression; the directory cannot change while running."""
         if config.dir != self._config.dir:
             raise ValueError("landing.dir cannot change on reload; restart the daemon")
+        if config.max_event_ahead != self._config.max_event_ahead:  # the store holds it
+            raise ValueError("landing.max_event_ahead cannot change on reload; restart the daemon")
         self._config = config
         self.batches.config = config
         self.publisher.compression = config.compression
@@ -390,6 +397,7 @@ class LandingSink:
             metrics.files_published.labels(tp[0]).inc()
             metrics.records_published.labels(tp[0]).inc(rng.count)
             metrics.bytes_published.labels(tp[0]).inc(rng.bytes)
+            self.ahead_of_clock.note(rng)
         owned = self._epoch.get(tp, 0) == epoch
         if outcome.published and owned:
             last = outcome.published[-1]

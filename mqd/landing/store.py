@@ -152,10 +152,19 @@ class LandingStore(Protocol):
         ...
 
 
-def open_store(location: Path, *, head_lock_timeout: float | None = None) -> LandingStore:
+def open_store(
+    location: Path, *, head_lock_timeout: float | None = None, max_event_ahead_ms: int | None = None
+) -> LandingStore:
     """The store for ``landing.dir``. Only the local directory exists so far; an ``s3://`` URI
     selects the object store once it is built (issue 15). ``head_lock_timeout`` bounds how long
-    reading a partition's head waits for a lock (a store without locks ignores it)."""
+    reading a partition's head waits for a lock (a store without locks ignores it);
+    ``max_event_ahead_ms``: the watermark's bound (landing.max_event_ahead, watermark.py; None:
+    its default)."""
     from mqd.landing.local_store import LocalStore
+    from mqd.landing.watermark import DEFAULT_MAX_EVENT_AHEAD_MS
 
-    return LocalStore(location, head_lock_timeout=head_lock_timeout)
+    return LocalStore(
+        location,
+        head_lock_timeout=head_lock_timeout,
+        max_event_ahead_ms=DEFAULT_MAX_EVENT_AHEAD_MS if max_event_ahead_ms is None else max_event_ahead_ms,
+    )
