@@ -217,7 +217,7 @@ class BrokerLimits(_Model):
     max_long_polls: int = Field(default=1000, ge=1)
     # a request's headers not received whole this long after the connection opened (or their first
     # byte on a kept-alive one) are cut with 408: a slow sender would hold its fd until keep-alive
-    header_timeout_ms: int = Field(default=10_000, ge=100, le=3_600_000)
+    header_timeout_ms: int = Field(default=20_000, ge=100, le=3_600_000)
 
 
 class BrokerConfig(_Model):
