@@ -355,10 +355,10 @@ class AdminServer:
             if not specs:
                 raise AdminError('name partitions: {"partitions": ["topic", "topic:3"]}')
             done = self._target.pause(specs) if pause else self._target.resume(specs)
-        except _BodyTimeout as exc:
-            self.rejected.record(408, str(exc), path=request.path)
-            response = _error(408, "body_timeout", str(exc))
-            response.force_close()
+        except _BodyRefused as exc:
+            self.rejected.record(exc.status, str(exc), path=request.path)
+            response = _error(exc.status, exc.code, str(exc))
+            response.force_close()  # the rest of the body is not read
             return response
         except AdminError as exc:
             return _error(400, "bad_request", str(exc))
@@ -369,18 +369,28 @@ class AdminServer:
         return web.json_response({key: [{"topic": t, "partition": p} for t, p in done]})
 
 
-class _BodyTimeout(AdminError):
-    """The request body did not arrive within BODY_TIMEOUT_S."""
+class _BodyRefused(AdminError):
+    """A body not read whole: declared over the size limit, or not arrived within BODY_TIMEOUT_S."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
 
 
 async def _partition_args(request: web.Request) -> list[str]:
     items = list(request.query.getall("partition", []))
     if request.can_read_body:
+        limit = request.client_max_size
+        if request.content_length is not None and request.content_length > limit:
+            raise _BodyRefused(413, "too_large", f"request body larger than {limit} bytes")
         try:
             async with asyncio.timeout(BODY_TIMEOUT_S):
                 raw = await request.read()
         except TimeoutError:
-            raise _BodyTimeout(f"request body not received within {BODY_TIMEOUT_S:g}s") from None
+            raise _BodyRefused(
+                408, "body_timeout", f"request body not received within {BODY_TIMEOUT_S:g}s"
+            ) from None
         try:
             body = json.loads(raw)
         except (ValueError, RecursionError) as exc:
