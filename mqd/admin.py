@@ -293,7 +293,7 @@ class AdminServer:
         self.rejected.record(status, reason, method=request.method, path=request.path)
         response = _error(status, code, reason)
         if request.can_read_body:
-            response.force_close()  # its body is not read
+            await _close_after(request, response)
         return response
 
     @web.middleware
@@ -358,7 +358,7 @@ class AdminServer:
         except _BodyRefused as exc:
             self.rejected.record(exc.status, str(exc), path=request.path)
             response = _error(exc.status, exc.code, str(exc))
-            response.force_close()  # the rest of the body is not read
+            await _close_after(request, response)
             return response
         except AdminError as exc:
             return _error(400, "bad_request", str(exc))
@@ -400,6 +400,16 @@ async def _partition_args(request: web.Request) -> list[str]:
             raise AdminError('body must be {"partitions": ["topic", "topic:3", ...]}')
         items.extend(parts)
     return items
+
+
+async def _close_after(request: web.Request, response: web.Response) -> None:
+    """Send ``response`` now and close the connection: the request's body is not read, and aiohttp
+    would otherwise drain it for up to ``lingering_time`` first."""
+    response.force_close()
+    await response.prepare(request)
+    await response.write_eof()
+    if request.protocol is not None:
+        request.protocol.force_close()
 
 
 def _error(status: int, code: str, reason: str) -> web.Response:

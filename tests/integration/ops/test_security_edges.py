@@ -12,11 +12,13 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import aiohttp
+import psutil
 import pytest
 from support.harness import Cluster
 
-from mqd.admin import AdminServer, PartitionSpec
+from mqd.admin import BODY_TIMEOUT_S, AdminServer, PartitionSpec
 from mqd.config import AdminConfig
+from mqd.waiting import wait_until
 
 HEADER_TIMEOUT_MS = 1000
 BOUND_S = HEADER_TIMEOUT_MS / 1000 + 4  # the deadline plus room for a loaded machine
@@ -87,12 +89,15 @@ async def _slow_headers(host: str, port: int, path: str, mode: str) -> tuple[byt
     """Open a connection and hold its headers back: ``silent`` sends nothing, ``trickle`` sends a
     request one byte per 50 ms (12 s for the whole), ``keepalive`` sends one whole request, reads
     its answer and then trickles a second. ``(what the node sent after that until it closed the
-    connection, seconds from the start of the held headers to the close)``; bounded: 20 s."""
+    connection, seconds from opening it (keepalive: from the first answer) to the close)``;
+    bounded: 20 s."""
+    started = time.monotonic()  # the node's deadline starts when it accepts, after this
     reader, writer = await asyncio.open_connection(host, port)
     request = f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nX-Pad: {'a' * 200}\r\n\r\n".encode()
     if mode == "keepalive":
         writer.write(request)
         assert (await _read_response(reader)).startswith(b"HTTP/1.1 200")
+        started = time.monotonic()  # the deadline starts at the second request's first byte
 
     async def trickle() -> None:
         for i in range(len(request)):
@@ -100,7 +105,6 @@ async def _slow_headers(host: str, port: int, path: str, mode: str) -> tuple[byt
             await asyncio.sleep(0.05)
 
     sender = asyncio.create_task(trickle()) if mode != "silent" else None
-    started = time.monotonic()
     try:
         async with asyncio.timeout(20):
             try:
@@ -141,6 +145,36 @@ async def test_broker_cuts_connections_whose_headers_do_not_arrive(cluster: Clus
     new = cluster.log(cluster.master())[len(log_before) :]
     assert "Traceback" not in new, new[-3000:]
     assert 1 <= new.count("request rejected") <= 2, new[-3000:]
+
+
+async def test_broker_holds_1200_stalled_connections_only_for_the_header_deadline(cluster: Cluster) -> None:
+    """The issue's case: 1,200 connections that send half a request line and stall are each closed
+    by the node within the header deadline plus a margin of being opened, while the client still
+    holds its ends open, and the node's open file descriptors are back to their level before
+    (before: every one held until the 75 s keep-alive timer)."""
+    host, port = _host_port(cluster.url(cluster.master()))
+    pid = cluster.nodes[cluster.master()].pid
+    assert pid is not None
+    node = psutil.Process(pid)
+    baseline = node.num_fds()
+
+    async def stalled() -> float:
+        reader, writer = await asyncio.open_connection(host, port)
+        opened = time.monotonic()
+        try:
+            writer.write(b"GET /v1/sta")
+            async with asyncio.timeout(20):
+                try:
+                    await reader.read()  # until the node closes the connection
+                except ConnectionResetError:
+                    pass
+            return time.monotonic() - opened
+        finally:
+            writer.close()
+
+    took = await asyncio.gather(*(stalled() for _ in range(1200)))
+    assert max(took) < BOUND_S, max(took)
+    await wait_until(lambda: node.num_fds() <= baseline + 5 or None, 10, "the node's fds to be released")
 
 
 async def test_broker_keeps_an_idle_kept_alive_connection_past_the_header_deadline(cluster: Cluster) -> None:
@@ -269,4 +303,27 @@ async def test_admin_on_loopback_refuses_a_foreign_host_name(admin: tuple[AdminS
                 assert resp.status == 200, host
         async with s.get(server.url + "/healthz", headers={"Host": "evil.example"}) as resp:
             assert resp.status == 200
+    assert target.calls == []
+
+
+async def test_admin_refuses_a_huge_or_stalled_body(admin: tuple[AdminServer, Target]) -> None:
+    """A POST /pause declaring a 1 TB body is 413 too_large at once and closed; one that declares
+    100 bytes and sends two is 408 body_timeout within the admin body deadline (before: no body
+    deadline, held until the client gave up). Neither reaches the daemon."""
+    server, target = admin
+    host, port = _host_port(server.url)
+    for length, status, bound in ((10**12, b"413", 5.0), (100, b"408", BODY_TIMEOUT_S + 4)):
+        reader, writer = await asyncio.open_connection(host, port)
+        started = time.monotonic()
+        try:
+            writer.write(
+                f"POST /pause HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {length}\r\n\r\n{{}}".encode()
+            )
+            async with asyncio.timeout(bound + 5):
+                answer = await reader.read()
+        finally:
+            writer.close()
+        assert answer.startswith(b"HTTP/1.1 " + status), answer[:300]
+        assert time.monotonic() - started < bound
     assert target.calls == []
