@@ -84,8 +84,6 @@ REALM = "mqd"
 HEADER_TIMEOUT_S = 10.0
 BODY_TIMEOUT_S = 10.0
 KEEPALIVE_TIMEOUT_S = 75.0  # aiohttp: 3630 s, one fd each that long
-# what a form or a no-preflight fetch() of another site can send: never accepted on a POST
-FORM_CONTENT_TYPES = frozenset({"application/x-www-form-urlencoded", "multipart/form-data", "text/plain"})
 LOOPBACK_NAMES = frozenset({"localhost", "localhost."})
 
 
