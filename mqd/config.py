@@ -219,6 +219,9 @@ class BrokerLimits(_Model):
     body_timeout_ms: int = Field(default=10_000, ge=100, le=3_600_000)
     # fetches held at once on the node (each holds a task, a socket and its buffers); above it 429
     max_long_polls: int = Field(default=1000, ge=1)
+    # a request's headers not received whole this long after the connection opened (or their first
+    # byte on a kept-alive one) are cut with 408: a slow sender would hold its fd until keep-alive
+    header_timeout_ms: int = Field(default=20_000, ge=100, le=3_600_000)
 
 
 class BrokerConfig(_Model):

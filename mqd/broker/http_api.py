@@ -333,7 +333,7 @@ class BrokerApi:
             raise ApiError(503, "data_dir_unverified", refused)
         limit = self.config.limits.max_request_bytes
         if request.content_length is not None and request.content_length > limit:
-            raise ApiError(413, "too_large", f"request body larger than {limit} bytes")
+            raise ApiError(413, "too_large", f"request body larger than {limit} bytes", close=True)
         ctype = request.headers.get("Content-Type", BATCH_CONTENT_TYPE).split(";")[0].strip()
         if ctype not in (BATCH_CONTENT_TYPE, "application/octet-stream"):
             raise ApiError(415, "bad_content_type", f"expected {BATCH_CONTENT_TYPE}, got {ctype}")

@@ -61,7 +61,12 @@ def bad(reason: str) -> NoReturn:
 
 async def read_body(request: web.Request, timeout_s: float) -> bytes:
     """The request's whole body; 408 (and the connection closed) when it has not all arrived
-    ``timeout_s`` seconds after the call: a sender stalling mid-body would hold a socket forever."""
+    ``timeout_s`` seconds after the call: a sender stalling mid-body would hold a socket forever.
+    A declared ``Content-Length`` over the app's ``client_max_size`` is 413 at once, unread (else
+    the node would wait the whole timeout for bytes it would refuse anyway)."""
+    limit = request.client_max_size
+    if request.content_length is not None and request.content_length > limit:
+        raise ApiError(413, "too_large", f"request body larger than {limit} bytes", close=True)
     try:
         async with asyncio.timeout(timeout_s):
             return await request.read()

@@ -44,6 +44,7 @@ from mqd.broker.replication import Replicator
 from mqd.broker.storage import Storage, StorageError
 from mqd.client import BrokerClient
 from mqd.config import BrokerConfig, ClusterConfig, ConfigError, load_broker_config
+from mqd.header_deadline import BoundedAppRunner
 
 log = structlog.get_logger(__name__)
 
@@ -206,9 +207,12 @@ class BrokerNode:
         # its waiter and in-flight count go with it instead of lasting until max_wait_ms
         # logger: a request aiohttp's parser refuses (URL over 8 KiB, ...) is a counted, rate-limited
         # warning, not an error-level traceback per request; lingering_time: a body left unread after
-        # an early answer (415, 421...) is drained for body_timeout_ms at most (aiohttp: 10 s)
-        self._runner = web.AppRunner(
+        # an early answer (415, 421...) is drained for body_timeout_ms at most (aiohttp: 10 s);
+        # BoundedAppRunner: headers not received within header_timeout_ms are cut (408)
+        self._runner = BoundedAppRunner(
             self._app,
+            header_timeout_s=self.config.limits.header_timeout_ms / 1000,
+            rejected=self.api.rejected,
             shutdown_timeout=SHUTDOWN_DRAIN_S,
             access_log=None,
             handler_cancellation=True,

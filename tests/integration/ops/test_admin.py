@@ -210,7 +210,8 @@ async def test_pause_resume_need_the_token_and_valid_partitions(served: Any) -> 
         async with s.post(f"{server.url}/pause", json=bad, headers=auth) as r:
             assert r.status == 400, bad
             assert (await r.json())["error"] == "bad_request"
-    async with s.post(f"{server.url}/pause", data=b"{not json", headers=auth) as r:
+    json_type = {**auth, "Content-Type": "application/json"}
+    async with s.post(f"{server.url}/pause", data=b"{not json", headers=json_type) as r:
         assert r.status == 400
     async with s.post(f"{server.url}/pause", json={"partitions": ["events:99"]}, headers=auth) as r:
         assert r.status == 404 and "not assigned" in (await r.json())["reason"]
