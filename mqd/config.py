@@ -340,6 +340,17 @@ class ConsumerConfig(_Model):
     tls_ca_file: ConfigPath | None = None  # CA bundle to verify brokers' certificates (default: system store)
 
     @model_validator(mode="after")
+    def _kafka_groups_not_yet(self) -> Self:
+        # mqd's members share partitions through the source's group protocol; Kafka's (join/sync/
+        # heartbeat) is not implemented yet, so refuse here (exit 2) instead of at start
+        if self.source == "kafka" and self.mode == "cluster":
+            raise ValueError(
+                'source = "kafka" needs mode = "broadcast" for now (Kafka consumer groups are not '
+                "implemented yet); the landing stays the source of truth for positions"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _timestamp_needs_time(self) -> Self:
         if self.consume_from == "timestamp" and self.consume_timestamp_ms is None:
             raise ValueError('consume_from = "timestamp" needs consume_timestamp_ms')
