@@ -8,9 +8,10 @@ import struct
 from typing import Any
 
 import pytest
-from aiokafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
+from aiokafka.record.default_records import DefaultRecordBatch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.fake_kafka import Rec, build, control
 
 from mqd.sources.kafka import records_kernel
 from mqd.sources.kafka.record_batch import AbortedTxn, decode_partition
@@ -18,31 +19,6 @@ from mqd.topic_partition import TopicPartition
 
 TP = TopicPartition("orders", 3)
 KERNELS = [False, *([True] if records_kernel.COMPILED else [])]
-Header = tuple[str, bytes | None]
-Rec = tuple[bytes | None, bytes | None, list[Header]]
-
-
-def build(base: int, recs: list[Rec], codec: int = 0, *, txn: bool = False, pid: int = -1) -> bytes:
-    b = DefaultRecordBatchBuilder(
-        2, codec, int(txn), pid, 0 if pid >= 0 else -1, 0 if pid >= 0 else -1, 2**30
-    )
-    for i, (k, v, h) in enumerate(recs):
-        b.append(i, 1_700_000_000_000 + i, k, v, h)
-    buf = b.build()
-    struct.pack_into(">q", buf, 0, base)
-    return bytes(buf)
-
-
-def control(base: int, pid: int, commit: bool) -> bytes:
-    """A transaction marker batch built with the builder, then flagged as control (CRC redone)."""
-    import crc32c
-
-    key = struct.pack(">hh", 0, 1 if commit else 0)
-    buf = bytearray(build(base, [(key, struct.pack(">hi", 0, 0), [])], txn=True, pid=pid))
-    attrs = struct.unpack_from(">h", buf, 21)[0] | 0x20
-    struct.pack_into(">h", buf, 21, attrs)
-    struct.pack_into(">I", buf, 17, crc32c.crc32c(bytes(buf[21:])))
-    return bytes(buf)
 
 
 def oracle(data: bytes) -> list[dict[str, Any]]:

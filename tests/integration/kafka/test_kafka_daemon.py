@@ -62,3 +62,29 @@ async def test_100k_records_over_12_partitions_land_exactly_once(tansu: Tansu, t
         assert [(k, v, [(hk, hv) for hk, hv in h]) for _, k, v, h in rows] == [
             (k, v, list(h)) for k, v, h in expected
         ], f"partition {p}: contents differ"
+
+
+async def test_transactions_land_committed_records_only(tansu: Tansu, tmp_path: Path) -> None:
+    """A transactional producer (confluent-kafka) commits, aborts, commits: the daemon lands the
+    committed records once, skips the transaction markers, and its burst ends at the log end.
+    (Tansu keeps no aborted records, so the aborted-transaction list itself is tested against the
+    scripted broker in test_kafka_fake_broker.py.)"""
+    from confluent_kafka import Producer
+
+    tansu.create_topic("events", 2)
+    producer = Producer({"bootstrap.servers": tansu.bootstrap, "transactional.id": "mqd-test"})
+    producer.init_transactions(15)
+    for run, commit in enumerate((True, False, True)):
+        producer.begin_transaction()
+        for i in range(10):
+            producer.produce("events", b"%d:%d" % (run, i), partition=i % 2)
+        if commit:
+            producer.commit_transaction(15)
+        else:
+            producer.abort_transaction(15)
+    d = Daemon(kafka_daemon_config(tansu.bootstrap, tmp_path), burst=True)
+    await asyncio.wait_for(d.run(), 60)
+    got = landed_rows(tmp_path / "landing")
+    values = sorted(v for p in (0, 1) for _, _, v, _ in got[p] if v is not None)
+    assert values == sorted(b"%d:%d" % (run, i) for run in (0, 2) for i in range(10))
+    assert d.stats["records_published"] == 20
