@@ -288,6 +288,8 @@ class KafkaConfig(_Model):
     tls_check_hostname: bool = True
     isolation_level: Literal["read_committed", "read_uncommitted"] = "read_committed"
     client_id: str = Field(default="", max_length=1024)  # default: consumer.client_id's
+    # static membership (KIP-345): a restart under the same id keeps its partitions; "" = dynamic
+    group_instance_id: str = Field(default="", max_length=249)
 
     @model_validator(mode="after")
     def _complete(self) -> Self:
@@ -338,17 +340,6 @@ class ConsumerConfig(_Model):
     offset_file: ConfigPath = Path("state/offsets.json")  # broadcast mode
     auth_token: Token | None = Field(default=None, repr=False)
     tls_ca_file: ConfigPath | None = None  # CA bundle to verify brokers' certificates (default: system store)
-
-    @model_validator(mode="after")
-    def _kafka_groups_not_yet(self) -> Self:
-        # mqd's members share partitions through the source's group protocol; Kafka's (join/sync/
-        # heartbeat) is not implemented yet, so refuse here (exit 2) instead of at start
-        if self.source == "kafka" and self.mode == "cluster":
-            raise ValueError(
-                'source = "kafka" needs mode = "broadcast" for now (Kafka consumer groups are not '
-                "implemented yet); the landing stays the source of truth for positions"
-            )
-        return self
 
     @model_validator(mode="after")
     def _timestamp_needs_time(self) -> Self:

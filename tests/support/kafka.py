@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +21,15 @@ Landed = tuple[int, bytes | None, bytes | None, Headers]  # offset, key, value, 
 
 
 def kafka_daemon_config(
-    bootstrap: str, root: Path, *, consumer: dict[str, Any] | None = None, **landing: Any
+    bootstrap: str,
+    root: Path,
+    *,
+    consumer: dict[str, Any] | None = None,
+    landing_dir: Path | None = None,
+    **landing: Any,
 ) -> MqdConfig:
+    """A fast daemon reading ``bootstrap`` (broadcast unless ``consumer`` says otherwise), its state
+    under ``root``, landing into ``landing_dir`` (default ``root/landing``)."""
     return MqdConfig(
         consumer=ConsumerConfig(
             **{
@@ -36,7 +44,7 @@ def kafka_daemon_config(
                 **(consumer or {}),
             }
         ),
-        landing=LandingConfig(dir=root / "landing", **landing),
+        landing=LandingConfig(dir=landing_dir or root / "landing", **landing),
         admin=AdminConfig(enabled=False),
         daemon=DaemonSection(
             state_dir=root / "state",
@@ -49,7 +57,7 @@ def kafka_daemon_config(
 
 def produce(
     bootstrap: str,
-    records: list[Produced],
+    records: Sequence[Produced],
     *,
     codec: str = "none",
     topic: str = "events",

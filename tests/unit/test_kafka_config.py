@@ -9,7 +9,7 @@ from support.config import config_error, write_file
 
 from mqd.config import load_daemon_config
 
-KAFKA = '[consumer]\nsource = "kafka"\nmode = "broadcast"\nbootstrap = ["127.0.0.1:9092", "[::1]:9093"]\n'
+KAFKA = '[consumer]\nsource = "kafka"\nbootstrap = ["127.0.0.1:9092", "[::1]:9093"]\n'
 
 
 def test_kafka_bootstrap_is_host_port(tmp_path: Path) -> None:
@@ -61,9 +61,3 @@ def test_nested_variables_are_typed_and_named_in_errors(tmp_path: Path) -> None:
     msg = config_error(path, {"MQD_CONSUMER__KAFKA__SASL_PASWORD": "x"})
     assert "consumer.kafka.sasl_pasword: unknown key (did you mean 'sasl_password'?)" in msg
     assert "(got <hidden>) [from environment variable MQD_CONSUMER__KAFKA__SASL_PASWORD]" in msg
-
-
-def test_kafka_groups_are_refused_until_implemented(tmp_path: Path) -> None:
-    """source = "kafka" with the default cluster mode is a config error (exit 2), not a start failure."""
-    msg = config_error(write_file(tmp_path, '[consumer]\nsource = "kafka"\nbootstrap = ["h:9092"]\n'))
-    assert 'needs mode = "broadcast"' in msg

@@ -45,6 +45,7 @@ from mqd.consumer.source import (
     PartitionResult,
     SourceError,
 )
+from mqd.sources.kafka.group import KafkaGroup, KafkaOffsetStore
 from mqd.sources.kafka.metadata import KafkaMetadata
 from mqd.sources.kafka.record_batch import AbortedTxn, decode_partition
 from mqd.topic_partition import TopicPartition
@@ -337,8 +338,12 @@ class KafkaSource:
     # -- consumer group --------------------------------------------------------------------------
 
     def consumer_group(self, settings: GroupSettings, on_change: Callable[[], None]) -> ConsumerGroup:
-        # the config refuses mode = "cluster" with source = "kafka" until the group protocol is in
-        raise ConsumerError(
-            "consumer groups on a Kafka source are not implemented yet: use consumer.mode = 'broadcast'",
-            retriable=False,
+        group = KafkaGroup(
+            client=lambda: self._client,
+            cluster=lambda: self.cluster,
+            settings=settings,
+            on_change=on_change,
+            instance_id=self._config.kafka.group_instance_id or None,
+            error_backoff=self._config.error_backoff_ms / 1000,
         )
+        return ConsumerGroup(group, KafkaOffsetStore(group, settings))
