@@ -5,11 +5,14 @@ FindCoordinator, then JoinGroup / SyncGroup / Heartbeat / LeaveGroup on a connec
 (aiokafka's COORDINATION group: a heartbeat never waits behind a long-polling fetch). The elected
 leader runs the configured mqd strategy (averagely, consistent-hash, ...) over the sorted member
 names and hands every member its share in SyncGroup; the protocol name is "mqd-<strategy>", so a
-member with another strategy cannot join the same generation. With ``group_instance_id`` (static
-membership, KIP-345) the strategy sees instance ids instead of broker-made member ids, and a
-restarted daemon rejoins under the same id: no reshuffle, and no LeaveGroup on stop (its session
-timeout keeps its place). Offsets are committed with the generation and member id, after
-publication (the engine's commit loop); the landing stays the source of truth on restart.
+member with another strategy cannot join the same generation. ``group_instance_id`` makes a member's
+name stable: it rides in the subscription's user data and the strategy sees it instead of the
+broker-made member id, so a restarted daemon gets the same share back (no reshuffle; a stop still
+leaves, so the others take its partitions at once). It is not sent as Kafka's own static membership
+(KIP-345): Tansu rebalanced without end when a static member restarted (measured), and mqd's
+exactly-once does not need the rebalance avoided, only the shares kept. Offsets are committed with
+the generation and member id, after publication (the engine's commit loop); the landing stays the
+source of truth on restart.
 """
 
 from __future__ import annotations
@@ -106,13 +109,8 @@ class KafkaGroup:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         client = self._client_of()
-        # a static member keeps its place for session_timeout: a restart does not reshuffle
-        if (
-            self.member_id
-            and self.instance_id is None
-            and client is not None
-            and self.coordinator_id is not None
-        ):
+        # every member leaves: the others rebalance now, not after a session timeout
+        if self.member_id and client is not None and self.coordinator_id is not None:
             with contextlib.suppress(KafkaError, OSError, TimeoutError):
                 async with asyncio.timeout(self._settings.request_timeout):
                     await client.send(
@@ -197,6 +195,9 @@ class KafkaGroup:
                     self.coordinator_id = None  # find it again (it moved, or the node is gone)
                 if code in (UNKNOWN_MEMBER_ID, FENCED_INSTANCE_ID):
                     self.member_id = ""
+                if code == REBALANCE_IN_PROGRESS:
+                    # the coordinator still knows us: a slow rebalance is no expired session
+                    self.last_success = time.monotonic()
                 delay = 0.0 if code == REBALANCE_IN_PROGRESS else self._backoff.next()
                 log.warning(
                     "consumer group: rejoining",
@@ -213,7 +214,8 @@ class KafkaGroup:
         s = self._settings
         self._rejoin.clear()
         protocol = f"mqd-{s.allocation}"
-        meta = ProtocolMetadata(0, sorted(s.topics), b"").encode()
+        # the stable name rides in the subscription's user data (see the module docstring)
+        meta = ProtocolMetadata(0, sorted(s.topics), (self.instance_id or "").encode()).encode()
         session_ms = int(s.session_timeout * 1000)
         for _ in range(2):  # the second try carries the member id a MEMBER_ID_REQUIRED answer named
             resp = await self.send(
@@ -222,7 +224,7 @@ class KafkaGroup:
                     session_ms,
                     session_ms,
                     self.member_id,
-                    self.instance_id,
+                    None,  # no KIP-345 static membership (module docstring)
                     "consumer",
                     [(protocol, meta)],
                 )
@@ -234,14 +236,13 @@ class KafkaGroup:
         if resp.error_code:
             raise GroupError("join group", resp.error_code)
         self.member_id = resp.member_id
+        self.last_success = time.monotonic()
         generation = resp.generation_id
         assignments: list[tuple[str, bytes]] = []
         names: tuple[str, ...] = ()
         if resp.leader_id == resp.member_id:
-            assignments, names = self._assign(resp.members, resp.API_VERSION >= 5)
-        sync = await self.send(
-            SyncGroupRequest(s.group, generation, self.member_id, self.instance_id, assignments)
-        )
+            assignments, names = self._assign(resp.members)
+        sync = await self.send(SyncGroupRequest(s.group, generation, self.member_id, None, assignments))
         if sync.error_code:
             raise GroupError("sync group", sync.error_code)
         mine: set[TopicPartition] = set()
@@ -263,18 +264,19 @@ class KafkaGroup:
         )
         self._on_change()
 
-    def _assign(
-        self, members: Iterable[Any], static: bool
-    ) -> tuple[list[tuple[str, bytes]], tuple[str, ...]]:
+    def _assign(self, members: Iterable[Any]) -> tuple[list[tuple[str, bytes]], tuple[str, ...]]:
         """The leader's job: every member's share by the mqd strategy over the sorted member names
-        (instance ids where static), from this member's metadata of the subscribed topics."""
+        (their group_instance_id where set), from this member's metadata of the subscribed topics."""
         topics: set[str] = set()
         name_of: dict[str, str] = {}
         for m in members:
-            member_id, meta = m[0], m[-1]
-            instance = m[1] if static and len(m) == 3 else None
-            name_of[member_id] = instance or member_id
-            topics.update(ProtocolMetadata.decode(meta).subscription)
+            member_id, meta = m[0], ProtocolMetadata.decode(m[-1])
+            name = meta.user_data.decode("utf-8", "replace") if meta.user_data else ""
+            if name in name_of.values():
+                log.warning("two members share one group_instance_id; one uses its member id", name=name)
+                name = ""
+            name_of[member_id] = name or member_id
+            topics.update(meta.subscription)
         cluster = self._cluster_of()
         partitions = cluster.partitions_for(topics) if cluster is not None else []
         names = sorted(name_of.values())

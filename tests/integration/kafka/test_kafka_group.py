@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from support.kafka import Produced, kafka_daemon_config, landed_rows, produce
 
+from mqd.consumer import Consumer
 from mqd.daemon import Daemon
 from mqd.testing.tansu import Tansu
 from mqd.waiting import wait_until
@@ -80,3 +81,39 @@ async def test_two_daemons_join_and_leave_under_load_exactly_once(tansu: Tansu, 
     for p in range(PARTITIONS):
         offsets = sorted(r[0] for r in got[p])
         assert offsets == list(range(total // PARTITIONS)), f"partition {p}: lost or duplicated"
+
+
+async def test_group_instance_id_keeps_a_restarted_members_share(tansu: Tansu, tmp_path: Path) -> None:
+    """The strategy runs over group_instance_ids, not broker-made member ids: a member restarted
+    with another client id (so another member id, sorting elsewhere) gets the same partitions back,
+    and so does the member that stayed."""
+    tansu.create_topic("events", 4)
+
+    def member(client_id: str, instance: str) -> Consumer:
+        cfg = kafka_daemon_config(
+            tansu.bootstrap,
+            tmp_path / client_id,
+            consumer={
+                "mode": "cluster",
+                "group": "g",
+                "client_id": client_id,
+                "kafka": {"group_instance_id": instance},
+            },
+        ).consumer
+        return Consumer(cfg)
+
+    zeta, alpha = member("a-first", "zeta"), member("b-second", "alpha")
+    await zeta.start()
+    await alpha.start()
+    try:
+        await wait_until(lambda: len(zeta.assignment()) == len(alpha.assignment()) == 2, 30, "split")
+        before = (zeta.assignment(), alpha.assignment())
+        assert {tp.partition for tp in before[1]} == {0, 1}  # "alpha" sorts first, whatever the ids
+        await zeta.stop()
+        zeta = member("c-restarted", "zeta")  # its member id now sorts after alpha's
+        await zeta.start()
+        await wait_until(lambda: len(zeta.assignment()) == len(alpha.assignment()) == 2, 30, "rejoined")
+        assert (zeta.assignment(), alpha.assignment()) == before
+    finally:
+        await zeta.stop()
+        await alpha.stop()
