@@ -11,7 +11,7 @@ import pytest
 from aiokafka.record.default_records import DefaultRecordBatch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from support.fake_kafka import Rec, build, control
+from support.fake_kafka import Rec, build, control, recrc
 
 from mqd.sources.kafka import records_kernel
 from mqd.sources.kafka.record_batch import AbortedTxn, decode_partition
@@ -163,3 +163,20 @@ def test_only_markers_still_advance_the_position() -> None:
     d = decode_partition(control(10, 5, commit=True), 10, True, tp=TP, aborted=[])
     assert d.error is None
     assert [(b.first_offset, b.next_offset, b.records.num_rows) for b in d.batches] == [(10, 11, 0)]
+
+
+@pytest.mark.parametrize("compiled", KERNELS)
+def test_header_key_not_utf8_is_a_malformed_batch(compiled: bool) -> None:
+    """A header key that is not UTF-8 (CRC made right) stops the decode at its batch with a clear
+    error instead of an Arrow string column Parquet and Spark would choke on."""
+    good = build(0, [(None, b"v", [("ok", b"1")])])
+    bad = bytearray(build(1, [(None, b"v", [("ok", b"1")]), (None, b"w", [("k\xc3", b"2")])]))
+    at = bytes(bad).rindex(b"k\xc3")
+    bad[at + 1] = 0xFF  # "k\xff": not UTF-8
+    d = decode_partition(good + recrc(bad), 0, True, tp=TP, compiled=compiled)
+    assert (
+        d.error is not None
+        and "offset 1" in d.error
+        and "record 1: a header key is not valid UTF-8" in d.error
+    )
+    assert [(x.first_offset, x.next_offset) for x in d.batches] == [(0, 1)]

@@ -248,6 +248,25 @@ def _validity(valid: np.ndarray, nulls: int) -> pa.Buffer | None:
     return pa.py_buffer(np.packbits(valid, bitorder="little")) if nulls else None
 
 
+def _check_header_keys(hkeys: pa.Array, c: records_kernel.Columns, seg: Segments) -> None:
+    """Header keys are Kafka strings; invalid UTF-8 in an Arrow string column would break the
+    Parquet and Spark readers downstream, so it is a malformed batch (the slow search for which
+    record runs only then)."""
+    try:
+        hkeys.validate(full=True)
+    except pa.ArrowInvalid:
+        data = c.hk_data.tobytes()
+        for j in range(len(c.hk_off) - 1):
+            try:
+                data[c.hk_off[j] : c.hk_off[j + 1]].decode("utf-8")
+            except UnicodeDecodeError:
+                break
+        r = int(np.searchsorted(c.h_off, j, side="right")) - 1
+        starts = np.concatenate([[0], np.cumsum(seg.counts)])
+        s = int(np.searchsorted(starts, r, side="right")) - 1
+        raise KernelError(-6, s, r - int(starts[s])) from None
+
+
 def _to_arrow(
     ptrs: list[int], rows: list[tuple[int, int, int, int, int, int]], compiled: bool | None
 ) -> pa.RecordBatch:
@@ -273,6 +292,8 @@ def _to_arrow(
         pa.binary(), n, [_validity(c.v_valid, c.null_values), buf(c.v_off), buf(c.v_data)], c.null_values
     )
     hkeys = pa.Array.from_buffers(pa.string(), nh, [None, buf(c.hk_off), buf(c.hk_data)])
+    if nh:
+        _check_header_keys(hkeys, c, seg)
     hvals = pa.Array.from_buffers(
         pa.binary(),
         nh,

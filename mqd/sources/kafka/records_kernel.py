@@ -22,6 +22,7 @@ _ERRORS = {
     -3: "record offset deltas not increasing or past lastOffsetDelta",
     -4: "bytes left over after a record, or records past the section end",
     -5: "fewer records than the batch header says",
+    -6: "a header key is not valid UTF-8",
 }
 NO_TS = np.iinfo(np.int64).min  # fixed_ts entry of a CreateTime batch
 
