@@ -61,3 +61,23 @@ def test_nested_variables_are_typed_and_named_in_errors(tmp_path: Path) -> None:
     msg = config_error(path, {"MQD_CONSUMER__KAFKA__SASL_PASWORD": "x"})
     assert "consumer.kafka.sasl_pasword: unknown key (did you mean 'sasl_password'?)" in msg
     assert "(got <hidden>) [from environment variable MQD_CONSUMER__KAFKA__SASL_PASWORD]" in msg
+
+
+def test_config_check_validates_the_kafka_settings(tmp_path: Path) -> None:
+    """`mqd config check` passes a complete Kafka config (password from the environment) and exits 2
+    naming the key for a bad one."""
+    from click.testing import CliRunner
+
+    from mqd.cli import main
+
+    text = (
+        KAFKA + '[consumer.kafka]\nsecurity_protocol = "SASL_PLAINTEXT"\nsasl_mechanism = "SCRAM-SHA-512"\n'
+    )
+    text += 'sasl_username = "mqd"\n'
+    path = write_file(tmp_path, text)
+    ok = CliRunner().invoke(
+        main, ["config", "check", str(path)], env={"MQD_CONSUMER__KAFKA__SASL_PASSWORD": "pw"}
+    )
+    assert ok.exit_code == 0, ok.output
+    bad = CliRunner().invoke(main, ["config", "check", str(path)], env={})
+    assert bad.exit_code == 2 and "sasl_password" in bad.output
