@@ -38,6 +38,7 @@ from pydantic import (
     Field,
     FiniteFloat,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -105,12 +106,32 @@ def _http_url(value: str) -> str:
     return value
 
 
+def _bootstrap_address(value: str, info: ValidationInfo) -> str:
+    """The source decides the form (consumer.source, validated before bootstrap): an http(s) URL
+    for mqd, HOST:PORT for Kafka. An invalid source is reported on its own."""
+    source = info.data.get("source")
+    if source == "kafka":
+        return _host_port(value)
+    return _http_url(value) if source == "mqd" else value
+
+
+def _host_port(value: str) -> str:
+    """HOST:PORT (a Kafka bootstrap server; [v6]:PORT for IPv6)."""
+    if "://" in value:
+        raise ValueError(f"a Kafka bootstrap server is HOST:PORT, not a URL (got {value!r})")
+    host, sep, port = value.rpartition(":")
+    if _bad_chars(value) or not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"a Kafka bootstrap server is HOST:PORT with a port in 1..65535 (got {value!r})")
+    return value
+
+
 # every float field takes this type: inf and NaN pass a plain float and then overflow where the
 # daemon turns seconds into milliseconds (OverflowError at `mqd run`, exit 1 instead of 2)
 Float = FiniteFloat
 ConfigPath = Annotated[Path, BeforeValidator(_non_empty_path)]
 Token = Annotated[str, AfterValidator(_token)]
 HttpUrl = Annotated[str, AfterValidator(_http_url)]
+BootstrapAddress = Annotated[str, AfterValidator(_bootstrap_address)]
 TopicName = Annotated[str, AfterValidator(check_topic_name)]
 
 
@@ -263,10 +284,42 @@ class BrokerConfig(_Model):
 # daemon
 
 
+class KafkaConfig(_Model):
+    """``[consumer.kafka]``: how to reach a Kafka-protocol cluster (consumer.source = "kafka")."""
+
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] = "PLAIN"
+    sasl_username: str | None = None
+    sasl_password: str | None = Field(default=None, repr=False)  # better: MQD_CONSUMER__KAFKA__SASL_PASSWORD
+    tls_ca_file: ConfigPath | None = None  # CA bundle for the brokers' certificates (default: system store)
+    tls_cert_file: ConfigPath | None = None  # client certificate (mutual TLS)
+    tls_key_file: ConfigPath | None = None
+    tls_check_hostname: bool = True
+    isolation_level: Literal["read_committed", "read_uncommitted"] = "read_committed"
+    client_id: str = Field(default="", max_length=1024)  # default: consumer.client_id's
+    # static membership (KIP-345): a restart under the same id keeps its partitions; "" = dynamic
+    group_instance_id: str = Field(default="", max_length=249)
+
+    @model_validator(mode="after")
+    def _complete(self) -> Self:
+        if self.security_protocol.startswith("SASL_") and (
+            self.sasl_username is None or self.sasl_password is None
+        ):
+            raise ValueError(
+                f"security_protocol {self.security_protocol} needs sasl_username and sasl_password"
+            )
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError("tls_cert_file and tls_key_file go together (mutual TLS)")
+        return self
+
+
 class ConsumerConfig(_Model):
+    source: Literal["mqd", "kafka"] = "mqd"  # the queue: mqd brokers, or a Kafka-protocol cluster
     group: str = Field(default="mqd", min_length=1, max_length=255)  # the broker's limit
     client_id: str = Field(default="", max_length=1024)  # default: hostname-pid
-    bootstrap: list[HttpUrl] = Field(default_factory=lambda: ["http://127.0.0.1:9400"], min_length=1)
+    # mqd: http(s) URLs of broker nodes; kafka: HOST:PORT bootstrap servers
+    bootstrap: list[BootstrapAddress] = Field(default_factory=lambda: ["http://127.0.0.1:9400"], min_length=1)
+    kafka: KafkaConfig = KafkaConfig()
     topics: list[TopicName] = Field(default_factory=lambda: ["events"], min_length=1)
     mode: Literal["cluster", "broadcast"] = "cluster"
     consume_from: Literal["last", "first", "timestamp"] = "first"
@@ -431,7 +484,7 @@ def _format_errors(
     path: Path,
     exc: ValidationError,
     model: type[BaseModel],
-    env_keys: Mapping[tuple[str, str], str] | None = None,
+    env_keys: Mapping[tuple[str, ...], str] | None = None,
 ) -> str:
     """One line per problem: key path, what is wrong, what is allowed, and where the value came from."""
     lines = [f"{path}: invalid configuration"]
@@ -458,10 +511,13 @@ def _format_errors(
             shown = ""
         else:
             msg = err["msg"].removeprefix("Value error, ")
-        if len(loc) >= 2:
-            origin = (env_keys or {}).get((str(loc[0]), str(loc[1])))
-        else:  # an unknown section: the variable that created it
-            origin = next((v for (s, _), v in (env_keys or {}).items() if loc and s == str(loc[0])), None)
+        keys = env_keys or {}
+        names = tuple(str(p) for p in loc)
+        # the variable that set this key, or a section the error is about (a model-wide check or
+        # an unknown section): the first variable under it
+        origin = next((keys[names[:n]] for n in range(len(names), 1, -1) if names[:n] in keys), None)
+        if origin is None:
+            origin = next((v for k, v in keys.items() if names and k[: len(names)] == names), None)
         suffix = f" (got {shown})" if shown else ""
         if origin:
             suffix += f" [from environment variable {origin}]"
@@ -493,7 +549,7 @@ def _validate(
     model: type[_M],
     path: Path,
     data: dict[str, Any],
-    env_keys: Mapping[tuple[str, str], str] | None = None,
+    env_keys: Mapping[tuple[str, ...], str] | None = None,
     env_errors: list[str] | None = None,
 ) -> _M:
     """Strict validation: TOML has real types, so "100" is not accepted where a number is expected.
@@ -520,13 +576,15 @@ def _resolve_opt(base: Path, p: Path | None) -> Path | None:
     return None if p is None else _resolve(base, p)
 
 
-def _scalar_kind(model: type[BaseModel], section: str, key: str) -> str:
-    """ "str" when the field takes text (str, Path, a Literal of strings), else "value"."""
-    sect = model.model_fields.get(section)
-    sub = sect.annotation if sect else None
-    if not (isinstance(sub, type) and issubclass(sub, BaseModel)) or key not in sub.model_fields:
+def _scalar_kind(model: type[BaseModel], path: list[str]) -> str:
+    """ "str" when the field at ``path`` takes text (str, Path, a Literal of strings), else "value"."""
+    sub: Any = model
+    for name in path[:-1]:
+        field = sub.model_fields.get(name) if isinstance(sub, type) and issubclass(sub, BaseModel) else None
+        sub = field.annotation if field else None
+    if not (isinstance(sub, type) and issubclass(sub, BaseModel)) or path[-1] not in sub.model_fields:
         return "str"
-    ann: Any = sub.model_fields[key].annotation
+    ann: Any = sub.model_fields[path[-1]].annotation
     union = get_origin(ann) in (Union, UnionType)
     args = [a for a in get_args(ann) if a is not type(None)] if union else [ann]
     # Annotated[str, ...] (Token, ConfigPath) inside an Optional is text too
@@ -544,13 +602,17 @@ NOT_OVERRIDES = frozenset(
 )
 
 
-def _override_names(model: type[BaseModel]) -> list[str]:
-    return [
-        f"MQD_{section}__{key}".upper()
-        for section, field in model.model_fields.items()
-        if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)
-        for key in field.annotation.model_fields
-    ]
+def _override_names(model: type[BaseModel], prefix: str = "MQD") -> list[str]:
+    """Every override variable: MQD_<SECTION>__<KEY>, and deeper for nested sections
+    (MQD_CONSUMER__KAFKA__SASL_PASSWORD)."""
+    out: list[str] = []
+    for name, field in model.model_fields.items():
+        ann = field.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            out.extend(_override_names(ann, f"{prefix}_{name}_".upper()))
+        elif prefix != "MQD":
+            out.append(f"{prefix}_{name}".upper())
+    return out
 
 
 def _unknown_variable(name: str) -> str:
@@ -567,13 +629,14 @@ def _unknown_variable(name: str) -> str:
 
 def _env_overrides(
     data: dict[str, Any], environ: Mapping[str, str]
-) -> tuple[dict[str, Any], dict[tuple[str, str], str], list[str]]:
-    """Apply ``MQD_<SECTION>__<KEY>=value``. Text fields take the value as is; numbers, booleans and
+) -> tuple[dict[str, Any], dict[tuple[str, ...], str], list[str]]:
+    """Apply ``MQD_<SECTION>__<KEY>=value`` (nested sections take one more ``__`` per level:
+    ``MQD_CONSUMER__KAFKA__SASL_PASSWORD``). Text fields take the value as is; numbers, booleans and
     lists take TOML syntax (``MQD_CONSUMER__TOPICS='["a", "b"]'``). Returns the data, which keys
     came from which variable (so errors can name the variable, not the file) and one error line per
     unknown MQD_ variable (a misspelt override must not be silently ignored)."""
-    out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in data.items()}
-    origins: dict[tuple[str, str], str] = {}
+    out = _copy_tables(data)
+    origins: dict[tuple[str, ...], str] = {}
     unknown: list[str] = []
     for name, value in sorted(environ.items()):
         if not name.startswith("MQD_") or name in NOT_OVERRIDES:
@@ -581,18 +644,25 @@ def _env_overrides(
         if "__" not in name:
             unknown.append(_unknown_variable(name))
             continue
-        section, _, key = name[4:].lower().partition("__")
+        path = name[4:].lower().split("__")
         parsed: Any = value
-        if _scalar_kind(MqdConfig, section, key) == "value":
+        if _scalar_kind(MqdConfig, path) == "value":
             try:
                 parsed = tomllib.loads(f"v = {value}")["v"]
             except tomllib.TOMLDecodeError:
                 pass  # left as text: validation names the variable and what it expects
-        section_data = out.setdefault(section, {})
-        if isinstance(section_data, dict):
-            section_data[key] = parsed
-            origins[(section, key)] = name
+        table: Any = out
+        for part in path[:-1]:
+            table = table.setdefault(part, {}) if isinstance(table, dict) else None
+        if isinstance(table, dict):
+            table[path[-1]] = parsed
+            origins[tuple(path)] = name
     return out, origins, unknown
+
+
+def _copy_tables(data: dict[str, Any]) -> dict[str, Any]:
+    """A copy of every table (not the leaves), so overrides never change the caller's dicts."""
+    return {k: (_copy_tables(v) if isinstance(v, dict) else v) for k, v in data.items()}
 
 
 def load_daemon_config(path: str | Path, environ: Mapping[str, str] | None = None) -> MqdConfig:
@@ -607,6 +677,12 @@ def load_daemon_config(path: str | Path, environ: Mapping[str, str] | None = Non
                 update={
                     "offset_file": _resolve(base, cfg.consumer.offset_file),
                     "tls_ca_file": _resolve_opt(base, cfg.consumer.tls_ca_file),
+                    "kafka": cfg.consumer.kafka.model_copy(
+                        update={
+                            k: _resolve_opt(base, getattr(cfg.consumer.kafka, k))
+                            for k in ("tls_ca_file", "tls_cert_file", "tls_key_file")
+                        }
+                    ),
                 }
             ),
             "landing": cfg.landing.model_copy(update={"dir": _resolve(base, cfg.landing.dir)}),

@@ -86,7 +86,12 @@ def _limits(cfg: ConsumerConfig) -> FlowLimits:
 
 
 def _default_source(config: ConsumerConfig, client: object | None) -> Source:
-    # the one place the engine names a source: the mqd broker until the config can choose (issue 14)
+    # the one place the engine names a source, as consumer.source chooses (``client`` is the mqd
+    # broker's HTTP client: a Kafka source has its own connections)
+    if config.source == "kafka":
+        from mqd.sources.kafka.source import KafkaSource
+
+        return KafkaSource(config)
     from mqd.sources.mqd_broker import MqdBrokerSource
 
     return MqdBrokerSource(config, client=client)  # type: ignore[arg-type]
