@@ -117,8 +117,12 @@ def test_assignment_is_read_from_the_log_after_the_restart(tmp_path: Path) -> No
 
 
 def test_freezes_outlive_the_session(tmp_path: Path) -> None:
-    """Rounds with a lock_freeze are held past the session timeout, like daemon_freeze: a freeze
-    the group never notices would never hand the locked partition to another daemon."""
+    """Rounds with a lock_freeze are held past the session timeout and the hand-over, so the
+    partitions whose locks are free can be expected to move while the holder is frozen; choosing
+    kill_before_publish also makes the first start resolve ``consume_from = "last"``."""
     run = ChaosRun(ChaosOptions(root=tmp_path, seed=3, rounds=40, kinds=("lock_freeze",)))
     plans = [run._plan_round() for _ in range(10)]
-    assert all(kinds == ["lock_freeze"] and hold > 3.0 * 1.5 for kinds, hold in plans)
+    assert all(kinds == ["lock_freeze"] and hold >= 10.0 for kinds, hold in plans)
+    assert not run.first_start_kill and run.load.generation[0] == 0
+    run = ChaosRun(ChaosOptions(root=tmp_path, seed=3, kinds=("kill_before_publish",)))
+    assert run.first_start_kill and set(run.load.generation.values()) == {-1}

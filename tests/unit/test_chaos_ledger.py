@@ -14,7 +14,7 @@ from mqd_dev.chaos.load import record_value
 from mqd_dev.chaos.runner import ALL_KINDS, CATEGORIES, CLASSIC_KINDS, SAFETY_KINDS, expand_kinds
 
 
-def _ledger(rows: list[tuple[int, int, int]]) -> pa.Table:
+def _ledger(rows: list[tuple[int, int, int]], generation: int = 0) -> pa.Table:
     """(partition, offset, seq) per acknowledged record."""
     return pa.table(
         {
@@ -22,7 +22,7 @@ def _ledger(rows: list[tuple[int, int, int]]) -> pa.Table:
             "partition": pa.array([r[0] for r in rows], pa.int32()),
             "offset": pa.array([r[1] for r in rows], pa.int64()),
             "payload": pa.array([record_value(r[0], r[2]) for r in rows], pa.binary()),
-            "generation": pa.array([0] * len(rows), pa.int32()),
+            "generation": pa.array([generation] * len(rows), pa.int32()),
         }
     )
 
@@ -118,6 +118,18 @@ def test_payload_check_counts_every_kind_of_difference(
     assert res.foreign == foreign
     assert res.distinct == len(kept) + unacked
     assert res.ok == (res.lost == res.duplicates == res.moved == foreign == 0)
+
+
+def test_records_acknowledged_before_the_start_position_are_not_expected() -> None:
+    """Generation -1 (acked before the daemons' first start with consume_from = "last") may be
+    missing from the landing; if one lands anyway it counts once, and twice is a duplicate."""
+    before = _ledger([(0, 0, 0), (0, 1, 1)], generation=-1)
+    after = _ledger([(0, 2, 2)])
+    ledger = pa.concat_tables([before, after])
+    res = check_payloads(ledger, _copy([(0, 2, record_value(0, 2))]))
+    assert res.ok and res.acknowledged == 1 and res.lost == 0
+    twice = _copy([(0, 1, record_value(0, 1)), (0, 1, record_value(0, 1)), (0, 2, record_value(0, 2))])
+    assert check_payloads(ledger, twice).duplicates == 1
 
 
 def test_a_record_in_the_wrong_partition_is_foreign() -> None:

@@ -182,8 +182,11 @@ def payload_partition(value: bytes) -> int | None:
 
 
 def check_payloads(ledger: pa.Table, copy: pa.Table) -> PayloadCheck:
-    """``ledger`` as ``ledger.read_ledger`` gives it; ``copy`` has columns partition, offset, value."""
-    res = PayloadCheck(acknowledged=ledger.num_rows, rows=copy.num_rows)
+    """``ledger`` as ``ledger.read_ledger`` gives it; ``copy`` has columns partition, offset, value.
+    Acknowledgements of generation -1 (before the daemons' start position) are not expected."""
+    expected = pc.greater_equal(ledger.column("generation"), 0)
+    res = PayloadCheck(acknowledged=int(pc.sum(expected).as_py() or 0), rows=copy.num_rows)
+    before_start = set(ledger.filter(pc.invert(expected)).column("payload").to_pylist())
     acked: dict[bytes, tuple[int, int]] = dict(
         zip(
             ledger.column("payload").to_pylist(),
@@ -208,7 +211,7 @@ def check_payloads(ledger: pa.Table, copy: pa.Table) -> PayloadCheck:
     res.distinct = len(seen)
     res.duplicates = sum(n - 1 for n in seen.values())
     res.moved = len(moved)
-    lost = [v for v in acked if v not in seen]
+    lost = [v for v in acked if v not in seen and v not in before_start]
     res.lost = len(lost)
     res.unacknowledged = sum(1 for v in seen if v not in acked)
     if lost:

@@ -7,7 +7,9 @@ not change what "acknowledged" means. One line per record, tab-separated:
 (``load.record_value``), unique in the run, so the check is independent of offsets, which a new
 log incarnation may reuse. ``generation`` counts the times the chaos run itself deleted the
 partition's log (``topic_recreate``): acknowledgements of an older generation are no longer
-expected in the broker log, but still in the landing and the table.
+expected in the broker log, but still in the landing and the table. Generation -1 marks records
+acknowledged before the daemons' first start with ``consume_from = "last"`` (the
+``kill_before_publish`` set-up): in the log, and not expected in the landing.
 """
 
 from __future__ import annotations

@@ -47,6 +47,7 @@ class ProduceLoad:
         batch_records: int,
         interval: float,
         ledger: Ledger,
+        before_start: bool = False,
     ) -> None:
         self.client = client
         self.cluster = cluster
@@ -58,7 +59,9 @@ class ProduceLoad:
         self.acked_end: dict[int, int] = {p: 0 for p in range(cluster.partitions)}  # offset after last ack
         self.errors: Counter[str] = Counter()
         self.sent_records = 0
-        self.generation: dict[int, int] = {p: 0 for p in range(cluster.partitions)}
+        # -1: acknowledged before the daemons' first start with consume_from = "last" (not expected to land)
+        first = -1 if before_start else 0
+        self.generation: dict[int, int] = {p: first for p in range(cluster.partitions)}
         self._seq: dict[int, int] = {p: 0 for p in range(cluster.partitions)}
         self._paused: set[int] = set()
         self._inflight: set[int] = set()
@@ -89,6 +92,11 @@ class ProduceLoad:
 
     def resume(self, partitions: list[int]) -> None:
         self._paused.difference_update(partitions)
+
+    def daemons_started(self) -> None:
+        """Records acknowledged from now on must land (ends generation -1)."""
+        for p, g in self.generation.items():
+            self.generation[p] = max(g, 0)
 
     def new_generation(self, partitions: list[int]) -> None:
         """The run deleted these partitions' logs: later acks start a new generation at offset 0."""

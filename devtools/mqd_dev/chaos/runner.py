@@ -46,7 +46,7 @@ from mqd_dev.chaos.load import ProduceLoad
 from mqd_dev.chaos.lock_freeze import freeze_in_lock
 from mqd_dev.chaos.procs import ChaosCluster, DaemonProc
 from mqd_dev.chaos.proxy import Faults
-from mqd_dev.chaos.publish_kill import kill_before_publish
+from mqd_dev.chaos.publish_kill import assigned_partitions, kill_before_publish
 
 log = structlog.get_logger("mqd.chaos")
 
@@ -131,6 +131,9 @@ class ChaosOptions:
     # small segments, so the segment faults find closed ones within seconds (~6 KB/s per partition)
     segment_bytes: int = 32 * 1024
     lock_window_timeout: float = 15.0  # lock_freeze: how long to watch for a held landing lock
+    # lock_freeze lasts this long at least: the session expires (session_timeout), the next
+    # rebalance (2 s) hands the frozen daemon's partitions over, their first publication follows
+    lock_freeze_hold: float = 10.0
 
     def validate(self) -> None:
         unknown = set(self.kinds) - set(ALL_KINDS)
@@ -189,12 +192,16 @@ class ChaosRun:
         self.extra = self._daemon(f"d{options.daemons}", env)  # joins and leaves (daemon_churn)
         self.client = BrokerClient(request_timeout=5.0)
         self.ledger = Ledger(self.root / "ledger.tsv")
+        # kill_before_publish also hits the pipeline's very first start (see _first_start)
+        self.first_start_kill = "kill_before_publish" in options.kinds
+        self.setup_notes: list[str] = []
         self.load = ProduceLoad(
             self.client,
             self.cluster,
             batch_records=options.batch_records,
             interval=options.produce_interval,
             ledger=self.ledger,
+            before_start=self.first_start_kill,
         )
         self.rounds: list[RoundRecord] = []
         self.faults: Counter[str] = Counter()
@@ -218,7 +225,7 @@ class ChaosRun:
                 "client_id": d.name,
                 "bootstrap": self.cluster.urls,
                 "topics": [self.topic],
-                "consume_from": "first",
+                "consume_from": "last" if self.first_start_kill else "first",
                 "session_timeout": o.session_timeout,
                 "heartbeat_interval": 0.5,
                 "rebalance_interval": 2.0,
@@ -251,14 +258,51 @@ class ChaosRun:
         await self.cluster.start()
         for d in [*self.daemons, self.extra]:
             self._write_daemon_config(d)
-        for d in self.daemons:
-            d.start()
         await self.client.start()
+        if self.first_start_kill:
+            await self._first_start()
+        else:
+            for d in self.daemons:
+                d.start()
         self._supervisor = asyncio.create_task(self._supervise())
         self.load.start()
         # round 1 starts from a working pipeline, not from daemons still importing pyarrow
         await wait_until(lambda: self.load.acknowledged > 0, 30, "the first acknowledged produce")
         await self._caught_up(dict(self.load.acked_end), 60, "the daemons to start landing")
+
+    async def _first_start(self) -> None:
+        """The pipeline's first seconds with ``consume_from = "last"``: records acknowledged before
+        the daemons start are not to land (ledger generation -1); the daemons resolve their start
+        positions, fetch, and are SIGKILLed before their first publication while the load goes on;
+        everything acknowledged after the resolution must land once they are back."""
+        parts = list(range(self.opts.partitions))
+        self.load.start()
+        await wait_until(lambda: all(self.load.acked_end.values()), 30, "a first ack on every partition")
+        await self.load.pause(parts)
+        self.load.daemons_started()
+        starts = {d.name: d.log_path.stat().st_size if d.log_path.exists() else 0 for d in self.daemons}
+        for d in self.daemons:
+            d.start()
+
+        def resolved() -> bool:
+            got = [assigned_partitions(d.log_path, starts[d.name]) or [] for d in self.daemons]
+            return set(parts) <= {p for g in got for p in g}
+
+        await wait_until(resolved, 60, "the daemons' first start positions")
+        self.load.resume(parts)
+        await asyncio.sleep(0.2)  # fetched; publication comes at max_age (0.5 s)
+        before = self.landed_end()
+        for d in self.daemons:
+            await d.stop_async(signal.SIGKILL)
+        published = [p for p, end in self.landed_end().items() if end > before[p]]
+        self.setup_notes.append(
+            "kill_before_publish at the first start (consume_from=last): daemons SIGKILLed 0.2 s after "
+            f"resolving their start positions; partitions published before the kill: {published}"
+        )
+        self.faults["kill_before_publish"] += 1
+        await asyncio.sleep(1.0)  # acknowledged meanwhile: must land after the restart
+        for d in self.daemons:
+            d.start()
 
     async def _supervise(self) -> None:
         """Restart what exits unasked, like systemd's Restart=on-failure, and count it as a crash."""
@@ -302,6 +346,8 @@ class ChaosRun:
         hold = round(self.rng.uniform(self.opts.hold_min, self.opts.hold_max), 2)
         if any(k in _FREEZES for k in kinds):  # it must outlive the session, or it is no fault at all
             hold = max(hold, self.opts.session_timeout * 1.5 + 0.5)
+        if "lock_freeze" in kinds:  # and long enough for the partitions whose locks are free to move
+            hold = max(hold, self.opts.lock_freeze_hold)
         return kinds, hold
 
     async def _fault(self, kind: str, hold: float, rec: RoundRecord) -> None:
@@ -430,6 +476,15 @@ class ChaosRun:
         rec.notes.append(f"lock_freeze: partitions landed meanwhile {moved}")
         if d.running:
             d.send_signal(signal.SIGCONT)
+        # A frozen lock holder may stall its own partition, never the others (issue 12). Judged
+        # only when nothing else in the round can stop landing.
+        locked = int(lock.stem) if lock is not None and lock.stem.isdigit() else None
+        stalled = [p for p in before if p not in moved and p != locked]
+        if rec.kinds == ["lock_freeze"] and lock is not None and stalled:
+            self.failures.append(
+                f"round {rec.number}: {d.name} frozen for {hold}s holding {lock.name}: partitions "
+                f"{stalled}, whose locks were free, landed nothing meanwhile"
+            )
 
     def _check_clean_exit(self, d: DaemonProc, code: int | None) -> None:
         """A daemon told to stop (SIGTERM) must drain, commit and exit 0."""
@@ -565,7 +620,7 @@ class ChaosRun:
         damaged: list[str] = []
         log_tables = await check.read_log(self.client, url_of, self.topic, damaged)
         # acks of a generation the run deleted itself (topic_recreate) are not expected in the log
-        current = [a for a in self.load.acks if a.generation == self.load.generation[a.partition]]
+        current = [a for a in self.load.acks if max(a.generation, 0) == self.load.generation[a.partition]]
         log_check = check.check_log(log_tables, current)
         landing = await asyncio.to_thread(check.read_landing, self.landing, self.topic)
         landed = await asyncio.to_thread(check.check_payloads, ledger, landing)
@@ -755,6 +810,7 @@ class ChaosRun:
             "crashes": dict(self.crashes),
             "daemon_log_events": self._daemon_events(),
             "duration_s": round(time.monotonic() - self._started, 1),
+            "setup_notes": self.setup_notes,
             "round_log": [asdict(r) for r in self.rounds],
             "settle": result.get("settle"),
             "failures": self.failures,
@@ -797,6 +853,7 @@ def format_summary(s: dict[str, Any]) -> str:
         "daemon log: "
         + (", ".join(f"{k} {v}" for k, v in s.get("daemon_log_events", {}).items()) or "quiet"),
     ]
+    lines.extend(f"set-up: {n}" for n in s.get("setup_notes", []))
     lines.extend(f"FAILURE: {f}" for f in s["failures"])
     return "\n".join(lines)
 
