@@ -295,6 +295,22 @@ def read_landing(landing: Path, topic: str) -> pa.Table:
     return read_parquet_files(_data_files(root) if root.is_dir() else [])
 
 
+def landing_incarnations(landing: Path, topic: str) -> dict[int, list[str]]:
+    """Per partition, the log incarnations its landed rows carry (empty for a landing whose files
+    have no ``incarnation`` column: made before incarnations existed). Information for the summary."""
+    root = landing / f"topic={topic}"
+    out: dict[int, set[str]] = {}
+    for path in _data_files(root) if root.is_dir() else []:
+        if "incarnation" not in pq.read_schema(path).names:
+            continue
+        t = pq.read_table(path, columns=["partition", "incarnation"])
+        for p, inc in zip(
+            t.column("partition").to_pylist(), t.column("incarnation").to_pylist(), strict=True
+        ):
+            out.setdefault(int(p), set()).add(str(inc))
+    return {p: sorted(v) for p, v in sorted(out.items())}
+
+
 def spark_committed_files(output_dir: Path) -> list[Path]:
     """The files Spark's file sink committed, from its ``_spark_metadata`` log (the only correct way
     to read a file sink's output: files of failed batches may lie in the directory)."""

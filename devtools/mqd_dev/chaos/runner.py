@@ -388,8 +388,13 @@ class ChaosRun:
         elif kind == "daemon_churn":
             leaver = rng.choice(self.daemons)
             rec.notes.append(f"{self.extra.name} joins, {leaver.name} leaves and comes back")
+            start = self.extra.log_path.stat().st_size if self.extra.log_path.exists() else 0
             self.extra.start()
             await asyncio.sleep(hold / 2)
+            # joined = started: a SIGTERM while the interpreter still imports (before the daemon
+            # installs its handlers) kills it with -15, which says nothing about a leaving member
+            if not await self._logged(self.extra, start, '"daemon started"', 30.0):
+                rec.notes.append(f"{self.extra.name} not started after 30 s")
             self._check_clean_exit(leaver, await leaver.stop_async(signal.SIGTERM, timeout=20.0))
             await asyncio.sleep(hold / 2)
             leaver.start()
@@ -485,6 +490,23 @@ class ChaosRun:
                 f"round {rec.number}: {d.name} frozen for {hold}s holding {lock.name}: partitions "
                 f"{stalled}, whose locks were free, landed nothing meanwhile"
             )
+
+    async def _logged(self, d: DaemonProc, start: int, needle: str, timeout: float) -> bool:
+        """Whether ``d``'s log shows ``needle`` after byte ``start`` within ``timeout``."""
+
+        def seen() -> bool:
+            try:
+                with open(d.log_path, "rb") as fh:
+                    fh.seek(start)
+                    return needle.encode() in fh.read()
+            except OSError:
+                return False
+
+        try:
+            await wait_until(seen, timeout, f"{d.name} to log {needle}", interval=0.1)
+        except TimeoutError:
+            return False
+        return True
 
     def _check_clean_exit(self, d: DaemonProc, code: int | None) -> None:
         """A daemon told to stop (SIGTERM) must drain, commit and exit 0."""
@@ -628,6 +650,9 @@ class ChaosRun:
             "log": log_check.to_json(),
             "landing": landed.to_json(),
             "landing_vs_log": check.compare(log_tables, landing).to_json(),
+            "landing_incarnations": await asyncio.to_thread(
+                check.landing_incarnations, self.landing, self.topic
+            ),
         }
         out["log"]["damaged"] = damaged
         if damaged:
@@ -639,6 +664,15 @@ class ChaosRun:
         if not landed.ok:
             self.failures.append(f"landing vs the producer's ledger: {landed.examples}")
         out["replicas"] = await self._verify_replicas(log_tables)
+        # a node that fenced a range it could not repair says so here (not a failure by itself)
+        out["node_health"] = {
+            n.id: {
+                k: v
+                for k, v in (await self.cluster.health(n, 2.0) or {"status": "no answer"}).items()
+                if k in ("status", "reasons")
+            }
+            for n in self.cluster.nodes.values()
+        }
         if self.opts.spark:
             out["table"] = await self._spark(ledger, log_tables)
         else:
@@ -790,6 +824,7 @@ class ChaosRun:
             "disk_faults": self.disk.reason if self.disk.available else f"unavailable: {self.disk.reason}",
             "records": {
                 "acknowledged": self.load.acknowledged,
+                "expected_in_landing": landing.get("acknowledged"),  # less the acks before the start
                 "ledger": str(self.ledger.path),
                 "produce_errors": dict(sorted(self.load.errors.items())),
                 "in_log": log_res.get("records"),
@@ -805,6 +840,8 @@ class ChaosRun:
             },
             "table": table,
             "replicas": result.get("replicas"),
+            "node_health": result.get("node_health"),
+            "landing_incarnations": result.get("landing_incarnations"),
             "max_recovery_s": max(recoveries) if recoveries else None,
             "max_recovery_s_by_kind": dict(sorted(by_kind.items())),
             "crashes": dict(self.crashes),
@@ -834,7 +871,8 @@ def format_summary(s: dict[str, Any]) -> str:
         "faults: " + ", ".join(f"{k} {v}" for k, v in s["faults"].items()),
         "proxy injected: " + (", ".join(f"{k} {v}" for k, v in s["proxy_injected"].items()) or "none"),
         f"disk faults: {s['disk_faults']}",
-        f"records (producer ledger): acknowledged {r['acknowledged']}, in log {r['in_log']} "
+        f"records (producer ledger): acknowledged {r['acknowledged']} "
+        f"({r.get('expected_in_landing')} expected in the landing), in log {r['in_log']} "
         f"({r['unacknowledged_written']} written but not acknowledged), "
         f"landed distinct {r['landed_distinct']} ({r['unacknowledged_landed']} not acknowledged)",
         f"landing: lost {r['losses']}, duplicated {r['duplicates']}, at another offset {r['moved']}, "
@@ -848,6 +886,13 @@ def format_summary(s: dict[str, Any]) -> str:
             )
             or "none"
         ),
+        "node health: "
+        + ", ".join(
+            f"{k} {v.get('status')}" + (f" {v['reasons']}" if v.get("reasons") else "")
+            for k, v in (s.get("node_health") or {}).items()
+        ),
+        "landed incarnations per partition: "
+        + (", ".join(f"{p}: {len(v)}" for p, v in (s.get("landing_incarnations") or {}).items()) or "none"),
         f"max recovery: {s['max_recovery_s']}s; by kind: {s['max_recovery_s_by_kind']}",
         f"crashes: {s['crashes'] or 'none'}",
         "daemon log: "
