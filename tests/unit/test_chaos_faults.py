@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from mqd_dev.chaos.lock_freeze import freeze_in_lock, held_flocks
 from mqd_dev.chaos.node_data import closed_segments, flip_byte, truncate_file
-from mqd_dev.chaos.procs import DaemonProc
+from mqd_dev.chaos.procs import DaemonProc, started_in_log
 from mqd_dev.chaos.publish_kill import assigned_partitions
 from mqd_dev.chaos.runner import ChaosOptions, ChaosRun
 
@@ -126,3 +126,39 @@ def test_freezes_outlive_the_session(tmp_path: Path) -> None:
     assert not run.first_start_kill and run.load.generation[0] == 0
     run = ChaosRun(ChaosOptions(root=tmp_path, seed=3, kinds=("kill_before_publish",)))
     assert run.first_start_kill and set(run.load.generation.values()) == {-1}
+
+
+def test_started_means_since_the_last_start_banner() -> None:
+    """A ``daemon started`` line counts only after the last start banner: a restarted daemon that
+    has not logged it yet is still importing."""
+    first = b'===== start d0 at 1.0 =====\n{"event": "daemon started"}\n'
+    assert started_in_log(first)
+    assert not started_in_log(first + b"===== start d0 at 2.0 =====\n")
+    assert not started_in_log(b"")
+
+
+_SLOW_STARTER = """
+import json, signal, sys, time
+time.sleep(1.5)  # the imports: a SIGTERM now kills the process (-15)
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+print(json.dumps({"event": "daemon started"}), flush=True)
+while True:
+    time.sleep(0.05)
+"""
+
+
+async def test_a_daemon_is_stopped_only_once_it_has_started(tmp_path: Path) -> None:
+    """The chaos run's SIGTERM (churn, settle) waits until a just-started daemon has installed its
+    handlers, so a graceful stop exits 0 and no failure is recorded; sent at once (as before), the
+    same process dies with -15."""
+    run = ChaosRun(ChaosOptions(root=tmp_path, seed=1))
+    d = DaemonProc("slow", tmp_path / "unused.toml", tmp_path, {})
+    d.argv = [sys.executable, "-c", _SLOW_STARTER]
+    d.start()
+    try:
+        assert await run._stop_clean(d) == 0
+        assert run.failures == []
+        d.start()
+        assert await d.stop_async(signal.SIGTERM, timeout=10) == -signal.SIGTERM
+    finally:
+        d.kill_now()

@@ -491,16 +491,9 @@ class ChaosRun:
         first: a SIGTERM while the interpreter still imports (before the daemon installs its
         handlers) kills it with -15, which says nothing about how a daemon stops."""
 
-        def started() -> bool:
-            try:
-                text = d.log_path.read_bytes()
-            except OSError:
-                return False
-            return b'"daemon started"' in text[text.rfind(b"===== start ") :]
-
         if d.running:
             try:
-                await wait_until(started, 30.0, f"{d.name} to start", interval=0.1)
+                await wait_until(d.started, 30.0, f"{d.name} to start", interval=0.1)
             except TimeoutError:
                 log.warning("chaos.daemon_not_started", daemon=d.name)
         code = await d.stop_async(signal.SIGTERM, timeout=20.0)
