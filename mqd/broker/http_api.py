@@ -29,6 +29,7 @@ from mqd.broker.client_stats import ClientStats
 from mqd.broker.cluster_state import ClusterState
 from mqd.broker.consumer_groups import ConsumerGroupError, ConsumerGroupStore
 from mqd.broker.fetch_plan import FetchItem, FetchPlan, FetchPlanner
+from mqd.broker.incarnation import is_valid_id
 from mqd.broker.long_poll import LongPoll, LongPollFull
 from mqd.broker.rejected_requests import WARNED_STATUSES, RejectedRequests
 from mqd.broker.replica_progress import ReplicaProgress
@@ -341,12 +342,16 @@ class BrokerApi:
         for i, p in enumerate(raw):
             where = f"partitions[{i}]."
             p = obj_value(p, f"partitions[{i}]")
+            incarnation = p.get("incarnation")
+            if incarnation is not None and not is_valid_id(incarnation):
+                bad(f"{where}incarnation: 32 lowercase hex characters or null, got {incarnation!r:.80}")
             items.append(
                 FetchItem(
                     str_field(p, "topic", where),
                     int_field(p, "partition", where, maximum=MAX_PARTITION),
                     int_field(p, "offset", where),
                     int_field(p, "max_bytes", where, default=default_max, minimum=1),
+                    incarnation,
                 )
             )
         return items

@@ -38,6 +38,7 @@ from pathlib import Path
 import structlog
 
 from mqd.broker.disk_health import DISK_ERRNOS, DiskHealth
+from mqd.broker.incarnation import IncarnationEntry, IncarnationHistory
 from mqd.broker.segment import INDEX_SUFFIX, LOG_SUFFIX, TIMEINDEX_SUFFIX, Segment, segment_name
 from mqd.config import StorageConfig
 from mqd.errors import MqdError
@@ -126,6 +127,7 @@ class PartitionLog:
         self._dir_dirty = False
         self._closed = False
         self._failed: str | None = None  # set when a failed write could not be undone
+        self._history = IncarnationHistory(directory)
         # what open() did with each segment: start-up cost grows with the scanned ones only
         self.segments_trusted = 0
         self.segments_scanned = 0
@@ -144,6 +146,64 @@ class PartitionLog:
     def max_offset(self) -> int:
         """Log end offset: the next offset to be written."""
         return self._segments[-1].next_offset
+
+    # -- incarnation -------------------------------------------------------------------------------
+
+    @property
+    def incarnation(self) -> str:
+        """The current incarnation id: which records this log's offsets name (incarnation.py)."""
+        return self._history.current
+
+    @property
+    def history(self) -> list[IncarnationEntry]:
+        """The incarnation history, oldest first (replica fetch answers carry it to the slaves)."""
+        return self._history.entries
+
+    def diverged_at(self, incarnation: str) -> int | None:
+        """Where this log stops holding ``incarnation``'s records; None when it is the current one
+        (:func:`mqd.broker.incarnation.diverged_at`)."""
+        return self._history.diverged_at(incarnation)
+
+    def knows_incarnation(self, incarnation: str) -> bool:
+        """``incarnation`` is in this log's history (current, earlier or retired)."""
+        return self._history.knows(incarnation)
+
+    def adopt_history(self, entries: list[IncarnationEntry]) -> None:
+        """Take the master's history as this log's (slave side; durable on return). The caller
+        makes sure this log holds the master's records under it (truncate first when not)."""
+        with self._lock:
+            self._check_writable()
+            try:
+                self._history.adopt(entries)
+            except OSError as exc:
+                raise self._disk_error(exc, "history write") from exc
+
+    def _begin_incarnation(
+        self, base: int, why: str, history: list[IncarnationEntry] | None = None, *, cut: bool = True
+    ) -> None:
+        """Start a new incarnation at ``base`` (or adopt a master's ``history``) before a cut;
+        ``cut`` False for a log created or upgraded (nothing served is affected: an info line)."""
+        before = self._history.current if self._history.entries else None
+        try:
+            if history is None:
+                self._history.begin_new(base)
+            else:
+                self._history.adopt(history)
+        except OSError as exc:
+            raise self._disk_error(exc, "history write") from exc
+        (log.warning if cut else log.info)(
+            "new log incarnation" if history is None else "adopted the master's incarnation history",
+            topic=self.topic,
+            partition=self.partition,
+            incarnation=self._history.current,
+            base=self._history.current_base,
+            previous=before,
+            why=why,
+        )
+
+    def fenced_at(self, offset: int) -> tuple[int, int] | None:
+        """The fenced range ``(first, last)`` (inclusive) holding ``offset``, or None."""
+        return None
 
     @property
     def size_bytes(self) -> int:
@@ -168,9 +228,19 @@ class PartitionLog:
                 log.warning("ignoring unexpected file in log directory", path=str(p))
         bases.sort()
         try:
+            loaded = self._history.load()
+            if not bases:
+                # created empty, or recreated: whatever a history says named records that are gone
+                self._begin_incarnation(0, "log created" if not loaded else "log files gone", cut=loaded)
+            elif not loaded:
+                # a log written before incarnations: every offset it holds stays valid under one id
+                self._begin_incarnation(bases[0], "log written before incarnations", cut=False)
             self._recover(bases)
             if not self._segments:
                 self._new_segment(0)
+            if self.max_offset < self._history.current_base:
+                # the files end before the current incarnation began: they were cut outside mqd
+                self._begin_incarnation(self.max_offset, "log shorter than its current incarnation")
         except BaseException:
             self._close_fds()
             raise
@@ -199,6 +269,7 @@ class PartitionLog:
                     found=base,
                     deleted=[segment_name(b) for b in bases[i:]],
                 )
+                self._begin_incarnation(self._segments[-1].next_offset, "recovery cut")
                 for b in bases[i:]:
                     self._unlink_segment_files(self.directory / (segment_name(b) + LOG_SUFFIX))
                 self._dir_dirty = True
@@ -219,7 +290,10 @@ class PartitionLog:
                     segment=path.name,
                     bytes=seg.size - valid,
                     at=valid,
+                    offset=seg.next_offset,
                 )
+                # before the cut: a crash in between leaves a new id, never the old one over a gap
+                self._begin_incarnation(seg.next_offset, "recovery cut")
                 os.ftruncate(seg.fd, valid)
                 os.fsync(seg.fd)
                 seg.size = valid
@@ -509,21 +583,25 @@ class PartitionLog:
 
     # -- truncation and retention ------------------------------------------------------------------
 
-    def truncate_to(self, offset: int) -> None:
+    def truncate_to(self, offset: int, history: list[IncarnationEntry] | None = None) -> None:
         """Drop every batch at or after ``offset`` (the batch holding it too): replica divergence.
 
         The log end becomes the base offset of the batch holding ``offset``. At or below the log
-        start the log is emptied and restarts at ``offset``.
+        start the log is emptied and restarts at ``offset``. A cut begins a new incarnation at the
+        new log end, or, with ``history`` (a slave following its master), adopts the master's.
         """
         with self._lock:
             self._check_writable()
             if offset >= self.max_offset:
+                if history is not None:
+                    self._begin_incarnation(offset, "nothing to cut", history, cut=False)
                 return
             if offset <= self.min_offset:
-                self._reset_locked(offset)
+                self._reset_locked(offset, history)
                 return
             si, bi = self._locate(offset)
             seg = self._segments[si]
+            self._begin_incarnation(seg.offsets[bi], "truncation", history)
             for victim in reversed(self._segments[si + 1 :]):
                 os.close(victim.fd)
                 self._unlink_segment_files(victim.path)
@@ -550,15 +628,17 @@ class PartitionLog:
             seg.remove_indexes()  # it is the active segment again: its index is rebuilt on open
             self._sync_truncation(seg)
 
-    def truncate_fully_and_start_at(self, offset: int) -> None:
-        """Drop the whole log and restart it empty at ``offset`` (a replica behind the master's start)."""
+    def truncate_fully_and_start_at(self, offset: int, history: list[IncarnationEntry] | None = None) -> None:
+        """Drop the whole log and restart it empty at ``offset`` (a replica behind the master's
+        start): a new incarnation at ``offset``, or the master's ``history`` adopted."""
         if offset < 0:
             raise StorageError(f"negative offset {offset}", retriable=False)
         with self._lock:
             self._check_writable()
-            self._reset_locked(offset)
+            self._reset_locked(offset, history)
 
-    def _reset_locked(self, offset: int) -> None:
+    def _reset_locked(self, offset: int, history: list[IncarnationEntry] | None) -> None:
+        self._begin_incarnation(offset, "log reset", history)
         log.warning(
             "resetting log",
             topic=self.topic,
