@@ -167,6 +167,15 @@ class ChaosCluster:
             n.kill_now()
 
 
+_START_BANNER = b"===== start "  # ManagedProcess writes it to the log at every start
+_STARTED = b'"daemon started"'  # logged after the runner installed its signal handlers
+
+
+def started_in_log(log: bytes) -> bool:
+    """Whether the daemon's JSON log shows it started since the last start banner."""
+    return _STARTED in log[log.rfind(_START_BANNER) :]
+
+
 class DaemonProc(Proc):
     """One ``mqd run`` daemon with its own config file and state dir, sharing the landing dir."""
 
@@ -179,3 +188,11 @@ class DaemonProc(Proc):
             root,
             env,
         )
+
+    def started(self) -> bool:
+        """Started since its last (re)start: its SIGTERM handler is installed, so a SIGTERM now
+        is a graceful stop (before it, during the imports, SIGTERM kills it with -15)."""
+        try:
+            return started_in_log(self.log_path.read_bytes())
+        except OSError:
+            return False
