@@ -39,7 +39,8 @@ from mqd.protocol import FetchAnswer, ProtocolError, Status
 
 log = structlog.get_logger(__name__)
 
-START_CONSULT_S = 3.0  # before listening, wait at most this long for a slave to answer
+START_CONSULT_S = 2.0  # before listening, wait at most this long for a slave to answer
+PROBE_TIMEOUT_S = 1.0  # one round of asking the slaves for their log ends
 COPY_MAX_BYTES = 8 * 1024 * 1024  # one copy-back fetch
 RETRY_MAX_S = 2.0
 
@@ -104,7 +105,7 @@ class MasterRecovery:
         deadline = time.monotonic() + START_CONSULT_S
         backoff = Backoff(0.1, 0.5)
         while True:
-            if await self._attempt():
+            if await self._attempt(min(PROBE_TIMEOUT_S, max(0.1, deadline - time.monotonic()))):
                 return
             delay = backoff.next()
             if time.monotonic() + delay >= deadline:
@@ -142,9 +143,9 @@ class MasterRecovery:
             except Exception:
                 log.exception("master recovery attempt failed", node=self.node_id)
 
-    async def _attempt(self) -> bool:
+    async def _attempt(self, probe_timeout: float = PROBE_TIMEOUT_S) -> bool:
         """One round: True when a slave answered and everything it had beyond our log was copied."""
-        ends = await self._slave_ends()
+        ends = await self._slave_ends(probe_timeout)
         if not ends:
             return False
         result = RecoveryResult(consulted=sorted(ends))
@@ -196,7 +197,7 @@ class MasterRecovery:
         )
         return True
 
-    async def _slave_ends(self) -> dict[str, dict[tuple[str, int], _SlaveLog]]:
+    async def _slave_ends(self, timeout: float) -> dict[str, dict[tuple[str, int], _SlaveLog]]:
         """Each answering slave's (min, max, history) per partition, from one signed replica fetch."""
         request = [
             {"topic": t, "partition": p, "offset": plog.max_offset, "max_bytes": 1}
@@ -204,7 +205,10 @@ class MasterRecovery:
             if (plog := self._storage.get(t, p)) is not None
         ]
         answers = await asyncio.gather(
-            *(self._client.fetch(s, request, max_wait_ms=0, max_bytes=1, min_bytes=0) for s in self._slaves),
+            *(
+                self._client.fetch(s, request, max_wait_ms=0, max_bytes=1, min_bytes=0, timeout=timeout)
+                for s in self._slaves
+            ),
             return_exceptions=True,
         )
         out: dict[str, dict[tuple[str, int], _SlaveLog]] = {}

@@ -95,6 +95,7 @@ class ReplicaClient:
         max_wait_ms: int,
         max_bytes: int,
         min_bytes: int = 1,
+        timeout: float | None = None,
     ) -> FetchAnswer:
         """``POST /v1/replica/fetch`` to ``peer``: its log from each partition's ``offset``."""
         body = {
@@ -106,7 +107,11 @@ class ReplicaClient:
             "partitions": partitions,
         }
         raw, ctype = await self._call(
-            peer, "POST", "/v1/replica/fetch", json.dumps(body).encode(), self._timeout + max_wait_ms / 1000
+            peer,
+            "POST",
+            "/v1/replica/fetch",
+            json.dumps(body).encode(),
+            timeout if timeout is not None else self._timeout + max_wait_ms / 1000,
         )
         if ctype != FETCH_CONTENT_TYPE:
             raise BrokerError(f"replica fetch from {peer.id}: unexpected content type {ctype!r}")

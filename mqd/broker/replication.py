@@ -420,6 +420,13 @@ class Replicator:
                 self._offsets_synced_at = time.time()
                 backoff.reset()
                 delay = self._offsets_interval_s
+            except ReplicaPeerError as exc:
+                if self._unverified is None:
+                    log.error("master answer not verified: ignored", master=self.master.id, error=str(exc))
+                self.unverified_answers += 1
+                self._unverified = f"unverified master: {exc}"
+                self._record_error(f"committed offsets: {exc}")
+                delay = backoff.next()
             except (BrokerError, ConsumerGroupError) as exc:
                 self._record_error(f"committed offsets: {exc}")
                 delay = backoff.next()

@@ -186,13 +186,10 @@ class BrokerNode:
         await self._client.start()
         if self._replica_client is not None:
             await self._replica_client.start()
-        if self._offsets_pull is not None:
-            # a slave may have been the coordinator while this master was down: take its commits
-            # before answering any consumer-group request
-            await self._offsets_pull.start()
-        if self._recovery is not None:
-            # copy back from the slaves what this log lacks before taking any write
-            await self._recovery.start()
+        if self._offsets_pull is not None and self._recovery is not None:
+            # before serving, at once (each bounded): take the commits a slave took as coordinator
+            # while this master was down, and copy back from the slaves what this log lacks
+            await asyncio.gather(self._offsets_pull.start(), self._recovery.start())
         await self.state.start()
         if self._replicator is not None:
             await self._replicator.start()
