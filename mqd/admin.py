@@ -480,6 +480,13 @@ def render_summary(status: Mapping[str, Any]) -> str:
     paused = sum(1 for r in rows if r.paused)
     errors = [r for r in rows if r.error]
     lines.append(f"  {len(rows)} partitions assigned, {paused} paused, total lag {lag}" + _published(status))
+    totals = _section(consumer, "totals")
+    if totals.get("incarnation_changes") or totals.get("lost_offsets"):
+        lines.append(
+            f"  ! log incarnation changed {totals.get('incarnation_changes', 0)} times "
+            f"({totals.get('reused_offsets', 0)} reused offsets landed as new records), "
+            f"{totals.get('lost_offsets', 0)} offsets lost by the broker"
+        )
     for r in errors[:10]:
         lines.append(f"  {r.topic}:{r.partition}: {r.error}")
     reload = _section(runner, "reload")

@@ -64,6 +64,7 @@ def main() -> None:
     \b
     Daemon:      run, start, stop, status, top, reload, pause, resume
     Config:      config check
+    Landing:     landing migrate
     Cluster:     broker, produce
     Spark:       spark
     \b
@@ -627,6 +628,57 @@ def _masked(data: Any) -> Any:
     if isinstance(data, list):
         return [_masked(v) for v in data]
     return data
+
+
+# -- landing --------------------------------------------------------------------------------------
+
+
+@main.group()
+def landing() -> None:
+    """Landing directory tools."""
+
+
+@landing.command("migrate")
+@_config_option
+@click.option(
+    "--dir",
+    "landing_dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=None,
+    help="The landing directory [default: landing.dir of the config].",
+)
+def landing_migrate(config_path: Path, landing_dir: Path | None) -> None:
+    """Migrate a landing directory to this mqd's format (2: log incarnations), in place.
+
+    Stop every daemon that publishes into the landing first (a daemon of the old format refuses a
+    migrated landing; this one refuses an unmigrated one). Files landed before keep their names
+    and get no incarnation (null in the table's incarnation column); each partition adopts the
+    first incarnation the broker answers, assuming no reused offsets, as before. Running it again
+    does nothing. Exit code 0 when the landing is in the current format afterwards, 1 otherwise.
+
+    \b
+    Examples:
+      mqd landing migrate -c /etc/mqd/mqd.toml
+      mqd landing migrate --dir /data/landing
+    """
+    from mqd.landing.layout import LandingCorrupt
+    from mqd.landing.local_store import migrate
+
+    root = landing_dir if landing_dir is not None else _load(config_path).landing.dir
+    if not Path(root).is_dir():
+        _die(f"no landing directory at {root}", EXIT_FAIL)
+    try:
+        done = migrate(Path(root))
+    except (LandingCorrupt, OSError) as exc:
+        _die(f"migration of {root} failed: {exc}", EXIT_FAIL)
+    if done.from_version == done.to_version:
+        click.echo(f"{root}: already landing format {done.to_version}; nothing to do")
+    else:
+        click.echo(
+            f"{root}: migrated from landing format {done.from_version} to {done.to_version} "
+            f"({done.states} partition state records rewritten)"
+        )
+    sys.exit(EXIT_OK)
 
 
 # -- cluster and spark --------------------------------------------------------------------------------
