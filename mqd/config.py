@@ -144,6 +144,9 @@ class _Model(BaseModel):
         # the OS refuses such a path later, with a ValueError far from the config file
         if isinstance(value, Path) and "\0" in str(value):
             raise ValueError("a path may not contain a NUL character")
+        # the same for any text: a host, an id or a schema with NUL fails far from the file
+        if isinstance(value, str) and "\0" in value:
+            raise ValueError("text here may not contain a NUL character")
         # TOML takes integers of any size; past 64 bits they overflow a float or the broker refuses them
         if isinstance(value, int) and not isinstance(value, bool) and not -INT64_MAX <= value <= INT64_MAX:
             raise ValueError(f"an integer here must be within +-{INT64_MAX}")
@@ -721,7 +724,10 @@ def load_broker_config(path: str | Path) -> tuple[BrokerConfig, ClusterConfig]:
             "replica_credentials": _resolve_opt(base, cfg.replica_credentials),
         }
     )
-    cluster = load_cluster_config(cfg.cluster_file)
+    try:
+        cluster = load_cluster_config(cfg.cluster_file)
+    except ConfigError as exc:  # name the file and key that point there, not only the layout file
+        raise ConfigError(f"{path}: cluster_file: {exc}") from None
     if cluster.node(cfg.node_id) is None:
         raise ConfigError(f"{path}: node_id: {cfg.node_id!r} is not a node of {cfg.cluster_file}")
     return cfg, cluster
