@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mqd.broker.incarnation import (
@@ -119,6 +119,8 @@ def test_damaged_file_is_refused(tmp_path: Path, content: bytes) -> None:
         IncarnationHistory(tmp_path).load()
 
 
+# each example writes and fsyncs a history file per cut: its time is the disk's, not the rule's
+@settings(deadline=None)
 @given(st.lists(st.integers(min_value=0, max_value=1000), min_size=1, max_size=12))
 def test_any_sequence_of_cuts_keeps_the_rules(cuts: list[int]) -> None:
     """For any sequence of new incarnations (cuts anywhere): the history stays valid, every id ever
