@@ -16,7 +16,8 @@ Publishing a staged object (``commit``):
 1. head check: read the floor and the highest claim, resolve it (below), and require its last
    offset to be the caller's ``expected_last`` and the new range to start after it;
    PublishConflict otherwise. A publisher with a stale belief cannot fork the chain this way: its
-   expected end is not the head's.
+   expected end is not the head's. The file's visible name must be free too (a taken name is a
+   race lost since the head read, or, for names without an incarnation, reused offsets).
 2. claim: create ``claims/<head + 1>`` with ``If-None-Match: *``. On 412 or on a lost response,
    read the key back: our nonce means we won (our first attempt landed), another means we lost.
 3. floor check: a claim at or below the floor landed on a key that retention had deleted (a
@@ -185,6 +186,7 @@ class PartitionChain:
             raise ValueError(f"unknown protocol steps {sorted(self.unsafe_skip - UNSAFE_STEPS)}")
         self.on_void = on_void
         self._hint = -1  # a seq known to exist (above the floor when it was read)
+        self._hint_claim: Claim | None = None  # the claim at the hint
         self._resolved: set[int] = set()  # claims whose visible file is known to exist
 
     # -- reading ----------------------------------------------------------------------------------
@@ -195,6 +197,12 @@ class PartitionChain:
     def read_claim(self, seq: int) -> Claim | None:
         got = self.objects.get(self.claim_key(seq))
         return None if got is None else Claim.from_bytes(got[0], self.claim_key(seq))
+
+    def _hinted(self, seq: int) -> Claim | None:
+        """The claim at the hint: claims never change, so the one read last is reused."""
+        if self._hint_claim is not None and self._hint_claim.seq == seq:
+            return self._hint_claim
+        return self.read_claim(seq)
 
     def floor(self) -> tuple[Floor, str | None]:
         """The floor and its etag (None: no floor written yet)."""
@@ -225,7 +233,7 @@ class PartitionChain:
             else:
                 listed = self._listed_seqs(floor.seq)
                 seq = listed[-1] if listed else floor.seq
-            claim = self.read_claim(seq) if seq > floor.seq else None
+            claim = self._hinted(seq) if seq > floor.seq else None
             if seq > floor.seq and claim is None:
                 self._hint = -1  # compaction moved the floor past the hint meanwhile: read again
                 continue
@@ -234,7 +242,7 @@ class PartitionChain:
                 if nxt is None:
                     break
                 seq, claim = seq + 1, nxt
-            self._hint = seq
+            self._hint, self._hint_claim = seq, claim
             return floor, claim
         raise ObjectStoreError(f"{self.base}: the chain kept moving under the reader")
 
@@ -274,8 +282,7 @@ class PartitionChain:
         if len(self._resolved) > 64:
             self._resolved = {s for s in self._resolved if s >= claim.seq - 8}
         if claim.staged is not None:
-            self.objects.delete(claim.staged)
-            self.objects.delete(claim.staged + REAP_SUFFIX)
+            self.objects.delete(claim.staged)  # a reap marker left beside it goes with the janitor
 
     def _copy_staged(self, staged: str, final: str) -> bool:
         """Copy unless the janitor condemned the staged object; False when it is gone or condemned."""
@@ -327,18 +334,19 @@ class PartitionChain:
     # -- publishing -------------------------------------------------------------------------------
 
     def commit(
-        self, rng: FileRange, staged: str, expected_last: int | None, incarnation: str | None
+        self,
+        rng: FileRange,
+        staged: str,
+        expected_last: int | None,
+        *,
+        incarnation: str | None = None,
+        expected_incarnation: str | None = None,
     ) -> FileRange:
-        """Publish the staged object ``staged`` as ``rng`` (see the module docstring)."""
+        """Publish the staged object ``staged`` as ``rng`` (of log ``incarnation``) if the head is
+        (``expected_incarnation``, ``expected_last``); see the module docstring."""
         seq, st = self.head()
-        if "head_check" not in self.unsafe_skip and (
-            st.last_offset != expected_last
-            or (st.last_offset is not None and rng.first_offset <= st.last_offset)
-        ):
-            raise PublishConflict(self.topic, self.partition, expected_last, st.last_offset)
-        if self.objects.head(rng.path) is not None:
-            # a visible file of another incarnation's offsets (names without one), or not ours
-            raise LandingCorrupt(f"{rng.path}: a file already has this name; it is not in the chain's head")
+        if "head_check" not in self.unsafe_skip:
+            self._check_head(rng, incarnation, st, expected_last, expected_incarnation)
         wm = rng.ts_max if st.watermark_ms is None else max(st.watermark_ms, rng.ts_max)
         claim = Claim(
             seq=seq + 1,
@@ -357,10 +365,30 @@ class PartitionChain:
             # our key had been archived and deleted: what we wrote is outside the chain
             self.objects.delete(self.claim_key(claim.seq))
             raise PublishConflict(self.topic, self.partition, expected_last, self.head()[1].last_offset)
-        self._hint = max(self._hint, claim.seq)
+        if claim.seq > self._hint:
+            self._hint, self._hint_claim = claim.seq, claim
         if not self.resolve(claim):
             raise PublishConflict(self.topic, self.partition, expected_last, claim.prev.last_offset)
         return rng
+
+    def _check_head(
+        self,
+        rng: FileRange,
+        incarnation: str | None,
+        st: ChainState,
+        expected_last: int | None,
+        expected_incarnation: str | None,
+    ) -> None:
+        """The publisher's belief must be the chain's end, the range must follow it, and the
+        file's name must be free."""
+        if not follows(st, rng.first_offset, incarnation, expected_last, expected_incarnation):
+            raise PublishConflict(self.topic, self.partition, expected_last, st.last_offset)
+        if self.objects.head(rng.path) is not None:
+            _seq, now = self.head()
+            if now.last_offset != st.last_offset:  # another owner landed it since our head read
+                raise PublishConflict(self.topic, self.partition, expected_last, now.last_offset)
+            # offsets reused by a new incarnation under names without one, or a file not ours
+            raise LandingCorrupt(f"{rng.path}: a file already has this name; it is not in the chain")
 
     def _put_claim(self, claim: Claim) -> bool:
         """Create the claim; True when ours is the one in the slot."""
@@ -419,6 +447,10 @@ class PartitionChain:
         deleted key finds its claim below the floor (commit step 3)."""
         keep = max(keep, 1)
         floor, etag = self.floor()
+        for seq in self._listed_seqs(-1):  # left by a compactor that died after its floor
+            if seq > floor.seq:
+                break
+            self.objects.delete(self.claim_key(seq))
         head_seq, _st = self.head()
         new_floor = head_seq - keep
         if new_floor <= floor.seq:
@@ -446,6 +478,27 @@ class PartitionChain:
             if c.seq <= new_floor:
                 self.objects.delete(self.claim_key(c.seq))
         return new_floor - floor.seq
+
+
+def follows(
+    st: ChainState,
+    first_offset: int,
+    incarnation: str | None,
+    expected_last: int | None,
+    expected_incarnation: str | None,
+) -> bool:
+    """The commit condition (the local store's, with one difference): the head is the one the
+    publisher expects, and the range follows it, after it in the same incarnation or anywhere in
+    another known one (a new log reuses offsets; its records are new). An unknown landed
+    incarnation assumes no reuse. The difference: an empty head accepts only a publisher that
+    expects it empty, since a void can take the head back to empty under a publisher's feet."""
+    if st.last_offset is None:
+        return expected_last is None
+    if st.last_offset != expected_last or st.incarnation != expected_incarnation:
+        return False
+    if first_offset > st.last_offset:
+        return True
+    return st.incarnation is not None and incarnation is not None and incarnation != st.incarnation
 
 
 def _live_ranges(claims: list[Claim]) -> dict[int, FileRange]:

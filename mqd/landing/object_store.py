@@ -145,12 +145,19 @@ class ObjectStore:
             self.objects.upload(key, path)
         return StagedFile(replace(rng, bytes=size, created=layout.iso_now()), key)
 
-    def commit(self, staged: StagedFile, expected_last: int | None) -> FileRange:
+    def commit(
+        self, staged: StagedFile, expected_last: int | None, expected_incarnation: str | None = None
+    ) -> FileRange:
         rng = staged.range
         with self._lock:
             self._claimed.add(staged.location)  # before the claim is sent: its outcome may be unknown
-        incarnation: str | None = getattr(rng, "incarnation", None)
-        return self.chain(rng.topic, rng.partition).commit(rng, staged.location, expected_last, incarnation)
+        return self.chain(rng.topic, rng.partition).commit(
+            rng,
+            staged.location,
+            expected_last,
+            incarnation=getattr(rng, "incarnation", None),  # FileRange.incarnation: issue 12
+            expected_incarnation=expected_incarnation,
+        )
 
     def discard(self, staged: StagedFile) -> None:
         """Delete a staged object no claim can name. One that a claim may name is left to the
