@@ -187,3 +187,22 @@ def test_retention_keeps_a_floor_that_a_stale_claim_cannot_reopen(landing: tuple
     fresh = store_at(landing)
     assert offsets(fresh) == before and fresh.head("t", 0).last_offset == 11
     assert fresh.commit(stage(fresh, 12, 2), 11).last_offset == 13
+
+
+def test_watermarks_and_completeness_markers(landing: tuple[SeaweedFS, str]) -> None:
+    """An hour gets its _COMPLETE marker (create-only, once) when every partition's watermark,
+    landed or advanced while idle, passed its end; watermarks only move forward."""
+    store = store_at(landing)
+    store.commit(stage(store, 0, 2, partition=0), None)
+    store.commit(stage(store, 0, 2, partition=1), None)
+    assert store.watermarks("t", 2) == [T0, T0] and store.update_markers("t", 2) == []
+    store.advance_watermark("t", 0, T0 + layout.HOUR_MS)
+    store.advance_watermark("t", 0, T0 + 5)  # older: ignored
+    assert store.update_markers("t", 2) == []  # partition 1 is still inside the hour
+    store.advance_watermark("t", 1, T0 + layout.HOUR_MS + 1)
+    assert store.watermarks("t", 2) == [T0 + layout.HOUR_MS, T0 + layout.HOUR_MS + 1]
+    hour = layout.hour_dir("t", T0 // layout.HOUR_MS)
+    assert store.update_markers("t", 2) == [f"{hour}/{layout.MARKER_NAME}"]
+    assert store.update_markers("t", 2) == []
+    assert store.objects.head(f"{hour}/{layout.MARKER_NAME}") is not None
+    assert len(store.visible_files()) == 2  # the marker is not a data file
