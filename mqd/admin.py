@@ -14,6 +14,13 @@ password (a browser, which cannot add a bearer header to a page it loads). The p
 because systemd and Kubernetes probe without credentials; without the token they answer only ok/not
 ok, no reasons, since the reasons carry paths, URLs and error text. See docs/security.md.
 
+Browsers are kept from acting for a foreign web page (:func:`browser_refusal`): a state-changing
+request with a foreign ``Origin`` or a form content type is refused (cross-site request forgery),
+and while the endpoint binds loopback a request naming another host is refused (DNS rebinding).
+Connections are bounded like the broker's: headers within 10 s (:mod:`mqd.header_deadline`), a body
+within 10 s, idle keep-alive 75 s; a request aiohttp cannot parse (URL or header over 8 KiB) is a
+400 counted and logged once per 10 s, never a traceback per request.
+
 The server knows nothing about the daemon: it serves an :class:`AdminTarget` (the runner).
 The text and HTML views are pure functions of the status JSON so ``mqd status``/``mqd top`` render
 exactly what the endpoint serves.
@@ -21,11 +28,13 @@ exactly what the endpoint serves.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import hashlib
 import hmac
 import html
+import ipaddress
 import json
 import time
 from collections.abc import Mapping, Sequence
@@ -39,8 +48,10 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from mqd import metrics
+from mqd.broker.rejected_requests import ParserErrorLog, RejectedRequests
 from mqd.config import AdminConfig
 from mqd.errors import MqdError
+from mqd.header_deadline import BoundedAppRunner
 from mqd.topic_name import topic_name_problem
 
 log = structlog.get_logger(__name__)
@@ -70,6 +81,58 @@ def parse_partition_spec(text: str) -> PartitionSpec:
 OPEN_ROUTES = frozenset({"/healthz", "/readyz"})  # probes: systemd and k8s send no credentials
 READ_METHODS = frozenset({"GET", "HEAD"})
 REALM = "mqd"
+HEADER_TIMEOUT_S = 10.0
+BODY_TIMEOUT_S = 10.0
+KEEPALIVE_TIMEOUT_S = 75.0  # aiohttp: 3630 s, one fd each that long
+LOOPBACK_NAMES = frozenset({"localhost", "localhost."})
+
+
+def browser_refusal(
+    method: str,
+    origin: str | None,
+    fetch_site: str | None,
+    content_type: str | None,
+    has_body: bool,
+    host: str | None,
+    scheme: str,
+    loopback_only: bool,
+) -> tuple[int, str, str] | None:
+    """Why a request must be refused as one a browser sent for another site, as ``(status, code,
+    reason)``, or None. Reads are refused only for a foreign ``Host`` on a loopback bind (a DNS
+    rebinding page would read them as its own origin); a POST also for a foreign ``Origin`` (every
+    browser sends it on a cross-origin POST, ``null`` from sandboxed pages), ``Sec-Fetch-Site:
+    cross-site``/``same-site``, or a body of a type an HTML form can post without a CORS preflight."""
+    if loopback_only and not _loopback_host(host):
+        return 403, "forbidden_host", f"Host {host!r} is not a loopback name: this endpoint binds loopback"
+    if method in READ_METHODS:
+        return None
+    if origin is not None and origin.lower() != f"{scheme}://{host or ''}".lower():
+        return 403, "cross_origin", f"Origin {origin!r} is not this endpoint: refused (cross-site request)"
+    if fetch_site is not None and fetch_site.lower() in ("cross-site", "same-site"):
+        return 403, "cross_origin", f"Sec-Fetch-Site {fetch_site!r}: refused (cross-site request)"
+    if has_body and (content_type or "").lower() != "application/json":
+        return 415, "unsupported_media_type", "the body must be Content-Type: application/json"
+    return None
+
+
+def _loopback_host(host: str | None) -> bool:
+    """Whether a ``Host`` header names this machine's loopback (``localhost``, 127.x, ``[::1]``)."""
+    if not host:
+        return False
+    if host.startswith("["):  # [::1]:9480
+        name = host[1:].partition("]")[0]
+    else:
+        name = host.rpartition(":")[0] if ":" in host else host
+    return _binds_loopback(name)
+
+
+def _binds_loopback(host: str) -> bool:
+    if host.lower() in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 class AdminAuth:
@@ -139,12 +202,18 @@ class AdminServer:
         target: AdminTarget,
         *,
         registry: CollectorRegistry = metrics.REGISTRY,
+        header_timeout_s: float = HEADER_TIMEOUT_S,
     ) -> None:
         self._config = config
+        self._header_timeout_s = header_timeout_s
         self._target = target
         self._registry = registry
         self._auth = AdminAuth(config.auth_token)
-        self._app = web.Application(client_max_size=64 * 1024, middlewares=[self._check_auth])
+        self._loopback_only = _binds_loopback(config.host)
+        self.rejected = RejectedRequests()
+        self._app = web.Application(
+            client_max_size=64 * 1024, middlewares=[self._check_browser, self._check_auth]
+        )
         self._app.add_routes(
             [
                 web.get("/", self._index),
@@ -168,7 +237,16 @@ class AdminServer:
     async def start(self) -> None:
         if self._runner is not None:
             return
-        runner = web.AppRunner(self._app, access_log=None, handle_signals=False)
+        runner = BoundedAppRunner(
+            self._app,
+            header_timeout_s=self._header_timeout_s,
+            rejected=self.rejected,
+            access_log=None,
+            handle_signals=False,
+            logger=ParserErrorLog(self.rejected),
+            keepalive_timeout=KEEPALIVE_TIMEOUT_S,
+            lingering_time=BODY_TIMEOUT_S,
+        )
         await runner.setup()
         try:
             site = web.TCPSite(runner, self._config.host, self._config.port, reuse_address=True)
@@ -191,6 +269,30 @@ class AdminServer:
             await runner.cleanup()
 
     # -- handlers --------------------------------------------------------------------------------
+
+    @web.middleware
+    async def _check_browser(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        resource = request.match_info.route.resource
+        if resource is not None and resource.canonical in OPEN_ROUTES:
+            return await handler(request)
+        refusal = browser_refusal(
+            request.method,
+            request.headers.get("Origin"),
+            request.headers.get("Sec-Fetch-Site"),
+            request.headers.get("Content-Type", "").partition(";")[0].strip() or None,
+            request.can_read_body,
+            request.headers.get("Host"),
+            request.scheme,
+            self._loopback_only,
+        )
+        if refusal is None:
+            return await handler(request)
+        status, code, reason = refusal
+        self.rejected.record(status, reason, method=request.method, path=request.path)
+        response = _error(status, code, reason)
+        if request.can_read_body:
+            await _close_after(request, response)
+        return response
 
     @web.middleware
     async def _check_auth(self, request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -232,7 +334,9 @@ class AdminServer:
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def _status(self, request: web.Request) -> web.Response:
-        return web.json_response(self._target.status(), dumps=_dumps)
+        status = self._target.status()
+        status.setdefault("admin", {})["rejected"] = self.rejected.as_json()
+        return web.json_response(status, dumps=_dumps)
 
     async def _index(self, request: web.Request) -> web.Response:
         return web.Response(text=render_html(self._target.status()), content_type="text/html")
@@ -249,6 +353,11 @@ class AdminServer:
             if not specs:
                 raise AdminError('name partitions: {"partitions": ["topic", "topic:3"]}')
             done = self._target.pause(specs) if pause else self._target.resume(specs)
+        except _BodyRefused as exc:
+            self.rejected.record(exc.status, str(exc), path=request.path)
+            response = _error(exc.status, exc.code, str(exc))
+            await _close_after(request, response)
+            return response
         except AdminError as exc:
             return _error(400, "bad_request", str(exc))
         except KeyError as exc:  # the daemon refused a partition it does not own
@@ -258,18 +367,47 @@ class AdminServer:
         return web.json_response({key: [{"topic": t, "partition": p} for t, p in done]})
 
 
+class _BodyRefused(AdminError):
+    """A body not read whole: declared over the size limit, or not arrived within BODY_TIMEOUT_S."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+
+
 async def _partition_args(request: web.Request) -> list[str]:
     items = list(request.query.getall("partition", []))
     if request.can_read_body:
+        limit = request.client_max_size
+        if request.content_length is not None and request.content_length > limit:
+            raise _BodyRefused(413, "too_large", f"request body larger than {limit} bytes")
         try:
-            body = await request.json()
-        except ValueError as exc:
+            async with asyncio.timeout(BODY_TIMEOUT_S):
+                raw = await request.read()
+        except TimeoutError:
+            raise _BodyRefused(
+                408, "body_timeout", f"request body not received within {BODY_TIMEOUT_S:g}s"
+            ) from None
+        try:
+            body = json.loads(raw)
+        except (ValueError, RecursionError) as exc:
             raise AdminError(f"body is not JSON: {exc}") from None
         parts = body.get("partitions") if isinstance(body, dict) else None
         if not isinstance(parts, list) or not all(isinstance(p, str) for p in parts):
             raise AdminError('body must be {"partitions": ["topic", "topic:3", ...]}')
         items.extend(parts)
     return items
+
+
+async def _close_after(request: web.Request, response: web.Response) -> None:
+    """Send ``response`` now and close the connection: the request's body is not read, and aiohttp
+    would otherwise drain it for up to ``lingering_time`` first."""
+    response.force_close()
+    await response.prepare(request)
+    await response.write_eof()
+    if request.protocol is not None:
+        request.protocol.force_close()
 
 
 def _error(status: int, code: str, reason: str) -> web.Response:
@@ -480,6 +618,13 @@ def render_summary(status: Mapping[str, Any]) -> str:
     paused = sum(1 for r in rows if r.paused)
     errors = [r for r in rows if r.error]
     lines.append(f"  {len(rows)} partitions assigned, {paused} paused, total lag {lag}" + _published(status))
+    totals = _section(consumer, "totals")
+    if totals.get("incarnation_changes") or totals.get("lost_offsets"):
+        lines.append(
+            f"  ! log incarnation changed {totals.get('incarnation_changes', 0)} times "
+            f"({totals.get('reused_offsets', 0)} reused offsets landed as new records), "
+            f"{totals.get('lost_offsets', 0)} offsets lost by the broker"
+        )
     for r in errors[:10]:
         lines.append(f"  {r.topic}:{r.partition}: {r.error}")
     reload = _section(runner, "reload")

@@ -64,7 +64,8 @@ def main() -> None:
     \b
     Daemon:      run, start, stop, status, top, reload, pause, resume
     Config:      config check
-    Cluster:     broker, produce
+    Landing:     landing migrate
+    Cluster:     broker, broker-credentials, broker-init, produce
     Spark:       spark
     \b
     Exit codes: 0 ok/healthy, 1 failed/degraded, 2 bad config or usage, 3 not running.
@@ -629,6 +630,57 @@ def _masked(data: Any) -> Any:
     return data
 
 
+# -- landing --------------------------------------------------------------------------------------
+
+
+@main.group()
+def landing() -> None:
+    """Landing directory tools."""
+
+
+@landing.command("migrate")
+@_config_option
+@click.option(
+    "--dir",
+    "landing_dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=None,
+    help="The landing directory [default: landing.dir of the config].",
+)
+def landing_migrate(config_path: Path, landing_dir: Path | None) -> None:
+    """Migrate a landing directory to this mqd's format (2: log incarnations), in place.
+
+    Stop every daemon that publishes into the landing first (a daemon of the old format refuses a
+    migrated landing; this one refuses an unmigrated one). Files landed before keep their names
+    and get no incarnation (null in the table's incarnation column); each partition adopts the
+    first incarnation the broker answers, assuming no reused offsets, as before. Running it again
+    does nothing. Exit code 0 when the landing is in the current format afterwards, 1 otherwise.
+
+    \b
+    Examples:
+      mqd landing migrate -c /etc/mqd/mqd.toml
+      mqd landing migrate --dir /data/landing
+    """
+    from mqd.landing.layout import LandingCorrupt
+    from mqd.landing.local_store import migrate
+
+    root = landing_dir if landing_dir is not None else _load(config_path).landing.dir
+    if not Path(root).is_dir():
+        _die(f"no landing directory at {root}", EXIT_FAIL)
+    try:
+        done = migrate(Path(root))
+    except (LandingCorrupt, OSError) as exc:
+        _die(f"migration of {root} failed: {exc}", EXIT_FAIL)
+    if done.from_version == done.to_version:
+        click.echo(f"{root}: already landing format {done.to_version}; nothing to do")
+    else:
+        click.echo(
+            f"{root}: migrated from landing format {done.from_version} to {done.to_version} "
+            f"({done.states} partition state records rewritten)"
+        )
+    sys.exit(EXIT_OK)
+
+
 # -- cluster and spark --------------------------------------------------------------------------------
 
 
@@ -656,6 +708,92 @@ def broker(config_path: Path) -> None:
         sys.exit(2)
 
 
+@main.command("broker-credentials")
+@click.option(
+    "--cluster",
+    "cluster_path",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="The cluster layout (e.g. config/cluster-3g.toml).",
+)
+@click.option(
+    "--out-dir",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="Where to write <node>.credentials.toml (one 0600 file per node).",
+)
+@click.option("--cluster-id", default=None, help="Cluster id to put in the files [default: a new uuid].")
+def broker_credentials(cluster_path: Path, out_dir: Path, cluster_id: str | None) -> None:
+    """Generate replica credentials: a secret per broker node, shared only with its replica peers.
+
+    Every node of a broker group with slaves needs its file (``replica_credentials`` in its node
+    config; a lone master gets one too, unused): replica calls are signed with it, so no client
+    token, other node or process at a peer's address can report replica progress or pose as the
+    master. Copy each file to its node only (mode 0600). Running it again makes new secrets:
+    install the new files on every node.
+
+    \b
+    Example:
+      mqd broker-credentials --cluster config/cluster-3g.toml --out-dir /etc/mqd/credentials
+    """
+    from mqd.broker.replica_auth import generate_credentials
+    from mqd.config import load_cluster_config
+
+    try:
+        cluster = load_cluster_config(cluster_path)
+    except ConfigError as exc:
+        _die(f"error: {exc}", EXIT_CONFIG)
+    try:
+        written = generate_credentials(cluster, out_dir, cluster_id=cluster_id, lone_masters=True)
+    except OSError as exc:
+        _die(f"error: cannot write credentials into {out_dir}: {exc}", EXIT_FAIL)
+    for node_id, path in written.items():
+        click.echo(f"{node_id}: {path}")
+
+
+@main.command("broker-init")
+@click.option(
+    "--config",
+    "config_path",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="The node's TOML file.",
+)
+def broker_init(config_path: Path) -> None:
+    """Mark a broker node's data dir as its own (writes <data_dir>/node.json).
+
+    A master with slaves that starts without this marker (a new or replaced disk) refuses writes
+    until it has consulted a slave and copied back what its log lacks. Run this to provision a new
+    node, or to let such a master take writes with the log it has when no slave can be reached
+    (records only the unreachable slaves held are then not on this master). A running node sees
+    the marker within a second.
+
+    \b
+    Example:
+      mqd broker-init --config /etc/mqd/broker-broker-a-master.toml
+    """
+    from mqd.broker.node_marker import check_marker, read_marker, write_marker
+    from mqd.broker.replica_auth import load_credentials
+    from mqd.config import load_broker_config
+
+    try:
+        cfg, _ = load_broker_config(config_path)
+        cluster_id = None
+        if cfg.replica_credentials is not None:
+            cluster_id = load_credentials(cfg.replica_credentials, cfg.node_id, []).cluster_id
+        marker = read_marker(cfg.data_dir)
+        if marker is not None:
+            check_marker(marker, cfg.data_dir, cfg.node_id, cluster_id)
+            click.echo(f"{cfg.data_dir}: already marked as node {cfg.node_id} ({marker.created_by})")
+            return
+        write_marker(cfg.data_dir, cfg.node_id, cluster_id, "provisioned")
+    except ConfigError as exc:
+        _die(f"error: {exc}", EXIT_CONFIG)
+    except OSError as exc:
+        _die(f"error: cannot write the node marker into {cfg.data_dir}: {exc}", EXIT_FAIL)
+    click.echo(f"{cfg.data_dir}: marked as the data dir of node {cfg.node_id}")
+
+
 @main.command()
 @click.option(
     "--bootstrap", default="http://127.0.0.1:9400", show_default=True, help="Any broker node's URL."
@@ -674,7 +812,7 @@ def broker(config_path: Path) -> None:
     help="Number of distinct keys (0 = no keys; keyed records hash to a partition).",
 )
 @click.option("--batch", default=1000, show_default=True, type=int, help="Records per batch.")
-@click.option("--acks", default="master", type=click.Choice(["master", "all"]), show_default=True)
+@click.option("--acks", default="all", type=click.Choice(["master", "all"]), show_default=True)
 @click.option("--token", envvar="MQD_TOKEN", default=None, help="Bearer token, if the cluster needs one.")
 def produce(
     bootstrap: str,

@@ -38,6 +38,7 @@ from pydantic import (
     Field,
     FiniteFloat,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -46,6 +47,8 @@ from mqd.errors import MqdError
 from mqd.topic_name import check_topic_name
 
 MiB = 1024 * 1024
+# the one record-size limit's default (broker, producer, landing): measured, see mqd/record_size.py
+DEFAULT_MAX_RECORD_BYTES = 16 * MiB
 BUILTIN_ALLOCATIONS = ("averagely", "averagely-by-circle", "consistent-hash")  # mqd.consumer.allocation
 
 
@@ -103,12 +106,32 @@ def _http_url(value: str) -> str:
     return value
 
 
+def _bootstrap_address(value: str, info: ValidationInfo) -> str:
+    """The source decides the form (consumer.source, validated before bootstrap): an http(s) URL
+    for mqd, HOST:PORT for Kafka. An invalid source is reported on its own."""
+    source = info.data.get("source")
+    if source == "kafka":
+        return _host_port(value)
+    return _http_url(value) if source == "mqd" else value
+
+
+def _host_port(value: str) -> str:
+    """HOST:PORT (a Kafka bootstrap server; [v6]:PORT for IPv6)."""
+    if "://" in value:
+        raise ValueError(f"a Kafka bootstrap server is HOST:PORT, not a URL (got {value!r})")
+    host, sep, port = value.rpartition(":")
+    if _bad_chars(value) or not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"a Kafka bootstrap server is HOST:PORT with a port in 1..65535 (got {value!r})")
+    return value
+
+
 # every float field takes this type: inf and NaN pass a plain float and then overflow where the
 # daemon turns seconds into milliseconds (OverflowError at `mqd run`, exit 1 instead of 2)
 Float = FiniteFloat
 ConfigPath = Annotated[Path, BeforeValidator(_non_empty_path)]
 Token = Annotated[str, AfterValidator(_token)]
 HttpUrl = Annotated[str, AfterValidator(_http_url)]
+BootstrapAddress = Annotated[str, AfterValidator(_bootstrap_address)]
 TopicName = Annotated[str, AfterValidator(check_topic_name)]
 
 
@@ -121,6 +144,9 @@ class _Model(BaseModel):
         # the OS refuses such a path later, with a ValueError far from the config file
         if isinstance(value, Path) and "\0" in str(value):
             raise ValueError("a path may not contain a NUL character")
+        # the same for any text: a host, an id or a schema with NUL fails far from the file
+        if isinstance(value, str) and "\0" in value:
+            raise ValueError("text here may not contain a NUL character")
         # TOML takes integers of any size; past 64 bits they overflow a float or the broker refuses them
         if isinstance(value, int) and not isinstance(value, bool) and not -INT64_MAX <= value <= INT64_MAX:
             raise ValueError(f"an integer here must be within +-{INT64_MAX}")
@@ -207,6 +233,8 @@ class StorageConfig(_Model):
 
 class BrokerLimits(_Model):
     max_request_bytes: int = Field(default=64 * MiB, ge=1024)
+    # largest record (key + value + headers) accepted, 413 record_too_large above (mqd/record_size.py)
+    max_record_bytes: int = Field(default=DEFAULT_MAX_RECORD_BYTES, ge=1)
     max_fetch_bytes: int = Field(default=64 * MiB, ge=1024)
     max_wait_ms: int = Field(default=30_000, ge=0)
     max_partitions_per_fetch: int = Field(default=10_000, ge=1)
@@ -215,6 +243,9 @@ class BrokerLimits(_Model):
     body_timeout_ms: int = Field(default=10_000, ge=100, le=3_600_000)
     # fetches held at once on the node (each holds a task, a socket and its buffers); above it 429
     max_long_polls: int = Field(default=1000, ge=1)
+    # a request's headers not received whole this long after the connection opened (or their first
+    # byte on a kept-alive one) are cut with 408: a slow sender would hold its fd until keep-alive
+    header_timeout_ms: int = Field(default=20_000, ge=100, le=3_600_000)
 
 
 class BrokerConfig(_Model):
@@ -236,6 +267,8 @@ class BrokerConfig(_Model):
     tls_cert: ConfigPath | None = None
     tls_key: ConfigPath | None = None
     tls_ca_file: ConfigPath | None = None  # CA bundle to verify peers' certificates (default: system store)
+    # this node's replica credentials (`mqd broker-credentials`): required in a group of 2+ nodes
+    replica_credentials: ConfigPath | None = None
     log_level: str = "info"
     log_format: Literal["auto", "json", "console"] = "auto"
     storage: StorageConfig = StorageConfig()
@@ -254,10 +287,42 @@ class BrokerConfig(_Model):
 # daemon
 
 
+class KafkaConfig(_Model):
+    """``[consumer.kafka]``: how to reach a Kafka-protocol cluster (consumer.source = "kafka")."""
+
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] = "PLAIN"
+    sasl_username: str | None = None
+    sasl_password: str | None = Field(default=None, repr=False)  # better: MQD_CONSUMER__KAFKA__SASL_PASSWORD
+    tls_ca_file: ConfigPath | None = None  # CA bundle for the brokers' certificates (default: system store)
+    tls_cert_file: ConfigPath | None = None  # client certificate (mutual TLS)
+    tls_key_file: ConfigPath | None = None
+    tls_check_hostname: bool = True
+    isolation_level: Literal["read_committed", "read_uncommitted"] = "read_committed"
+    client_id: str = Field(default="", max_length=1024)  # default: consumer.client_id's
+    # static membership (KIP-345): a restart under the same id keeps its partitions; "" = dynamic
+    group_instance_id: str = Field(default="", max_length=249)
+
+    @model_validator(mode="after")
+    def _complete(self) -> Self:
+        if self.security_protocol.startswith("SASL_") and (
+            self.sasl_username is None or self.sasl_password is None
+        ):
+            raise ValueError(
+                f"security_protocol {self.security_protocol} needs sasl_username and sasl_password"
+            )
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError("tls_cert_file and tls_key_file go together (mutual TLS)")
+        return self
+
+
 class ConsumerConfig(_Model):
+    source: Literal["mqd", "kafka"] = "mqd"  # the queue: mqd brokers, or a Kafka-protocol cluster
     group: str = Field(default="mqd", min_length=1, max_length=255)  # the broker's limit
     client_id: str = Field(default="", max_length=1024)  # default: hostname-pid
-    bootstrap: list[HttpUrl] = Field(default_factory=lambda: ["http://127.0.0.1:9400"], min_length=1)
+    # mqd: http(s) URLs of broker nodes; kafka: HOST:PORT bootstrap servers
+    bootstrap: list[BootstrapAddress] = Field(default_factory=lambda: ["http://127.0.0.1:9400"], min_length=1)
+    kafka: KafkaConfig = KafkaConfig()
     topics: list[TopicName] = Field(default_factory=lambda: ["events"], min_length=1)
     mode: Literal["cluster", "broadcast"] = "cluster"
     consume_from: Literal["last", "first", "timestamp"] = "first"
@@ -284,6 +349,9 @@ class ConsumerConfig(_Model):
     error_backoff_ms: int = Field(default=100, ge=1)
     error_backoff_max_ms: int = Field(default=5000, ge=1)
     check_crc: bool = True
+    # a fetched record larger than this (key + value + headers) parks its partition instead of
+    # landing a file the Spark job cannot read; the same limit as the broker's (mqd/record_size.py)
+    max_record_bytes: int = Field(default=DEFAULT_MAX_RECORD_BYTES, ge=1)
     offset_file: ConfigPath = Path("state/offsets.json")  # broadcast mode
     auth_token: Token | None = Field(default=None, repr=False)
     tls_ca_file: ConfigPath | None = None  # CA bundle to verify brokers' certificates (default: system store)
@@ -332,6 +400,9 @@ class LandingConfig(_Model):
     max_age: Float = Field(default=5.0, gt=0)
     compression: Literal["snappy", "zstd", "gzip", "lz4", "none"] = "snappy"
     disk_retry_interval: Float = Field(default=1.0, gt=0)
+    # seconds an event time may be ahead of the publishing wall clock and still move the partition's
+    # watermark (mqd/landing/watermark.py); files stamped further ahead land but are counted instead
+    max_event_ahead: Float = Field(default=3600.0, gt=0, le=10 * 365 * 86400)
 
 
 class SparkConfig(_Model):
@@ -416,7 +487,7 @@ def _format_errors(
     path: Path,
     exc: ValidationError,
     model: type[BaseModel],
-    env_keys: Mapping[tuple[str, str], str] | None = None,
+    env_keys: Mapping[tuple[str, ...], str] | None = None,
 ) -> str:
     """One line per problem: key path, what is wrong, what is allowed, and where the value came from."""
     lines = [f"{path}: invalid configuration"]
@@ -443,10 +514,13 @@ def _format_errors(
             shown = ""
         else:
             msg = err["msg"].removeprefix("Value error, ")
-        if len(loc) >= 2:
-            origin = (env_keys or {}).get((str(loc[0]), str(loc[1])))
-        else:  # an unknown section: the variable that created it
-            origin = next((v for (s, _), v in (env_keys or {}).items() if loc and s == str(loc[0])), None)
+        keys = env_keys or {}
+        names = tuple(str(p) for p in loc)
+        # the variable that set this key, or a section the error is about (a model-wide check or
+        # an unknown section): the first variable under it
+        origin = next((keys[names[:n]] for n in range(len(names), 1, -1) if names[:n] in keys), None)
+        if origin is None:
+            origin = next((v for k, v in keys.items() if names and k[: len(names)] == names), None)
         suffix = f" (got {shown})" if shown else ""
         if origin:
             suffix += f" [from environment variable {origin}]"
@@ -478,7 +552,7 @@ def _validate(
     model: type[_M],
     path: Path,
     data: dict[str, Any],
-    env_keys: Mapping[tuple[str, str], str] | None = None,
+    env_keys: Mapping[tuple[str, ...], str] | None = None,
     env_errors: list[str] | None = None,
 ) -> _M:
     """Strict validation: TOML has real types, so "100" is not accepted where a number is expected.
@@ -505,13 +579,15 @@ def _resolve_opt(base: Path, p: Path | None) -> Path | None:
     return None if p is None else _resolve(base, p)
 
 
-def _scalar_kind(model: type[BaseModel], section: str, key: str) -> str:
-    """ "str" when the field takes text (str, Path, a Literal of strings), else "value"."""
-    sect = model.model_fields.get(section)
-    sub = sect.annotation if sect else None
-    if not (isinstance(sub, type) and issubclass(sub, BaseModel)) or key not in sub.model_fields:
+def _scalar_kind(model: type[BaseModel], path: list[str]) -> str:
+    """ "str" when the field at ``path`` takes text (str, Path, a Literal of strings), else "value"."""
+    sub: Any = model
+    for name in path[:-1]:
+        field = sub.model_fields.get(name) if isinstance(sub, type) and issubclass(sub, BaseModel) else None
+        sub = field.annotation if field else None
+    if not (isinstance(sub, type) and issubclass(sub, BaseModel)) or path[-1] not in sub.model_fields:
         return "str"
-    ann: Any = sub.model_fields[key].annotation
+    ann: Any = sub.model_fields[path[-1]].annotation
     union = get_origin(ann) in (Union, UnionType)
     args = [a for a in get_args(ann) if a is not type(None)] if union else [ann]
     # Annotated[str, ...] (Token, ConfigPath) inside an Optional is text too
@@ -529,13 +605,17 @@ NOT_OVERRIDES = frozenset(
 )
 
 
-def _override_names(model: type[BaseModel]) -> list[str]:
-    return [
-        f"MQD_{section}__{key}".upper()
-        for section, field in model.model_fields.items()
-        if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)
-        for key in field.annotation.model_fields
-    ]
+def _override_names(model: type[BaseModel], prefix: str = "MQD") -> list[str]:
+    """Every override variable: MQD_<SECTION>__<KEY>, and deeper for nested sections
+    (MQD_CONSUMER__KAFKA__SASL_PASSWORD)."""
+    out: list[str] = []
+    for name, field in model.model_fields.items():
+        ann = field.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            out.extend(_override_names(ann, f"{prefix}_{name}_".upper()))
+        elif prefix != "MQD":
+            out.append(f"{prefix}_{name}".upper())
+    return out
 
 
 def _unknown_variable(name: str) -> str:
@@ -552,13 +632,14 @@ def _unknown_variable(name: str) -> str:
 
 def _env_overrides(
     data: dict[str, Any], environ: Mapping[str, str]
-) -> tuple[dict[str, Any], dict[tuple[str, str], str], list[str]]:
-    """Apply ``MQD_<SECTION>__<KEY>=value``. Text fields take the value as is; numbers, booleans and
+) -> tuple[dict[str, Any], dict[tuple[str, ...], str], list[str]]:
+    """Apply ``MQD_<SECTION>__<KEY>=value`` (nested sections take one more ``__`` per level:
+    ``MQD_CONSUMER__KAFKA__SASL_PASSWORD``). Text fields take the value as is; numbers, booleans and
     lists take TOML syntax (``MQD_CONSUMER__TOPICS='["a", "b"]'``). Returns the data, which keys
     came from which variable (so errors can name the variable, not the file) and one error line per
     unknown MQD_ variable (a misspelt override must not be silently ignored)."""
-    out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in data.items()}
-    origins: dict[tuple[str, str], str] = {}
+    out = _copy_tables(data)
+    origins: dict[tuple[str, ...], str] = {}
     unknown: list[str] = []
     for name, value in sorted(environ.items()):
         if not name.startswith("MQD_") or name in NOT_OVERRIDES:
@@ -566,18 +647,25 @@ def _env_overrides(
         if "__" not in name:
             unknown.append(_unknown_variable(name))
             continue
-        section, _, key = name[4:].lower().partition("__")
+        path = name[4:].lower().split("__")
         parsed: Any = value
-        if _scalar_kind(MqdConfig, section, key) == "value":
+        if _scalar_kind(MqdConfig, path) == "value":
             try:
                 parsed = tomllib.loads(f"v = {value}")["v"]
             except tomllib.TOMLDecodeError:
                 pass  # left as text: validation names the variable and what it expects
-        section_data = out.setdefault(section, {})
-        if isinstance(section_data, dict):
-            section_data[key] = parsed
-            origins[(section, key)] = name
+        table: Any = out
+        for part in path[:-1]:
+            table = table.setdefault(part, {}) if isinstance(table, dict) else None
+        if isinstance(table, dict):
+            table[path[-1]] = parsed
+            origins[tuple(path)] = name
     return out, origins, unknown
+
+
+def _copy_tables(data: dict[str, Any]) -> dict[str, Any]:
+    """A copy of every table (not the leaves), so overrides never change the caller's dicts."""
+    return {k: (_copy_tables(v) if isinstance(v, dict) else v) for k, v in data.items()}
 
 
 def load_daemon_config(path: str | Path, environ: Mapping[str, str] | None = None) -> MqdConfig:
@@ -592,6 +680,12 @@ def load_daemon_config(path: str | Path, environ: Mapping[str, str] | None = Non
                 update={
                     "offset_file": _resolve(base, cfg.consumer.offset_file),
                     "tls_ca_file": _resolve_opt(base, cfg.consumer.tls_ca_file),
+                    "kafka": cfg.consumer.kafka.model_copy(
+                        update={
+                            k: _resolve_opt(base, getattr(cfg.consumer.kafka, k))
+                            for k in ("tls_ca_file", "tls_cert_file", "tls_key_file")
+                        }
+                    ),
                 }
             ),
             "landing": cfg.landing.model_copy(update={"dir": _resolve(base, cfg.landing.dir)}),
@@ -627,9 +721,13 @@ def load_broker_config(path: str | Path) -> tuple[BrokerConfig, ClusterConfig]:
             "tls_cert": _resolve_opt(base, cfg.tls_cert),
             "tls_key": _resolve_opt(base, cfg.tls_key),
             "tls_ca_file": _resolve_opt(base, cfg.tls_ca_file),
+            "replica_credentials": _resolve_opt(base, cfg.replica_credentials),
         }
     )
-    cluster = load_cluster_config(cfg.cluster_file)
+    try:
+        cluster = load_cluster_config(cfg.cluster_file)
+    except ConfigError as exc:  # name the file and key that point there, not only the layout file
+        raise ConfigError(f"{path}: cluster_file: {exc}") from None
     if cluster.node(cfg.node_id) is None:
         raise ConfigError(f"{path}: node_id: {cfg.node_id!r} is not a node of {cfg.cluster_file}")
     return cfg, cluster

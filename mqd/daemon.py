@@ -40,8 +40,16 @@ import structlog
 
 from mqd.client import BrokerClient
 from mqd.config import MqdConfig
-from mqd.consumer import Consumer, ConsumerError, ConsumerSnapshot, TopicPartition, consumer_status_json
+from mqd.consumer import (
+    Consumer,
+    ConsumerError,
+    ConsumerSnapshot,
+    StartPosition,
+    TopicPartition,
+    consumer_status_json,
+)
 from mqd.format import now_ms
+from mqd.fsutil import LockTimeout
 from mqd.landing import layout
 from mqd.landing.layout import LandingCorrupt, LandingError
 from mqd.landing.markers import IDLE_GRACE_MS
@@ -118,6 +126,13 @@ class Daemon:
             await self.sink.start()
         except LandingError as exc:
             self._set_landing_error(exc)
+        except LandingCorrupt as exc:
+            # not ours to fix (another landing format, a foreign marker): refuse to start
+            self.state = "failed"
+            log.error("landing directory refused", error=str(exc))
+            await self.sink.close()
+            await self._client.close()
+            raise
         try:
             await self.consumer.start()
         except BaseException:
@@ -313,13 +328,15 @@ class Daemon:
             self.consumer.mark_consumed(tp, res.conflict.last_offset + 1)
         if res.conflict is not None and res.owned:
             last = res.conflict.last_offset
-            self.consumer.seek(tp, 0 if last is None else last + 1)
+            # resume after what is landed, in the log incarnation it was landed from
+            self.consumer.seek(tp, 0 if last is None else last + 1, res.conflict.incarnation)
         if res.error is not None:
             self._set_landing_error(res.error)
 
     def _burst_done(self) -> bool:
         return (
             bool(self.consumer.assignment())
+            and self.consumer.assignment_resolved()  # a partition still waiting is not landed yet
             and self._landing_error is None
             and not self.sink.running
             and self.sink.pending_records == 0
@@ -423,16 +440,22 @@ class Daemon:
         if again:
             self.consumer.pause(again)
 
-    async def _start_position(self, tp: TopicPartition) -> int | None:
+    async def _start_position(self, tp: TopicPartition) -> StartPosition | None:
         try:
-            position = await self.sink.resume_position(tp)
+            position, incarnation = await self.sink.resume(tp)
+        except LockTimeout as exc:
+            # another process holds the partition's publication lock (frozen inside a commit?):
+            # this partition waits for the next rebalance round, the others start now
+            log.warning("landing lock held too long; partition retried later", tp=str(tp), error=str(exc))
+            raise ConsumerError(f"{tp}: landing lock held by another process: {exc}", retriable=True) from exc
         except (LandingError, LandingCorrupt) as exc:
             self._record_error("resume_position", exc)
             # retriable: the consumer retries the assignment; nothing is fetched without a position
             raise ConsumerError(f"{tp}: cannot read landing state: {exc}", retriable=True) from exc
-        if position is not None:
-            self.consumer.mark_consumed(tp, position)  # a lost or lagging broker commit catches up
-        return position
+        if position is None:
+            return None
+        self.consumer.mark_consumed(tp, position)  # a lost or lagging broker commit catches up
+        return StartPosition(position, incarnation)
 
     # -- operations ------------------------------------------------------------------------------
 
@@ -462,6 +485,7 @@ class Daemon:
             "files_published": s.files,
             "publish_conflicts": s.conflicts,
             "records_dropped": s.dropped,
+            "records_cut": s.cut,
             "commits": self._commits,
             "markers": self._markers,
         }

@@ -8,6 +8,15 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+from mqd.errors import MqdError
+from mqd.waiting import wait_until_sync
+
+
+class LockTimeout(MqdError):
+    """A lock file stayed held by another process past the caller's bound; retry later."""
+
+    retriable = True
+
 
 def fsync_dir(path: Path) -> None:
     """fsync the folder ``path``, so the names created, renamed or removed in it survive a crash."""
@@ -32,13 +41,31 @@ def atomic_write(path: Path, data: bytes) -> None:
     fsync_dir(path.parent)
 
 
+def _try_flock(fd: int) -> bool:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
 @contextlib.contextmanager
-def locked(path: Path) -> Iterator[None]:
-    """Hold an exclusive flock on the lock file ``path`` (created with its folders if missing)."""
+def locked(path: Path, timeout: float | None = None) -> Iterator[None]:
+    """Hold an exclusive flock on the lock file ``path`` (created with its folders if missing).
+
+    ``timeout`` None waits as long as it takes; a number bounds the wait (seconds, 0 = one try) and
+    raises :class:`LockTimeout` when another holder keeps the lock past it. flock has no timed wait,
+    so the bounded form polls a non-blocking flock."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        if timeout is None:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        else:
+            try:
+                wait_until_sync(lambda: _try_flock(fd), max(timeout, 0.0), f"the lock {path}", interval=0.01)
+            except TimeoutError:
+                raise LockTimeout(f"{path} is held by another process after {timeout:.1f}s") from None
         yield
     finally:
         os.close(fd)  # closing releases the flock

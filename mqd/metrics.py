@@ -74,7 +74,43 @@ publish_latency = Histogram(
     registry=REGISTRY,
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
 )
+records_cut = Counter(
+    "mqd_records_cut",
+    "Records cut on arrival: at or below the landed (or buffered) end of their log incarnation",
+    ["topic"],
+    registry=REGISTRY,
+)
+incarnation_changes = Counter(
+    "mqd_incarnation_changes",
+    "Partition logs found replaced or truncated (a new log incarnation)",
+    ["topic", "partition"],
+    registry=REGISTRY,
+)
+reused_offsets = Counter(
+    "mqd_reused_offsets",
+    "Offsets landed under an old incarnation that a new incarnation of the log holds other records at",
+    ["topic", "partition"],
+    registry=REGISTRY,
+)
+lost_offsets = Counter(
+    "mqd_lost_offsets",
+    "Offsets in fenced holes the broker reported as lost (DATA_LOST), skipped after a log line",
+    ["topic", "partition"],
+    registry=REGISTRY,
+)
+start_position_retries = Counter(
+    "mqd_start_position_retries",
+    "Start positions of new partitions not resolved (landing lock held past its bound, state "
+    "unreadable); the others are assigned, these retried in the next rebalance round",
+    registry=REGISTRY,
+)
 landing_errors = Counter("mqd_landing_errors", "Landing write failures", ["kind"], registry=REGISTRY)
+event_time_ahead_records = Counter(
+    "mqd_event_time_ahead_records",
+    "Records landed in files stamped past landing.max_event_ahead (the watermark ignores them)",
+    ["topic"],
+    registry=REGISTRY,
+)
 
 # -- process (mqd.runner) ---------------------------------------------------------------------------
 # Added by the ops work: process figures (RSS, CPU, fds) and the service's own life cycle.

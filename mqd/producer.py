@@ -6,7 +6,9 @@ within a short, bounded budget, after which the caller gets ``BrokerError(code="
 retriable=True)``. Like RocketMQ's ``retryTimesWhenSendFailed`` (and Kafka without idempotence), a
 retry after a request whose outcome is unknown (the connection broke mid-answer) can write the batch
 twice: delivery from a producer is at least once. Errors that a retry cannot fix (malformed batch,
-unknown partition, too large) are raised at once with ``retriable=False``.
+unknown partition, too large) are raised at once with ``retriable=False``. A record above
+``max_record_bytes`` (the broker's limit, mqd/record_size.py) is refused before sending, with the
+broker's own error code ``record_too_large``.
 
 ``produce_cli`` is the body of ``mqd produce``: synthetic records, optional keys, a token-bucket
 rate limit, a summary line at the end.
@@ -26,6 +28,7 @@ import numpy as np
 import pyarrow as pa
 
 from mqd import format as fmt
+from mqd import record_size
 from mqd.client import BrokerClient, BrokerError, ProduceResult
 from mqd.metadata import ClusterMetadata, MetadataError
 from mqd.topic_name import check_topic_name, topic_name_problem
@@ -100,17 +103,24 @@ class Producer:
     ``bootstrap`` is one URL, a comma-separated list or a list of node URLs; any live node serves
     the metadata. ``retry_timeout`` bounds how long a produce keeps retrying a master that does not
     answer before it reports ``master_unavailable``.
+
+    ``acks = "all"`` (the default, as Kafka's since 3.0) answers once every live slave of the group
+    holds the batch: it survives the loss of the master's disk. ``acks = "master"`` answers once the
+    master wrote it, before any slave has it (and before an fsync, unless the master runs with
+    ``fsync = "always"``): a master that crashes or loses its disk before a slave copied the batch
+    loses it although the producer saw it acknowledged.
     """
 
     def __init__(
         self,
         bootstrap: list[str] | str,
         *,
-        acks: str = "master",
+        acks: str = "all",
         token: str | None = None,
         request_timeout: float = 30.0,
         retry_timeout: float = 3.0,
         client: BrokerClient | None = None,
+        max_record_bytes: int = record_size.DEFAULT_MAX_RECORD_BYTES,
     ) -> None:
         urls = (
             [u.strip().rstrip("/") for u in bootstrap.split(",")]
@@ -130,6 +140,7 @@ class Producer:
         self._bootstrap = urls
         self._acks = acks
         self._retry_timeout = retry_timeout
+        self._max_record_bytes = max_record_bytes
         self._own_client = client is None
         self._client = client or BrokerClient(request_timeout=request_timeout, auth_token=token)
         self._meta: ClusterMetadata | None = None
@@ -232,6 +243,13 @@ class Producer:
         """Produce already encoded batches (``format.encode_batch`` output, concatenated)."""
         if not self._started:
             raise RuntimeError("Producer.start() was not called")
+        if len(batches) > self._max_record_bytes:  # else no record in it can be over the limit
+            try:
+                record_size.check_batches(batches, fmt.validate(batches), self._max_record_bytes)
+            except record_size.RecordTooLarge as exc:
+                raise BrokerError(
+                    f"{topic}/{partition}: {exc}", status=413, code="record_too_large", retriable=False
+                ) from None
         await self._check_partition(topic, partition)
         deadline = time.monotonic() + self._retry_timeout
         backoff = _BACKOFF_START

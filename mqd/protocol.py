@@ -13,6 +13,7 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any
 
+from mqd.broker.incarnation import IncarnationEntry, IncarnationError, entries_from_json
 from mqd.errors import MqdError
 
 FETCH_MAGIC = b"MQF1"
@@ -31,6 +32,10 @@ class Status(enum.StrEnum):
     OFFSET_OVERFLOW_BADLY = "OFFSET_OVERFLOW_BADLY"
     # not an offset status: the node cannot serve this partition (unknown, not its group)
     NOT_SERVED = "NOT_SERVED"
+    # the request named an incarnation that is not the log's current one: see ``diverged_at``
+    INCARNATION_CHANGED = "INCARNATION_CHANGED"
+    # the offset lies in a fenced range (damaged, not repairable): ``lost_first..lost_last``
+    DATA_LOST = "DATA_LOST"
 
 
 @dataclass(slots=True)
@@ -46,6 +51,15 @@ class PartitionFetch:
     suggest: str | None  # node id to pull from next, or None to stay
     data: memoryview = field(repr=False)
     error: str | None = None
+    # the log's current incarnation (None: the node does not serve the partition, or is older)
+    incarnation: str | None = None
+    # INCARNATION_CHANGED: first offset from which the log no longer holds the named incarnation
+    diverged_at: int | None = None
+    # DATA_LOST: the fenced range (inclusive) holding the requested offset
+    lost_first: int | None = None
+    lost_last: int | None = None
+    # replica fetch answers only: the master's incarnation history, oldest first
+    history: list[IncarnationEntry] | None = None
 
 
 @dataclass(slots=True)
@@ -71,6 +85,11 @@ class ProtocolError(MqdError, ValueError):
     """A broker answer that does not parse. Retriable: the next fetch may be fine."""
 
     retriable = True
+
+
+def _opt_int(entry: dict[str, Any], key: str) -> int | None:
+    value = entry.get(key)
+    return None if value is None else int(value)
 
 
 def decode_fetch_answer(body: bytes) -> FetchAnswer:
@@ -102,10 +121,15 @@ def decode_fetch_answer(body: bytes) -> FetchAnswer:
                     suggest=e.get("suggest"),
                     data=mv[data_start + pos : data_start + pos + ln],
                     error=e.get("error"),
+                    incarnation=e.get("incarnation"),
+                    diverged_at=_opt_int(e, "diverged_at"),
+                    lost_first=_opt_int(e, "lost_first"),
+                    lost_last=_opt_int(e, "lost_last"),
+                    history=None if e.get("history") is None else entries_from_json(e["history"]),
                 )
             )
         return FetchAnswer(node=str(head["node"]), partitions=parts, buffer=body)
     except ProtocolError:
         raise
-    except (KeyError, TypeError, ValueError) as exc:
+    except (KeyError, TypeError, ValueError, IncarnationError) as exc:
         raise ProtocolError(f"malformed fetch answer: {exc}") from exc

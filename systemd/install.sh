@@ -11,6 +11,10 @@
 #   SYSTEMD_VERSION  systemd version to target [default: `systemctl --version`]; >= 253 uses
 #                    Type=notify-reload (systemd sends SIGHUP itself), older Type=notify + ExecReload
 #   VERIFY=0         skip `systemd-analyze verify`
+#   CLUSTER          cluster layout for broker nodes [default: $CONFDIR/cluster.toml if present]:
+#                    when given and $CONFDIR/credentials does not exist yet, replica credentials are
+#                    generated there (`mqd broker-credentials`, one 0600 file per node) and a drop-in
+#                    loads each node's file into mqd-broker@<node> (LoadCredential=replica:...)
 #
 # Afterwards: edit /etc/mqd/mqd.toml, then `systemctl enable --now mqd` (and mqd-spark,
 # mqd-broker@<node-id> for broker nodes on this host, with /etc/mqd/broker-<node-id>.toml).
@@ -105,6 +109,32 @@ if [ -e "$DESTDIR$CONFDIR/mqd.toml" ]; then
     echo "keeping existing $DESTDIR$CONFDIR/mqd.toml"
 else
     run install -m 0644 "$staging/mqd.toml" "$DESTDIR$CONFDIR/mqd.toml"
+fi
+
+# Replica credentials for the broker nodes of a cluster layout (issue 13): generated here, never
+# shipped. Each node reads its own file through systemd credentials (the unit runs as a dynamic
+# user that cannot read /etc/mqd/credentials itself): in its node file,
+#   replica_credentials = "/run/credentials/mqd-broker@<node-id>.service/replica"
+CLUSTER=${CLUSTER:-}
+[ -z "$CLUSTER" ] && [ -e "$DESTDIR$CONFDIR/cluster.toml" ] && CLUSTER="$DESTDIR$CONFDIR/cluster.toml"
+if [ -n "$CLUSTER" ]; then
+    creds="$DESTDIR$CONFDIR/credentials"
+    if [ -e "$creds" ]; then
+        echo "keeping existing replica credentials in $creds"
+    else
+        run "$MQD_BIN" broker-credentials --cluster "$CLUSTER" --out-dir "$creds"
+        run chmod 0700 "$creds"
+        echo "copy each node's $creds/<node-id>.credentials.toml to that node only (same path)"
+    fi
+    dropin="$DESTDIR$UNITDIR/mqd-broker@.service.d"
+    run mkdir -p "$dropin"
+    if [ "$dry" = 1 ]; then
+        echo "would write $dropin/credentials.conf"
+    else
+        printf '[Service]\nLoadCredential=replica:%s/credentials/%%i.credentials.toml\n' "$CONFDIR" \
+            > "$dropin/credentials.conf"
+        chmod 0644 "$dropin/credentials.conf"
+    fi
 fi
 
 if [ -z "$DESTDIR" ] && [ "$dry" = 0 ] && [ -d /run/systemd/system ]; then

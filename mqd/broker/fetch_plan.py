@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from mqd.broker.cluster_state import ClusterState
+from mqd.broker.incarnation import entries_to_json
 from mqd.broker.offset_check import check_offset
 from mqd.broker.pull_suggestion import master_suggestion, slave_suggestion
 from mqd.broker.replica_progress import ReplicaProgress
@@ -35,6 +36,8 @@ class FetchItem:
     partition: int
     offset: int
     max_bytes: int
+    # the incarnation the consumer's offset belongs to; None: it does not know yet
+    incarnation: str | None = None
 
 
 @dataclass(slots=True)
@@ -123,12 +126,22 @@ class FetchPlanner:
             )
             return entry, None, check.waitable
         lo, hi = plog.min_offset, plog.max_offset
+        current = plog.incarnation
+        diverged: int | None = None
+        known = True
+        if it.incarnation is not None and it.incarnation != current:
+            diverged = plog.diverged_at(it.incarnation)
+            known = plog.knows_incarnation(it.incarnation)
+        lost = plog.fenced_at(offset)
         check = check_offset(
             offset,
             lo,
             hi,
             is_master=self._is_master,
             offset_check_in_slave=self._offset_check_in_slave,
+            diverged_at=diverged,
+            incarnation_known=known,
+            lost_last=None if lost is None else lost[1],
         )
         next_offset = check.next_offset
         planned: PlannedRead = None
@@ -144,7 +157,14 @@ class FetchPlanner:
             min_offset=lo,
             max_offset=hi,
             suggest=None if replica else self._suggest(plog, check.status, offset, next_offset),
+            incarnation=current,
         )
+        if check.status is Status.INCARNATION_CHANGED:
+            entry["diverged_at"] = diverged
+        elif check.status is Status.DATA_LOST and lost is not None:
+            entry["lost_first"], entry["lost_last"] = lost
+        if replica:
+            entry["history"] = entries_to_json(plog.history)
         return entry, planned, check.waitable
 
     def _suggest(self, plog: PartitionLog, status: Status, offset: int, next_offset: int) -> str | None:

@@ -6,6 +6,10 @@ become JSON answers in one middleware. Produce is for masters only; ``acks=all``
 live slaves (:mod:`mqd.broker.replica_progress`). The node's lifecycle (binding, background loops,
 shutdown order) is :mod:`mqd.broker.server`'s.
 
+Replica routes (``/v1/replica/*``) do not take the client token: the caller proves it is a replica
+peer of this node with a signature (:mod:`mqd.broker.replica_auth`), a master records progress only
+for the slave that signed, and 200 answers are signed back so the caller knows who answered.
+
 Handling is bounded: bodies are read within ``limits.body_timeout_ms`` (408), fetches held at once
 are capped by ``limits.max_long_polls`` (429 with Retry-After), and 4xx answers are counted and
 logged at most once per interval (:mod:`mqd.broker.rejected_requests`), never with a traceback.
@@ -16,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import hmac
+import json
 import re
 from collections.abc import Awaitable, Callable
 from importlib import resources
@@ -29,14 +34,17 @@ from mqd.broker.client_stats import ClientStats
 from mqd.broker.cluster_state import ClusterState
 from mqd.broker.consumer_groups import ConsumerGroupError, ConsumerGroupStore
 from mqd.broker.fetch_plan import FetchItem, FetchPlan, FetchPlanner
+from mqd.broker.incarnation import entries_to_json, is_valid_id
 from mqd.broker.long_poll import LongPoll, LongPollFull
 from mqd.broker.rejected_requests import WARNED_STATUSES, RejectedRequests
+from mqd.broker.replica_auth import HEADER_NONCE, ReplicaAuth, ReplicaAuthError
 from mqd.broker.replica_progress import ReplicaProgress
 from mqd.broker.request_parsing import (
     MAX_OFFSET,
     MAX_PARTITION,
     ApiError,
     bad,
+    check_record_sizes,
     int_field,
     json_body,
     list_field,
@@ -83,6 +91,9 @@ class BrokerApi:
         long_poll: LongPoll,
         replica_progress: ReplicaProgress,
         replication_status: Callable[[], dict[str, Any] | None],
+        replica_auth: ReplicaAuth | None = None,
+        writes_refused: Callable[[], str | None] = lambda: None,
+        node_problems: Callable[[], list[str]] = list,
     ) -> None:
         self.config = config
         self.cluster = cluster
@@ -94,6 +105,9 @@ class BrokerApi:
         self.long_poll = long_poll
         self.replica_progress = replica_progress
         self._replication_status = replication_status
+        self.replica_auth = replica_auth
+        self._writes_refused = writes_refused
+        self._node_problems = node_problems
         self._planner = FetchPlanner(config, state, storage, replica_progress)
         self._openapi_spec = openapi_spec()
         self._body_timeout_s = config.limits.body_timeout_ms / 1000
@@ -186,12 +200,31 @@ class BrokerApi:
 
     @web.middleware
     async def _auth_middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path.startswith("/v1/replica/"):
+            # replica peers prove who they are by signature, never by the token every client holds
+            await self._verify_replica(request)
+            return await handler(request)
         token = self.config.auth_token
         if token and request.path != "/v1/health":
             given = request.headers.get("Authorization", "")
             if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
                 raise ApiError(401, "unauthorized", "missing or wrong bearer token")
         return await handler(request)
+
+    async def _verify_replica(self, request: web.Request) -> None:
+        """Sets ``request["replica_peer"]`` to the node that signed the call; 401/403 otherwise."""
+        auth = self.replica_auth
+        if auth is None:
+            raise ApiError(
+                403, "replica_forbidden", f"{self.node_id} has no replica peers (no replica_credentials)"
+            )
+        body = await read_body(request, self._body_timeout_s)
+        try:
+            request["replica_peer"] = auth.verify_request(request.method, request.path, request.headers, body)
+        except ReplicaAuthError as exc:
+            code = "replica_forbidden" if exc.status == 403 else "replica_unauthorized"
+            raise ApiError(exc.status, code, str(exc)) from None
+        request["replica_nonce"] = request.headers[HEADER_NONCE]
 
     # -- simple endpoints --------------------------------------------------------------------------
 
@@ -200,6 +233,13 @@ class BrokerApi:
         disk = self.storage.disk
         disk.probe_soon()  # answers from the last probe; a full or read-only disk shows within 1 s
         reasons = [] if disk.problem is None else [disk.problem]
+        # a fenced range is data this node cannot serve: an operator must hear of it (issue 12)
+        reasons += [
+            f"{topic}-{partition}: offsets {first}..{last} fenced (damaged or missing, not repaired): "
+            "fetches there answer DATA_LOST"
+            for topic, partition, first, last in self.storage.fenced()
+        ]
+        reasons += self._node_problems()  # writes refused, replication parked or unverified
         body: dict[str, Any] = {
             "node": self.node_id,
             "role": self.state.node.role,
@@ -223,6 +263,12 @@ class BrokerApi:
         body = self.stats.as_json(self.node_id)
         body["rejected"] = self.rejected.as_json()
         body["long_polls_held"] = self.long_poll.held
+        fenced = self.storage.fenced()
+        body["fenced_offsets"] = sum(last - first + 1 for _, _, first, last in fenced)
+        body["fenced"] = [
+            {"topic": topic, "partition": partition, "first": first, "last": last}
+            for topic, partition, first, last in fenced
+        ]
         replication = self._replication_status()
         if replication is not None:
             body["replication"] = replication
@@ -282,9 +328,12 @@ class BrokerApi:
             )
         if self.closing:
             raise ApiError(503, "shutting_down", "the node is stopping")
+        refused = self._writes_refused()
+        if refused is not None:
+            raise ApiError(503, "data_dir_unverified", refused)
         limit = self.config.limits.max_request_bytes
         if request.content_length is not None and request.content_length > limit:
-            raise ApiError(413, "too_large", f"request body larger than {limit} bytes")
+            raise ApiError(413, "too_large", f"request body larger than {limit} bytes", close=True)
         ctype = request.headers.get("Content-Type", BATCH_CONTENT_TYPE).split(";")[0].strip()
         if ctype not in (BATCH_CONTENT_TYPE, "application/octet-stream"):
             raise ApiError(415, "bad_content_type", f"expected {BATCH_CONTENT_TYPE}, got {ctype}")
@@ -293,6 +342,7 @@ class BrokerApi:
             infos = fmt.validate(body)
         except fmt.BatchError as exc:
             raise ApiError(400, "malformed_batch", str(exc)) from None
+        check_record_sizes(body, infos, self.config.limits.max_record_bytes)
         plog = self._log(topic, partition)
         first, last = plog.append(body, infos)
         self.long_poll.notify(topic, partition)
@@ -341,12 +391,16 @@ class BrokerApi:
         for i, p in enumerate(raw):
             where = f"partitions[{i}]."
             p = obj_value(p, f"partitions[{i}]")
+            incarnation = p.get("incarnation")
+            if incarnation is not None and not is_valid_id(incarnation):
+                bad(f"{where}incarnation: 32 lowercase hex characters or null, got {incarnation!r:.80}")
             items.append(
                 FetchItem(
                     str_field(p, "topic", where),
                     int_field(p, "partition", where, maximum=MAX_PARTITION),
                     int_field(p, "offset", where),
                     int_field(p, "max_bytes", where, default=default_max, minimum=1),
+                    incarnation,
                 )
             )
         return items
@@ -366,18 +420,33 @@ class BrokerApi:
 
     async def _replica_fetch(self, request: web.Request) -> web.StreamResponse:
         body = await self._json(request)
-        slave = str_field(body, "node")
-        found = self.cluster.node(slave)
-        own = self.state.broker_group.name
-        if found is None or found[0].name != own or found[1].role != "slave":
-            bad(f"node {slave!r} is not a slave of group {own}")
+        peer: str = request["replica_peer"]  # proved by its signature (_verify_replica)
+        named = body.get("node", peer)
+        if named != peer:
+            raise ApiError(403, "replica_forbidden", f"node {peer!r} may not speak for node {named!r}")
         max_wait, min_bytes, max_bytes = self._fetch_limits(body)
         items = self._parse_fetch(body, max_bytes)
-        if self.state.is_master:
-            for it in items:
-                if self.state.holds(it.topic, it.partition):
-                    self.replica_progress.record(slave, it.topic, it.partition, it.offset)
-        return await self._answer_fetch(request, items, max_wait, min_bytes, max_bytes, replica=True)
+        nonce: str = request["replica_nonce"]
+        auth = self.replica_auth
+        assert auth is not None
+
+        def sign(head: bytes, data: memoryview) -> dict[str, str]:
+            return auth.sign_answer(nonce, 200, [head, data])
+
+        if not self.state.is_master:
+            # the master recovering its log (master_recovery.py) reads this slave's like a consumer
+            return await self._answer_fetch(
+                request, items, 0, min_bytes, max_bytes, replica=False, sign=sign, with_history=True
+            )
+        refused = self._writes_refused()
+        if refused is not None:  # do not let slaves follow a log that is not yet recovered
+            raise ApiError(503, "data_dir_unverified", refused)
+        for it in items:
+            if self.state.holds(it.topic, it.partition):
+                self.replica_progress.record(peer, it.topic, it.partition, it.offset)
+        return await self._answer_fetch(
+            request, items, max_wait, min_bytes, max_bytes, replica=True, sign=sign
+        )
 
     async def _answer_fetch(
         self,
@@ -388,6 +457,8 @@ class BrokerApi:
         max_bytes: int,
         *,
         replica: bool,
+        sign: Callable[[bytes, memoryview], dict[str, str]] | None = None,
+        with_history: bool = False,
     ) -> web.StreamResponse:
         keys = [(it.topic, it.partition) for it in items]
 
@@ -396,9 +467,17 @@ class BrokerApi:
 
         # replica fetches are not capped: there are only as many as slaves, and acks=all needs them
         plan = await self.long_poll.hold(keys, max_wait_ms / 1000, attempt, capped=not replica)
+        if with_history:  # a slave answering its recovering master: which records its offsets name
+            for entry in plan.entries:
+                plog = self.storage.get(entry["topic"], entry["partition"])
+                if plog is not None and "history" not in entry:
+                    entry["history"] = entries_to_json(plog.history)
         # no await between the last plan and reading it: its file descriptors stay valid until then
         head, data = self._planner.read(self.node_id, plan)
-        response = web.StreamResponse(headers={"Content-Type": FETCH_CONTENT_TYPE})
+        headers = {"Content-Type": FETCH_CONTENT_TYPE}
+        if sign is not None:
+            headers.update(sign(head, data))
+        response = web.StreamResponse(headers=headers)
         response.content_length = len(head) + data.nbytes
         await response.prepare(request)
         await response.write(head)
@@ -510,4 +589,8 @@ class BrokerApi:
         return web.json_response({"offsets": self.consumer_groups.committed(consumer_group, partitions)})
 
     async def _replica_offsets(self, request: web.Request) -> web.Response:
-        return web.json_response({"groups": self.consumer_groups.offsets_snapshot()})
+        auth = self.replica_auth
+        assert auth is not None  # _verify_replica let the call through
+        body = json.dumps({"groups": self.consumer_groups.offsets_snapshot()}).encode()
+        headers = auth.sign_answer(request["replica_nonce"], 200, [body])
+        return web.Response(body=body, content_type="application/json", headers=headers)

@@ -14,7 +14,8 @@ import structlog
 
 from mqd.broker.cluster_state import ClusterState
 from mqd.broker.consumer_groups import ConsumerGroupError, ConsumerGroupStore
-from mqd.client import BrokerClient, BrokerError
+from mqd.broker.replica_client import ReplicaClient
+from mqd.client import BrokerError
 
 log = structlog.get_logger(__name__)
 
@@ -28,7 +29,7 @@ class SlaveOffsetsPull:
     def __init__(
         self,
         state: ClusterState,
-        client: BrokerClient,
+        client: ReplicaClient,
         consumer_groups: ConsumerGroupStore,
         *,
         timeout_s: float,
@@ -66,7 +67,7 @@ class SlaveOffsetsPull:
         """Max-merge the committed offsets of every live slave into this master's store."""
         slaves = self._state.live_slaves()
         answers = await asyncio.gather(
-            *(self._client.replica_offsets(s.url, timeout=timeout) for s in slaves), return_exceptions=True
+            *(self._client.offsets(s, timeout=timeout) for s in slaves), return_exceptions=True
         )
         for slave, answer in zip(slaves, answers, strict=True):
             if isinstance(answer, BrokerError):

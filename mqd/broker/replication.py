@@ -6,10 +6,19 @@ once, each at this node's log end (which also tells the master how far this slav
 so a corrupt answer never reaches the slave's log. A second loop pulls ``GET /v1/replica/offsets``
 every second into the ConsumerGroupStore.
 
-Divergence (an unclean master restart lost a tail this slave already copied): when the master's
-log end is below ours, or the batch the master returns for our log end starts before it, this
-slave truncates back and copies again. Like RocketMQ's HA (and Kafka before leader epochs) this
-cannot see a divergence whose batch boundaries happen to line up.
+Every call is signed and every answer checked (:mod:`mqd.broker.replica_client`): nothing is
+applied unless the real master (it knows its secret) answered this very request.
+
+Divergence is told by content first: the master's incarnation history (in every replica answer)
+and ours agree up to the newest incarnation both know (replica_divergence.py); past that point the
+master holds other records, so this slave truncates there and adopts the master's history. Logs
+that never shared one (a new or upgraded pair) fall back to offsets: when the master's log
+end is below ours, or the batch it returns for our log end starts before it, this slave truncates
+back and copies again. Either way never below its floor (:mod:`mqd.broker.replica_floor`:
+what it reported to its master, so what acks=all may have acknowledged). A master that comes back
+shorter copies the records back from its slaves before it takes writes (master_recovery.py); if it
+still asks for a cut below the floor, the slave parks the partition (error in /v1/stats, degraded
+health, a counter) instead of deleting.
 """
 
 from __future__ import annotations
@@ -25,8 +34,12 @@ import structlog
 from mqd import format as fmt
 from mqd.backoff import Backoff
 from mqd.broker.consumer_groups import ConsumerGroupError, ConsumerGroupStore
-from mqd.broker.storage import Storage, StorageError
-from mqd.client import BrokerClient, BrokerError
+from mqd.broker.incarnation import IncarnationEntry
+from mqd.broker.replica_client import ReplicaClient, ReplicaPeerError
+from mqd.broker.replica_divergence import agreed_end
+from mqd.broker.replica_floor import ReplicaFloor
+from mqd.broker.storage import PartitionLog, Storage, StorageError
+from mqd.client import BrokerError
 from mqd.config import BrokerGroupSpec, MiB
 from mqd.errors import MqdError
 from mqd.protocol import FetchAnswer, PartitionFetch, ProtocolError, Status
@@ -48,6 +61,14 @@ class _ReplicaPartition:
     error: str | None = None
     retry_at: float = 0.0  # monotonic; the partition is left out of requests until then
     backoff: Backoff | None = None
+    parked: bool = False  # following the master would cut below the floor: refused
+
+
+PARKED_RETRY_S = 5.0  # a parked partition asks again this often (the master may have recovered)
+
+
+class FloorRefusal(ReplicationError):
+    """Following the master would truncate below what this slave reported (may be acknowledged)."""
 
 
 class Replicator:
@@ -61,8 +82,9 @@ class Replicator:
         broker_group: BrokerGroupSpec,
         storage: Storage,
         partitions: list[tuple[str, int]],
-        client: BrokerClient,
+        client: ReplicaClient,
         consumer_groups: ConsumerGroupStore,
+        floor: ReplicaFloor,
         on_append: Callable[[str, int], None],
         wait_ms: int,
         max_bytes: int = 32 * MiB,
@@ -78,6 +100,10 @@ class Replicator:
         self._partitions = list(partitions)
         self._client = client
         self._consumer_groups = consumer_groups
+        self._floor = floor
+        self.truncations_refused = 0  # partitions parked by the floor, counted per refusal
+        self.unverified_answers = 0  # answers refused because the master did not sign them
+        self._unverified: str | None = None  # the last answer came from a node without the master's secret
         self._on_append = on_append
         self._wait_ms = wait_ms
         self._max_bytes = max_bytes
@@ -117,6 +143,10 @@ class Replicator:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks = []
+        try:
+            self._floor.save(force=True)
+        except OSError as exc:
+            log.error("cannot save the replica floor", error=str(exc))
 
     def status(self) -> dict[str, Any]:
         """Per partition lag, whether the master answers, the last error (GET /v1/stats)."""
@@ -134,6 +164,8 @@ class Replicator:
                     "max_offset": end,
                     "master_max_offset": st.master_max_offset,
                     "lag": lag,
+                    "floor": self._floor.floor(topic, partition),
+                    "parked": st.parked,
                     "error": st.error,
                 }
             )
@@ -143,8 +175,19 @@ class Replicator:
             "last_error": self._last_error,
             "last_error_at": self._last_error_at,
             "offsets_synced_at": self._offsets_synced_at,
+            "truncations_refused": self.truncations_refused,
+            "unverified_answers": self.unverified_answers,
             "partitions": parts,
         }
+
+    def health_problems(self) -> list[str]:
+        """Reasons for a degraded health: parked partitions, a master that could not be verified."""
+        out = [
+            f"replication of {t}/{p} refused: {st.error}" for (t, p), st in self._states.items() if st.parked
+        ]
+        if self._unverified is not None:
+            out.append(self._unverified)
+        return out
 
     def _record_error(self, message: str) -> None:
         self._last_error = message
@@ -165,14 +208,18 @@ class Replicator:
                 continue
             try:
                 answer = await self._client.fetch(
-                    self.master.url,
-                    request,
-                    client_id=self.node_id,
-                    max_wait_ms=self._wait_ms,
-                    min_bytes=1,
-                    max_bytes=self._max_bytes,
-                    replica=self.node_id,
+                    self.master, request, max_wait_ms=self._wait_ms, min_bytes=1, max_bytes=self._max_bytes
                 )
+            except ReplicaPeerError as exc:
+                # something answers at the master's address without its secret: apply nothing
+                self.unverified_answers += 1
+                self._unverified = f"unverified master: {exc}"
+                if self._master_reachable or backoff.failures == 0:
+                    log.error("master answer not verified: ignored", master=self.master.id, error=str(exc))
+                self._master_reachable = False
+                self._record_error(f"unverified master: {exc}")
+                await asyncio.sleep(backoff.next())
+                continue
             except (BrokerError, ProtocolError) as exc:
                 if self._master_reachable or backoff.failures == 0:
                     log.warning("master unreachable for replication", master=self.master.id, error=str(exc))
@@ -183,8 +230,15 @@ class Replicator:
             if not self._master_reachable:
                 log.info("replicating from master", master=self.master.id)
             self._master_reachable = True
+            self._unverified = None  # the real master answered
             backoff.reset()
-            self._apply(answer, loop.time())
+            # the master answered (signed) a request reporting these ends: they may be acknowledged
+            reported = {(r["topic"], r["partition"]): int(r["offset"]) for r in request}
+            self._apply(answer, loop.time(), reported)
+            try:
+                self._floor.save()
+            except OSError as exc:
+                log.error("cannot save the replica floor", error=str(exc))
 
     def _fetch_request(self, now: float) -> list[dict[str, Any]]:
         # start at a different partition each round: the answer's byte budget goes to the first
@@ -209,7 +263,11 @@ class Replicator:
             )
         return out
 
-    def _apply(self, answer: FetchAnswer, now: float) -> None:
+    def _apply(
+        self, answer: FetchAnswer, now: float, reported: dict[tuple[str, int], int] | None = None
+    ) -> None:
+        for (topic, partition), offset in (reported or {}).items():
+            self._floor.raise_to(topic, partition, offset)
         for p in answer.partitions:
             key = (p.topic, p.partition)
             st = self._states.get(key)
@@ -217,6 +275,21 @@ class Replicator:
                 continue  # not asked for: ignore
             try:
                 appended = self._apply_partition(p, st)
+            except FloorRefusal as exc:
+                message = f"{p.topic}/{p.partition}: {exc}"
+                if not st.parked:
+                    self.truncations_refused += 1
+                    log.error(
+                        "replication parked: the master would cut acknowledged records",
+                        topic=p.topic,
+                        partition=p.partition,
+                        error=str(exc),
+                    )
+                st.parked = True
+                st.error = message
+                self._record_error(message)
+                st.retry_at = now + PARKED_RETRY_S
+                continue
             except (ReplicationError, StorageError, fmt.BatchError) as exc:
                 message = f"{p.topic}/{p.partition}: {exc}"
                 if st.error != message:
@@ -233,6 +306,7 @@ class Replicator:
                 continue
             if st.error is not None:
                 log.info("replication recovered for partition", topic=p.topic, partition=p.partition)
+            st.parked = False
             st.error = None
             st.backoff = None
             st.retry_at = 0.0
@@ -247,6 +321,7 @@ class Replicator:
         if p.status is Status.NOT_SERVED:
             raise ReplicationError(f"master does not serve it: {p.error}")
         st.master_min_offset, st.master_max_offset = p.min_offset, p.max_offset
+        history = p.history  # the master's incarnation history (replica answers carry it)
         if p.status is Status.OFFSET_TOO_SMALL:
             # the master's retention passed our log end: our log cannot continue, restart at its start
             log.warning(
@@ -256,18 +331,28 @@ class Replicator:
                 log_end=plog.max_offset,
                 master_min_offset=p.min_offset,
             )
-            plog.truncate_fully_and_start_at(p.min_offset)
+            plog.truncate_fully_and_start_at(p.min_offset, history)
+            self._floor.reset(p.topic, p.partition, p.min_offset)
             return False
-        if p.max_offset < plog.max_offset:
-            # ahead of the master: it lost a tail (unclean restart) that we copied; follow it
-            log.warning(
-                "replica log ahead of the master: truncating",
-                topic=p.topic,
-                partition=p.partition,
-                log_end=plog.max_offset,
-                master_max_offset=p.max_offset,
-            )
-            plog.truncate_to(p.max_offset)
+        floor = self._floor.floor(p.topic, p.partition)
+        agreed = None if history is None else agreed_end(plog.history, plog.max_offset, history, p.max_offset)
+        if agreed is None and history is not None and self._floor.synced(p.topic, p.partition):
+            agreed = 0  # we took a master history before and share none with this one: other records
+        if agreed is not None:
+            # by content: past the newest incarnation both know, the master holds other records
+            if agreed < plog.max_offset:
+                self._cut(plog, agreed, floor, "diverged from the master's incarnation history", history)
+                return False
+        elif p.max_offset < plog.max_offset:
+            # no shared history (a new or upgraded pair): offsets decide, as before incarnations
+            self._cut(plog, p.max_offset, floor, "ahead of the master's log end", history)
+            return False
+        if history is not None:
+            if plog.history != history:
+                plog.adopt_history(history)  # our records are the master's: take its names for them
+            self._floor.mark_synced(p.topic, p.partition)
+        if p.status is Status.DATA_LOST:
+            self._copy_hole(plog, p)
             return False
         if p.status is not Status.FOUND or len(p.data) == 0:
             return False
@@ -276,20 +361,50 @@ class Replicator:
         first = infos[0].base_offset
         if first < plog.max_offset:
             # our log end falls inside a master batch: the logs diverged there
-            log.warning(
-                "replica log diverged from the master: truncating",
-                topic=p.topic,
-                partition=p.partition,
-                log_end=plog.max_offset,
-                master_batch=first,
-            )
-            plog.truncate_to(first)
+            self._cut(plog, first, floor, "inside a master batch", history)
             if plog.max_offset != first:
                 return False  # our batches are cut elsewhere: ask again from the new end
         elif first > plog.max_offset:
             raise ReplicationError(f"master answered from offset {first}, log end is {plog.max_offset}")
         plog.append_replica(data, infos)
         return True
+
+    def _copy_hole(self, plog: PartitionLog, p: PartitionFetch) -> None:
+        """The master cannot serve offsets ``lost_first..lost_last`` (a fenced range no replica
+        repaired): fence the same range here and go on after it. Records of it that this log holds
+        are kept (the master repairs its range from them at its next start)."""
+        first, last = p.lost_first, p.lost_last
+        end = plog.max_offset
+        if first is None or last is None or not first <= end <= last:
+            raise ReplicationError(f"master answered DATA_LOST {first}..{last} for our log end {end}")
+        log.error(
+            "master lost a range: fencing it here too",
+            topic=plog.topic,
+            partition=plog.partition,
+            lost_first=first,
+            lost_last=last,
+            kept_up_to=end,
+        )
+        plog.append_fenced(end, last)
+
+    def _cut(
+        self, plog: PartitionLog, to: int, floor: int, why: str, history: list[IncarnationEntry] | None
+    ) -> None:
+        """Truncate to follow the master, never below the floor (FloorRefusal instead)."""
+        if to < floor:
+            raise FloorRefusal(
+                f"following master {self.master.id} would cut to offset {to} ({why}), below offset "
+                f"{floor} this slave reported (possibly acknowledged with acks=all); not truncating"
+            )
+        log.warning(
+            "replica log truncated to follow the master",
+            topic=plog.topic,
+            partition=plog.partition,
+            log_end=plog.max_offset,
+            to=to,
+            why=why,
+        )
+        plog.truncate_to(to, history)
 
     # -- committed offsets -------------------------------------------------------------------------
 
@@ -298,13 +413,20 @@ class Replicator:
         last: dict[str, list[dict[str, Any]]] | None = None
         while True:
             try:
-                snapshot = await self._client.replica_offsets(self.master.url)
+                snapshot = await self._client.offsets(self.master)
                 if snapshot != last:
                     self._consumer_groups.merge_offsets(snapshot)
                     last = snapshot
                 self._offsets_synced_at = time.time()
                 backoff.reset()
                 delay = self._offsets_interval_s
+            except ReplicaPeerError as exc:
+                if self._unverified is None:
+                    log.error("master answer not verified: ignored", master=self.master.id, error=str(exc))
+                self.unverified_answers += 1
+                self._unverified = f"unverified master: {exc}"
+                self._record_error(f"committed offsets: {exc}")
+                delay = backoff.next()
             except (BrokerError, ConsumerGroupError) as exc:
                 self._record_error(f"committed offsets: {exc}")
                 delay = backoff.next()

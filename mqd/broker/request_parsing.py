@@ -15,6 +15,8 @@ from typing import Any, NoReturn
 
 from aiohttp import web
 
+from mqd import format as fmt
+from mqd import record_size
 from mqd.errors import MqdError
 
 MAX_OFFSET = 2**63 - 1
@@ -59,7 +61,12 @@ def bad(reason: str) -> NoReturn:
 
 async def read_body(request: web.Request, timeout_s: float) -> bytes:
     """The request's whole body; 408 (and the connection closed) when it has not all arrived
-    ``timeout_s`` seconds after the call: a sender stalling mid-body would hold a socket forever."""
+    ``timeout_s`` seconds after the call: a sender stalling mid-body would hold a socket forever.
+    A declared ``Content-Length`` over the app's ``client_max_size`` is 413 at once, unread (else
+    the node would wait the whole timeout for bytes it would refuse anyway)."""
+    limit = request.client_max_size
+    if request.content_length is not None and request.content_length > limit:
+        raise ApiError(413, "too_large", f"request body larger than {limit} bytes", close=True)
     try:
         async with asyncio.timeout(timeout_s):
             return await request.read()
@@ -79,6 +86,15 @@ async def json_body(request: web.Request, timeout_s: float) -> dict[str, Any]:
     if not isinstance(data, dict):
         bad("body must be a JSON object")
     return data
+
+
+def check_record_sizes(body: bytes, infos: list[fmt.BatchInfo], limit: int) -> None:
+    """413 ``record_too_large`` when a record of the validated produce ``body`` is larger than
+    ``limit`` (limits.max_record_bytes; mqd/record_size.py says why there is one limit)."""
+    try:
+        record_size.check_batches(body, infos, limit)
+    except record_size.RecordTooLarge as exc:
+        raise ApiError(413, "record_too_large", str(exc), size=exc.size, limit=exc.limit) from None
 
 
 def int_field(

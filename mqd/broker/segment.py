@@ -11,6 +11,15 @@ log file (their own invariants, and the first and last indexed batches read back
 index puts them, the last one ending at the file end), so a closed segment opens in O(index size);
 :meth:`Segment.scan` rebuilds them from the log with CRC checks. What to do with a torn
 tail (recovery) and when to roll is the partition log's business (storage.py).
+
+A segment may hold *holes* (issue 12): offsets it cannot serve. A damaged byte range (a batch
+whose CRC fails, with intact batches after it) or offsets missing between two intact batches.
+:meth:`Segment.scan` does not stop at the first damaged batch: it resynchronises on the next intact
+batch (a magic at an 8-byte boundary whose header and CRC check out and whose offsets continue the
+segment) and records what lies between as a hole. A hole is an entry of the offset index too (its
+first offset at its first byte), so the batch before it ends where the hole begins and a lookup
+inside it lands on it; ``holes`` says which entries are holes. A segment with holes never writes
+index files: it is rescanned at every open, so the holes are found again from the bytes.
 """
 
 from __future__ import annotations
@@ -19,11 +28,20 @@ import mmap
 import os
 from array import array
 from bisect import bisect_right
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
-from mqd.format import HEADER_SIZE, BatchError, BatchInfo, check_crc, read_header, scan_valid_prefix
+from mqd.format import (
+    HEADER_SIZE,
+    MAGIC,
+    BatchError,
+    BatchInfo,
+    check_crc,
+    read_header,
+    scan_valid_prefix,
+)
 
 LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".index"
@@ -31,6 +49,20 @@ TIMEINDEX_SUFFIX = ".timeindex"
 _INDEX_DTYPE = np.dtype([("rel", "<u4"), ("pos", "<u4")])
 _TIMEINDEX_DTYPE = np.dtype([("ts", "<i8"), ("rel", "<u4")])
 NO_TIMESTAMP = -(2**63)
+_ALIGN = 8  # every batch starts at a multiple of 8 in its segment (lengths are multiples of 8)
+
+
+class Hole:
+    """Offsets ``first..last`` (inclusive) a segment cannot serve, lying in bytes ``[start, end)``
+    of its file (``start == end``: the offsets are missing, no bytes stand for them)."""
+
+    __slots__ = ("end", "first", "last", "start")
+
+    def __init__(self, first: int, last: int, start: int, end: int) -> None:
+        self.first, self.last, self.start, self.end = first, last, start, end
+
+    def __repr__(self) -> str:
+        return f"Hole({self.first}..{self.last}, bytes [{self.start}, {self.end}))"
 
 
 def segment_name(base_offset: int) -> str:
@@ -45,6 +77,7 @@ class Segment:
         "base_offset",
         "dirty",
         "fd",
+        "holes",
         "next_offset",
         "offsets",
         "path",
@@ -66,6 +99,7 @@ class Segment:
         self.positions = array("q")  # file position of every batch
         self.ts_values = array("q")  # strictly increasing max timestamps
         self.ts_offsets = array("q")  # base offset of the batch where the max grew
+        self.holes: list[Hole] = []  # in offset order; each also has an entry in offsets/positions
         self.dirty = False  # written since the last fsync
 
     @property
@@ -88,11 +122,34 @@ class Segment:
             self.ts_offsets.append(base_offset)
         self.next_offset = base_offset + count
 
+    def add_hole(self, first: int, last: int, start: int, end: int) -> None:
+        """Record offsets ``first..last`` as a hole over bytes ``[start, end)``: the next entry
+        (batch or hole) starts at ``end``, at offset ``last + 1``."""
+        self.offsets.append(first)
+        self.positions.append(start)
+        self.holes.append(Hole(first, last, start, end))
+        self.next_offset = last + 1
+
+    def hole_at(self, offset: int) -> Hole | None:
+        for hole in self.holes:
+            if hole.first <= offset <= hole.last:
+                return hole
+        return None
+
+    def readable_end(self, offset: int) -> int:
+        """The end of the bytes that may be read in one piece from the entry holding ``offset``:
+        where the first hole at or after that offset begins, or the file end."""
+        for hole in self.holes:
+            if hole.last >= offset:
+                return hole.start
+        return self.size
+
     def reset_index(self) -> None:
         self.offsets = array("q")
         self.positions = array("q")
         self.ts_values = array("q")
         self.ts_offsets = array("q")
+        self.holes = []
         self.next_offset = self.base_offset
 
     def batch_index(self, offset: int) -> int:
@@ -105,7 +162,11 @@ class Segment:
     # -- index files -------------------------------------------------------------------------------
 
     def write_indexes(self) -> None:
-        """Write both index files from memory (a rolled segment's index is never changed again)."""
+        """Write both index files from memory (a rolled segment's index is never changed again);
+        a segment with holes has none (it is rescanned at open, which finds its holes again)."""
+        if self.holes:
+            self.remove_indexes()
+            return
         index = np.empty(len(self.offsets), dtype=_INDEX_DTYPE)
         index["rel"] = np.frombuffer(self.offsets, dtype=np.int64) - self.base_offset
         index["pos"] = np.frombuffer(self.positions, dtype=np.int64)
@@ -185,25 +246,76 @@ class Segment:
             return None
         return info if info.length == length else None
 
-    def scan(self) -> int:
-        """Rebuild the indexes from the log file; returns the byte length of its valid prefix."""
+    def scan(self, next_base: int | None = None, known: Sequence[tuple[int, int]] = ()) -> int:
+        """Rebuild the indexes from the log file with CRC checks, recording holes (module doc).
+
+        Returns where the damaged tail begins: the byte length up to the end of the last intact
+        batch or hole, after which no intact batch could be found (the file size when there is no
+        such tail). ``next_base``, the base offset of the next segment (None for the last one),
+        bounds the offsets a batch of this segment may carry. ``known`` are the fenced ranges
+        recorded before: an intact batch whose offsets jump over exactly one of them follows a
+        hole with no bytes (copied from a master); any other jump is damage (the CRC does not
+        cover the base offset, so a flipped bit there must not renumber records).
+        """
         self.reset_index()
         if self.size == 0:
             return 0
         with mmap.mmap(self.fd, self.size, access=mmap.ACCESS_READ) as mm:
             view = memoryview(mm)
             try:
-                infos, valid = scan_valid_prefix(view)
+                return self._scan(mm, view, next_base, set(known))
             finally:
                 view.release()
+
+    def _scan(
+        self, mm: mmap.mmap, view: memoryview, next_base: int | None, known: set[tuple[int, int]]
+    ) -> int:
+        pos = 0
         expected = self.base_offset
-        for i, info in enumerate(infos):
-            if info.base_offset != expected:
-                # offsets must be dense: everything from a jump on is unusable
-                valid = info.position
-                infos = infos[:i]
-                break
-            expected = info.next_offset
-        for info in infos:
-            self.add_batch(info.base_offset, info.count, info.position, info.max_timestamp)
-        return valid
+        while True:
+            infos, valid = scan_valid_prefix(view[pos:])
+            for info in infos:
+                if (
+                    info.base_offset < expected
+                    or (info.base_offset > expected and (expected, info.base_offset - 1) not in known)
+                    or (next_base is not None and info.next_offset > next_base)
+                ):
+                    valid = info.position  # offsets this segment cannot hold: damage from here
+                    break
+                if info.base_offset > expected:
+                    # intact batches, offsets missing between them (a hole copied from a master)
+                    self.add_hole(expected, info.base_offset - 1, pos + info.position, pos + info.position)
+                self.add_batch(info.base_offset, info.count, pos + info.position, info.max_timestamp)
+                expected = info.next_offset
+            pos += valid
+            if pos >= self.size:
+                return pos
+            found = self._resync(mm, view, pos + _ALIGN, expected, next_base)
+            if found is None:
+                return pos
+            self.add_hole(expected, found.base_offset - 1, pos, found.position)
+            expected = found.base_offset
+            pos = found.position
+
+    def _resync(
+        self, mm: mmap.mmap, view: memoryview, start: int, expected: int, next_base: int | None
+    ) -> BatchInfo | None:
+        """The first intact batch at or after byte ``start`` that may follow offset ``expected``
+        here (after a damaged range), or None."""
+        at = start
+        while True:
+            at = mm.find(MAGIC, at)
+            if at < 0:
+                return None
+            if at % _ALIGN:
+                at += _ALIGN - at % _ALIGN
+                continue
+            try:
+                info = read_header(view, at)
+                check_crc(view, info)
+            except BatchError:
+                at += _ALIGN
+                continue
+            if info.base_offset > expected and (next_base is None or info.next_offset <= next_base):
+                return info
+            at += _ALIGN

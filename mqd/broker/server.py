@@ -31,14 +31,20 @@ from mqd.broker.cluster_state import ClusterState
 from mqd.broker.consumer_groups import ConsumerGroupError, ConsumerGroupStore
 from mqd.broker.http_api import BrokerApi
 from mqd.broker.long_poll import LongPoll
+from mqd.broker.master_recovery import MasterRecovery
 from mqd.broker.memory_trim import TRIM_CHECK_INTERVAL_S, burst_ended, trim_heap
+from mqd.broker.node_marker import check_marker, read_marker, write_marker
 from mqd.broker.offsets_pull import SlaveOffsetsPull
 from mqd.broker.rejected_requests import ParserErrorLog
+from mqd.broker.replica_auth import ReplicaAuth, load_credentials, peers_of
+from mqd.broker.replica_client import ReplicaClient
+from mqd.broker.replica_floor import ReplicaFloor
 from mqd.broker.replica_progress import ReplicaProgress
 from mqd.broker.replication import Replicator
 from mqd.broker.storage import Storage, StorageError
 from mqd.client import BrokerClient
 from mqd.config import BrokerConfig, ClusterConfig, ConfigError, load_broker_config
+from mqd.header_deadline import BoundedAppRunner
 
 log = structlog.get_logger(__name__)
 
@@ -59,30 +65,49 @@ class BrokerNode:
         self.config = config
         self.cluster = cluster
         self.node_id = config.node_id
-        self._client = BrokerClient(
-            request_timeout=10.0, auth_token=config.auth_token, ca_file=config.tls_ca_file
-        )
+        # liveness probes only: no client token, a process squatting a peer's port learns nothing
+        self._client = BrokerClient(request_timeout=10.0, ca_file=config.tls_ca_file)
         self.state = ClusterState(config, cluster, self._client, on_liveness_change=self._on_liveness_change)
-        self.storage = Storage(config.data_dir, config.storage)
+        self.replica_auth = self._replica_auth()
+        self._replica_client: ReplicaClient | None = None
+        if self.replica_auth is not None:
+            self._replica_client = ReplicaClient(self.replica_auth, ca_file=config.tls_ca_file)
+        # a slave re-copies its master's history after a crash: no incarnation of its own for it
+        self.storage = Storage(
+            config.data_dir, config.storage, new_incarnation_after_crash=self.state.is_master
+        )
         self.consumer_groups = ConsumerGroupStore(config.data_dir)
         self.stats = ClientStats()
         self.long_poll = LongPoll(max_held=config.limits.max_long_polls)
         self.replica_progress = ReplicaProgress(self.state.live_slaves)
         self._offsets_pull: SlaveOffsetsPull | None = None
+        self._recovery: MasterRecovery | None = None
         if self.state.is_master and self.state.broker_group.slaves:
+            assert self._replica_client is not None  # _replica_auth() requires credentials here
             timeout = max(0.5, config.liveness_timeout_ms / 1000)
             self._offsets_pull = SlaveOffsetsPull(
-                self.state, self._client, self.consumer_groups, timeout_s=timeout
+                self.state, self._replica_client, self.consumer_groups, timeout_s=timeout
+            )
+            self._recovery = MasterRecovery(
+                node_id=self.node_id,
+                cluster_id=self.replica_auth.cluster_id if self.replica_auth else None,
+                storage=self.storage,
+                partitions=self.state.partitions,
+                slaves=self.state.broker_group.slaves,
+                client=self._replica_client,
             )
         self._replicator: Replicator | None = None
+        self._floor = ReplicaFloor(config.data_dir)
         if not self.state.is_master:
+            assert self._replica_client is not None
             self._replicator = Replicator(
                 node_id=self.node_id,
                 broker_group=self.state.broker_group,
                 storage=self.storage,
                 partitions=self.state.partitions,
-                client=self._client,
+                client=self._replica_client,
                 consumer_groups=self.consumer_groups,
+                floor=self._floor,
                 on_append=self.long_poll.notify,  # wakes fetches held on a slave
                 wait_ms=config.replica_wait_ms,
             )
@@ -96,6 +121,9 @@ class BrokerNode:
             long_poll=self.long_poll,
             replica_progress=self.replica_progress,
             replication_status=self._replication_status,
+            replica_auth=self.replica_auth,
+            writes_refused=self._writes_refused,
+            node_problems=self._node_problems,
         )
         self._app = (
             self.api.app
@@ -105,6 +133,33 @@ class BrokerNode:
         self._started = False
         self._stopped = False
         self.url: str | None = None
+
+    def _replica_auth(self) -> ReplicaAuth | None:
+        """This node's replica signer; None for a lone master. A group of 2+ nodes needs credentials:
+        without them anyone could report replica progress or pose as the master (issue 13)."""
+        group = self.state.broker_group
+        peers = peers_of(group, self.node_id)
+        path = self.config.replica_credentials
+        if path is None:
+            if len(group.nodes) > 1:
+                raise ConfigError(
+                    f"node {self.node_id} is in broker group {group.name} with {len(group.nodes)} nodes: "
+                    f"replica_credentials is required (generate them with "
+                    f"`mqd broker-credentials --cluster <cluster file> --out-dir <dir>`)"
+                )
+            return None
+        return ReplicaAuth(load_credentials(path, self.node_id, peers), peers)
+
+    def _check_marker(self) -> None:
+        """Refuse a data dir of another node or cluster; mark a new one, except on a master with
+        slaves: that one must consult them first (master_recovery.py)."""
+        data_dir = self.config.data_dir
+        cluster_id = self.replica_auth.cluster_id if self.replica_auth else None
+        marker = read_marker(data_dir)
+        if marker is not None:
+            check_marker(marker, data_dir, self.node_id, cluster_id)
+        elif self._recovery is None:
+            write_marker(data_dir, self.node_id, cluster_id, "provisioned")
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
@@ -126,11 +181,15 @@ class BrokerNode:
         ssl_ctx = self._ssl_context()
         await loop.run_in_executor(None, self.consumer_groups.load)
         await loop.run_in_executor(None, self.storage.open, self.state.partitions)
+        await loop.run_in_executor(None, self._check_marker)
+        await loop.run_in_executor(None, self._floor.load)
         await self._client.start()
-        if self._offsets_pull is not None:
-            # a slave may have been the coordinator while this master was down: take its commits
-            # before answering any consumer-group request
-            await self._offsets_pull.start()
+        if self._replica_client is not None:
+            await self._replica_client.start()
+        if self._offsets_pull is not None and self._recovery is not None:
+            # before serving, at once (each bounded): take the commits a slave took as coordinator
+            # while this master was down, and copy back from the slaves what this log lacks
+            await asyncio.gather(self._offsets_pull.start(), self._recovery.start())
         await self.state.start()
         if self._replicator is not None:
             await self._replicator.start()
@@ -145,9 +204,12 @@ class BrokerNode:
         # its waiter and in-flight count go with it instead of lasting until max_wait_ms
         # logger: a request aiohttp's parser refuses (URL over 8 KiB, ...) is a counted, rate-limited
         # warning, not an error-level traceback per request; lingering_time: a body left unread after
-        # an early answer (415, 421...) is drained for body_timeout_ms at most (aiohttp: 10 s)
-        self._runner = web.AppRunner(
+        # an early answer (415, 421...) is drained for body_timeout_ms at most (aiohttp: 10 s);
+        # BoundedAppRunner: headers not received within header_timeout_ms are cut (408)
+        self._runner = BoundedAppRunner(
             self._app,
+            header_timeout_s=self.config.limits.header_timeout_ms / 1000,
+            rejected=self.api.rejected,
             shutdown_timeout=SHUTDOWN_DRAIN_S,
             access_log=None,
             handler_cancellation=True,
@@ -188,11 +250,15 @@ class BrokerNode:
             await self._replicator.stop()
         if self._offsets_pull is not None:
             await self._offsets_pull.stop()
+        if self._recovery is not None:
+            await self._recovery.stop()
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.state.stop()
         await self._client.close()
+        if self._replica_client is not None:
+            await self._replica_client.close()
         loop = asyncio.get_running_loop()
         try:
             await loop.run_in_executor(None, self.storage.flush_all)
@@ -210,6 +276,19 @@ class BrokerNode:
 
     def _replication_status(self) -> dict[str, Any] | None:
         return self._replicator.status() if self._replicator is not None else None
+
+    def _writes_refused(self) -> str | None:
+        return self._recovery.writes_refused if self._recovery is not None else None
+
+    def _node_problems(self) -> list[str]:
+        """Health reasons beyond the disk: writes refused, replication parked or unverified."""
+        out = []
+        refused = self._writes_refused()
+        if refused is not None:
+            out.append(refused)
+        if self._replicator is not None:
+            out.extend(self._replicator.health_problems())
+        return out
 
     # -- background loops --------------------------------------------------------------------------
 

@@ -11,8 +11,23 @@ is consistent with the log file (:meth:`Segment.load_indexes`: its first and las
 intact where the index puts them, the last one ending at the file size), so start-up does not grow
 with the whole log; otherwise, and always for the active (last) segment, the index is rebuilt by
 scanning the log with CRC checks (``segments_trusted`` / ``segments_scanned`` count both).
-A torn or corrupt tail is truncated (and later segments, which would leave a gap, are deleted), so
-a torn batch is never served.
+
+Recovery keeps intact data (issue 12). A damaged batch (a CRC that fails) with intact batches
+after it, in any segment, is *fenced*: the scan resynchronises on the next intact batch and records
+the offsets in between as a hole (:class:`mqd.broker.segment.Hole`); a closed segment cut short or
+lost leaves its missing offsets fenced up to the next segment's base. A fenced range is never read
+(a read stops before it), a fetch there answers DATA_LOST, ``fenced.json`` in the partition folder
+records the ranges, ``/v1/health`` reports them (degraded) and a replica can repair them
+(:meth:`PartitionLog.repair_fenced`). Only a torn tail of the active segment, with nothing intact
+after it, is cut (those records were never acknowledged as flushed), and that cut begins a new
+incarnation at the cut offset.
+
+Every partition log has an incarnation history (:mod:`mqd.broker.incarnation`): a log created empty
+or recreated begins one at 0, every truncation (a recovery cut, a slave following its master, a
+reset) begins one at the new log end before it cuts, or adopts the master's history. So does an
+open after a crash (no ``.clean_shutdown`` marker, which a clean close writes) unless every append
+was fsynced: records are served before they are flushed, and a crash may take them back without a
+torn byte (the file reverts to its last synced size).
 
 Disk errors (ENOSPC, EROFS, EIO on a write, an fsync or a roll) are noted in the node's
 :class:`mqd.broker.disk_health.DiskHealth`, which ``/v1/health`` reports; while it knows a problem,
@@ -29,6 +44,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import fcntl
+import json
 import os
 import threading
 from bisect import bisect_left, bisect_right
@@ -38,16 +54,23 @@ from pathlib import Path
 import structlog
 
 from mqd.broker.disk_health import DISK_ERRNOS, DiskHealth
+from mqd.broker.incarnation import IncarnationEntry, IncarnationError, IncarnationHistory
 from mqd.broker.segment import INDEX_SUFFIX, LOG_SUFFIX, TIMEINDEX_SUFFIX, Segment, segment_name
 from mqd.config import StorageConfig
 from mqd.errors import MqdError
 from mqd.format import BatchInfo, set_base_offset
-from mqd.fsutil import fsync_dir
+from mqd.fsutil import atomic_write, fsync_dir
 from mqd.topic_name import topic_name_problem
 
 log = structlog.get_logger(__name__)
 
 LOCK_FILE = ".lock"
+REPAIR_SUFFIX = ".repair"  # a segment being rewritten by repair_fenced, renamed over it when done
+FENCED_FILE = "fenced.json"
+# in <data_dir>/logs, written by a clean close, removed at open: its absence means a crash
+CLEAN_SHUTDOWN_FILE = (
+    ".clean_shutdown"  # per partition folder: the fenced offset ranges, for people and restarts
+)
 _U32_MAX = 2**32 - 1
 # positions are u32 in the index file; keep every segment well inside that
 MAX_SEGMENT_BYTES = 2**31
@@ -126,6 +149,10 @@ class PartitionLog:
         self._dir_dirty = False
         self._closed = False
         self._failed: str | None = None  # set when a failed write could not be undone
+        self._history = IncarnationHistory(directory)
+        # offset ranges (first, last) this log cannot serve: holes in segments and gaps between them
+        self._fenced: list[tuple[int, int]] = []
+        self._fenced_firsts: list[int] = []
         # what open() did with each segment: start-up cost grows with the scanned ones only
         self.segments_trusted = 0
         self.segments_scanned = 0
@@ -145,6 +172,250 @@ class PartitionLog:
         """Log end offset: the next offset to be written."""
         return self._segments[-1].next_offset
 
+    # -- incarnation -------------------------------------------------------------------------------
+
+    @property
+    def incarnation(self) -> str:
+        """The current incarnation id: which records this log's offsets name (incarnation.py)."""
+        return self._history.current
+
+    @property
+    def history(self) -> list[IncarnationEntry]:
+        """The incarnation history, oldest first (replica fetch answers carry it to the slaves)."""
+        return self._history.entries
+
+    def diverged_at(self, incarnation: str) -> int | None:
+        """Where this log stops holding ``incarnation``'s records; None when it is the current one
+        (:func:`mqd.broker.incarnation.diverged_at`)."""
+        return self._history.diverged_at(incarnation)
+
+    def knows_incarnation(self, incarnation: str) -> bool:
+        """``incarnation`` is in this log's history (current, earlier or retired)."""
+        return self._history.knows(incarnation)
+
+    def adopt_history(self, entries: list[IncarnationEntry]) -> None:
+        """Take the master's history as this log's (slave side; durable on return). The caller
+        makes sure this log holds the master's records under it (truncate first when not)."""
+        with self._lock:
+            self._check_writable()
+            try:
+                self._history.adopt(entries)
+            except OSError as exc:
+                raise self._disk_error(exc, "history write") from exc
+
+    def _begin_incarnation(
+        self, base: int, why: str, history: list[IncarnationEntry] | None = None, *, cut: bool = True
+    ) -> None:
+        """Start a new incarnation at ``base`` (or adopt a master's ``history``) before a cut;
+        ``cut`` False for a log created or upgraded (nothing served is affected: an info line)."""
+        if history is not None and history == self._history.entries:
+            return  # already the master's: nothing to write or say
+        before = self._history.current if self._history.entries else None
+        try:
+            if history is None:
+                self._history.begin_new(base)
+            else:
+                self._history.adopt(history)
+        except OSError as exc:
+            raise self._disk_error(exc, "history write") from exc
+        (log.warning if cut else log.info)(
+            "new log incarnation" if history is None else "adopted the master's incarnation history",
+            topic=self.topic,
+            partition=self.partition,
+            incarnation=self._history.current,
+            base=self._history.current_base,
+            previous=before,
+            why=why,
+        )
+
+    # -- fenced ranges -----------------------------------------------------------------------------
+
+    def fenced_ranges(self) -> list[tuple[int, int]]:
+        """Offset ranges ``(first, last)`` (inclusive) this log cannot serve, in offset order: damaged
+        bytes no replica repaired, offsets missing between segments. Fetches answer DATA_LOST there."""
+        return list(self._fenced)
+
+    def fenced_at(self, offset: int) -> tuple[int, int] | None:
+        """The fenced range ``(first, last)`` (inclusive) holding ``offset``, or None."""
+        if not self._fenced:
+            return None
+        i = bisect_right(self._fenced_firsts, offset) - 1
+        if i >= 0 and offset <= self._fenced[i][1]:
+            return self._fenced[i]
+        return None
+
+    def _load_fenced(self) -> list[tuple[int, int]]:
+        """The fenced ranges recorded at the last change (empty when there is no record)."""
+        try:
+            doc = json.loads((self.directory / FENCED_FILE).read_bytes())
+            return [(int(r["first"]), int(r["last"])) for r in doc["fenced"]]
+        except FileNotFoundError:
+            return []
+        except (ValueError, KeyError, TypeError) as exc:
+            # the record is derived from the segments (rebuilt below): a damaged one is replaced
+            log.warning(
+                "unreadable fenced-range record: rebuilding it", path=str(self.directory), error=str(exc)
+            )
+            return [(-1, -1)]
+
+    def _refresh_fenced_locked(self, recorded: list[tuple[int, int]] | None = None) -> None:
+        """Derive the fenced ranges from the segments (their holes, the gaps between them) and
+        record them durably in ``fenced.json`` when they changed."""
+        ranges: list[tuple[int, int]] = []
+        prev: Segment | None = None
+        for seg in self._segments:
+            if prev is not None and seg.base_offset > prev.next_offset:
+                ranges.append((prev.next_offset, seg.base_offset - 1))
+            ranges.extend((h.first, h.last) for h in seg.holes)
+            prev = seg
+        before = self._fenced if recorded is None else recorded
+        if ranges == before:
+            self._fenced, self._fenced_firsts = ranges, [r[0] for r in ranges]
+            return
+        for first, last in sorted(set(ranges) - set(before)):
+            log.error(
+                "offsets fenced: damaged or missing, answered DATA_LOST until repaired",
+                topic=self.topic,
+                partition=self.partition,
+                first_offset=first,
+                last_offset=last,
+                count=last - first + 1,
+            )
+        for first, last in sorted(set(before) - set(ranges)):
+            if first >= 0:
+                log.info(
+                    "fenced range gone (repaired, truncated or deleted by retention)",
+                    topic=self.topic,
+                    partition=self.partition,
+                    first_offset=first,
+                    last_offset=last,
+                )
+        doc = {"format": 1, "fenced": [{"first": a, "last": b} for a, b in ranges]}
+        try:
+            atomic_write(self.directory / FENCED_FILE, json.dumps(doc, separators=(",", ":")).encode())
+        except OSError as exc:
+            raise self._disk_error(exc, "fenced-range record write") from exc
+        self._fenced, self._fenced_firsts = ranges, [r[0] for r in ranges]
+
+    def append_fenced(self, first: int, last: int) -> None:
+        """Continue this log with a fenced range ``first..last`` and no bytes (slave side: the
+        master answered DATA_LOST there, so no replica holds those records); ``first`` must be
+        the log end. The next append continues at ``last + 1``."""
+        with self._lock:
+            self._check_writable()
+            if first != self.max_offset or last < first:
+                raise StorageError(
+                    f"{self.topic}-{self.partition}: fenced range {first}..{last} does not continue "
+                    f"the log at {self.max_offset}",
+                    retriable=False,
+                )
+            seg = self._segments[-1]
+            seg.add_hole(first, last, seg.size, seg.size)
+            self._refresh_fenced_locked()
+
+    def repair_fenced(self, data: bytes, infos: list[BatchInfo]) -> None:
+        """Replace one fenced range with intact batches from a replica (verbatim, offsets kept):
+        ``infos`` (``data``'s batches, validated by the caller) must cover exactly the range that
+        starts at their first offset. A hole in a segment is replaced by rewriting that segment
+        (a new file renamed over it); a gap between segments becomes a new segment. Durable on
+        return; the range is no longer fenced."""
+        _check_layout(data, infos)
+        with self._lock:
+            self._check_writable()
+            first = infos[0].base_offset
+            fenced = self.fenced_at(first)
+            expected = first
+            for info in infos:
+                if info.base_offset != expected:
+                    expected = -1
+                    break
+                expected = info.next_offset
+            if fenced is None or fenced[0] != first or expected != fenced[1] + 1:
+                raise StorageError(
+                    f"{self.topic}-{self.partition}: batches {first}..{expected - 1} do not cover exactly "
+                    f"a fenced range (fenced: {self._fenced})",
+                    retriable=False,
+                )
+            si = bisect_right(self._bases, first) - 1
+            try:
+                if self._segments[si].hole_at(first) is None:
+                    self._fill_gap_locked(si, data)
+                else:
+                    self._rewrite_hole_locked(si, first, data)
+            except OSError as exc:
+                raise self._disk_error(exc, "repair") from exc
+            start_byte = 0
+            for seg in self._segments:
+                seg.start_byte = start_byte
+                start_byte += seg.size
+            log.warning(
+                "fenced range repaired from a replica",
+                topic=self.topic,
+                partition=self.partition,
+                first_offset=fenced[0],
+                last_offset=fenced[1],
+                bytes=len(data),
+            )
+            self._refresh_fenced_locked()
+
+    def _fill_gap_locked(self, si: int, data: bytes) -> None:
+        """A new closed segment holding ``data`` in the gap after segment ``si``."""
+        base = self._segments[si].next_offset
+        seg = self._create_segment(base, 0)
+        self._write_all(seg.fd, data)
+        os.fsync(seg.fd)
+        seg.size = len(data)
+        seg.scan(self._segments[si + 1].base_offset)
+        seg.write_indexes()
+        self._segments.insert(si + 1, seg)
+        self._bases.insert(si + 1, base)
+        fsync_dir(self.directory)
+
+    def _rewrite_hole_locked(self, si: int, first: int, data: bytes) -> None:
+        """Segment ``si`` again with ``data`` in place of the hole starting at ``first``."""
+        old = self._segments[si]
+        hole = old.hole_at(first)
+        assert hole is not None
+        last = si == len(self._segments) - 1
+        # holes copied from a master at the end of the active segment have no bytes to be found by
+        trailing = [h for h in old.holes if h.first > first and h.start == h.end == old.size] if last else []
+        tmp = old.path.with_name(f".{old.path.name}{REPAIR_SUFFIX}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        try:
+            self._write_all(fd, os.pread(old.fd, hole.start, 0))
+            self._write_all(fd, data)
+            self._write_all(fd, os.pread(old.fd, old.size - hole.end, hole.end))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, old.path)
+        fsync_dir(self.directory)
+        os.close(old.fd)
+        seg = self._open_segment(old.path, old.base_offset, old.start_byte)
+        self._segments[si] = seg
+        next_base = None if last else self._segments[si + 1].base_offset
+        valid = seg.scan(next_base, self._fenced)
+        if valid < seg.size:
+            # the bytes were checked before: only a disk returning other bytes gets here
+            self._failed = f"repaired segment {old.path.name} does not read back intact"
+            raise StorageError(f"{self.topic}-{self.partition}: {self._failed}", retriable=False)
+        if next_base is not None and seg.next_offset < next_base:
+            seg.add_hole(seg.next_offset, next_base - 1, seg.size, seg.size)
+        for h in trailing:
+            if h.first == seg.next_offset:
+                seg.add_hole(h.first, h.last, seg.size, seg.size)
+        if not last:
+            seg.write_indexes()
+        else:
+            seg.remove_indexes()
+
+    @staticmethod
+    def _write_all(fd: int, data: bytes | memoryview) -> None:
+        view = memoryview(data)
+        written = 0
+        while written < len(view):
+            written += os.write(fd, view[written:])
+
     @property
     def size_bytes(self) -> int:
         return sum(s.size for s in self._segments)
@@ -155,11 +426,17 @@ class PartitionLog:
 
     # -- open / recovery ---------------------------------------------------------------------------
 
-    def open(self) -> None:
-        """Create or recover the log (blocking)."""
+    def open(self, *, after_crash: bool = False) -> None:
+        """Create or recover the log (blocking). ``after_crash``: the node did not close cleanly
+        and appends were not each fsynced, so the tail may have lost records that were served
+        (a file reverted to its last synced size shows no torn bytes): unless recovery cut
+        something already, the log begins a new incarnation at its end."""
         self.directory.mkdir(parents=True, exist_ok=True)
         bases: list[int] = []
         for p in self.directory.iterdir():
+            if p.name.startswith(".") and p.suffix == REPAIR_SUFFIX:
+                p.unlink()  # a repair that did not finish: the segment it was to replace is intact
+                continue
             if p.suffix != LOG_SUFFIX:
                 continue
             try:
@@ -168,9 +445,29 @@ class PartitionLog:
                 log.warning("ignoring unexpected file in log directory", path=str(p))
         bases.sort()
         try:
-            self._recover(bases)
+            loaded = self._load_history()
+            if not bases:
+                # created empty, or recreated: whatever a history says named records that are gone
+                self._begin_incarnation(0, "log created" if not loaded else "log files gone", cut=loaded)
+            elif not loaded:
+                # a log written before incarnations: every offset it holds stays valid under one id
+                self._begin_incarnation(bases[0], "log written before incarnations", cut=False)
+            recorded = self._load_fenced()
+            history_before = self._history.entries
+            self._recover(bases, recorded)
             if not self._segments:
                 self._new_segment(0)
+            for first, last in recorded:
+                if first == self.max_offset and first >= 0:
+                    # a fenced range copied from a master at the log end: no bytes to find it by
+                    active = self._segments[-1]
+                    active.add_hole(first, last, active.size, active.size)
+            self._refresh_fenced_locked(recorded)
+            if self.max_offset < self._history.current_base:
+                # the files end before the current incarnation began: they were cut outside mqd
+                self._begin_incarnation(self.max_offset, "log shorter than its current incarnation")
+            elif after_crash and bases and self._history.entries == history_before:
+                self._begin_incarnation(self.max_offset, "unclean shutdown: unflushed records may be lost")
         except BaseException:
             self._close_fds()
             raise
@@ -185,24 +482,58 @@ class PartitionLog:
             scanned=self.segments_scanned,
         )
 
-    def _recover(self, bases: list[int]) -> None:
+    def _load_history(self) -> bool:
+        """Load the incarnation history; an unreadable one is set aside (kept for people) and the
+        log gets a new incarnation: consumers then land what they read again, counted, instead of
+        trusting offsets nothing vouches for, and the node still starts."""
+        try:
+            return self._history.load()
+        except IncarnationError as exc:
+            aside = self._history.path.with_name(self._history.path.name + ".damaged")
+            log.error(
+                "incarnation history unreadable: set aside, the log begins a new incarnation",
+                topic=self.topic,
+                partition=self.partition,
+                error=str(exc),
+                kept_as=str(aside),
+            )
+            os.replace(self._history.path, aside)
+            return False
+
+    def _recover(self, bases: list[int], recorded: list[tuple[int, int]]) -> None:
+        bases = self._drop_empty_closed_segments(bases)
         start_byte = 0
         for i, base in enumerate(bases):
             path = self.directory / (segment_name(base) + LOG_SUFFIX)
             last = i == len(bases) - 1
-            if self._segments and base != self._segments[-1].next_offset:
+            next_base = None if last else bases[i + 1]
+            if self._segments and base < self._segments[-1].next_offset:
                 log.warning(
-                    "gap or overlap between segments: deleting the later segments",
+                    "overlapping segments: deleting the later segments",
                     topic=self.topic,
                     partition=self.partition,
                     expected=self._segments[-1].next_offset,
                     found=base,
                     deleted=[segment_name(b) for b in bases[i:]],
                 )
+                self._begin_incarnation(self._segments[-1].next_offset, "recovery cut")
                 for b in bases[i:]:
                     self._unlink_segment_files(self.directory / (segment_name(b) + LOG_SUFFIX))
                 self._dir_dirty = True
                 return
+            if self._segments and base > self._segments[-1].next_offset and last and path.stat().st_size == 0:
+                # an empty last segment after a gap (a crash inside a reset): it holds nothing
+                log.warning(
+                    "dropping an empty segment after a gap",
+                    topic=self.topic,
+                    partition=self.partition,
+                    segment=path.name,
+                    log_end=self._segments[-1].next_offset,
+                )
+                self._unlink_segment_files(path)
+                self._dir_dirty = True
+                return
+            # a gap before this segment (a segment file lost) is fenced by _refresh_fenced_locked
             seg = self._open_segment(path, base, start_byte)
             if not last and seg.load_indexes():
                 self.segments_trusted += 1
@@ -210,10 +541,29 @@ class PartitionLog:
                 start_byte += seg.size
                 continue
             self.segments_scanned += 1
-            valid = seg.scan()
-            if valid < seg.size:
+            valid = seg.scan(next_base, recorded)
+            if valid < seg.size and last:
                 log.warning(
                     "truncating torn or corrupt log tail",
+                    topic=self.topic,
+                    partition=self.partition,
+                    segment=path.name,
+                    bytes=seg.size - valid,
+                    at=valid,
+                    offset=seg.next_offset,
+                )
+                # before the cut: a crash in between leaves a new id, never the old one over a gap
+                self._begin_incarnation(seg.next_offset, "recovery cut")
+                os.ftruncate(seg.fd, valid)
+                os.fsync(seg.fd)
+                seg.size = valid
+            elif next_base is not None and seg.next_offset < next_base:
+                # a closed segment damaged or cut short up to its end: fence the rest of its offsets
+                seg.add_hole(seg.next_offset, next_base - 1, valid, seg.size)
+            elif valid < seg.size:
+                # bytes after the last batch of a closed segment that stand for no offset
+                log.warning(
+                    "cutting bytes after the last batch of a closed segment",
                     topic=self.topic,
                     partition=self.partition,
                     segment=path.name,
@@ -223,28 +573,34 @@ class PartitionLog:
                 os.ftruncate(seg.fd, valid)
                 os.fsync(seg.fd)
                 seg.size = valid
-                if not last:
-                    log.warning(
-                        "deleting segments after a corrupt segment",
-                        topic=self.topic,
-                        partition=self.partition,
-                        deleted=[segment_name(b) for b in bases[i + 1 :]],
-                    )
-                    for b in bases[i + 1 :]:
-                        self._unlink_segment_files(self.directory / (segment_name(b) + LOG_SUFFIX))
-                    self._dir_dirty = True
-                    last = True
-            if not last and seg.size == 0:
-                # an empty segment before others carries nothing: drop it
-                os.close(seg.fd)
-                self._unlink_segment_files(path)
-                continue
+            for hole in seg.holes:
+                log.error(
+                    "damaged range in a log segment: fenced",
+                    topic=self.topic,
+                    partition=self.partition,
+                    segment=path.name,
+                    first_offset=hole.first,
+                    last_offset=hole.last,
+                    byte_start=hole.start,
+                    byte_end=hole.end,
+                )
             if not last:
                 seg.write_indexes()
             self._append_segment(seg)
             start_byte += seg.size
-            if last:
-                return
+
+    def _drop_empty_closed_segments(self, bases: list[int]) -> list[int]:
+        """An empty segment before others carries nothing (a crash inside a roll or a reset, or a
+        file cut to nothing, whose offsets then show as a gap): drop it."""
+        kept = []
+        for i, base in enumerate(bases):
+            path = self.directory / (segment_name(base) + LOG_SUFFIX)
+            if i < len(bases) - 1 and path.stat().st_size == 0:
+                self._unlink_segment_files(path)
+                self._dir_dirty = True
+                continue
+            kept.append(base)
+        return kept
 
     def _open_segment(self, path: Path, base: int, start_byte: int) -> Segment:
         fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
@@ -418,6 +774,8 @@ class PartitionLog:
         with self._lock:
             if self._closed or not self.min_offset <= offset < self.max_offset:
                 return None
+            if self._fenced and self.fenced_at(offset) is not None:
+                return None
             si, bi = self._locate(offset)
             ranges: list[tuple[int, int, int]] = []  # (fd, position, length)
             budget = max_bytes
@@ -425,10 +783,16 @@ class PartitionLog:
             while si < len(self._segments):
                 seg = self._segments[si]
                 start = seg.positions[bi] if bi < len(seg.positions) else seg.size
-                if start < seg.size:
+                # a read never crosses a hole: it ends where the first one after this batch begins
+                seg_end = (
+                    seg.readable_end(seg.offsets[bi]) if seg.holes and bi < len(seg.offsets) else seg.size
+                )
+                after = len(seg.positions)
+                if start < seg_end:
                     limit = start + max(budget, 0)
-                    if seg.size <= limit:
-                        end, after = seg.size, len(seg.positions)
+                    if seg_end <= limit:
+                        end = seg_end
+                        after = bisect_left(seg.positions, end) if seg.holes else len(seg.positions)
                     else:
                         k = bisect_right(seg.positions, limit) - 1  # batches before k end by limit
                         if k > bi:
@@ -440,9 +804,14 @@ class PartitionLog:
                     ranges.append((seg.fd, start, end - start))
                     next_offset = seg.offsets[after] if after < len(seg.offsets) else seg.next_offset
                     budget -= end - start
-                    if end < seg.size or budget <= 0:
+                    if after < len(seg.positions) or budget <= 0:
                         break
-                si, bi = si + 1, 0
+                elif start < seg.size:
+                    break  # the segment goes on with a hole right here
+                nxt = si + 1
+                if nxt < len(self._segments) and self._segments[nxt].base_offset != seg.next_offset:
+                    break  # a gap between segments: fenced
+                si, bi = nxt, 0
             return ReadPlan(ranges, next_offset) if ranges else None
 
     def read_into(self, plan: ReadPlan, buffer: memoryview) -> None:
@@ -509,28 +878,34 @@ class PartitionLog:
 
     # -- truncation and retention ------------------------------------------------------------------
 
-    def truncate_to(self, offset: int) -> None:
+    def truncate_to(self, offset: int, history: list[IncarnationEntry] | None = None) -> None:
         """Drop every batch at or after ``offset`` (the batch holding it too): replica divergence.
 
         The log end becomes the base offset of the batch holding ``offset``. At or below the log
-        start the log is emptied and restarts at ``offset``.
+        start the log is emptied and restarts at ``offset``. A cut begins a new incarnation at the
+        new log end, or, with ``history`` (a slave following its master), adopts the master's.
         """
         with self._lock:
             self._check_writable()
             if offset >= self.max_offset:
+                if history is not None:
+                    self._begin_incarnation(offset, "nothing to cut", history, cut=False)
                 return
             if offset <= self.min_offset:
-                self._reset_locked(offset)
+                self._reset_locked(offset, history)
                 return
             si, bi = self._locate(offset)
             seg = self._segments[si]
+            if offset >= seg.next_offset:
+                bi = len(seg.offsets)  # in a gap after this segment: it stays whole
+            new_end = seg.offsets[bi] if bi < len(seg.offsets) else seg.next_offset
+            self._begin_incarnation(new_end, "truncation", history)
             for victim in reversed(self._segments[si + 1 :]):
                 os.close(victim.fd)
                 self._unlink_segment_files(victim.path)
             del self._segments[si + 1 :]
             del self._bases[si + 1 :]
-            new_size = seg.positions[bi]
-            new_end = seg.offsets[bi]
+            new_size = seg.positions[bi] if bi < len(seg.positions) else seg.size
             log.warning(
                 "truncating log",
                 topic=self.topic,
@@ -546,19 +921,23 @@ class PartitionLog:
             ti = bisect_left(seg.ts_offsets, new_end)
             del seg.ts_offsets[ti:]
             del seg.ts_values[ti:]
+            seg.holes = [h for h in seg.holes if h.first < new_end]
             seg.next_offset = new_end
             seg.remove_indexes()  # it is the active segment again: its index is rebuilt on open
             self._sync_truncation(seg)
+            self._refresh_fenced_locked()
 
-    def truncate_fully_and_start_at(self, offset: int) -> None:
-        """Drop the whole log and restart it empty at ``offset`` (a replica behind the master's start)."""
+    def truncate_fully_and_start_at(self, offset: int, history: list[IncarnationEntry] | None = None) -> None:
+        """Drop the whole log and restart it empty at ``offset`` (a replica behind the master's
+        start): a new incarnation at ``offset``, or the master's ``history`` adopted."""
         if offset < 0:
             raise StorageError(f"negative offset {offset}", retriable=False)
         with self._lock:
             self._check_writable()
-            self._reset_locked(offset)
+            self._reset_locked(offset, history)
 
-    def _reset_locked(self, offset: int) -> None:
+    def _reset_locked(self, offset: int, history: list[IncarnationEntry] | None) -> None:
+        self._begin_incarnation(offset, "log reset", history)
         log.warning(
             "resetting log",
             topic=self.topic,
@@ -578,6 +957,7 @@ class PartitionLog:
             if victim.base_offset != offset:
                 self._unlink_segment_files(victim.path)
         self._sync_truncation(seg)
+        self._refresh_fenced_locked()
 
     def _sync_truncation(self, seg: Segment) -> None:
         # truncation must reach the disk before new data lands in the freed offsets
@@ -626,6 +1006,8 @@ class PartitionLog:
                     reason="age" if too_old else "size",
                     min_offset=self.min_offset,
                 )
+            if deleted and self._fenced:
+                self._refresh_fenced_locked()
         return deleted
 
     # -- durability and shutdown -------------------------------------------------------------------
@@ -681,7 +1063,9 @@ class PartitionLog:
 class Storage:
     """Every partition log of one broker node under ``<data_dir>/logs``."""
 
-    def __init__(self, data_dir: Path, config: StorageConfig) -> None:
+    def __init__(
+        self, data_dir: Path, config: StorageConfig, *, new_incarnation_after_crash: bool = True
+    ) -> None:
         if config.segment_bytes > MAX_SEGMENT_BYTES:
             raise StorageError(
                 f"segment_bytes {config.segment_bytes} exceeds {MAX_SEGMENT_BYTES}", retriable=False
@@ -693,6 +1077,9 @@ class Storage:
         self._logs: dict[tuple[str, int], PartitionLog] = {}
         self._lock_fd: int | None = None
         self._closed = False
+        # a crash may have lost unflushed records that were served: their offsets get reused
+        self._after_crash_new = new_incarnation_after_crash and config.fsync != "always"
+        self.clean_start: bool | None = None  # known at the first open: the last close was clean
 
     def open(self, partitions: Iterable[tuple[str, int]]) -> None:
         """Create or recover the logs of ``partitions`` (blocking). May be called again to add more."""
@@ -707,6 +1094,12 @@ class Storage:
                 os.close(fd)
                 raise StorageError(f"{self.logs_dir} is in use by another process", retriable=False) from exc
             self._lock_fd = fd
+            marker = self.logs_dir / CLEAN_SHUTDOWN_FILE
+            self.clean_start = marker.exists()
+            if self.clean_start:
+                # gone for good before anything is written: a crash from now on is unclean
+                marker.unlink()
+                fsync_dir(self.logs_dir)
         for topic, partition in partitions:
             if (topic, partition) in self._logs:
                 continue
@@ -715,7 +1108,7 @@ class Storage:
             plog = PartitionLog(
                 topic, partition, self.logs_dir / f"{topic}-{partition}", self.config, self.disk
             )
-            plog.open()
+            plog.open(after_crash=self._after_crash_new and not self.clean_start)
             self._logs[(topic, partition)] = plog
 
     def get(self, topic: str, partition: int) -> PartitionLog | None:
@@ -723,6 +1116,10 @@ class Storage:
 
     def logs(self) -> Iterator[PartitionLog]:
         return iter(list(self._logs.values()))
+
+    def fenced(self) -> list[tuple[str, int, int, int]]:
+        """Every fenced range of this node: ``(topic, partition, first, last)`` (health, stats)."""
+        return [(plog.topic, plog.partition, a, b) for plog in self.logs() for a, b in plog.fenced_ranges()]
 
     def flush_all(self) -> None:
         """fsync every log (the server calls this from a worker thread every fsync_interval_ms)."""
@@ -746,13 +1143,22 @@ class Storage:
             return
         self._closed = True
         try:
+            clean = self._lock_fd is not None
             for plog in self._logs.values():
                 try:
+                    if self.config.fsync == "never":
+                        plog.flush()  # once, at shutdown: the clean marker must not outrun the data
                     plog.close()
                 except StorageError as exc:
+                    clean = False
                     log.error(
                         "closing log failed", topic=plog.topic, partition=plog.partition, error=str(exc)
                     )
+            if clean:
+                try:
+                    atomic_write(self.logs_dir / CLEAN_SHUTDOWN_FILE, b"")
+                except OSError as exc:
+                    log.error("could not record a clean shutdown", error=str(exc))
         finally:
             if self._lock_fd is not None:
                 os.close(self._lock_fd)

@@ -19,7 +19,7 @@ from mqd.consumer.errors import ConsumerError, NotAssignedError
 from mqd.consumer.membership import Broadcast
 from mqd.consumer.offset_store import LocalFileOffsetStore, OffsetStore
 from mqd.consumer.process_queue import FetchedBatch, FlowLimits, ProcessQueue
-from mqd.consumer.rebalance import RebalanceListener, RebalanceService, StartPositionHook
+from mqd.consumer.rebalance import RebalanceListener, RebalanceService, StartPosition, StartPositionHook
 from mqd.consumer.snapshot import ConsumerSnapshot, NodeSnapshot, PartitionSnapshot, consumer_status_json
 from mqd.consumer.source import Membership, Source
 from mqd.consumer.subscription_state import OwnedPartition, SubscriptionState
@@ -44,6 +44,7 @@ __all__ = [
     "RebalanceListener",
     "RebalanceService",
     "Source",
+    "StartPosition",
     "StartPositionHook",
     "SubscriptionState",
     "TopicPartition",

@@ -86,7 +86,12 @@ def _limits(cfg: ConsumerConfig) -> FlowLimits:
 
 
 def _default_source(config: ConsumerConfig, client: object | None) -> Source:
-    # the one place the engine names a source: the mqd broker until the config can choose (issue 14)
+    # the one place the engine names a source, as consumer.source chooses (``client`` is the mqd
+    # broker's HTTP client: a Kafka source has its own connections)
+    if config.source == "kafka":
+        from mqd.sources.kafka.source import KafkaSource
+
+        return KafkaSource(config)
     from mqd.sources.mqd_broker import MqdBrokerSource
 
     return MqdBrokerSource(config, client=client)  # type: ignore[arg-type]
@@ -272,13 +277,23 @@ class Consumer:
     def paused(self) -> frozenset[TopicPartition]:
         return frozenset(tp for tp, op in self._state.partitions.items() if op.paused)
 
-    def seek(self, tp: TopicPartition, offset: int) -> None:
+    def seek(self, tp: TopicPartition, offset: int, incarnation: str | None = None) -> None:
         """Fetch ``tp`` from ``offset`` next: its buffered data and in-flight answer are discarded,
-        its assignment epoch changes, a parked partition is released."""
+        its assignment epoch changes, a parked partition is released. ``incarnation``: the log
+        incarnation ``offset`` belongs to (None keeps the partition's: a seek within its log)."""
         tp = _tp(tp)
-        old = self._state.get(tp).position
-        self._state.seek(tp, offset)
-        log.info("seek", topic=tp.topic, partition=tp.partition, from_offset=old, to_offset=offset)
+        op = self._state.get(tp)
+        old, old_inc = op.position, op.incarnation
+        self._state.seek(tp, offset, incarnation)
+        log.info(
+            "seek",
+            topic=tp.topic,
+            partition=tp.partition,
+            from_offset=old,
+            to_offset=offset,
+            from_incarnation=old_inc,
+            to_incarnation=op.incarnation,
+        )
 
     def mark_consumed(self, tp: TopicPartition, next_offset: int) -> None:
         """Everything of ``tp`` before ``next_offset`` is handled; forward-only. Persisted every
@@ -300,6 +315,15 @@ class Consumer:
 
     def positions(self) -> dict[TopicPartition, int]:
         return {tp: op.position for tp, op in self._state.partitions.items()}
+
+    def incarnations(self) -> dict[TopicPartition, str | None]:
+        """The log incarnation each owned partition's position belongs to (None: not known yet)."""
+        return {tp: op.incarnation for tp, op in self._state.partitions.items()}
+
+    def assignment_resolved(self) -> bool:
+        """Every partition of this member's share is assigned (none waits for a start position,
+        e.g. behind a landing lock held past its bound)."""
+        return not self._rebalance.unresolved
 
     def caught_up(self) -> bool:
         """Every owned partition (parked ones excepted) was fetched up to the last known log end and
@@ -362,6 +386,10 @@ class Consumer:
                 buffered_bytes=op.queue.nbytes,
                 parked=op.parked,
                 last_error=op.last_error,
+                incarnation=op.incarnation,
+                incarnation_changes=op.incarnation_changes,
+                reused_offsets=op.reused_offsets,
+                lost_offsets=op.lost_offsets,
             )
             for tp, op in sorted(state.partitions.items())
         )
@@ -384,6 +412,9 @@ class Consumer:
                 pinned_bodies=budget.pinned_bodies,
                 rebalances=self._rebalance.rebalances,
                 offset_resets=self._fetch.offset_resets,
+                incarnation_changes=self._fetch.incarnation_changes,
+                reused_offsets=self._fetch.reused_offsets,
+                lost_offsets=self._fetch.lost_offsets,
                 parked=tuple(sorted(str(tp) for tp, op in state.partitions.items() if op.parked)),
             ),
             nodes=self._fetch.snapshot(),

@@ -11,6 +11,16 @@ Error handling never stops the daemon: a failing node backs off (mqd.backoff, ca
 with jitter) and its partitions move to a live replica; an undecodable partition is retried with
 backoff and parked after repeated failures; an illegal offset follows ``on_offset_reset``
 (mqd.consumer.offset_reset).
+
+Log incarnations: every request names the incarnation its offset belongs to (once known; the first
+answer's is adopted without assuming any reuse). INCARNATION_CHANGED (new incarnation J, diverged
+at D, position P): with D >= P nothing fetched is affected and J is adopted at P; else offsets
+D..P-1 were fetched (and maybe landed) under the old incarnation while the new log holds other
+records there: an error line names the partition, both incarnations and the offsets, the metrics
+count it, and fetching moves to D under J, so the new records land as new records (the landing
+keys them by incarnation). Batches keep the incarnation they were fetched under. DATA_LOST (a hole
+the source could not repair): the lost offsets are counted, logged as an error with the range and
+shown in status, and fetching continues after the hole.
 """
 
 from __future__ import annotations
@@ -25,7 +35,7 @@ from typing import Any
 
 import structlog
 
-from mqd import metrics
+from mqd import metrics, record_size
 from mqd.backoff import backoff_delay
 from mqd.config import ConsumerConfig
 from mqd.consumer.errors import ConsumerError
@@ -61,6 +71,7 @@ class _Sent:
     op: OwnedPartition
     epoch: int
     offset: int
+    incarnation: str | None = None  # the incarnation the request named
 
 
 class NodeFetcher:
@@ -162,8 +173,8 @@ class NodeFetcher:
     def _send(self, chosen: list[OwnedPartition], max_bytes: int, reserve: int, wait_ms: int) -> None:
         m, cfg = self._m, self._m.config
         part_max = min(cfg.partition_max_bytes, max_bytes)
-        sent = [_Sent(op, op.epoch, op.position) for op in chosen]
-        requests = [FetchRequest(s.op.tp, s.offset, part_max) for s in sent]
+        sent = [_Sent(op, op.epoch, op.position, op.incarnation) for op in chosen]
+        requests = [FetchRequest(s.op.tp, s.offset, part_max, s.incarnation) for s in sent]
         request = m.source.fetch(
             self.node_id, requests, max_wait_ms=wait_ms, min_bytes=cfg.fetch_min_bytes, max_bytes=max_bytes
         )
@@ -260,6 +271,10 @@ class FetchManager:
         self._down_until: dict[str, float] = {}  # nodes we failed to reach, our own view
         self._tasks: set[asyncio.Task[Any]] = set()
         self._running = False
+        # since start, all partitions (status totals)
+        self.incarnation_changes = 0
+        self.reused_offsets = 0
+        self.lost_offsets = 0
         self.resets = OffsetReset(
             state,
             lookup=self.lookup_offsets,
@@ -418,7 +433,27 @@ class FetchManager:
         cluster = self.source.cluster
         if op.probe_parked and status is not FetchStatus.FOUND:
             self._unpark(op, f"{node_id} answered {status}")  # what was damaged is not there any more
-        if status is FetchStatus.FOUND:
+        if status is FetchStatus.INCARNATION_CHANGED:
+            self._incarnation_changed(node_id, op, offset, res)
+            return
+        if res.incarnation is not None and op.incarnation is None:
+            op.incarnation = res.incarnation  # the first one seen: no reuse assumed
+            log.info(
+                "log incarnation adopted",
+                topic=tp.topic,
+                partition=tp.partition,
+                incarnation=res.incarnation,
+                position=offset,
+            )
+        if status is FetchStatus.FOUND and res.incarnation not in (None, op.incarnation):
+            # a source must answer INCARNATION_CHANGED instead: never tag records with the wrong log
+            self._partition_error(
+                op, f"{node_id}: records of incarnation {res.incarnation} for a fetch of {op.incarnation}"
+            )
+            return
+        if status is FetchStatus.DATA_LOST:
+            self._data_lost(node_id, op, offset, res)
+        elif status is FetchStatus.FOUND:
             self._append_found(node_id, op, offset, res)
         elif status is FetchStatus.CAUGHT_UP:
             op.errors = 0  # caught up: the node long-polled already
@@ -448,6 +483,85 @@ class FetchManager:
         if op.log_end is not None:
             metrics.consumer_lag.labels(tp.topic, str(tp.partition)).set(max(0, op.log_end - op.position))
 
+    def _incarnation_changed(
+        self, node_id: str, op: OwnedPartition, offset: int, res: PartitionResult
+    ) -> None:
+        """The log our position belongs to was replaced or truncated (see the module docstring)."""
+        tp, old, new = op.tp, op.incarnation, res.incarnation
+        if new is None:
+            self._partition_error(op, f"{node_id}: INCARNATION_CHANGED without the new incarnation")
+            return
+        # no divergence point given: assume the logs share nothing, the safe side (all is new)
+        diverged = 0 if res.diverged_at is None else max(0, res.diverged_at)
+        label = (tp.topic, str(tp.partition))
+        op.incarnation_changes += 1
+        self.incarnation_changes += 1
+        metrics.incarnation_changes.labels(*label).inc()
+        op.errors = 0
+        op.incarnation = new
+        if diverged >= offset:
+            log.warning(
+                "log incarnation changed; nothing fetched is affected",
+                topic=tp.topic,
+                partition=tp.partition,
+                node=node_id,
+                old_incarnation=old,
+                new_incarnation=new,
+                diverged_at=diverged,
+                position=offset,
+            )
+            return
+        reused = offset - diverged
+        op.reused_offsets += reused
+        self.reused_offsets += reused
+        metrics.reused_offsets.labels(*label).inc(reused)
+        op.position = diverged
+        op.last_error = (
+            f"log incarnation changed {old} -> {new}: offsets {diverged}..{offset - 1} were fetched "
+            f"under {old}; the new log's records there land as new records"
+        )
+        log.error(
+            "log incarnation changed: offsets already fetched (and maybe landed) hold other records "
+            "in the new log; fetching them again as new records",
+            topic=tp.topic,
+            partition=tp.partition,
+            node=node_id,
+            old_incarnation=old,
+            new_incarnation=new,
+            first_offset=diverged,
+            last_offset=offset - 1,
+            reused_offsets=reused,
+        )
+
+    def _data_lost(self, node_id: str, op: OwnedPartition, offset: int, res: PartitionResult) -> None:
+        """The source lost a range for good (a fenced hole): count it, say so, continue after it."""
+        tp = op.tp
+        first = offset if res.lost_first is None else res.lost_first
+        last = res.next_offset - 1 if res.lost_last is None else res.lost_last
+        # what we skip is from our position to the next offset the source names
+        skipped = max(0, res.next_offset - offset)
+        op.lost_offsets += skipped
+        self.lost_offsets += skipped
+        metrics.lost_offsets.labels(tp.topic, str(tp.partition)).inc(skipped)
+        op.last_error = f"{node_id}: offsets {first}..{last} lost by the source (DATA_LOST)"
+        log.error(
+            "records lost by the source: skipping the hole",
+            topic=tp.topic,
+            partition=tp.partition,
+            node=node_id,
+            incarnation=op.incarnation,
+            lost_first=first,
+            lost_last=last,
+            position=offset,
+            next_offset=res.next_offset,
+            skipped=skipped,
+        )
+        op.errors = 0
+        if res.next_offset > offset:
+            op.position = res.next_offset
+        else:  # no way forward given: do not loop on it
+            self._partition_error(op, op.last_error)
+
     def _unpark(self, op: OwnedPartition, why: str) -> None:
         log.warning(
             "partition unparked", topic=op.tp.topic, partition=op.tp.partition, was=op.parked, why=why
@@ -465,20 +579,38 @@ class FetchManager:
         tp, state, budget = op.tp, self.state, self.state.budget
         decoded = res.decode(offset, self.config.check_crc)
         records = nbytes = 0
-        clipped = False
+        clipped = too_large = False
         for d in decoded.batches:
+            big = record_size.oversize(d.records, d.nbytes, self.config.max_record_bytes)
+            if big is not None:  # the batch waits with it: the partition stops at its first offset
+                self._park_too_large(node_id, op, *big)
+                too_large = True
+                break
             # hard cap on memory: stop at the budget; the rest is fetched again after a drain
             if not budget.fits(d.nbytes):
                 budget.block()
                 clipped = True
                 break
-            state.append(op, FetchedBatch(tp, op.epoch, d.records, d.first_offset, d.next_offset, d.nbytes))
+            state.append(
+                op,
+                FetchedBatch(
+                    tp,
+                    op.epoch,
+                    d.records,
+                    d.first_offset,
+                    d.next_offset,
+                    d.nbytes,
+                    incarnation=op.incarnation,
+                ),
+            )
             records += d.next_offset - d.first_offset
             nbytes += d.nbytes
         if records:
             label = (tp.topic, str(tp.partition))
             metrics.records_fetched.labels(*label).inc(records)
             metrics.bytes_fetched.labels(*label).inc(nbytes)
+        if too_large:
+            return
         if decoded.error is None or clipped:
             if op.probe_parked:
                 self._unpark(op, f"{node_id} answered data that decodes")
@@ -504,6 +636,26 @@ class FetchManager:
             self._partition_error(op, message)
             log.warning(
                 "corrupt fetch data, will retry", topic=tp.topic, partition=tp.partition, error=message
+            )
+
+    def _park_too_large(self, node_id: str, op: OwnedPartition, offset: int, size: int) -> None:
+        """Park on a record the landing must not take (the Spark job could not read its file):
+        not fetched again until the partition is reassigned or sought (a restart with a larger
+        consumer.max_record_bytes, or a seek past it); nothing after it lands meanwhile."""
+        tp, limit = op.tp, self.config.max_record_bytes
+        first = op.parked is None
+        what = f"{tp.topic}/{tp.partition} record at offset {offset}"
+        op.parked = op.last_error = str(record_size.RecordTooLarge(what, size, limit))
+        op.probe_parked = False
+        metrics.fetch_errors.labels(node_id, "record_too_large").inc()
+        if first:
+            log.error(
+                "partition parked: a record is larger than consumer.max_record_bytes",
+                topic=tp.topic,
+                partition=tp.partition,
+                offset=offset,
+                size=size,
+                limit=limit,
             )
 
     # -- offset lookups --------------------------------------------------------------------------

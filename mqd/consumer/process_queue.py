@@ -30,6 +30,8 @@ class FetchedBatch:
     nbytes: int  # wire bytes it held (for budgets)
     # monotonic time the answer was received: the landing sink's max_age clock starts here
     fetched_at: float = field(default_factory=time.monotonic, compare=False)
+    # the log incarnation the offsets belong to (None: the source cannot tell)
+    incarnation: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

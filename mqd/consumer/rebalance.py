@@ -8,6 +8,10 @@ then a commit of their marks) and assigns what is new with a start position from
 (the landing directory is the source of truth), else the offset store, else ``consume_from``; a
 position resolved from ``consume_from`` is committed to the offset store (awaited) before the
 partition is fetched, so a restart or the next owner continues from it instead of resolving again.
+
+The hook's positions are resolved concurrently, and one that fails (the landing lock of that
+partition held past its bound by a frozen process, state unreadable) does not hold back the others:
+they are assigned, the failed one is logged, counted and retried in the next round.
 """
 
 from __future__ import annotations
@@ -32,7 +36,17 @@ from mqd.waiting import wait_event
 
 log = structlog.get_logger("mqd.consumer")
 
-StartPositionHook = Callable[[TopicPartition], Awaitable[int | None]]
+
+@dataclass(frozen=True, slots=True)
+class StartPosition:
+    """Where a newly owned partition starts: an offset and the log incarnation it belongs to."""
+
+    offset: int
+    incarnation: str | None = None  # None: not known (the first fetch answer's is adopted)
+
+
+# a bare int is an offset of an unknown incarnation
+StartPositionHook = Callable[[TopicPartition], Awaitable[StartPosition | int | None]]
 
 _CONSUME_FROM = {"last": "latest", "first": "earliest", "timestamp": "timestamp"}
 
@@ -92,6 +106,8 @@ class RebalanceService:
         self.closed = False  # stop() began: assign nothing more
         self.rebalances = 0
         self.last_error: str | None = None
+        # partitions of this member's share still waiting for a start position (retried each round)
+        self.unresolved: frozenset[TopicPartition] = frozenset()
         source.add_metadata_listener(self._on_metadata)
 
     def request(self) -> None:
@@ -159,6 +175,7 @@ class RebalanceService:
             if assignment is None:
                 return False
             d = diff(frozenset(self._state.partitions), assignment)
+            self.unresolved = d.added  # until _assign resolved them
             complete = True
             if d.removed:
                 await self._revoke(set(d.removed))
@@ -197,7 +214,7 @@ class RebalanceService:
     async def _assign(self, tps: set[TopicPartition]) -> bool:
         ordered = sorted(tps)
         try:
-            positions = await self._start_positions(ordered)
+            positions, failed = await self._start_positions(ordered)
         except ConsumerError as exc:
             self.last_error = str(exc)
             log.warning(
@@ -206,28 +223,61 @@ class RebalanceService:
             return False
         if self.closed:
             return False
-        for tp in ordered:
-            self._state.assign(tp, positions[tp], self._choose_pull_node(tp))
-        if self._listener is not None:
+        assigned = [tp for tp in ordered if tp in positions]
+        for tp in assigned:
+            pos = positions[tp]
+            self._state.assign(tp, pos.offset, self._choose_pull_node(tp), pos.incarnation)
+        if self._listener is not None and assigned:
             try:
-                self._listener.on_partitions_assigned(set(ordered))
+                self._listener.on_partitions_assigned(set(assigned))
             except Exception:
                 log.exception("on_partitions_assigned failed")
+        self.unresolved = frozenset(tp for tp in ordered if tp not in positions)
+        if failed:
+            self.last_error = "; ".join(failed.values())
+            return False  # the next round (backed off) assigns the rest
         return True
 
-    async def _start_positions(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
-        out: dict[TopicPartition, int] = {}
+    async def _hook_positions(
+        self, tps: list[TopicPartition]
+    ) -> tuple[dict[TopicPartition, StartPosition], dict[TopicPartition, str]]:
+        """The hook's answers, all partitions at once: one slow partition (its landing lock held by
+        a frozen process) delays the others by at most its own bound, never one after another.
+        A partition the hook fails for is left out, logged and counted."""
+        assert self._hook is not None
+        hook = self._hook
+        answers = await asyncio.gather(*(hook(tp) for tp in tps), return_exceptions=True)
+        out: dict[TopicPartition, StartPosition] = {}
+        failed: dict[TopicPartition, str] = {}
+        for tp, ans in zip(tps, answers, strict=True):
+            if isinstance(ans, ConsumerError):
+                failed[tp] = f"{tp}: {ans}"
+                metrics.start_position_retries.inc()
+                log.warning(
+                    "start position not resolved; retried in the next round", tp=str(tp), error=str(ans)
+                )
+                continue
+            if isinstance(ans, BaseException):
+                raise ans
+            if ans is None:
+                continue
+            pos = ans if isinstance(ans, StartPosition) else StartPosition(ans)
+            if isinstance(pos.offset, bool) or not isinstance(pos.offset, int) or pos.offset < 0:
+                raise ConsumerError(f"{tp}: start_position hook answered {ans!r}, not an offset >= 0")
+            out[tp] = pos
+        return out, failed
+
+    async def _start_positions(
+        self, tps: list[TopicPartition]
+    ) -> tuple[dict[TopicPartition, StartPosition], dict[TopicPartition, str]]:
+        """Start positions of ``tps``, and the partitions that could not be resolved (with why)."""
+        out: dict[TopicPartition, StartPosition] = {}
+        failed: dict[TopicPartition, str] = {}
         source: dict[str, str] = {}
         if self._hook is not None:
-            for tp in tps:
-                pos = await self._hook(tp)
-                if pos is None:
-                    continue
-                if isinstance(pos, bool) or not isinstance(pos, int) or pos < 0:
-                    raise ConsumerError(f"{tp}: start_position hook answered {pos!r}, not an offset >= 0")
-                out[tp] = pos
-                source[str(tp)] = "hook"
-        rest = [tp for tp in tps if tp not in out]
+            out, failed = await self._hook_positions(tps)
+            source.update((str(tp), "hook") for tp in out)
+        rest = [tp for tp in tps if tp not in out and tp not in failed]
         durable: dict[TopicPartition, int] = {}  # positions the store must hold before any fetch
         if rest:
             stored = await self._offsets.load(rest)
@@ -237,7 +287,7 @@ class RebalanceService:
                 marked = self._offsets.marked(tp)
                 if marked is not None and marked > stored.get(tp, -1):
                     stored[tp] = durable[tp] = marked
-            out.update(stored)
+            out.update((tp, StartPosition(o)) for tp, o in stored.items())
             source.update((str(tp), "offset store") for tp in stored)
             rest = [tp for tp in rest if tp not in out]
         if rest:
@@ -246,11 +296,14 @@ class RebalanceService:
                 rest, _CONSUME_FROM[cfg.consume_from], cfg.consume_timestamp_ms
             )
             durable.update(found)
-            out.update(found)
+            out.update((tp, StartPosition(o)) for tp, o in found.items())
             source.update((str(tp), f"consume_from={cfg.consume_from}") for tp in found)
         await self._make_durable(durable)
-        log.info("start positions", positions={str(tp): (out[tp], source[str(tp)]) for tp in tps})
-        return out
+        log.info(
+            "start positions",
+            positions={str(tp): (out[tp].offset, out[tp].incarnation, source[str(tp)]) for tp in out},
+        )
+        return out, failed
 
     async def _make_durable(self, resolved: dict[TopicPartition, int]) -> None:
         """Commit start positions the store does not hold yet before they are fetched: "last" or a

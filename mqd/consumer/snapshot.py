@@ -34,6 +34,10 @@ class PartitionSnapshot:
     buffered_bytes: int
     parked: str | None
     last_error: str | None
+    incarnation: str | None = None  # of the position; None: not known yet
+    incarnation_changes: int = 0  # since assigned
+    reused_offsets: int = 0  # landed under an old incarnation, reused by a new one
+    lost_offsets: int = 0  # reported lost for good by the source (DATA_LOST)
 
     @property
     def lag(self) -> int | None:
@@ -66,6 +70,9 @@ class Totals:
     rebalances: int
     offset_resets: int
     parked: tuple[str, ...]  # sorted "topic/partition"
+    incarnation_changes: int = 0  # since start, all partitions (also those revoked since)
+    reused_offsets: int = 0
+    lost_offsets: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +146,10 @@ def consumer_status_json(snap: ConsumerSnapshot) -> dict[str, Any]:
                 "buffered_bytes": p.buffered_bytes,
                 "parked": p.parked,
                 "last_error": p.last_error,
+                "incarnation": p.incarnation,
+                "incarnation_changes": p.incarnation_changes,
+                "reused_offsets": p.reused_offsets,
+                "lost_offsets": p.lost_offsets,
             }
             for p in snap.partitions
         },
@@ -154,6 +165,9 @@ def consumer_status_json(snap: ConsumerSnapshot) -> dict[str, Any]:
             "rebalances": t.rebalances,
             "offset_resets": t.offset_resets,
             "parked": list(t.parked),
+            "incarnation_changes": t.incarnation_changes,
+            "reused_offsets": t.reused_offsets,
+            "lost_offsets": t.lost_offsets,
         },
         "nodes": nodes,
         "errors": dict(snap.errors.items()),

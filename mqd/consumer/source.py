@@ -9,14 +9,20 @@ Contracts:
 
 - **Metadata**: ``cluster`` is the last good layout (None before the first); listeners run after
   every refresh; ``request_refresh()`` asks for one soon (a routing error, a dead node).
-- **Fetch**: one request per node for many partitions. Each partition's result carries a
-  source-neutral status, offsets, an optional suggested pull node, the log *incarnation* (an id that
-  changes when the partition's log is replaced by another one with the same offsets; None when the
-  source cannot tell), and ``decode``: decoding is source-specific and lazy, so the engine re-checks
-  ownership first and never decodes data it will drop. ``decode`` returns Arrow record batches
-  (columns offset, timestamp, key, value, headers) cut to start at the requested offset, zero-copy
-  (no Python object per record), stopping at the first bad batch with the good ones before it.
-  ``FetchResult.body`` is the object whose lifetime bounds every slice: the budget pins it.
+- **Fetch**: one request per node for many partitions. Each partition's result carries a source-
+  neutral status, offsets, an optional suggested pull node, the log *incarnation* (an id that
+  changes when the partition's log is created empty, recreated or truncated, so its offsets may hold
+  other records than before; None when the source cannot tell), and ``decode``: decoding is source-
+  specific and lazy, so the engine re-checks ownership first and never decodes data it will drop.
+  ``decode`` returns Arrow record batches (columns offset, timestamp, key, value, headers) cut to
+  start at the requested offset, zero-copy (no Python object per record), stopping at the first bad
+  batch with the good ones before it. ``FetchResult.body`` is the object whose lifetime bounds every
+  slice: the budget pins it. A request names the incarnation its offset belongs to (None: not known
+  yet). When that is not the log's current one, the answer is INCARNATION_CHANGED with
+  ``diverged_at``: the first offset from which the log no longer holds the requested incarnation's
+  records (0 when it never held them). A fetch inside a range the source lost for good (a fenced
+  hole) answers DATA_LOST with the range (``lost_first``..``lost_last``, inclusive) and
+  ``next_offset`` after it. (Kafka: topic ids and OffsetsForLeaderEpoch map onto the same fields.)
 - **Membership**: the source builds the consumer-group membership. The engine only asks "my
   assignment of these subscribed partitions, and its member version, or not known yet"; where the
   allocation strategy runs is the source's business (the mqd broker hands every member the sorted
@@ -95,6 +101,8 @@ class FetchStatus(enum.StrEnum):
     CAUGHT_UP = "OFFSET_OVERFLOW_ONE"  # exactly at the log end
     OFFSET_OVERFLOW_BADLY = "OFFSET_OVERFLOW_BADLY"  # beyond the log end
     NOT_SERVED = "NOT_SERVED"  # this node does not serve the partition (routing, not offsets)
+    INCARNATION_CHANGED = "INCARNATION_CHANGED"  # the requested incarnation is not the log's current one
+    DATA_LOST = "DATA_LOST"  # the offset is inside a range the log lost for good (a fenced hole)
 
 
 ILLEGAL_OFFSET = frozenset(
@@ -107,6 +115,7 @@ class FetchRequest:
     tp: TopicPartition
     offset: int
     max_bytes: int
+    incarnation: str | None = None  # the incarnation ``offset`` belongs to; None: not known yet
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +144,9 @@ class PartitionResult:
     error: str | None
     # (start_offset, check_crc) -> the partition's batches from start_offset on
     decode: Callable[[int, bool], Decoded] = field(repr=False)
+    diverged_at: int | None = None  # INCARNATION_CHANGED: the first offset the logs differ at
+    lost_first: int | None = None  # DATA_LOST: the lost range, inclusive
+    lost_last: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,9 +30,12 @@ class OwnedPartition:
         "epoch",
         "errors",
         "in_flight",
+        "incarnation",
+        "incarnation_changes",
         "last_error",
         "log_end",
         "log_start",
+        "lost_offsets",
         "parked",
         "paused",
         "position",
@@ -41,13 +44,27 @@ class OwnedPartition:
         "queue",
         "resetting",
         "retry_at",
+        "reused_offsets",
         "tp",
     )
 
-    def __init__(self, tp: TopicPartition, epoch: int, position: int, pull_node: str | None) -> None:
+    def __init__(
+        self,
+        tp: TopicPartition,
+        epoch: int,
+        position: int,
+        pull_node: str | None,
+        incarnation: str | None = None,
+    ) -> None:
         self.tp = tp
         self.epoch = epoch
         self.position = position  # next offset to fetch
+        # the log incarnation ``position`` belongs to (None: not known yet; the first answer's is
+        # adopted without assuming any reuse)
+        self.incarnation = incarnation
+        self.incarnation_changes = 0  # seen since assigned (status)
+        self.reused_offsets = 0  # offsets landed under an old incarnation that a new one reused
+        self.lost_offsets = 0  # offsets the source reported lost for good (DATA_LOST)
         self.pull_node = pull_node
         self.paused = False
         self.in_flight = False  # part of a fetch whose answer has not been handled yet
@@ -87,12 +104,14 @@ class SubscriptionState:
 
     # -- assignment ------------------------------------------------------------------------------
 
-    def assign(self, tp: TopicPartition, position: int, pull_node: str | None) -> OwnedPartition:
+    def assign(
+        self, tp: TopicPartition, position: int, pull_node: str | None, incarnation: str | None = None
+    ) -> OwnedPartition:
         if position < 0:
             raise ValueError(f"{tp}: start position {position} is negative")
         if tp in self.partitions:
             raise ValueError(f"{tp} is already assigned")
-        op = OwnedPartition(tp, next(_epochs), position, pull_node)
+        op = OwnedPartition(tp, next(_epochs), position, pull_node, incarnation)
         self.partitions[tp] = op
         self.on_fetchable(pull_node)
         return op
@@ -115,13 +134,16 @@ class SubscriptionState:
             raise NotAssignedError(tp)
         return op
 
-    def seek(self, tp: TopicPartition, offset: int) -> None:
+    def seek(self, tp: TopicPartition, offset: int, incarnation: str | None = None) -> None:
+        """Fetch from ``offset`` next (of ``incarnation``; None keeps the partition's)."""
         if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
             raise ValueError(f"{tp}: cannot seek to {offset!r}: offsets are integers >= 0")
         op = self.get(tp)
         op.epoch = next(_epochs)
         self._discard(op)
         op.position = offset
+        if incarnation is not None:
+            op.incarnation = incarnation
         op.parked = None
         op.probe_parked = False
         op.last_error = None

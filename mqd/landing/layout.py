@@ -2,14 +2,18 @@
 
 Layout (DESIGN.md §3)::
 
-    <landing>/topic=<t>/dt=YYYY-MM-DD/hour=HH/part-<partition:05d>-<first_offset:020d>.parquet
+    <landing>/_format.json                                        the landing's format version
+    <landing>/topic=<t>/dt=YYYY-MM-DD/hour=HH/part-<partition:05d>-<incarnation>-<first_offset:020d>.parquet
     <landing>/topic=<t>/dt=YYYY-MM-DD/hour=HH/_COMPLETE          completeness marker (JSON)
     <landing>/_manifest/<t>/<partition:05d>/<YYYY-MM-DD>.jsonl    one line per published file
-    <landing>/_state/<t>/<partition:05d>.json|.lock               last published offset, watermark
+    <landing>/_state/<t>/<partition:05d>.json|.lock               last published offset + incarnation
 
-A data file holds one contiguous offset range of one (topic, partition, hour). Its name is keyed by
-partition and first offset, so two publishers of the same offsets collide on the name. Everything
-that is not data starts with ``_`` or ``.``, which Spark's file source ignores.
+A data file holds one contiguous offset range of one (topic, partition, incarnation, hour). Its
+name is keyed by partition, log incarnation and first offset, so two publishers of the same records
+collide on the name while two incarnations of a log (whose offsets repeat) never do. Files landed
+before incarnations existed (format 1) keep their names without one (``part-<p>-<first>.parquet``,
+incarnation unknown). Everything that is not data starts with ``_`` or ``.``, which Spark's file
+source ignores.
 """
 
 from __future__ import annotations
@@ -33,16 +37,23 @@ from mqd.format import RECORD_SCHEMA
 from mqd.landing.schema import LANDING_SCHEMA as LANDING_SCHEMA  # re-exported: bench reads it here
 from mqd.topic_name import check_topic_name
 
-SCHEMA_VERSION = 1
+# a data file's metadata version: 2 adds the incarnation column and range field; 1 is still read
+SCHEMA_VERSION = 2
+_READABLE_SCHEMA_VERSIONS = (b"1", b"2")
 HOUR_MS = 3_600_000
 META_VERSION = b"mqd.schema_version"
 META_RANGES = b"mqd.ranges"
 
 
-_NAME = re.compile(r"^part-(\d{5})-(\d{20})\.parquet$")
+_NAME = re.compile(r"^part-(\d{5})-(?:([0-9a-f]{32})-)?(\d{20})\.parquet$")
+_INCARNATION = re.compile(r"^[0-9a-f]{32}$")
 STATE_DIR = "_state"
 MANIFEST_DIR = "_manifest"
 MARKER_NAME = "_COMPLETE"
+# the landing's format (layout, state records, names): 1 = before log incarnations, 2 = with them
+FORMAT_FILE = "_format.json"
+FORMAT_VERSION = 2
+MIGRATE_COMMAND = "mqd landing migrate --config <file>"
 
 
 class LandingError(MqdError):
@@ -62,6 +73,21 @@ class LandingCorrupt(MqdError):
     retriable = False
 
 
+class LandingFormatError(LandingCorrupt):
+    """The landing directory has another format than this mqd writes (an old landing to migrate,
+    or a newer mqd's). Not retriable: an operator migrates or upgrades."""
+
+
+def check_incarnation(value: object) -> str | None:
+    """A log incarnation id as stored in the landing (32 lowercase hex chars) or None (unknown);
+    LandingCorrupt for anything else."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not _INCARNATION.match(value):
+        raise LandingCorrupt(f"bad incarnation {value!r}: expected 32 lowercase hex chars or null")
+    return value
+
+
 @dataclass(frozen=True, slots=True)
 class FileRange:
     """What one published file holds; also one manifest line."""
@@ -76,6 +102,8 @@ class FileRange:
     ts_max: int
     bytes: int = 0
     created: str = ""
+    # the log incarnation the offsets belong to; None only for files landed before incarnations
+    incarnation: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -89,6 +117,7 @@ class FileRange:
             "ts_max": self.ts_max,
             "bytes": self.bytes,
             "created": self.created,
+            "incarnation": self.incarnation,
         }
 
     @classmethod
@@ -105,8 +134,9 @@ class FileRange:
                 ts_max=int(d["ts_max"]),
                 bytes=int(d.get("bytes", 0)),
                 created=str(d.get("created", "")),
+                incarnation=check_incarnation(d.get("incarnation")),
             )
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, LandingCorrupt) as exc:
             raise LandingCorrupt(f"bad file range record {d!r}: {exc}") from None
 
 
@@ -153,14 +183,18 @@ def hour_of_dir(dt: str, hour: str) -> int:
     return int(t.timestamp()) // 3600
 
 
-def file_name(partition: int, first_offset: int) -> str:
-    return f"part-{partition:05d}-{first_offset:020d}.parquet"
+def file_name(partition: int, first_offset: int, incarnation: str | None = None) -> str:
+    """A data file's name; keyed by the incarnation too, so offsets reused by a new incarnation of
+    the log never collide with the landed ones (None: format-1 names, incarnation unknown)."""
+    if incarnation is None:
+        return f"part-{partition:05d}-{first_offset:020d}.parquet"
+    return f"part-{partition:05d}-{check_incarnation(incarnation)}-{first_offset:020d}.parquet"
 
 
-def parse_file_name(name: str) -> tuple[int, int] | None:
-    """(partition, first_offset) of a data file name, None for anything else."""
+def parse_file_name(name: str) -> tuple[int, str | None, int] | None:
+    """(partition, incarnation, first_offset) of a data file name, None for anything else."""
     m = _NAME.match(name)
-    return (int(m.group(1)), int(m.group(2))) if m else None
+    return (int(m.group(1)), m.group(2), int(m.group(3))) if m else None
 
 
 def iso_now() -> str:
@@ -190,14 +224,24 @@ def hour_runs(table: pa.Table) -> list[tuple[int, int, int]]:
     return [(int(hours[s]), int(s), int(e - s)) for s, e in zip(starts, ends, strict=True)]
 
 
-def landing_table(topic: str, partition: int, records: pa.Table) -> pa.Table:
-    """Records (RECORD_SCHEMA) plus the topic and partition columns, without per-record objects."""
-    n = records.num_rows
-    topic_col = pa.DictionaryArray.from_arrays(
-        pa.array(np.zeros(n, dtype=np.int32)), pa.array([topic], type=pa.string())
+def _constant_string(n: int, value: str | None) -> pa.DictionaryArray:
+    """A dictionary column holding ``value`` (or null) n times: one string per file, not per record."""
+    if value is None:
+        return pa.DictionaryArray.from_arrays(pa.nulls(n, pa.int32()), pa.array([], type=pa.string()))
+    return pa.DictionaryArray.from_arrays(
+        pa.array(np.zeros(n, dtype=np.int32)), pa.array([value], type=pa.string())
     )
+
+
+def landing_table(topic: str, partition: int, records: pa.Table, incarnation: str | None = None) -> pa.Table:
+    """Records (RECORD_SCHEMA) plus the topic, partition and incarnation columns, without
+    per-record objects."""
+    n = records.num_rows
     part_col = pa.array(np.full(n, partition, dtype=np.int32))
-    return pa.Table.from_arrays([topic_col, part_col, *records.columns], schema=LANDING_SCHEMA)
+    return pa.Table.from_arrays(
+        [_constant_string(n, topic), part_col, _constant_string(n, incarnation), *records.columns],
+        schema=LANDING_SCHEMA,
+    )
 
 
 def describe(topic: str, partition: int, records: pa.Table) -> tuple[int, int, int, int, int]:
@@ -241,7 +285,7 @@ def read_ranges(path: Path) -> list[FileRange]:
         meta = pq.read_schema(path).metadata or {}
     except (OSError, pa.ArrowInvalid) as exc:
         raise LandingCorrupt(f"{path}: not a readable Parquet file: {exc}") from None
-    if meta.get(META_VERSION) != str(SCHEMA_VERSION).encode() or META_RANGES not in meta:
+    if meta.get(META_VERSION) not in _READABLE_SCHEMA_VERSIONS or META_RANGES not in meta:
         raise LandingCorrupt(f"{path}: not an mqd landing file (no {META_RANGES.decode()} metadata)")
     try:
         return [FileRange.from_json(d) for d in json.loads(meta[META_RANGES])]

@@ -7,8 +7,9 @@ Publishing one file of (topic, partition):
    lock held);
 2. ``commit``: take ``fcntl.flock`` on ``_state/<t>/<p>.lock`` (cross-process), read the state and
    finish any publication a crashed process left half done (see ``pending`` below);
-3. check the condition: the state's last published offset is the one the publisher expects (the
-   offset it resumed after, or its own last publication) and the new range starts after it.
+3. check the condition: the state's last published (incarnation, offset) is the one the publisher
+   expects (the end it resumed after, or its own last publication) and the new range starts after
+   it, or belongs to another incarnation of the log (whose offsets start again where it diverged).
    Otherwise another owner published in between: ``PublishConflict`` (the caller drops its batch
    and re-seeks after ``PublishConflict.last_offset``);
 4. record the intent (``pending``) in the state file, ``os.link`` the temp file to its final name
@@ -17,6 +18,12 @@ Publishing one file of (topic, partition):
 
 The link is the commit point. A crash after it and before the state update leaves ``pending`` in
 the state; whoever takes the lock next sees that the final file exists and completes step 5.
+
+Format: ``open`` writes ``_format.json`` (version 2, with log incarnations) in a new landing and
+refuses a landing of another format (LandingFormatError naming the migration command);
+``migrate`` turns a format-1 landing into format 2. A format-1 daemon cannot publish into a
+format-2 partition: the state records are version 2, which its reader refuses (LandingCorrupt), and
+a format-2 daemon writes a state record for every partition it resolves, published or not.
 """
 
 from __future__ import annotations
@@ -34,12 +41,12 @@ from typing import Any
 import pyarrow as pa
 
 from mqd import fsutil
-from mqd.landing import layout
-from mqd.landing.layout import FileRange, LandingCorrupt, LandingError
+from mqd.landing import layout, watermark
+from mqd.landing.layout import FileRange, LandingCorrupt, LandingError, LandingFormatError
 from mqd.landing.store import STALE_AFTER_S, PartitionHead, PublishConflict, StagedFile
 from mqd.topic_name import check_topic_name
 
-_STATE_VERSION = 1
+_STATE_VERSION = 2  # 2: with the incarnation of the last published offset (landing format 2)
 
 
 @dataclass(slots=True)
@@ -50,10 +57,12 @@ class PartitionState:
     watermark_ms: int | None = None  # every record below this event time is published (or none exists)
     files: int = 0
     pending: FileRange | None = None
+    incarnation: str | None = None  # of last_offset; None: unknown (landed before incarnations)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "version": _STATE_VERSION,
+            "incarnation": self.incarnation,
             "last_offset": self.last_offset,
             "watermark_ms": self.watermark_ms,
             "files": self.files,
@@ -63,14 +72,21 @@ class PartitionState:
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> PartitionState:
-        if d.get("version") != _STATE_VERSION:
-            raise LandingCorrupt(f"unknown state version {d.get('version')!r}")
+        version = d.get("version")
+        if version == 1:
+            raise LandingFormatError(
+                f"a format-1 state record (written by an mqd before log incarnations); "
+                f"stop that daemon and migrate the landing: {layout.MIGRATE_COMMAND}"
+            )
+        if version != _STATE_VERSION:
+            raise LandingCorrupt(f"unknown state version {version!r}")
         pending = d.get("pending")
         return cls(
             last_offset=None if d.get("last_offset") is None else int(d["last_offset"]),
             watermark_ms=None if d.get("watermark_ms") is None else int(d["watermark_ms"]),
             files=int(d.get("files", 0)),
             pending=FileRange.from_json(pending) if pending else None,
+            incarnation=layout.check_incarnation(d.get("incarnation")),
         )
 
 
@@ -83,8 +99,19 @@ class LocalStore:
     """The landing in one local (or shared POSIX) directory. Thread-compatible per partition: the
     flock serialises committers of one partition across threads and processes."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(
+        self,
+        root: Path,
+        *,
+        head_lock_timeout: float | None = None,
+        max_event_ahead_ms: int = watermark.DEFAULT_MAX_EVENT_AHEAD_MS,
+    ) -> None:
         self.root = Path(root)
+        # how long ``head`` waits for a partition's lock (None: as long as it takes). A holder
+        # frozen inside a commit (a stopped VM, SIGSTOP) must not stall a new owner's start
+        # position for as long as it is frozen: fsutil.LockTimeout (retriable) instead.
+        self.head_lock_timeout = head_lock_timeout
+        self.max_event_ahead_ms = max_event_ahead_ms  # the watermark's trust in event times (watermark.py)
 
     @property
     def location(self) -> str:
@@ -107,6 +134,7 @@ class LocalStore:
         return self._manifest_dir(topic, partition) / f"{day}.jsonl"
 
     def open(self) -> None:
+        self._check_format()
         try:
             for d in (self.root, self.root / layout.STATE_DIR, self.root / layout.MANIFEST_DIR):
                 d.mkdir(parents=True, exist_ok=True)
@@ -121,6 +149,38 @@ class LocalStore:
         except OSError as exc:
             raise _landing_error(exc, f"landing directory {self.root} is not writable") from None
 
+    def _check_format(self) -> None:
+        """Write the format marker into a new landing; refuse a landing of another format."""
+        path = self.root / layout.FORMAT_FILE
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            if _has_landed(self.root):
+                raise LandingFormatError(
+                    f"{self.root}: landing format 1 (landed before log incarnations); this mqd "
+                    f"writes format {layout.FORMAT_VERSION}. Stop every daemon of this landing, "
+                    f"then migrate it: {layout.MIGRATE_COMMAND}"
+                ) from None
+            try:
+                self.root.mkdir(parents=True, exist_ok=True)
+                layout.write_atomic(path, _format_json())
+            except OSError as exc:
+                raise _landing_error(exc, f"landing directory {self.root} is not writable") from None
+            return
+        except OSError as exc:
+            raise _landing_error(exc, f"landing directory {self.root} is not writable") from None
+        version = read_format(data, path)
+        if version < layout.FORMAT_VERSION:
+            raise LandingFormatError(
+                f"{self.root}: landing format {version}; this mqd writes format "
+                f"{layout.FORMAT_VERSION}. Migrate it: {layout.MIGRATE_COMMAND}"
+            )
+        if version > layout.FORMAT_VERSION:
+            raise LandingFormatError(
+                f"{self.root}: landing format {version} was written by a newer mqd (this one "
+                f"writes format {layout.FORMAT_VERSION}); upgrade this daemon"
+            )
+
     def remove_stale(self, older_than_s: float = STALE_AFTER_S) -> int:
         """Delete temp files that crashed publishers left in hour folders (by age, not by pid:
         several hosts may share the directory, where pids say nothing)."""
@@ -133,8 +193,10 @@ class LocalStore:
                     removed += 1
         return removed
 
-    def _locked(self, topic: str, partition: int) -> contextlib.AbstractContextManager[None]:
-        return fsutil.locked(self._lock_path(topic, partition))
+    def _locked(
+        self, topic: str, partition: int, timeout: float | None = None
+    ) -> contextlib.AbstractContextManager[None]:
+        return fsutil.locked(self._lock_path(topic, partition), timeout=timeout)
 
     # -- state ----------------------------------------------------------------------------------
 
@@ -144,11 +206,14 @@ class LocalStore:
             data = path.read_bytes()
         except FileNotFoundError:
             st = self._rebuild_state(topic, partition)
-            if st.last_offset is not None:
-                self._write_state(topic, partition, st)
+            # also when nothing is published: a format-1 daemon refuses a version-2 state record,
+            # so it can never publish into a partition a format-2 daemon has resolved
+            self._write_state(topic, partition, st)
             return st
         try:
             return PartitionState.from_json(json.loads(data))
+        except LandingFormatError as exc:
+            raise LandingFormatError(f"{path}: {exc}") from None
         except (ValueError, LandingCorrupt) as exc:
             raise LandingCorrupt(
                 f"{path}: unreadable partition state ({exc}); delete it to rebuild"
@@ -170,10 +235,18 @@ class LocalStore:
                 layout.write_atomic(mpath, b"".join(_manifest_line(r) for r in ranges))
         if not ranges:
             return PartitionState()
+        # the last publication is the head: offsets restart when the log's incarnation changes
+        last = ranges[-1]
+        if all(r.incarnation is None for r in ranges):
+            last = max(ranges, key=lambda r: r.last_offset)  # format-1 files: one log, offsets only grow
+        mark: int | None = None
+        for r in ranges:
+            mark = watermark.watermark_after(mark, r, self.max_event_ahead_ms)
         return PartitionState(
-            last_offset=max(r.last_offset for r in ranges),
-            watermark_ms=max(r.ts_max for r in ranges),
+            last_offset=last.last_offset,
+            watermark_ms=mark,
             files=len(ranges),
+            incarnation=last.incarnation,
         )
 
     def _scan_files(self, topic: str, partition: int) -> list[FileRange]:
@@ -185,7 +258,8 @@ class LocalStore:
             except LandingCorrupt:
                 continue  # a foreign file with our naming: not ours to count
             out.extend(r for r in ranges if r.topic == topic and r.partition == partition)
-        return sorted(out, key=lambda r: r.first_offset)
+        # publication order: a file's creation time (format 2 records it before it is written)
+        return sorted(out, key=lambda r: (r.created, r.first_offset))
 
     def _recover(self, topic: str, partition: int, st: PartitionState) -> PartitionState:
         """Finish a publication whose process died between the link and the state update."""
@@ -199,25 +273,27 @@ class LocalStore:
                 self._append_manifest(mpath, rng)
             st = PartitionState(
                 last_offset=rng.last_offset,
-                watermark_ms=max(st.watermark_ms or rng.ts_max, rng.ts_max),
+                watermark_ms=watermark.watermark_after(st.watermark_ms, rng, self.max_event_ahead_ms),
                 files=st.files + 1,
+                incarnation=rng.incarnation,
             )
         else:
             st = replace(st, pending=None)
         self._write_state(topic, partition, st)
         return st
 
-    def state(self, topic: str, partition: int) -> PartitionState:
-        """The partition's state record, with any half-done publication completed."""
+    def state(self, topic: str, partition: int, timeout: float | None = None) -> PartitionState:
+        """The partition's state record, with any half-done publication completed. ``timeout``
+        bounds the wait for the partition's lock (fsutil.LockTimeout, retriable)."""
         try:
-            with self._locked(topic, partition):
+            with self._locked(topic, partition, timeout):
                 return self._recover(topic, partition, self._read_state(topic, partition))
         except OSError as exc:
             raise _landing_error(exc, f"{topic}/{partition}: reading landing state") from None
 
     def head(self, topic: str, partition: int) -> PartitionHead:
-        st = self.state(topic, partition)
-        return PartitionHead(st.last_offset, st.watermark_ms, st.files)
+        st = self.state(topic, partition, self.head_lock_timeout)
+        return PartitionHead(st.last_offset, st.watermark_ms, st.files, st.incarnation)
 
     def advance_watermark(self, topic: str, partition: int, watermark_ms: int) -> None:
         try:
@@ -284,6 +360,8 @@ class LocalStore:
         final_dir = self.root / rng.path.rsplit("/", 1)[0]
         name = rng.path.rsplit("/", 1)[1]
         tmp = final_dir / f".{name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+        # the creation time goes into the file's metadata too: it orders a rebuild from the files
+        rng = replace(rng, created=layout.iso_now())
         try:
             layout.makedirs_durable(final_dir, self.root)
             size = layout.write_parquet(tmp, records, rng, compression)
@@ -291,13 +369,15 @@ class LocalStore:
             with contextlib.suppress(OSError):
                 tmp.unlink(missing_ok=True)
             raise _landing_error(exc, f"{rng.topic}/{rng.partition}: publishing {rng.path}") from None
-        return StagedFile(replace(rng, bytes=size, created=layout.iso_now()), str(tmp))
+        return StagedFile(replace(rng, bytes=size), str(tmp))
 
     def discard(self, staged: StagedFile) -> None:
         with contextlib.suppress(OSError):
             Path(staged.location).unlink(missing_ok=True)
 
-    def commit(self, staged: StagedFile, expected_last: int | None) -> FileRange:
+    def commit(
+        self, staged: StagedFile, expected_last: int | None, expected_incarnation: str | None = None
+    ) -> FileRange:
         rng = staged.range
         topic, partition = rng.topic, rng.partition
         tmp = Path(staged.location)
@@ -305,12 +385,10 @@ class LocalStore:
         try:
             with self._locked(topic, partition):
                 st = self._recover(topic, partition, self._read_state(topic, partition))
-                # None in the state: nothing was ever published, so nothing can be duplicated
-                ok = st.last_offset is None or (
-                    st.last_offset == expected_last and rng.first_offset > st.last_offset
-                )
-                if not ok:
-                    raise PublishConflict(topic, partition, expected_last, st.last_offset)
+                if not publishable(st, rng, expected_last, expected_incarnation):
+                    raise PublishConflict(
+                        topic, partition, expected_last, st.last_offset, incarnation=st.incarnation
+                    )
                 st.pending = rng
                 self._write_state(topic, partition, st)
                 try:
@@ -321,21 +399,66 @@ class LocalStore:
                     # the state lagged the files (rebuilt from an old manifest): repair, then lose.
                     # read_ranges raises LandingCorrupt when a foreign file squats on the name.
                     existing = layout.read_ranges(final)
-                    st.last_offset = max([st.last_offset or -1, *(r.last_offset for r in existing)])
+                    newest = max(existing, key=lambda r: r.last_offset, default=None)
+                    if newest is not None and (st.last_offset is None or newest.last_offset > st.last_offset):
+                        st.last_offset, st.incarnation = newest.last_offset, newest.incarnation
                     self._write_state(topic, partition, st)
-                    raise PublishConflict(topic, partition, expected_last, st.last_offset) from None
+                    raise PublishConflict(
+                        topic, partition, expected_last, st.last_offset, incarnation=st.incarnation
+                    ) from None
                 os.unlink(tmp)
                 layout.fsync_dir(final.parent)
                 self._append_manifest(self._manifest_path(topic, partition, rng.created), rng)
                 st = PartitionState(
                     last_offset=rng.last_offset,
-                    watermark_ms=max(st.watermark_ms or rng.ts_max, rng.ts_max),
+                    watermark_ms=watermark.watermark_after(st.watermark_ms, rng, self.max_event_ahead_ms),
                     files=st.files + 1,
+                    incarnation=rng.incarnation,
                 )
                 self._write_state(topic, partition, st)
             return rng
         except OSError as exc:
             raise _landing_error(exc, f"{topic}/{partition}: publishing {rng.path}") from None
+
+
+def publishable(
+    st: PartitionState, rng: FileRange, expected_last: int | None, expected_inc: str | None
+) -> bool:
+    """The commit condition: the landed end is the one the publisher expects, and the range
+    follows it: after it in the same incarnation, or anywhere in another known incarnation (the
+    new log reuses offsets from where it diverged; its records are new records). An unknown
+    landed incarnation (format-1 files) assumes no reuse: the range must start after it."""
+    if st.last_offset is None:
+        return True  # nothing was ever published, so nothing can be duplicated
+    if st.last_offset != expected_last or st.incarnation != expected_inc:
+        return False
+    if rng.first_offset > st.last_offset:
+        return True
+    return st.incarnation is not None and rng.incarnation is not None and rng.incarnation != st.incarnation
+
+
+def _format_json() -> bytes:
+    return json.dumps({"format": layout.FORMAT_VERSION, "created": layout.iso_now()}).encode()
+
+
+def read_format(data: bytes, path: Path) -> int:
+    """The version in a ``_format.json``; LandingCorrupt when it is not one."""
+    try:
+        version = json.loads(data)["format"]
+    except (ValueError, KeyError, TypeError):
+        raise LandingCorrupt(f"{path}: unreadable landing format marker") from None
+    if isinstance(version, bool) or not isinstance(version, int):
+        raise LandingCorrupt(f"{path}: unreadable landing format marker")
+    return version
+
+
+def _has_landed(root: Path) -> bool:
+    """Something was published (or resolved) here already: state records, manifests or data."""
+    for name in (layout.STATE_DIR, layout.MANIFEST_DIR):
+        d = root / name
+        if d.is_dir() and any(p.name.endswith((".json", ".jsonl")) for p in d.rglob("*")):
+            return True
+    return root.is_dir() and any(root.glob("topic=*/dt=*/hour=*/part-*.parquet"))
 
 
 def _manifest_line(rng: FileRange) -> bytes:
@@ -371,3 +494,53 @@ def read_manifest(root: Path, topic: str | None = None) -> list[FileRange]:
     for path in sorted(base.glob(pattern)):
         out.extend(read_manifest_file(path))
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class Migration:
+    """What ``migrate`` did."""
+
+    from_version: int
+    to_version: int
+    states: int  # partition state records rewritten
+
+
+def migrate(root: Path) -> Migration:
+    """Turn a format-1 landing (before log incarnations) into format 2, in place: every partition
+    state record becomes version 2 with an unknown incarnation (files landed before keep their
+    names and have no incarnation; the first fetch answer's incarnation is adopted without assuming
+    any reuse, which is what format 1 did), then the format marker is written, last, so an
+    interrupted migration is simply run again. Every daemon of the landing must be stopped.
+    Idempotent; LandingFormatError for a landing newer than this mqd."""
+    root = Path(root)
+    marker = root / layout.FORMAT_FILE
+    if marker.exists():
+        version = read_format(marker.read_bytes(), marker)
+        if version > layout.FORMAT_VERSION:
+            raise LandingFormatError(f"{root}: landing format {version} is newer than this mqd's")
+        if version == layout.FORMAT_VERSION:
+            return Migration(version, version, 0)
+    states = 0
+    for path in sorted((root / layout.STATE_DIR).glob("*/[0-9]*.json")):
+        with fsutil.locked(path.with_suffix(".lock")):
+            try:
+                d = json.loads(path.read_bytes())
+            except ValueError:
+                raise LandingCorrupt(f"{path}: unreadable partition state; delete it to rebuild") from None
+            if not isinstance(d, dict) or d.get("version") == _STATE_VERSION:
+                continue
+            if d.get("version") != 1:
+                raise LandingCorrupt(f"{path}: unknown state version {d.get('version')!r}")
+            pending = d.get("pending")
+            st = PartitionState(
+                last_offset=None if d.get("last_offset") is None else int(d["last_offset"]),
+                watermark_ms=None if d.get("watermark_ms") is None else int(d["watermark_ms"]),
+                files=int(d.get("files", 0)),
+                pending=FileRange.from_json(pending) if pending else None,
+                incarnation=None,
+            )
+            layout.write_atomic(path, json.dumps(st.to_json()).encode())
+            states += 1
+    root.mkdir(parents=True, exist_ok=True)
+    layout.write_atomic(marker, _format_json())
+    return Migration(1, layout.FORMAT_VERSION, states)

@@ -6,14 +6,23 @@ and the wall-clock time at which its daemon saw it idle at the log end (minus a 
 records in flight). Any daemon may write markers: the marker is created exclusively (idempotent)
 and the progress record is updated under a lock.
 
-Event times come from producers: a record stamped into an hour after its marker exists still lands
-(in that hour's folder) but arrives late. Markers are written only for hour folders that exist.
+Event times come from producers, so the watermark trusts them only up to a bound: a published file
+whose newest event time is more than ``landing.max_event_ahead`` past the wall clock that
+published it (a producer's clock two days fast, a nanosecond stamp) lands like any other file but
+does not move the watermark; its records are counted and logged (the rule: watermark.py). One
+outlier would otherwise mark the current hour, and every hour up to the outlier, complete at once.
+Markers are also never written for an hour that has not ended by the writer's wall clock, so hour
+folders created before an outlier's hour are still marked when they become whole.
+
+A record stamped into an hour after its marker exists still lands (in that hour's folder) but
+arrives late. Markers are written only for hour folders that exist.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 from mqd import fsutil
@@ -69,13 +78,18 @@ def _hour_dirs(root: Path, topic: str, from_hour: int, to_hour: int) -> list[tup
     return sorted(out)
 
 
-def update_markers(root: Path, topic: str, partitions: int) -> list[Path]:
-    """Write the markers of every hour that became complete; returns the markers created."""
+def update_markers(root: Path, topic: str, partitions: int, now_ms: int | None = None) -> list[Path]:
+    """Write the markers of every hour that became complete; returns the markers created.
+    ``now_ms``: the wall clock (default: now); an hour that has not ended by it is never marked."""
     root = Path(root)
     marks = read_watermarks(root, topic, partitions)
     if not marks or any(m is None for m in marks):
         return []
-    done_before = min(m for m in marks if m is not None) // layout.HOUR_MS  # hours < this are whole
+    if now_ms is None:
+        now_ms = time.time_ns() // 1_000_000
+    # hours < this are whole; capped by the clock: a watermark already pushed ahead (by a landing
+    # written before the bound, or a clock that jumped) must not mark, nor skip, hours to come
+    done_before = min(min(m for m in marks if m is not None), now_ms) // layout.HOUR_MS
     progress = _state_dir(root, topic) / "_markers.json"
     created: list[Path] = []
     with fsutil.locked(_state_dir(root, topic) / "_markers.lock"):
@@ -83,7 +97,13 @@ def update_markers(root: Path, topic: str, partitions: int) -> list[Path]:
             start = int(json.loads(progress.read_bytes())["complete_before_hour"])
         except (FileNotFoundError, ValueError, KeyError, TypeError):
             start = 0
-        if done_before <= start:
+        if done_before < start:
+            # the progress ran ahead of what the watermarks vouch for now (moved by an outlier
+            # before the bound existed, or by a clock that jumped): step it back, so the hours in
+            # between are marked when they become whole; markers already written stay
+            layout.write_atomic(progress, json.dumps({"complete_before_hour": done_before}).encode())
+            return []
+        if done_before == start:
             return []
         for h, hdir in _hour_dirs(root, topic, start, done_before):
             marker = hdir / layout.MARKER_NAME

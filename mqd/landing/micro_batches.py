@@ -12,8 +12,12 @@ estimate of how long a publication takes from the moment it is due until the fil
 (smoothed mean plus four mean deviations, like TCP's retransmit timer), so a record becomes
 visible close to ``max_age`` after it was fetched instead of ``max_age`` plus the publication.
 
-It also remembers, per partition, the last offset known to be published (``expected``): records
-at or below it (a replay after a seek or a reset) are cut off on ``add``.
+It also remembers, per partition, the last (incarnation, offset) known to be published
+(``expected``): records of that incarnation at or below it (a replay after a seek or a reset) are
+cut off on ``add`` (the sink counts and logs them). Records of another known incarnation of the
+log are new records even where their offsets repeat (the log was replaced or truncated and written
+again): they are kept, and a micro-batch then holds runs of two incarnations, published in order
+as separate files. An unknown incarnation (None, on either side) assumes no reuse.
 """
 
 from __future__ import annotations
@@ -49,6 +53,8 @@ class Drained(Protocol):
     def nbytes(self) -> int: ...
     @property
     def fetched_at(self) -> float: ...
+    @property
+    def incarnation(self) -> str | None: ...
 
 
 @dataclass(slots=True)
@@ -56,10 +62,17 @@ class MicroBatch:
     """One partition's buffered records, taken whole by a publication."""
 
     batches: list[pa.RecordBatch] = field(default_factory=list)
+    incarnations: list[str | None] = field(default_factory=list)  # the log incarnation of each batch
     records: int = 0
     nbytes: int = 0
     next_offset: int = -1  # offset after the last buffered record
     since: float = 0.0  # monotonic time the first record of this micro-batch was fetched
+
+
+def _same_log(a: str | None, b: str | None) -> bool:
+    """Offsets of incarnations ``a`` and ``b`` may be the same records: the same incarnation, or
+    one unknown (no reuse assumed)."""
+    return a is None or b is None or a == b
 
 
 class MicroBatches:
@@ -69,6 +82,7 @@ class MicroBatches:
         self.config = config
         self._buffers: dict[TP, MicroBatch] = {}
         self._expected: dict[TP, int | None] = {}
+        self._expected_inc: dict[TP, str | None] = {}
         self.inflight_bytes = 0  # bytes of micro-batches taken and being published (kept by the sink)
         self._publish_est: float | None = None  # smoothed due-to-visible time of a publication (s)
         self._publish_dev = 0.0  # its smoothed mean deviation
@@ -79,27 +93,36 @@ class MicroBatches:
         """The last offset known to be published (None: nothing, or not known)."""
         return self._expected.get(tp)
 
-    def set_expected(self, tp: TP, last: int | None) -> None:
+    def expected_incarnation(self, tp: TP) -> str | None:
+        """The log incarnation of ``expected(tp)`` (None: unknown)."""
+        return self._expected_inc.get(tp)
+
+    def set_expected(self, tp: TP, last: int | None, incarnation: str | None = None) -> None:
         self._expected[tp] = last
+        self._expected_inc[tp] = incarnation
 
     def forget_expected(self, tp: TP) -> None:
         self._expected.pop(tp, None)
+        self._expected_inc.pop(tp, None)
 
     # -- buffers ---------------------------------------------------------------------------------
 
     def add(self, batch: Drained, now: float | None = None) -> int:
-        """Buffer a drained batch; records already published or buffered are cut off. Returns the
-        number of records kept. A new micro-batch's age counts from ``now`` when given, else from
-        the batch's fetch time."""
+        """Buffer a drained batch; records of its incarnation already published or buffered are
+        cut off. Returns the number of records kept. A new micro-batch's age counts from ``now``
+        when given, else from the batch's fetch time."""
         rb = batch.records
         if rb.num_rows == 0:
             return 0
         tp: TP = (batch.tp[0], batch.tp[1])
+        inc = batch.incarnation
         buf = self._buffers.get(tp)
-        floor = self._expected.get(tp)
-        floor = -1 if floor is None else floor
-        if buf is not None and buf.next_offset - 1 > floor:
-            floor = buf.next_offset - 1
+        floor = -1
+        landed = self._expected.get(tp)
+        if landed is not None and _same_log(self._expected_inc.get(tp), inc):
+            floor = landed
+        if buf is not None and buf.batches and _same_log(buf.incarnations[-1], inc):
+            floor = max(floor, buf.next_offset - 1)
         if batch.first_offset <= floor:
             if batch.next_offset - 1 <= floor:
                 return 0
@@ -110,6 +133,7 @@ class MicroBatches:
         if buf is None:
             buf = self._buffers[tp] = MicroBatch(since=batch.fetched_at if now is None else now)
         buf.batches.append(rb)
+        buf.incarnations.append(inc)
         buf.records += rb.num_rows
         buf.nbytes += batch.nbytes if rb.num_rows == len(batch.records) else rb.nbytes
         buf.next_offset = int(rb.column(0)[-1].as_py()) + 1
@@ -125,15 +149,27 @@ class MicroBatches:
         buf = self._buffers.pop(tp, None)
         return 0 if buf is None else buf.records
 
-    def restore(self, tp: TP, batches: list[pa.RecordBatch], since: float) -> None:
-        """Put back records a failed publication did not publish, ahead of anything added
-        meanwhile."""
+    def restore(
+        self,
+        tp: TP,
+        batches: list[pa.RecordBatch],
+        since: float,
+        incarnations: list[str | None] | None = None,
+    ) -> None:
+        """Put back records a failed publication did not publish (``incarnations``: one per batch,
+        default unknown), ahead of anything added meanwhile."""
         if not batches:
             return
+        incs = incarnations if incarnations is not None else [None] * len(batches)
         newer = self._buffers.pop(tp, None)
         buf = MicroBatch(since=since)
-        for rb in batches + (newer.batches if newer else []):
+        for rb, inc in zip(
+            batches + (newer.batches if newer else []),
+            incs + (newer.incarnations if newer else []),
+            strict=True,
+        ):
             buf.batches.append(rb)
+            buf.incarnations.append(inc)
             buf.records += rb.num_rows
             buf.nbytes += rb.nbytes
         buf.next_offset = newer.next_offset if newer else int(batches[-1].column(0)[-1].as_py()) + 1

@@ -1,10 +1,13 @@
 """The landing schema, defined once: the Arrow schema of a landed file and the Spark DDL derived from it.
 
 A landed Parquet file holds the record columns of a decoded batch (``mqd.format.RECORD_SCHEMA``)
-after ``topic`` and ``partition``. Spark's file source adds the Hive partition columns of the
-folder names (``dt=YYYY-MM-DD/hour=HH``). The Spark job reads with an explicit schema (never
-inferred), so its DDL is generated here from the Arrow schema: one place to change, and a unit
-test (tests/unit/test_landing_schema.py) that fails when the two drift apart.
+after ``topic``, ``partition`` and ``incarnation`` (the log incarnation the offsets belong to: a
+record's identity is (topic, partition, incarnation, offset); null in files landed before
+incarnations existed, which Spark reads as null since the column is missing there). Spark's
+file source adds the Hive partition columns of the folder names (``dt=YYYY-MM-DD/hour=HH``).
+The Spark job reads with an explicit schema (never inferred), so its DDL is generated here from the
+Arrow schema: one place to change, and a unit test (tests/unit/test_landing_schema.py) that fails
+when the two drift apart.
 """
 
 from __future__ import annotations
@@ -13,11 +16,12 @@ import pyarrow as pa
 
 from mqd.format import RECORD_SCHEMA
 
-# topic is dictionary-encoded: one string per file, not one per record
+# topic and incarnation are dictionary-encoded: one string per file, not one per record
 LANDING_SCHEMA = pa.schema(
     [
         ("topic", pa.dictionary(pa.int32(), pa.string())),
         ("partition", pa.int32()),
+        ("incarnation", pa.dictionary(pa.int32(), pa.string())),
         *RECORD_SCHEMA,
     ]
 )

@@ -28,6 +28,7 @@ offsets consumed, re-seeks, or pauses for a disk error there).
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
@@ -43,11 +44,21 @@ from mqd.landing.layout import FileRange, LandingCorrupt, LandingError
 from mqd.landing.micro_batches import TP, Drained, MicroBatch, MicroBatches
 from mqd.landing.publisher import Publisher, PublishOutcome
 from mqd.landing.store import LandingStore, PublishConflict, open_store
+from mqd.landing.watermark import AheadOfClock
 from mqd.waiting import wait_event
 
 log = structlog.get_logger("mqd.landing")
 
 _T = TypeVar("_T")
+
+# How long a new owner waits for a partition's publication lock to read its head. A live holder
+# keeps it for one commit (a link and two small fsynced writes: milliseconds, a second on a slow
+# disk); a holder frozen inside it (a stopped VM) keeps it as long as it is frozen. Past the bound
+# the partition is retried in the next rebalance round while the others start.
+HEAD_LOCK_TIMEOUT_S = 5.0
+# heads of newly assigned partitions are read on threads of their own, several at once, so a
+# partition waiting for its lock neither delays the others nor a publication's worker
+_HEAD_READERS = 4
 
 
 @dataclass(slots=True)
@@ -75,6 +86,7 @@ class PublishStats:
     bytes: int = 0
     conflicts: int = 0
     dropped: int = 0  # records dropped unpublished: revoked, or following a lost conflict
+    cut: int = 0  # records cut on arrival: already published or buffered (a replay of one log)
 
 
 def _ignore(res: PublishResult) -> None:
@@ -92,11 +104,19 @@ class LandingSink:
         workers: int = 2,
         on_result: Callable[[PublishResult], None] = _ignore,
         store: LandingStore | None = None,
+        head_lock_timeout: float = HEAD_LOCK_TIMEOUT_S,
     ) -> None:
         if workers < 1:
             raise ValueError(f"workers must be at least 1, got {workers}")
         self._config = config
-        self.store = store if store is not None else open_store(config.dir)
+        ahead_ms = round(config.max_event_ahead * 1000)
+        self.store = (
+            store
+            if store is not None
+            else open_store(config.dir, head_lock_timeout=head_lock_timeout, max_event_ahead_ms=ahead_ms)
+        )
+        self.ahead_of_clock = AheadOfClock(ahead_ms)  # files the watermark ignores: counted, logged
+        self._readers = ThreadPoolExecutor(_HEAD_READERS, thread_name_prefix="mqd-landing-head")
         self.publisher = Publisher(self.store, compression=config.compression)
         self.batches = MicroBatches(config)
         self.workers = workers
@@ -138,6 +158,7 @@ class LandingSink:
         if self._closed:
             return
         self._closed = True
+        self._readers.shutdown(wait=False, cancel_futures=True)
         if self._own_executor:
             self._executor.shutdown(wait=False, cancel_futures=True)
 
@@ -145,6 +166,8 @@ class LandingSink:
         """New thresholds and compression; the directory cannot change while running."""
         if config.dir != self._config.dir:
             raise ValueError("landing.dir cannot change on reload; restart the daemon")
+        if config.max_event_ahead != self._config.max_event_ahead:  # the store holds it
+            raise ValueError("landing.max_event_ahead cannot change on reload; restart the daemon")
         self._config = config
         self.batches.config = config
         self.publisher.compression = config.compression
@@ -155,10 +178,16 @@ class LandingSink:
         """Next offset to fetch for a newly owned partition, from the store's published head
         (None: nothing published yet, the caller falls back to its offset store). Drops old
         buffers."""
-        head = await self.run_blocking(self.store.head, tp[0], tp[1])
+        return (await self.resume(tp))[0]
+
+    async def resume(self, tp: TP) -> tuple[int | None, str | None]:
+        """``resume_position`` and the log incarnation that position belongs to (None: unknown).
+        fsutil.LockTimeout (retriable) when the partition's lock stays held past the bound."""
+        loop = asyncio.get_running_loop()
+        head = await loop.run_in_executor(self._readers, self.store.head, tp[0], tp[1])
         self.drop(tp)
-        self.batches.set_expected(tp, head.last_offset)
-        return None if head.last_offset is None else head.last_offset + 1
+        self.batches.set_expected(tp, head.last_offset, head.incarnation)
+        return (None if head.last_offset is None else head.last_offset + 1), head.incarnation
 
     def expected(self, tp: TP) -> int | None:
         return self.batches.expected(tp)
@@ -180,7 +209,26 @@ class LandingSink:
     # -- buffering (micro_batches.py) ------------------------------------------------------------
 
     def add(self, batch: Drained, now: float | None = None) -> int:
-        return self.batches.add(batch, now)
+        """Buffer a drained batch (micro_batches.py); records cut at the published or buffered
+        floor of their log incarnation (a replay) are counted and logged, never silent."""
+        kept = self.batches.add(batch, now)
+        cut = batch.records.num_rows - kept
+        if cut:
+            topic, partition = batch.tp[0], batch.tp[1]
+            self.stats.cut += cut
+            metrics.records_cut.labels(topic).inc(cut)
+            log.warning(
+                "records already landed or buffered cut on arrival",
+                topic=topic,
+                partition=partition,
+                incarnation=batch.incarnation,
+                first_offset=batch.first_offset,
+                next_offset=batch.next_offset,
+                cut=cut,
+                landed_last=self.batches.expected((topic, partition)),
+                landed_incarnation=self.batches.expected_incarnation((topic, partition)),
+            )
+        return kept
 
     @property
     def pending_records(self) -> int:
@@ -318,21 +366,25 @@ class LandingSink:
         t0 = time.monotonic()
         try:
             outcome: PublishOutcome = await self.run_blocking(
-                self.publisher.publish_records,
-                tp[0],
-                tp[1],
-                buf.batches,
-                self.batches.expected(tp),
-                self._config.max_records,
+                functools.partial(
+                    self.publisher.publish_records,
+                    tp[0],
+                    tp[1],
+                    buf.batches,
+                    self.batches.expected(tp),
+                    self._config.max_records,
+                    incarnations=buf.incarnations,
+                    expected_incarnation=self.batches.expected_incarnation(tp),
+                )
             )
         except LandingCorrupt as exc:
             # a foreign file squats on a name we need, or state we cannot read: keep the records
             if self._epoch.get(tp, 0) == epoch:
-                self.batches.restore(tp, buf.batches, buf.since)
+                self.batches.restore(tp, buf.batches, buf.since, buf.incarnations)
             return PublishResult(tp, [], error=exc, owned=self._epoch.get(tp, 0) == epoch)
         except BaseException:
             if self._epoch.get(tp, 0) == epoch:
-                self.batches.restore(tp, buf.batches, buf.since)
+                self.batches.restore(tp, buf.batches, buf.since, buf.incarnations)
             raise
         end = time.monotonic()
         metrics.publish_latency.observe(end - t0)
@@ -345,9 +397,11 @@ class LandingSink:
             metrics.files_published.labels(tp[0]).inc()
             metrics.records_published.labels(tp[0]).inc(rng.count)
             metrics.bytes_published.labels(tp[0]).inc(rng.bytes)
+            self.ahead_of_clock.note(rng)
         owned = self._epoch.get(tp, 0) == epoch
         if outcome.published and owned:
-            self.batches.set_expected(tp, outcome.published[-1].last_offset)
+            last = outcome.published[-1]
+            self.batches.set_expected(tp, last.last_offset, last.incarnation)
         if outcome.conflict is not None:
             self.stats.conflicts += 1
             metrics.publish_conflicts.labels(tp[0]).inc()
@@ -357,15 +411,16 @@ class LandingSink:
                 partition=tp[1],
                 expected=outcome.conflict.expected,
                 landed=outcome.conflict.last_offset,
+                landed_incarnation=outcome.conflict.incarnation,
             )
             self.stats.dropped += buf.records - sum(r.count for r in outcome.published)
             if owned:
                 self.drop(tp)  # what arrived meanwhile follows the lost batch: drop it too
-                self.batches.set_expected(tp, outcome.conflict.last_offset)
+                self.batches.set_expected(tp, outcome.conflict.last_offset, outcome.conflict.incarnation)
         elif outcome.error is not None:
             metrics.landing_errors.labels(str(outcome.error.errno or "other")).inc()
             if owned:
-                self.batches.restore(tp, outcome.remaining, buf.since)
+                self.batches.restore(tp, outcome.remaining, buf.since, outcome.remaining_incarnations)
         return PublishResult(tp, outcome.published, outcome.conflict, outcome.error, owned)
 
     def status(self) -> dict[str, Any]:
@@ -383,4 +438,5 @@ class LandingSink:
             "bytes": self.stats.bytes,
             "conflicts": self.stats.conflicts,
             "dropped": self.stats.dropped,
+            "cut": self.stats.cut,
         }

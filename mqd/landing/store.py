@@ -27,8 +27,8 @@ whose primitive is the single-part conditional PUT) fits as well as the local di
 
 Everything else is read-side: the published head (resume position), the manifest, the visible
 data files (what the Spark job may read), per-partition watermarks and completeness markers, and
-two chores (``open`` checks the store is writable, ``remove_stale`` deletes what crashed stagers
-left behind; the age threshold there decides cost, never correctness).
+two chores (``open`` checks the store's format and that it is writable, ``remove_stale`` deletes
+what crashed stagers left behind; the age threshold there decides cost, never correctness).
 
 All methods block (file or network I/O): the sink calls them on its worker threads.
 """
@@ -53,15 +53,24 @@ class PublishConflict(MqdError):
 
     retriable = False
 
-    def __init__(self, topic: str, partition: int, expected: int | None, last_offset: int | None) -> None:
+    def __init__(
+        self,
+        topic: str,
+        partition: int,
+        expected: int | None,
+        last_offset: int | None,
+        *,
+        incarnation: str | None = None,
+    ) -> None:
         super().__init__(
             f"{topic}/{partition}: publication conflict: expected last published offset {expected}, "
-            f"landing directory has {last_offset}"
+            f"landing directory has {last_offset} (incarnation {incarnation})"
         )
         self.topic = topic
         self.partition = partition
         self.expected = expected
         self.last_offset = last_offset
+        self.incarnation = incarnation  # of the landed last_offset: resume there under it
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +88,7 @@ class PartitionHead:
     last_offset: int | None  # resume after it; None: nothing published yet
     watermark_ms: int | None  # every record below this event time is published (or none exists)
     files: int
+    incarnation: str | None = None  # the log incarnation last_offset belongs to (None: unknown)
 
 
 class LandingStore(Protocol):
@@ -103,9 +113,12 @@ class LandingStore(Protocol):
         describes and write it durably, invisible, without a lock."""
         ...
 
-    def commit(self, staged: StagedFile, expected_last: int | None) -> FileRange:
-        """Make ``staged`` visible if the partition's last published offset is ``expected_last``
-        (None: nothing published yet) and the range starts after it; PublishConflict otherwise."""
+    def commit(
+        self, staged: StagedFile, expected_last: int | None, expected_incarnation: str | None = None
+    ) -> FileRange:
+        """Make ``staged`` visible if the partition's last published (incarnation, offset) is
+        (``expected_incarnation``, ``expected_last``) (None: nothing published yet / unknown) and
+        the range starts after it or belongs to another incarnation; PublishConflict otherwise."""
         ...
 
     def discard(self, staged: StagedFile) -> None:
@@ -113,7 +126,8 @@ class LandingStore(Protocol):
         ...
 
     def head(self, topic: str, partition: int) -> PartitionHead:
-        """The partition's published head, with any half-done commit completed."""
+        """The partition's published head, with any half-done commit completed. A store with
+        locks bounds the wait for one (fsutil.LockTimeout, retriable)."""
         ...
 
     def advance_watermark(self, topic: str, partition: int, watermark_ms: int) -> None:
@@ -138,9 +152,19 @@ class LandingStore(Protocol):
         ...
 
 
-def open_store(location: Path) -> LandingStore:
+def open_store(
+    location: Path, *, head_lock_timeout: float | None = None, max_event_ahead_ms: int | None = None
+) -> LandingStore:
     """The store for ``landing.dir``. Only the local directory exists so far; an ``s3://`` URI
-    selects the object store once it is built (issue 15)."""
+    selects the object store once it is built (issue 15). ``head_lock_timeout`` bounds how long
+    reading a partition's head waits for a lock (a store without locks ignores it);
+    ``max_event_ahead_ms``: the watermark's bound (landing.max_event_ahead, watermark.py; None:
+    its default)."""
     from mqd.landing.local_store import LocalStore
+    from mqd.landing.watermark import DEFAULT_MAX_EVENT_AHEAD_MS
 
-    return LocalStore(location)
+    return LocalStore(
+        location,
+        head_lock_timeout=head_lock_timeout,
+        max_event_ahead_ms=DEFAULT_MAX_EVENT_AHEAD_MS if max_event_ahead_ms is None else max_event_ahead_ms,
+    )

@@ -3,10 +3,25 @@
 The source is Spark's file source on the landing directory with an explicit schema (never
 inferred: derived from the landing's Arrow schema, mqd.landing.schema); ``_``/``.`` paths (state,
 manifest, markers, temp files) are ignored by Spark, foreign non-Parquet files by
-``pathGlobFilter``, and corrupt Parquet files by ``ignoreCorruptFiles`` (the job lists the files
-that are not in the manifest at start so nothing is skipped silently). The sink is Spark's file
-sink, exactly once through its checkpoint and ``_spark_metadata`` log: read the output with Spark
-(or anything that honours that log).
+``pathGlobFilter``. The job never skips what it cannot read: a corrupt or truncated Parquet file
+fails the query, and the job exits 1 with an error naming the file (``ignoreCorruptFiles`` would
+skip the rest of the file, records that read fine included, and exit 0). The job lists the files
+that are not in the manifest at start. The sink is Spark's file sink, exactly once through its
+checkpoint and ``_spark_metadata`` log: read the output with Spark (or anything that honours that
+log).
+
+Timestamps: a landed record keeps its producer's ``timestamp`` (epoch ms, any int64). Spark's
+TIMESTAMP holds microseconds, and reading a millisecond value past that (a producer stamping
+nanoseconds) fails the whole file. So the job reads the column as BIGINT and writes ``timestamp``
+clamped to the range the landing files folders under (1970-01-01 .. 9999-12-31T23:59:59.999Z,
+layout.folder_hours: so ``timestamp`` agrees with ``dt``/``hour``), with the producer's value in
+``timestamp_raw_ms`` when it was clamped (null otherwise): nothing is lost, every record is
+readable, also by Python clients (datetime stops at year 9999).
+
+Schema changes: the output table only gains columns (``timestamp_raw_ms``; the landing's own new
+columns, derived from mqd.landing.schema). An existing checkpoint keeps working (the query is
+stateless); files written before a change lack the new columns, so read the table with
+``mergeSchema`` (or an explicit schema): they read as null there.
 
 ``value_format = "json"`` parses values with the configured DDL schema into columns; rows whose
 value is not valid JSON for that schema go, with the reason, to a quarantine table written by a
@@ -15,6 +30,7 @@ second query over the same source with its own checkpoint.
 
 from __future__ import annotations
 
+import re
 import signal
 import threading
 import zlib
@@ -26,7 +42,7 @@ import structlog
 
 from mqd.config import MqdConfig
 from mqd.errors import MqdError
-from mqd.landing.schema import landing_columns, landing_ddl
+from mqd.landing.schema import LANDING_SCHEMA, PARTITION_COLUMNS, landing_columns, landing_ddl, spark_type
 from mqd.landing.store import open_store
 
 log = structlog.get_logger("mqd.spark")
@@ -34,6 +50,25 @@ log = structlog.get_logger("mqd.spark")
 CORRUPT_COLUMN = "_mqd_corrupt_record"
 LANDING_DDL = landing_ddl()  # derived from the Arrow schema (mqd.landing.schema)
 _LANDING_COLUMNS = landing_columns()
+RAW_TIMESTAMP_COLUMN = "timestamp_raw_ms"  # the producer's timestamp when ``timestamp`` was clamped
+# the landing's folder range (layout.folder_hours), in epoch ms: 1970-01-01 .. 9999-12-31T23:59:59.999Z
+MIN_TS_MS = 0
+MAX_TS_MS = 253_402_300_799_999
+# Spark's message for a file its reader failed on: "... while reading file <path>.  SQLSTATE ..."
+_FAILED_FILE = re.compile(r"while reading file (\S+?)\.?\s")
+
+
+def source_ddl() -> str:
+    """The DDL the job reads the landing with: the landing's, with ``timestamp`` as BIGINT (the
+    raw epoch ms; Parquet's TIMESTAMP(MILLIS) reads as its int64), clamped afterwards."""
+    cols = [f"{f.name} {'BIGINT' if f.name == 'timestamp' else spark_type(f.type)}" for f in LANDING_SCHEMA]
+    cols += [f"{name} {sql}" for name, sql in PARTITION_COLUMNS]
+    return ", ".join(cols)
+
+
+def output_columns() -> list[str]:
+    """The raw table's columns: the landing's, then the raw timestamp of a clamped record."""
+    return [*_LANDING_COLUMNS, RAW_TIMESTAMP_COLUMN]
 
 
 class SparkJobError(MqdError):
@@ -44,9 +79,9 @@ class SparkJobError(MqdError):
 
 def unlisted_files(landing: Path) -> list[Path]:
     """Data-looking files in the landing directory that mqd did not publish (foreign or corrupt
-    files dropped in by hand, or a publication a crash left half done). Spark skips the corrupt
-    ones; this is how they get reported. What is visible and what is published both come from
-    the store (store.py)."""
+    files dropped in by hand, or a publication a crash left half done), listed at start: a
+    corrupt one fails the job when Spark reaches it, a foreign one's rows are left out. What is
+    visible and what is published both come from the store (store.py)."""
     store = open_store(landing)
     known = {r.path for r in store.manifest()}
     return sorted(landing / rel for rel in store.visible_files() if rel not in known)
@@ -66,7 +101,7 @@ def build_session(config: MqdConfig, master: str | None = None) -> Any:
         .config("spark.ui.enabled", "false")
         .config("spark.driver.memory", sc.driver_memory)
         .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.sql.files.ignoreCorruptFiles", "true")
+        .config("spark.sql.files.ignoreCorruptFiles", "false")  # an unreadable file fails the job
         .config("spark.sql.streaming.schemaInference", "false")
         .config("spark.sql.adaptive.enabled", "false")  # AQE brings nothing to small micro-batches
     )
@@ -78,12 +113,22 @@ def build_session(config: MqdConfig, master: str | None = None) -> Any:
 
 
 def _source(spark: Any, config: MqdConfig) -> Any:
-    return (
-        spark.readStream.schema(LANDING_DDL)
+    """The landing as a stream, ``timestamp`` clamped to Spark's range (module docstring)."""
+    from pyspark.sql import functions as F
+
+    df = (
+        spark.readStream.schema(source_ddl())
         .option("maxFilesPerTrigger", config.spark.max_files_per_trigger)
         .option("pathGlobFilter", "*.parquet")
-        .option("ignoreCorruptFiles", "true")
+        .option("ignoreCorruptFiles", "false")
         .parquet(str(config.landing.dir))
+    )
+    raw = F.col("timestamp")
+    # not least/greatest: they skip nulls, and a foreign file's rows have a null timestamp
+    clamped = F.when(raw < MIN_TS_MS, MIN_TS_MS).when(raw > MAX_TS_MS, MAX_TS_MS).otherwise(raw)
+    return df.select(
+        *[F.timestamp_millis(clamped).alias(c) if c == "timestamp" else F.col(c) for c in _LANDING_COLUMNS],
+        F.when((raw < MIN_TS_MS) | (raw > MAX_TS_MS), raw).alias(RAW_TIMESTAMP_COLUMN),
     )
 
 
@@ -99,7 +144,7 @@ def _queries(spark: Any, config: MqdConfig) -> list[tuple[str, Any, Path, Path, 
     foreign = F.col("partition").isNull() | F.col("offset").isNull()
     if sc.value_format == "raw":
         # reported by unlisted_files() at start; there is no quarantine table in raw mode
-        _check_partitioning(sc.partition_by, _LANDING_COLUMNS)
+        _check_partitioning(sc.partition_by, output_columns())
         return [("main", df.where(~foreign), Path(sc.output_dir), checkpoint / "main", sc.partition_by)]
 
     try:
@@ -126,7 +171,7 @@ def _queries(spark: Any, config: MqdConfig) -> list[tuple[str, Any, Path, Path, 
         .when(F.col(f"_v.{CORRUPT_COLUMN}").isNotNull(), F.lit("value does not match value_schema"))
     )
     checked = parsed.withColumn("_reason", reason)
-    keep = [c for c in _LANDING_COLUMNS if c != "value"]
+    keep = [c for c in output_columns() if c != "value"]
     good = checked.where(F.col("_reason").isNull()).select(
         *keep, *[F.col(f"_v.{f.name}").alias(f.name) for f in value_schema.fields]
     )
@@ -135,7 +180,7 @@ def _queries(spark: Any, config: MqdConfig) -> list[tuple[str, Any, Path, Path, 
         raise SparkJobError(f"spark.value_schema fields clash with landing columns: {sorted(clash)}")
     _check_partitioning(sc.partition_by, good.columns)
     bad = checked.where(F.col("_reason").isNotNull()).select(
-        *_LANDING_COLUMNS,
+        *output_columns(),
         F.col("_reason").alias("reason"),
         F.col("_metadata.file_path").alias("source_file"),
         F.current_timestamp().alias("quarantined_at"),
@@ -168,7 +213,7 @@ def run(config: MqdConfig, *, once: bool, master: str | None = None) -> int:
             count=len(stray),
             files=[str(p) for p in stray[:50]],
             note="not in the manifest: Spark reads them if they are valid Parquet with the "
-            "landing schema and skips them if corrupt",
+            "landing schema; a corrupt one fails the job",
         )
     had_session = _session_running()
     spark = build_session(config, master)
@@ -210,7 +255,7 @@ def run(config: MqdConfig, *, once: bool, master: str | None = None) -> int:
         for q in started:
             q.awaitTermination()
             if q.exception() is not None and not stopping.is_set():
-                log.error("spark_query_failed", query=q.name, error=str(q.exception()))
+                _log_failure(q.name, str(q.exception()))
                 return 1
         for q in started:
             progress = q.lastProgress or {}
@@ -224,7 +269,7 @@ def run(config: MqdConfig, *, once: bool, master: str | None = None) -> int:
     except Exception as exc:
         if stopping.is_set():
             return 0
-        log.error("spark_job_failed", error=str(exc))
+        _log_failure(None, str(exc))
         return 1
     finally:
         for q in started:
@@ -234,6 +279,30 @@ def run(config: MqdConfig, *, once: bool, master: str | None = None) -> int:
             signal.signal(sig, handler)
         if not had_session:
             spark.stop()
+
+
+def unreadable_file(error: str) -> str | None:
+    """The file a Spark failure names as unreadable, if it names one."""
+    m = _FAILED_FILE.search(error)
+    return m.group(1) if m else None
+
+
+def _log_failure(query: str | None, error: str) -> None:
+    path = unreadable_file(error)
+    if path is not None:
+        # nothing of the file is skipped: the job stops at it, every run, until it is dealt with
+        log.error(
+            "spark_unreadable_file",
+            query=query,
+            file=path,
+            action="repair or restore the file, or move it out of the landing directory if mqd did "
+            "not publish it (mqd spark lists such files at start); the checkpoint resumes there",
+            error=error[:2000],
+        )
+    elif query is not None:
+        log.error("spark_query_failed", query=query, error=error)
+    else:
+        log.error("spark_job_failed", error=error)
 
 
 def _session_running() -> bool:
@@ -246,4 +315,14 @@ def _session_running() -> bool:
     return SparkContext._active_spark_context is not None
 
 
-__all__ = ["LANDING_DDL", "SparkJobError", "build_session", "run", "unlisted_files"]
+__all__ = [
+    "LANDING_DDL",
+    "RAW_TIMESTAMP_COLUMN",
+    "SparkJobError",
+    "build_session",
+    "output_columns",
+    "run",
+    "source_ddl",
+    "unlisted_files",
+    "unreadable_file",
+]

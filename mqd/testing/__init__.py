@@ -46,6 +46,7 @@ from mqd.testing.configfiles import (
     daemon_section,
     merge_settings,
     node_toml,
+    replica_credentials,
     to_toml,
 )
 from mqd.testing.process import START_TIMEOUT, STOP_TIMEOUT, ManagedProcess, ProcessError
@@ -67,5 +68,6 @@ __all__ = [
     "group_names",
     "merge_settings",
     "node_toml",
+    "replica_credentials",
     "to_toml",
 ]

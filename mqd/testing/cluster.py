@@ -6,6 +6,10 @@ Config files go to one directory (``root``); each node runs ``python -m mqd.cli 
 Layout: group ``broker-a`` has master ``broker-a-0`` and slaves ``broker-a-1``...; groups
 ``broker-b``, ``broker-c``... follow. Partition ``i`` of every topic lives on group ``i % groups``.
 
+Like an install, the cluster gets fresh replica credentials (``<root>/credentials``, one 0600 file
+per node of a group with slaves) and every data dir is provisioned with its node marker, so a test
+that deletes a master's data dir sees what a replaced disk does.
+
 Everything here is synchronous (subprocesses, urllib): an async caller blocks its loop for the time a
 node needs to start, which is fine in a test.
 """
@@ -26,8 +30,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from mqd.testing.configfiles import cluster_toml, merge_settings, node_toml
+from mqd.broker.node_marker import write_marker
+from mqd.broker.replica_auth import ReplicaAuth, load_credentials, peers_of
+from mqd.config import NodeSpec, load_cluster_config
+from mqd.testing.configfiles import cluster_toml, merge_settings, node_toml, replica_credentials
 from mqd.testing.process import START_TIMEOUT, STOP_TIMEOUT, ManagedProcess
+from mqd.waiting import wait_until_sync
 
 # Fast liveness so "node down" is observed well under a second after it happens.
 DEFAULT_NODE_SETTINGS: dict[str, Any] = {
@@ -177,8 +185,17 @@ class LocalCluster:
     def _write_configs(self, cluster_topics: list[dict[str, Any]] | None) -> None:
         topic_tables = cluster_topics or [{"name": t, "partitions": p} for t, p in self.topics.items()]
         self.cluster_path.write_text(cluster_toml(self.group_names, self.nodes.values(), topic_tables))
+        self.credentials = replica_credentials(self.cluster_path, self.root / "credentials")
         for n in self.nodes.values():
+            creds = self.credentials.get(n.id)
+            cluster_id = None
+            if creds is not None:
+                cluster_id = load_credentials(creds, n.id, []).cluster_id
+            if not (n.data_dir / "node.json").exists():
+                write_marker(n.data_dir, n.id, cluster_id, "provisioned")
             settings = merge_settings(self.node_settings, self.overrides.get(n.id, {}))
+            if creds is not None:
+                settings = {"replica_credentials": str(creds), **settings}
             if self.tls:
                 settings = {**settings, "tls_cert": str(self.tls[0]), "tls_key": str(self.tls[1])}
             n.config_path.write_text(node_toml(n.id, self.cluster_path, n.data_dir, n.port, settings))
@@ -218,6 +235,22 @@ class LocalCluster:
         """Group of partition ``partition`` of a topic spread over every group (the default)."""
         return self.group_names[partition % len(self.group_names)]
 
+    def replica_auth(self, node_id: str) -> ReplicaAuth:
+        """A :class:`mqd.broker.replica_auth.ReplicaAuth` that signs as ``node_id`` (from its
+        credentials file): build a ``ReplicaClient`` on it to make replica calls as that node."""
+        found = load_cluster_config(self.cluster_path).node(node_id)
+        if found is None or node_id not in self.credentials:
+            raise ValueError(f"{node_id} has no replica credentials (not in a group with slaves)")
+        peers = peers_of(found[0], node_id)
+        return ReplicaAuth(load_credentials(self.credentials[node_id], node_id, peers), peers)
+
+    def node_spec(self, node_id: str) -> NodeSpec:
+        """``node_id`` as the cluster file names it."""
+        found = load_cluster_config(self.cluster_path).node(node_id)
+        if found is None:
+            raise ValueError(f"no node {node_id}")
+        return found[1]
+
     def log(self, node_id: str) -> str:
         """Everything ``node_id`` wrote to its log file so far."""
         p = self.nodes[node_id].log_path
@@ -249,12 +282,26 @@ class LocalCluster:
     # -- lifecycle ---------------------------------------------------------------------------------
 
     def start(self, timeout: float = START_TIMEOUT) -> LocalCluster:
-        """Start every node and wait until each answers ``/v1/health``; returns the cluster."""
+        """Start every node and wait until each answers ``/v1/health`` and every slave replicates
+        from its master (a master consults its slaves before it listens, so a slave started with
+        it may be backing off for a moment); returns the cluster."""
         for node_id in self.nodes:
             self.start_node(node_id, wait=False)
         for node_id in self.nodes:
             self.wait_healthy(node_id, timeout)
+        for node_id in self.nodes:
+            if self.nodes[node_id].role == "slave":
+                self.wait_replicating(node_id, timeout)
         return self
+
+    def wait_replicating(self, node_id: str, timeout: float = START_TIMEOUT) -> None:
+        """Until slave ``node_id`` reports its master reachable (``/v1/stats`` replication)."""
+
+        def replicating() -> bool:
+            stats = self.get_json(node_id, "/v1/stats", timeout=0.5) or {}
+            return bool(stats.get("replication", {}).get("master_reachable"))
+
+        wait_until_sync(replicating, timeout, f"{node_id} to replicate from its master", interval=0.05)
 
     def start_node(self, node_id: str, *, wait: bool = True, timeout: float = START_TIMEOUT) -> None:
         """Start one node (again); with ``wait``, until it is healthy. ProcessError if it runs."""

@@ -1,7 +1,7 @@
 """The config files of a local broker cluster and of a daemon run as a child: a tiny TOML writer
 (scalars, lists of scalars, one level of tables: all mqd's config files need), the cluster file,
-a node's file and a daemon's ``[daemon]`` table. Used by :class:`mqd.testing.LocalCluster`, the chaos
-harness and the demo.
+a node's file, the nodes' replica credentials and a daemon's ``[daemon]`` table. Used by
+:class:`mqd.testing.LocalCluster`, the chaos harness and the demo.
 """
 
 from __future__ import annotations
@@ -112,6 +112,16 @@ def node_toml(
             **settings,
         }
     )
+
+
+def replica_credentials(cluster_path: Path, out_dir: Path) -> dict[str, Path]:
+    """Fresh replica credentials (mode 0600) for every node of a group with slaves in the cluster
+    file ``cluster_path``, written into ``out_dir``: node id -> the file its ``replica_credentials``
+    names (what ``mqd broker-credentials`` does for an install)."""
+    from mqd.broker.replica_auth import generate_credentials
+    from mqd.config import load_cluster_config
+
+    return generate_credentials(load_cluster_config(cluster_path), out_dir)
 
 
 def daemon_section(state_dir: Path, shutdown_timeout: float = 10.0) -> dict[str, Any]:

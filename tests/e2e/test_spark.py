@@ -48,10 +48,10 @@ def publish(pub: Publisher, topic: str, partition: int, first: int, values: list
     pub.publish(topic, partition, pa.Table.from_batches([rb]), last)
 
 
-def test_raw_job_drains_landing_once_and_skips_corrupt_files(tmp_path: Path, spark: Any) -> None:
+def test_raw_job_drains_landing_once_and_stops_at_corrupt_files(tmp_path: Path, spark: Any) -> None:
     """--once appends every landed record exactly once, across runs (checkpoint), partitioned by
-    topic and dt; a corrupt .parquet and a foreign file in the landing dir are reported and
-    skipped, not fatal."""
+    topic and dt; a foreign file is reported and left out; a corrupt .parquet is reported and
+    fails the job (exit 1, nothing skipped) until it is moved away."""
     cfg = make_config(tmp_path)
     pub = Publisher(LocalStore(cfg.landing.dir))
     pub.store.open()
@@ -59,7 +59,8 @@ def test_raw_job_drains_landing_once_and_skips_corrupt_files(tmp_path: Path, spa
         publish(pub, "events", p, 0, [b"a%d" % i for i in range(50)], T0 + p)
         publish(pub, "events", p, 50, [b"b%d" % i for i in range(50)], T0 + 3_600_000 + p)
     hour_dir = cfg.landing.dir / "topic=events/dt=2026-01-01/hour=00"
-    (hour_dir / "part-00009-00000000000000000000.parquet").write_bytes(b"PAR1 definitely not parquet")
+    corrupt = hour_dir / "part-00009-00000000000000000000.parquet"
+    corrupt.write_bytes(b"PAR1 definitely not parquet")
     (hour_dir / "README.txt").write_text("someone's notes")
     pq.write_table(pa.table({"a": [1, 2]}), hour_dir / "foreign.parquet")
     stray = job.unlisted_files(cfg.landing.dir)
@@ -69,6 +70,8 @@ def test_raw_job_drains_landing_once_and_skips_corrupt_files(tmp_path: Path, spa
         "part-00009-00000000000000000000.parquet",
     ]
 
+    assert job.run(cfg, once=True) == 1
+    corrupt.unlink()  # the operator moves it out of the landing directory
     assert job.run(cfg, once=True) == 0
     out = spark.read.parquet(str(cfg.spark.output_dir))
     assert out.count() == 300

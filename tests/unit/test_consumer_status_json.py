@@ -1,7 +1,7 @@
 """The status JSON made at the edge from the typed snapshot has exactly the documented shape and
 keys (the admin endpoint, ``mqd status --json`` and the chaos harness read it): the assignment
 epoch is "generation" per partition, the member version the top-level "generation", pinned bodies
-"pinned_answers"."""
+"pinned_answers"; the log incarnation fields (issue 12) are added keys, none renamed."""
 
 from __future__ import annotations
 
@@ -31,9 +31,11 @@ def test_shape_and_values() -> None:
         coordinator="n1",
         allocation="averagely",
         partitions=(
-            PartitionSnapshot(TP, 9, 40, 30, 35, 0, 100, "n1", False, True, "records", 4, 400, None, "x"),
+            PartitionSnapshot(
+                TP, 9, 40, 30, 35, 0, 100, "n1", False, True, "records", 4, 400, None, "x", "ab" * 16, 1, 6, 2
+            ),
         ),
-        totals=Totals(1, 400, 4, 1000, 200, 600, 2, 3, 1, ()),
+        totals=Totals(1, 400, 4, 1000, 200, 600, 2, 3, 1, (), 1, 6, 2),
         nodes=(NodeSnapshot("n1", 7, 1, True, "boom", 0.25),),
         errors=Errors("md", None, None, "rb"),
     )
@@ -64,6 +66,10 @@ def test_shape_and_values() -> None:
                 "buffered_bytes": 400,
                 "parked": None,
                 "last_error": "x",
+                "incarnation": "ab" * 16,
+                "incarnation_changes": 1,
+                "reused_offsets": 6,
+                "lost_offsets": 2,
             }
         },
         "totals": {
@@ -78,6 +84,9 @@ def test_shape_and_values() -> None:
             "rebalances": 3,
             "offset_resets": 1,
             "parked": [],
+            "incarnation_changes": 1,
+            "reused_offsets": 6,
+            "lost_offsets": 2,
         },
         "nodes": {
             "n1": {"requests": 7, "errors": 1, "in_flight": True, "last_error": "boom", "backoff_s": 0.25}

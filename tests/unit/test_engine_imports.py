@@ -1,7 +1,7 @@
 """The source seam holds: the consumer engine's modules import nothing HTTP- or broker-specific
 (mqd.client, mqd.protocol, mqd.format, mqd.metadata, mqd.broker, mqd.sources, aiohttp), so a second
-source plugs in without touching them. The facade alone names the default source, lazily, inside
-one function."""
+source plugs in without touching them. The facade alone names the sources, lazily, inside the one
+function that chooses from consumer.source."""
 
 from __future__ import annotations
 
@@ -20,8 +20,11 @@ FORBIDDEN = (
     "mqd.sources",
     "aiohttp",
 )
-# the one lazy import of the default source (until the config can choose one, issue 14)
-ALLOWED = {("consumer.py", "_default_source", "mqd.sources.mqd_broker")}
+# the lazy imports of the source the config chooses (consumer.source), in one function
+ALLOWED = {
+    ("consumer.py", "_default_source", "mqd.sources.mqd_broker"),
+    ("consumer.py", "_default_source", "mqd.sources.kafka"),
+}
 
 
 def imports(path: Path) -> list[tuple[str, str | None]]:

@@ -13,9 +13,10 @@ from mqd.spark import job
 
 # The Spark side as it must stay for the checkpoints and tables users already have: a change of
 # the Arrow schema that changes this is a change of the landing format, not a refactoring.
+# Landing format 2 added ``incarnation`` (the log incarnation; null in format-1 files).
 EXPECTED_DDL = (
-    "topic STRING, partition INT, offset BIGINT, timestamp TIMESTAMP, key BINARY, value BINARY, "
-    "headers ARRAY<STRUCT<key: STRING, value: BINARY>>, dt STRING, hour INT"
+    "topic STRING, partition INT, incarnation STRING, offset BIGINT, timestamp TIMESTAMP, "
+    "key BINARY, value BINARY, headers ARRAY<STRUCT<key: STRING, value: BINARY>>, dt STRING, hour INT"
 )
 
 
@@ -27,10 +28,11 @@ def test_spark_ddl_is_derived_from_the_arrow_schema() -> None:
     assert job._LANDING_COLUMNS == [*schema.LANDING_SCHEMA.names, "dt", "hour"]
 
 
-def test_landing_schema_is_the_record_schema_plus_topic_and_partition() -> None:
-    """A landed file's columns are topic, partition and then exactly the decoded record columns."""
-    assert schema.LANDING_SCHEMA.names[:2] == ["topic", "partition"]
-    assert pa.schema(list(schema.LANDING_SCHEMA)[2:]) == RECORD_SCHEMA
+def test_landing_schema_is_the_record_schema_plus_topic_partition_and_incarnation() -> None:
+    """A landed file's columns are topic, partition, incarnation and then exactly the decoded
+    record columns."""
+    assert schema.LANDING_SCHEMA.names[:3] == ["topic", "partition", "incarnation"]
+    assert pa.schema(list(schema.LANDING_SCHEMA)[3:]) == RECORD_SCHEMA
     assert layout.LANDING_SCHEMA is schema.LANDING_SCHEMA
 
 
@@ -48,6 +50,11 @@ def test_a_landed_table_has_the_landing_schema() -> None:
         schema=RECORD_SCHEMA,
     )
     assert layout.landing_table("t", 3, records).schema == schema.LANDING_SCHEMA
+    inc = "0123456789abcdef0123456789abcdef"
+    landed = layout.landing_table("t", 3, records, inc)
+    assert landed.schema == schema.LANDING_SCHEMA
+    assert landed.column("incarnation").to_pylist() == [inc, inc]
+    assert layout.landing_table("t", 3, records).column("incarnation").to_pylist() == [None, None]
 
 
 def test_an_unmapped_arrow_type_is_refused() -> None:

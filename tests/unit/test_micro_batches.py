@@ -24,11 +24,14 @@ class Batch:
     next_offset: int
     nbytes: int
     fetched_at: float
+    incarnation: str | None = None
 
 
-def batch(partition: int, first: int, count: int, *, nbytes: int = 100, at: float = 0.0) -> Batch:
+def batch(
+    partition: int, first: int, count: int, *, nbytes: int = 100, at: float = 0.0, inc: str | None = None
+) -> Batch:
     rb = pa.RecordBatch.from_pydict({"offset": pa.array(range(first, first + count), pa.int64())})
-    return Batch(("t", partition), rb, first, first + count, nbytes, at)
+    return Batch(("t", partition), rb, first, first + count, nbytes, at, inc)
 
 
 def cfg(**kw: float) -> LandingConfig:
@@ -82,6 +85,26 @@ def test_replayed_records_are_cut_off_and_restored_ones_go_first() -> None:
     assert again is not None and again.since == 10.0 and again.next_offset == 12
     offsets = [o for rb in again.batches for o in rb.column(0).to_pylist()]
     assert offsets == list(range(5, 12))
+
+
+def test_the_floor_holds_within_one_incarnation_only() -> None:
+    """Landed up to 9 of incarnation OLD: OLD's replay is cut, NEW's reused offsets are kept as
+    new records (after OLD's buffered ones, each batch with its incarnation), NEW's own replay is
+    cut again; an unknown incarnation on either side assumes no reuse."""
+    old, new = "a" * 32, "b" * 32
+    mb = MicroBatches(cfg(max_records=1000, max_bytes=10_000, max_age=5.0))
+    tp = ("t", 0)
+    mb.set_expected(tp, 9, old)
+    assert mb.add(batch(0, 5, 5, inc=old)) == 0  # a replay of OLD
+    assert mb.add(batch(0, 10, 2, inc=old)) == 2  # 10, 11 of OLD
+    assert mb.add(batch(0, 4, 3, inc=new)) == 3  # 4..6 of NEW: new records
+    assert mb.add(batch(0, 5, 3, inc=new)) == 1  # 5, 6 buffered already: 7 only
+    assert mb.add(batch(0, 0, 8)) == 0  # unknown incarnation: below what is buffered
+    taken = mb.take(tp)
+    assert taken is not None and taken.incarnations == [old, new, new]
+    assert [rb.column(0).to_pylist() for rb in taken.batches] == [[10, 11], [4, 5, 6], [7]]
+    mb.set_expected(tp, 9, None)  # landed before incarnations: no reuse assumed
+    assert mb.add(batch(0, 8, 4, inc=new)) == 2
 
 
 def test_publish_lead_follows_publications_and_is_capped() -> None:

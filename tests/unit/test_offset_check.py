@@ -97,3 +97,59 @@ def test_a_plain_slave_never_moves_the_consumer() -> None:
                 got = check_offset(offset, lo, hi, **SLAVE)
                 if got.status is not F:
                     assert got.next_offset == offset, (offset, lo, hi)
+
+
+CHANGED, LOST = Status.INCARNATION_CHANGED, Status.DATA_LOST
+
+# (case, offset, min, max, role, extra arguments, status, next_offset, waitable)
+INCARNATION_TABLE = [
+    # a known, earlier incarnation: every role answers the divergence (a slave's history is a
+    # prefix of its master's, so it gives the same point), never with records, at once
+    ("diverged before the position", 30, 0, 40, "master", {"diverged_at": 20}, CHANGED, 20, False),
+    ("diverged before the position", 30, 0, 40, "slave", {"diverged_at": 20}, CHANGED, 20, False),
+    ("diverged after the position", 10, 0, 40, "master", {"diverged_at": 20}, CHANGED, 10, False),
+    ("diverged at the position", 20, 0, 40, "checking_slave", {"diverged_at": 20}, CHANGED, 20, False),
+    ("changed on an empty log", 7, 0, 0, "master", {"diverged_at": 0}, CHANGED, 0, False),
+    ("changed beyond the end", 90, 0, 40, "master", {"diverged_at": 35}, CHANGED, 35, False),
+    # an id this log's history does not hold: the master says 0, a slave cannot judge (maybe newer)
+    ("unknown id", 30, 0, 40, "master", {"diverged_at": 0, "incarnation_known": False}, CHANGED, 0, False),
+    ("unknown id", 30, 0, 40, "slave", {"diverged_at": 0, "incarnation_known": False}, BADLY, 30, False),
+    (
+        "unknown id",
+        30,
+        0,
+        40,
+        "checking_slave",
+        {"diverged_at": 0, "incarnation_known": False},
+        BADLY,
+        30,
+        False,
+    ),
+    # a fenced hole: the master answers DATA_LOST pointing after it; a slave keeps the offset
+    ("in a hole", 12, 0, 40, "master", {"lost_last": 15}, LOST, 16, False),
+    ("in a hole", 12, 0, 40, "slave", {"lost_last": 15}, BADLY, 12, False),
+    ("in a hole", 12, 0, 40, "checking_slave", {"lost_last": 15}, BADLY, 12, False),
+    # the incarnation answer comes first: a hole is not reported under another incarnation
+    ("changed and in a hole", 12, 0, 40, "master", {"diverged_at": 5, "lost_last": 15}, CHANGED, 5, False),
+]
+
+
+@pytest.mark.parametrize(
+    ("case", "offset", "lo", "hi", "role", "extra", "status", "next_offset", "waitable"),
+    INCARNATION_TABLE,
+    ids=[f"{row[0]}-{row[4]}" for row in INCARNATION_TABLE],
+)
+def test_incarnation_and_hole_rows(
+    case: str,
+    offset: int,
+    lo: int,
+    hi: int,
+    role: str,
+    extra: dict[str, object],
+    status: Status,
+    next_offset: int,
+    waitable: bool,
+) -> None:
+    """INCARNATION_CHANGED and DATA_LOST (issue 12), per role: who may move the consumer and where."""
+    got = check_offset(offset, lo, hi, **ROLES[role], **extra)  # type: ignore[arg-type]
+    assert got == OffsetCheck(status, next_offset, waitable)

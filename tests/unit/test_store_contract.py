@@ -45,11 +45,16 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> LandingStore:
     return STORES[request.param](request, tmp_path)
 
 
-def stage(store: LandingStore, partition: int, first: int, count: int, ts: int = T0) -> StagedFile:
+def stage(
+    store: LandingStore, partition: int, first: int, count: int, ts: int = T0, inc: str | None = None
+) -> StagedFile:
     raw = fmt.encode_batch([b"v"] * count, timestamps=np.full(count, ts, dtype=np.int64), base_offset=first)
     records = pa.Table.from_batches([fmt.to_arrow(raw, fmt.scan(raw)[0])])
-    rng = file_range("t", partition, records)
-    return store.stage(layout.landing_table("t", partition, records), rng, "snappy")
+    rng = file_range("t", partition, records, inc)
+    return store.stage(layout.landing_table("t", partition, records, inc), rng, "snappy")
+
+
+OLD, NEW = "a" * 32, "b" * 32  # two incarnations of one partition's log
 
 
 def test_staged_is_invisible_and_commit_makes_it_visible_once(store: LandingStore) -> None:
@@ -90,3 +95,44 @@ def test_watermarks_advance_only(store: LandingStore) -> None:
     store.advance_watermark("t", 0, T0 + 10)
     store.advance_watermark("t", 0, T0 + 5)
     assert store.watermarks("t", 2) == [T0 + 10, None]
+
+
+def test_a_new_incarnation_lands_its_reused_offsets_as_new_records(store: LandingStore) -> None:
+    """0..9 landed under OLD; the log became NEW and reuses offsets from 4. NEW's 4..9 commit
+    (expected end: OLD's 9) as a file of their own name, the head moves to (NEW, 9), and both
+    files stay visible and in the manifest with their incarnations."""
+    old = store.commit(stage(store, 2, 0, 10, inc=OLD), None)
+    new = store.commit(stage(store, 2, 4, 6, inc=NEW), 9, OLD)
+    assert old.path != new.path and OLD in old.path and NEW in new.path
+    assert sorted(store.visible_files()) == sorted([old.path, new.path])
+    assert [(r.incarnation, r.first_offset, r.last_offset) for r in store.manifest("t")] == [
+        (OLD, 0, 9),
+        (NEW, 4, 9),
+    ]
+    head = store.head("t", 2)
+    assert (head.incarnation, head.last_offset, head.files) == (NEW, 9, 2)
+
+
+def test_the_landed_incarnation_is_part_of_the_condition(store: LandingStore) -> None:
+    """A publisher still on OLD (a stale owner) loses against NEW's landed end even with the same
+    offset, and learns the landed incarnation; within one incarnation offsets must still grow."""
+    store.commit(stage(store, 3, 0, 10, inc=OLD), None)
+    store.commit(stage(store, 3, 4, 6, inc=NEW), 9, OLD)
+    with pytest.raises(PublishConflict) as stale:
+        store.commit(stage(store, 3, 10, 5, inc=OLD), 9, OLD)
+    assert (stale.value.last_offset, stale.value.incarnation) == (9, NEW)
+    with pytest.raises(PublishConflict):
+        store.commit(stage(store, 3, 5, 5, inc=NEW), 9, NEW)  # a replay of NEW's own offsets
+    store.commit(stage(store, 3, 10, 5, inc=NEW), 9, NEW)
+    assert store.head("t", 3).last_offset == 14
+
+
+def test_an_unknown_landed_incarnation_assumes_no_reuse(store: LandingStore) -> None:
+    """Files landed before incarnations (None) and the first known incarnation after them: its
+    records must start after the landed end, never reuse it (format 1's behaviour)."""
+    store.commit(stage(store, 4, 0, 10), None)
+    with pytest.raises(PublishConflict):
+        store.commit(stage(store, 4, 5, 5, inc=NEW), 9, None)
+    store.commit(stage(store, 4, 10, 5, inc=NEW), 9, None)
+    head = store.head("t", 4)
+    assert (head.incarnation, head.last_offset) == (NEW, 14)

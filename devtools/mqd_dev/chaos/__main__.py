@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from mqd import log as mqdlog
-from mqd_dev.chaos.runner import ALL_KINDS, ChaosOptions, format_summary, run_chaos
+from mqd_dev.chaos.runner import CATEGORIES, ChaosOptions, expand_kinds, format_summary, run_chaos
 
 _NS_ENV = "MQD_CHAOS_MOUNT_NS"
 
@@ -46,7 +46,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--run-timeout", type=float, default=1800.0)
     p.add_argument("--batch-records", type=int, default=20)
     p.add_argument("--produce-interval", type=float, default=0.1)
-    p.add_argument("--kinds", default=",".join(ALL_KINDS), help="comma-separated fault kinds to draw from")
+    p.add_argument(
+        "--kinds",
+        default="all",
+        help="comma-separated fault kinds or groups to draw from: kind names, categories "
+        f"({', '.join(CATEGORIES)}), classic, safety, all (default)",
+    )
     p.add_argument("--no-spark", action="store_true", help="skip the Spark job and the table check")
     p.add_argument("--no-unshare", action="store_true", help="do not re-execute in a mount namespace")
     p.add_argument("--keep", action="store_true", help="keep the work directory")
@@ -86,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
             batch_records=args.batch_records,
             produce_interval=args.produce_interval,
             spark=not args.no_spark,
-            kinds=tuple(k for k in args.kinds.split(",") if k),
+            kinds=expand_kinds(args.kinds),
         )
         options.validate()
     except ValueError as exc:

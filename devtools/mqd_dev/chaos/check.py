@@ -1,9 +1,16 @@
-"""End-of-run checks: broker log vs acknowledgements, landing files vs log, Spark table vs log.
+"""End-of-run checks: the producer's ledger vs the landing, the Spark table and the broker log.
 
-The broker log, read back from every partition's master directly (no proxy), is what the queue
-holds. Acknowledged records must be in it at their acknowledged offsets; the log may hold more
-(a produce whose answer was lost in transit is written but not acknowledged). The landing files and
-the Spark table must hold every log record exactly once, with the same value at the same offset.
+The truth is the producer's ledger (mqd_dev.chaos.ledger): every acknowledged payload id must be in
+the landing files and in the Spark table exactly once, at the partition and offset it was
+acknowledged at (:func:`check_payloads`); no payload id, acknowledged or not, may appear twice.
+This holds however the broker log changed meanwhile (a new incarnation reuses offsets).
+
+The broker log, read back from every partition's master directly (no proxy), must still hold the
+acknowledged records of the partition's current generation at their offsets (:func:`check_log`); it
+may hold more (a produce whose answer was lost in transit is written but not acknowledged).
+:func:`compare` (a copy against the log, offset by offset) checks replicas against their master, and
+is reported for the landing and the table for information only: once offsets are reused, the landing
+legitimately holds records the current log no longer has.
 """
 
 from __future__ import annotations
@@ -58,9 +65,15 @@ class LogCheck:
         return asdict(self)
 
 
-async def read_log(client: BrokerClient, url_of: dict[int, str], topic: str) -> dict[int, pa.Table]:
-    """Every record of every partition, ``{partition: table(offset, value)}``, from each master."""
+async def read_log(
+    client: BrokerClient, url_of: dict[int, str], topic: str, problems: list[str] | None = None
+) -> dict[int, pa.Table]:
+    """Every record of every partition, ``{partition: table(offset, value)}``, from each master.
+
+    A damaged batch the broker serves (bad CRC) is skipped and described in ``problems``; one whose
+    header is damaged ends that partition's read there (nothing after it can be found)."""
     out: dict[int, pa.Table] = {}
+    problems = problems if problems is not None else []
     for partition, url in url_of.items():
         batches: list[pa.RecordBatch] = []
         offset = 0
@@ -74,13 +87,31 @@ async def read_log(client: BrokerClient, url_of: dict[int, str], topic: str) -> 
             p = answer.partitions[0]
             data = bytes(p.data)
             if not data:
+                if offset < p.next_offset < p.max_offset:  # a hole the broker reports: read past it
+                    offset = p.next_offset
+                    continue
                 break
-            for info in fmt.scan(data, crc=True):
+            start = offset
+            try:
+                infos = fmt.scan(data, crc=False)
+            except fmt.BatchError as exc:
+                problems.append(f"{url} partition {partition}: unreadable batch at offset {offset}: {exc}")
+                break
+            for info in infos:
+                try:
+                    fmt.check_crc(data, info)
+                except fmt.BatchError as exc:
+                    problems.append(
+                        f"{url} partition {partition}: damaged batch served, offsets "
+                        f"{info.base_offset}..{info.next_offset - 1}: {exc}"
+                    )
+                    offset = max(offset, info.next_offset)
+                    continue
                 rb = fmt.to_arrow(data, info, offset)
                 if rb.num_rows:
                     batches.append(rb.select(["offset", "value"]))
                     offset = int(rb.column("offset")[-1].as_py()) + 1
-            if offset >= p.max_offset:
+            if offset >= p.max_offset or offset == start:
                 break
         schema = pa.schema([("offset", pa.int64()), ("value", pa.binary())])
         table = pa.Table.from_batches(batches, schema) if batches else schema.empty_table()
@@ -118,6 +149,86 @@ def check_log(log: dict[int, pa.Table], acks: Iterable[Ack]) -> LogCheck:
         if bad.any() and len(res.examples) < 5:
             first = acked[bad][:5].tolist()
             res.examples.append(f"partition {partition}: acked offsets not in the log {first}")
+    return res
+
+
+@dataclass
+class PayloadCheck:
+    """One copy (landing or table) against the producer's ledger, by payload id."""
+
+    acknowledged: int = 0
+    rows: int = 0
+    distinct: int = 0  # distinct payload ids in the copy
+    lost: int = 0  # acknowledged, not in the copy
+    duplicates: int = 0  # copies beyond the first of any payload id
+    moved: int = 0  # acknowledged, but in the copy at another partition or offset
+    unacknowledged: int = 0  # distinct ids in the copy that no ack names (written, answer lost)
+    foreign: int = 0  # rows whose value is no payload of this partition (damaged or alien)
+    examples: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not (self.lost or self.duplicates or self.moved or self.foreign)
+
+    def to_json(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def payload_partition(value: bytes) -> int | None:
+    """The partition a chaos payload (``load.record_value``) names, None if ``value`` is none."""
+    if len(value) != 18 or value[:1] != b"p" or value[6:8] != b"-s" or not value[1:6].isdigit():
+        return None
+    return int(value[1:6]) if value[8:].isdigit() else None
+
+
+def check_payloads(ledger: pa.Table, copy: pa.Table) -> PayloadCheck:
+    """``ledger`` as ``ledger.read_ledger`` gives it; ``copy`` has columns partition, offset, value.
+    Acknowledgements of generation -1 (before the daemons' start position) are not expected."""
+    expected = pc.greater_equal(ledger.column("generation"), 0)
+    res = PayloadCheck(acknowledged=int(pc.sum(expected).as_py() or 0), rows=copy.num_rows)
+    before_start = set(ledger.filter(pc.invert(expected)).column("payload").to_pylist())
+    acked: dict[bytes, tuple[int, int]] = dict(
+        zip(
+            ledger.column("payload").to_pylist(),
+            zip(ledger.column("partition").to_pylist(), ledger.column("offset").to_pylist(), strict=True),
+            strict=True,
+        )
+    )
+    seen: dict[bytes, int] = {}
+    moved: set[bytes] = set()
+    parts = copy.column("partition").to_pylist()
+    offsets = copy.column("offset").to_pylist()
+    for value, partition, offset in zip(copy.column("value").to_pylist(), parts, offsets, strict=True):
+        if payload_partition(value) != partition:
+            res.foreign += 1
+            if len(res.examples) < 8:
+                res.examples.append(f"partition {partition} offset {offset}: foreign value {value[:40]!r}")
+            continue
+        seen[value] = seen.get(value, 0) + 1
+        where = acked.get(value)
+        if where is not None and where != (partition, offset):
+            moved.add(value)
+    res.distinct = len(seen)
+    res.duplicates = sum(n - 1 for n in seen.values())
+    res.moved = len(moved)
+    lost = [v for v in acked if v not in seen and v not in before_start]
+    res.lost = len(lost)
+    res.unacknowledged = sum(1 for v in seen if v not in acked)
+    if lost:
+        by_partition: dict[int, list[int]] = {}
+        for v in lost:
+            p, o = acked[v]
+            by_partition.setdefault(p, []).append(o)
+        for p, offs in sorted(by_partition.items()):
+            res.examples.append(
+                f"partition {p}: {len(offs)} acknowledged records lost, offsets {min(offs)}..{max(offs)}"
+            )
+    dups = [v for v, n in seen.items() if n > 1]
+    if dups:
+        res.examples.append(f"{len(dups)} payloads duplicated, e.g. {[d.decode() for d in dups[:3]]}")
+    if moved:
+        first = sorted(moved)[:3]
+        res.examples.append(f"{len(moved)} acknowledged payloads at another offset, e.g. {first}")
     return res
 
 
@@ -182,6 +293,22 @@ def read_parquet_files(paths: Iterable[Path]) -> pa.Table:
 def read_landing(landing: Path, topic: str) -> pa.Table:
     root = landing / f"topic={topic}"
     return read_parquet_files(_data_files(root) if root.is_dir() else [])
+
+
+def landing_incarnations(landing: Path, topic: str) -> dict[int, list[str]]:
+    """Per partition, the log incarnations its landed rows carry (empty for a landing whose files
+    have no ``incarnation`` column: made before incarnations existed). Information for the summary."""
+    root = landing / f"topic={topic}"
+    out: dict[int, set[str]] = {}
+    for path in _data_files(root) if root.is_dir() else []:
+        if "incarnation" not in pq.read_schema(path).names:
+            continue
+        t = pq.read_table(path, columns=["partition", "incarnation"])
+        for p, inc in zip(
+            t.column("partition").to_pylist(), t.column("incarnation").to_pylist(), strict=True
+        ):
+            out.setdefault(int(p), set()).add(str(inc))
+    return {p: sorted(v) for p, v in sorted(out.items())}
 
 
 def spark_committed_files(output_dir: Path) -> list[Path]:

@@ -23,7 +23,15 @@ from typing import Any
 
 import aiohttp
 
-from mqd.testing import ManagedProcess, NodeProcess, cluster_toml, free_port, group_names, node_toml
+from mqd.testing import (
+    ManagedProcess,
+    NodeProcess,
+    cluster_toml,
+    free_port,
+    group_names,
+    node_toml,
+    replica_credentials,
+)
 from mqd_dev.chaos.proxy import FaultProxy
 
 
@@ -114,8 +122,12 @@ class ChaosCluster:
     def _write_configs(self) -> None:
         topics = [{"name": self.topic, "partitions": self.partitions}]
         self.cluster_path.write_text(cluster_toml(self.group_names, self.nodes.values(), topics))
+        creds = replica_credentials(self.cluster_path, self.cluster_path.parent / "credentials")
         for n in self.nodes.values():
-            body = node_toml(n.id, self.cluster_path, n.data_dir, n.port, self.node_settings)
+            settings = dict(self.node_settings)
+            if n.id in creds:  # nodes of groups with slaves prove who they are to each other
+                settings["replica_credentials"] = str(creds[n.id])
+            body = node_toml(n.id, self.cluster_path, n.data_dir, n.port, settings)
             n.config_path.write_text(body)
 
     async def health(self, node: Node, timeout: float = 1.0) -> dict[str, Any] | None:
@@ -155,6 +167,15 @@ class ChaosCluster:
             n.kill_now()
 
 
+_START_BANNER = b"===== start "  # ManagedProcess writes it to the log at every start
+_STARTED = b'"daemon started"'  # logged after the runner installed its signal handlers
+
+
+def started_in_log(log: bytes) -> bool:
+    """Whether the daemon's JSON log shows it started since the last start banner."""
+    return _STARTED in log[log.rfind(_START_BANNER) :]
+
+
 class DaemonProc(Proc):
     """One ``mqd run`` daemon with its own config file and state dir, sharing the landing dir."""
 
@@ -167,3 +188,11 @@ class DaemonProc(Proc):
             root,
             env,
         )
+
+    def started(self) -> bool:
+        """Started since its last (re)start: its SIGTERM handler is installed, so a SIGTERM now
+        is a graceful stop (before it, during the imports, SIGTERM kills it with -15)."""
+        try:
+            return started_in_log(self.log_path.read_bytes())
+        except OSError:
+            return False

@@ -5,7 +5,13 @@ kind in each, applies them together for a seeded hold time, ends them, and measu
 the time from the faults' end (stopped processes restarted and healthy) until the landing directory
 holds everything acknowledged before it and records produced after it (the daemons publish again).
 At the end the load stops, every process is brought back, the daemons land the rest and stop, and
-the broker log, the landing files and (optionally) the Spark table are compared (mqd_dev.chaos.check).
+the producer's ledger of acknowledged records is checked against the landing files and (optionally)
+the Spark table by payload id, and against the broker log (mqd_dev.chaos.check).
+
+Fault kinds: the classic ones (processes, landing disk, network) are applied here; the data-safety
+ones of issue 12 live in their own modules: ``node_data`` (master data-dir loss, a flipped byte or a
+truncated closed segment, a topic recreated under the daemons), ``lock_freeze`` (a daemon frozen
+while it holds a landing lock) and ``publish_kill`` (a fresh daemon killed before it publishes).
 
 Determinism: the schedule (kinds, targets, hold times) comes from ``random.Random(seed)`` and
 nothing else; what the faults hit inside a process depends on timing, which is not seeded.
@@ -33,21 +39,63 @@ from mqd.client import BrokerClient, BrokerError
 from mqd.landing import layout
 from mqd.testing import ProcessError, daemon_section, to_toml
 from mqd.waiting import wait_until
-from mqd_dev.chaos import check
+from mqd_dev.chaos import check, node_data
 from mqd_dev.chaos.disk import LandingDisk
+from mqd_dev.chaos.ledger import Ledger, read_ledger
 from mqd_dev.chaos.load import ProduceLoad
+from mqd_dev.chaos.lock_freeze import freeze_in_lock
 from mqd_dev.chaos.procs import ChaosCluster, DaemonProc
 from mqd_dev.chaos.proxy import Faults
+from mqd_dev.chaos.publish_kill import assigned_partitions, kill_before_publish
 
 log = structlog.get_logger("mqd.chaos")
 
+# One fault per category and round at most: two faults that stop broker nodes, or two that stop
+# daemons, would step on each other's restarts.
 CATEGORIES: dict[str, tuple[str, ...]] = {
-    "daemon": ("daemon_kill", "daemon_freeze", "daemon_churn"),
-    "broker": ("master_kill", "slave_kill"),
+    "daemon": ("daemon_kill", "daemon_freeze", "daemon_churn", "lock_freeze", "kill_before_publish"),
+    "broker": (
+        "master_kill",
+        "slave_kill",
+        "master_dir_loss",
+        "segment_bitflip",
+        "segment_truncate",
+        "topic_recreate",
+    ),
     "disk": ("landing_readonly", "landing_full"),
     "network": ("net_corrupt", "net_truncate", "net_reset", "net_slow", "net_hang"),
 }
 ALL_KINDS: tuple[str, ...] = tuple(k for kinds in CATEGORIES.values() for k in kinds)
+# the data-safety kinds of issue 12, and the kinds before them (whose seeded plans stay as they were
+# when only these are chosen)
+SAFETY_KINDS: tuple[str, ...] = (
+    "master_dir_loss",
+    "segment_bitflip",
+    "segment_truncate",
+    "topic_recreate",
+    "lock_freeze",
+    "kill_before_publish",
+)
+CLASSIC_KINDS: tuple[str, ...] = tuple(k for k in ALL_KINDS if k not in SAFETY_KINDS)
+_FREEZES = ("daemon_freeze", "lock_freeze")
+
+
+def expand_kinds(spec: str) -> tuple[str, ...]:
+    """``--kinds``: comma-separated kind names, category names (``broker``), ``classic``, ``safety``
+    or ``all``; unknown names are kept, for ``ChaosOptions.validate`` to refuse them by name."""
+    aliases: dict[str, tuple[str, ...]] = {
+        **CATEGORIES,
+        "all": ALL_KINDS,
+        "classic": CLASSIC_KINDS,
+        "safety": SAFETY_KINDS,
+    }
+    out: list[str] = []
+    for name in (n.strip() for n in spec.split(",")):
+        for kind in aliases.get(name, (name,) if name else ()):
+            if kind not in out:
+                out.append(kind)
+    return tuple(out)
+
 
 _NET_FAULTS: dict[str, Faults] = {
     "net_corrupt": Faults(corrupt=0.05),
@@ -80,6 +128,12 @@ class ChaosOptions:
     spark_timeout: float = 600.0
     kinds: tuple[str, ...] = ALL_KINDS
     landing_tmpfs_mb: int = 32
+    # small segments, so the segment faults find closed ones within seconds (~6 KB/s per partition)
+    segment_bytes: int = 32 * 1024
+    lock_window_timeout: float = 15.0  # lock_freeze: how long to watch for a held landing lock
+    # lock_freeze lasts this long at least: the session expires (session_timeout), the next
+    # rebalance (2 s) hands the frozen daemon's partitions over, their first publication follows
+    lock_freeze_hold: float = 10.0
 
     def validate(self) -> None:
         unknown = set(self.kinds) - set(ALL_KINDS)
@@ -124,7 +178,11 @@ class ChaosRun:
                 "acks_all_timeout_ms": 3000,
                 "log_level": "info",
                 "log_format": "json",
-                "storage": {"fsync": "interval", "fsync_interval_ms": 200},
+                "storage": {
+                    "fsync": "interval",
+                    "fsync_interval_ms": 200,
+                    "segment_bytes": options.segment_bytes,
+                },
             },
         )
         self.landing = self.root / "landing"
@@ -133,8 +191,17 @@ class ChaosRun:
         self.daemons = [self._daemon(f"d{i}", env) for i in range(options.daemons)]
         self.extra = self._daemon(f"d{options.daemons}", env)  # joins and leaves (daemon_churn)
         self.client = BrokerClient(request_timeout=5.0)
+        self.ledger = Ledger(self.root / "ledger.tsv")
+        # kill_before_publish also hits the pipeline's very first start (see _first_start)
+        self.first_start_kill = "kill_before_publish" in options.kinds
+        self.setup_notes: list[str] = []
         self.load = ProduceLoad(
-            self.client, self.cluster, batch_records=options.batch_records, interval=options.produce_interval
+            self.client,
+            self.cluster,
+            batch_records=options.batch_records,
+            interval=options.produce_interval,
+            ledger=self.ledger,
+            before_start=self.first_start_kill,
         )
         self.rounds: list[RoundRecord] = []
         self.faults: Counter[str] = Counter()
@@ -158,7 +225,7 @@ class ChaosRun:
                 "client_id": d.name,
                 "bootstrap": self.cluster.urls,
                 "topics": [self.topic],
-                "consume_from": "first",
+                "consume_from": "last" if self.first_start_kill else "first",
                 "session_timeout": o.session_timeout,
                 "heartbeat_interval": 0.5,
                 "rebalance_interval": 2.0,
@@ -191,14 +258,51 @@ class ChaosRun:
         await self.cluster.start()
         for d in [*self.daemons, self.extra]:
             self._write_daemon_config(d)
-        for d in self.daemons:
-            d.start()
         await self.client.start()
+        if self.first_start_kill:
+            await self._first_start()
+        else:
+            for d in self.daemons:
+                d.start()
         self._supervisor = asyncio.create_task(self._supervise())
         self.load.start()
         # round 1 starts from a working pipeline, not from daemons still importing pyarrow
         await wait_until(lambda: self.load.acknowledged > 0, 30, "the first acknowledged produce")
         await self._caught_up(dict(self.load.acked_end), 60, "the daemons to start landing")
+
+    async def _first_start(self) -> None:
+        """The pipeline's first seconds with ``consume_from = "last"``: records acknowledged before
+        the daemons start are not to land (ledger generation -1); the daemons resolve their start
+        positions, fetch, and are SIGKILLed before their first publication while the load goes on;
+        everything acknowledged after the resolution must land once they are back."""
+        parts = list(range(self.opts.partitions))
+        self.load.start()
+        await wait_until(lambda: all(self.load.acked_end.values()), 30, "a first ack on every partition")
+        await self.load.pause(parts)
+        self.load.daemons_started()
+        starts = {d.name: d.log_path.stat().st_size if d.log_path.exists() else 0 for d in self.daemons}
+        for d in self.daemons:
+            d.start()
+
+        def resolved() -> bool:
+            got = [assigned_partitions(d.log_path, starts[d.name]) or [] for d in self.daemons]
+            return set(parts) <= {p for g in got for p in g}
+
+        await wait_until(resolved, 60, "the daemons' first start positions")
+        self.load.resume(parts)
+        await asyncio.sleep(0.2)  # fetched; publication comes at max_age (0.5 s)
+        before = self.landed_end()
+        for d in self.daemons:
+            await d.stop_async(signal.SIGKILL)
+        published = [p for p, end in self.landed_end().items() if end > before[p]]
+        self.setup_notes.append(
+            "kill_before_publish at the first start (consume_from=last): daemons SIGKILLed 0.2 s after "
+            f"resolving their start positions; partitions published before the kill: {published}"
+        )
+        self.faults["kill_before_publish"] += 1
+        await asyncio.sleep(1.0)  # acknowledged meanwhile: must land after the restart
+        for d in self.daemons:
+            d.start()
 
     async def _supervise(self) -> None:
         """Restart what exits unasked, like systemd's Restart=on-failure, and count it as a crash."""
@@ -240,8 +344,10 @@ class ChaosRun:
         n = self.rng.randint(1, min(self.opts.faults_per_round, len(cats))) if cats else 0
         kinds = [self.rng.choice(available[c]) for c in sorted(self.rng.sample(cats, n))]
         hold = round(self.rng.uniform(self.opts.hold_min, self.opts.hold_max), 2)
-        if "daemon_freeze" in kinds:  # it must outlive the session, or it is no fault at all
+        if any(k in _FREEZES for k in kinds):  # it must outlive the session, or it is no fault at all
             hold = max(hold, self.opts.session_timeout * 1.5 + 0.5)
+        if "lock_freeze" in kinds:  # and long enough for the partitions whose locks are free to move
+            hold = max(hold, self.opts.lock_freeze_hold)
         return kinds, hold
 
     async def _fault(self, kind: str, hold: float, rec: RoundRecord) -> None:
@@ -284,10 +390,10 @@ class ChaosRun:
             rec.notes.append(f"{self.extra.name} joins, {leaver.name} leaves and comes back")
             self.extra.start()
             await asyncio.sleep(hold / 2)
-            self._check_clean_exit(leaver, await leaver.stop_async(signal.SIGTERM, timeout=20.0))
+            await self._stop_clean(leaver)
             await asyncio.sleep(hold / 2)
             leaver.start()
-            self._check_clean_exit(self.extra, await self.extra.stop_async(signal.SIGTERM, timeout=20.0))
+            await self._stop_clean(self.extra)
         elif kind == "landing_readonly":
             rec.notes.append("landing read-only")
             await self.disk.make_readonly()
@@ -302,8 +408,97 @@ class ChaosRun:
                 await asyncio.sleep(hold)
             finally:
                 await self.disk.drain()
+        elif kind in SAFETY_KINDS:
+            await self._safety_fault(kind, hold, rec)
         else:
             raise ValueError(f"unknown fault kind {kind!r}")
+
+    async def _safety_fault(self, kind: str, hold: float, rec: RoundRecord) -> None:
+        """The data-safety kinds (issue 12): each a function of node_data, lock_freeze or
+        publish_kill; this picks the target and holds."""
+        rng = self.target_rng
+        if kind == "master_dir_loss":
+            node = rng.choice(self.cluster.masters())
+            lost = self.root / "lost" / f"{node.id}-round{rec.number}"
+            rec.notes.append(await node_data.master_dir_loss(self.cluster, node, lost))
+            await asyncio.sleep(hold)
+        elif kind in ("segment_bitflip", "segment_truncate"):
+            node = rng.choice(list(self.cluster.nodes.values()))
+            flip = kind == "segment_bitflip"
+            rec.notes.append(await node_data.damage_segment(self.cluster, node, rng, flip=flip))
+            await asyncio.sleep(hold)
+        elif kind == "topic_recreate":
+            await self._topic_recreate(rng.choice(self.cluster.group_names), hold, rec)
+        elif kind == "lock_freeze":
+            await self._lock_freeze(rng.choice(self.daemons), hold, rec)
+        elif kind == "kill_before_publish":
+            d = rng.choice(self.daemons)
+            fetch_s = 0.2  # a fetch answers at once under the load; publication comes at max_age (0.5 s)
+            rec.notes.append(await kill_before_publish(d, self.landed_end, fetch_s=fetch_s, timeout=20.0))
+            await asyncio.sleep(hold)
+            d.start()
+
+    async def _topic_recreate(self, group: str, hold: float, rec: RoundRecord) -> None:
+        """Drain the group's partitions into the landing (so the deletion loses nothing
+        acknowledged), recreate them empty, and let the load go on under a new ledger generation."""
+        parts = node_data.group_partitions(self.cluster, group)
+        await self.load.pause(parts)
+        try:
+            target = {p: self.load.acked_end[p] for p in parts}
+            try:
+                what = f"{group} to land before topic_recreate"
+                await self._caught_up(target, self.opts.round_timeout, what)
+            except TimeoutError as exc:
+                self.failures.append(f"round {rec.number}: topic_recreate went ahead undrained: {exc}")
+            removed = await node_data.recreate_topic(self.cluster, group)
+            self.load.new_generation(parts)
+            rec.notes.append(f"topic_recreate on {group}: partitions {parts}, {len(removed)} folders removed")
+        finally:
+            self.load.resume(parts)
+        await asyncio.sleep(hold)
+
+    async def _lock_freeze(self, d: DaemonProc, hold: float, rec: RoundRecord) -> None:
+        lock = await asyncio.to_thread(freeze_in_lock, d, self.landing, self.opts.lock_window_timeout)
+        if lock is None:
+            if not d.running:
+                rec.notes.append(f"lock_freeze: {d.name} not running")
+                await asyncio.sleep(hold)
+                return
+            d.send_signal(signal.SIGSTOP)
+            rec.notes.append(f"lock_freeze: no lock window of {d.name} hit; SIGSTOP anyway for {hold}s")
+        else:
+            held = lock.relative_to(self.landing)
+            rec.notes.append(f"lock_freeze: SIGSTOP {d.name} holding {held} for {hold}s")
+        before = self.landed_end()
+        await asyncio.sleep(hold)
+        after = self.landed_end()
+        moved = [p for p in before if after[p] > before[p]]
+        rec.notes.append(f"lock_freeze: partitions landed meanwhile {moved}")
+        if d.running:
+            d.send_signal(signal.SIGCONT)
+        # A frozen lock holder may stall its own partition, never the others (issue 12). Judged
+        # only when nothing else in the round can stop landing.
+        locked = int(lock.stem) if lock is not None and lock.stem.isdigit() else None
+        stalled = [p for p in before if p not in moved and p != locked]
+        if rec.kinds == ["lock_freeze"] and lock is not None and stalled:
+            self.failures.append(
+                f"round {rec.number}: {d.name} frozen for {hold}s holding {lock.name}: partitions "
+                f"{stalled}, whose locks were free, landed nothing meanwhile"
+            )
+
+    async def _stop_clean(self, d: DaemonProc) -> int | None:
+        """SIGTERM ``d`` once it has started, and check that it drained and exited 0. Started
+        first: a SIGTERM while the interpreter still imports (before the daemon installs its
+        handlers) kills it with -15, which says nothing about how a daemon stops."""
+
+        if d.running:
+            try:
+                await wait_until(d.started, 30.0, f"{d.name} to start", interval=0.1)
+            except TimeoutError:
+                log.warning("chaos.daemon_not_started", daemon=d.name)
+        code = await d.stop_async(signal.SIGTERM, timeout=20.0)
+        self._check_clean_exit(d, code)
+        return code
 
     def _check_clean_exit(self, d: DaemonProc, code: int | None) -> None:
         """A daemon told to stop (SIGTERM) must drain, commit and exit 0."""
@@ -428,26 +623,49 @@ class ChaosRun:
         codes = {}
         for d in [*self.daemons, self.extra]:
             if d.running:
-                codes[d.name] = await d.stop_async(signal.SIGTERM, timeout=20.0)
-                self._check_clean_exit(d, codes[d.name])
+                codes[d.name] = await self._stop_clean(d)
         return {"log_end": end, "catch_up_s": took, "daemon_exit_codes": codes}
 
     async def _verify(self) -> dict[str, Any]:
+        self.ledger.close()
+        ledger = await asyncio.to_thread(read_ledger, self.ledger.path)
         url_of = {p: self.cluster.master_of(p).direct_url for p in range(self.opts.partitions)}
-        log_tables = await check.read_log(self.client, url_of, self.topic)
-        log_check = check.check_log(log_tables, self.load.acks)
+        damaged: list[str] = []
+        log_tables = await check.read_log(self.client, url_of, self.topic, damaged)
+        # acks of a generation the run deleted itself (topic_recreate) are not expected in the log
+        current = [a for a in self.load.acks if max(a.generation, 0) == self.load.generation[a.partition]]
+        log_check = check.check_log(log_tables, current)
         landing = await asyncio.to_thread(check.read_landing, self.landing, self.topic)
-        landed = check.compare(log_tables, landing)
-        out: dict[str, Any] = {"log": log_check.to_json(), "landing": landed.to_json()}
+        landed = await asyncio.to_thread(check.check_payloads, ledger, landing)
+        out: dict[str, Any] = {
+            "log": log_check.to_json(),
+            "landing": landed.to_json(),
+            "landing_vs_log": check.compare(log_tables, landing).to_json(),
+            "landing_incarnations": await asyncio.to_thread(
+                check.landing_incarnations, self.landing, self.topic
+            ),
+        }
+        out["log"]["damaged"] = damaged
+        if damaged:
+            self.failures.append(f"the broker served damaged data: {damaged[:5]}")
         if log_check.acked_missing:
             self.failures.append(
                 f"broker lost {log_check.acked_missing} acknowledged records: {log_check.examples}"
             )
         if not landed.ok:
-            self.failures.append(f"landing differs from the log: {landed.examples}")
+            self.failures.append(f"landing vs the producer's ledger: {landed.examples}")
         out["replicas"] = await self._verify_replicas(log_tables)
+        # a node that fenced a range it could not repair says so here (not a failure by itself)
+        out["node_health"] = {
+            n.id: {
+                k: v
+                for k, v in (await self.cluster.health(n, 2.0) or {"status": "no answer"}).items()
+                if k in ("status", "reasons")
+            }
+            for n in self.cluster.nodes.values()
+        }
         if self.opts.spark:
-            out["table"] = await self._spark(log_tables)
+            out["table"] = await self._spark(ledger, log_tables)
         else:
             out["table"] = {"skipped": "--no-spark"}
         return out
@@ -472,7 +690,12 @@ class ChaosRun:
                 await wait_until(caught_up, 30, f"{slave.id} to catch up", interval=0.2)
             except TimeoutError as exc:
                 self.failures.append(str(exc))
-            slave_log = await check.read_log(self.client, {p: slave.direct_url for p in parts}, self.topic)
+            damaged: list[str] = []
+            slave_log = await check.read_log(
+                self.client, {p: slave.direct_url for p in parts}, self.topic, damaged
+            )
+            if damaged:
+                self.failures.append(f"slave {slave.id} served damaged data: {damaged[:5]}")
             copies = [check.as_copy(p, t) for p, t in slave_log.items()]
             cmp = check.compare({p: log_tables[p] for p in parts}, pa.concat_tables(copies))
             if not cmp.ok:
@@ -485,7 +708,7 @@ class ChaosRun:
             }
         return out
 
-    async def _spark(self, log_tables: dict[int, Any]) -> dict[str, Any]:
+    async def _spark(self, ledger: pa.Table, log_tables: dict[int, Any]) -> dict[str, Any]:
         config = str(self.daemons[0].config_path)
         argv = [sys.executable, "-m", "mqd.cli", "spark", "--config", config, "--once"]
         spark_log = self.root / "spark.log"
@@ -507,10 +730,15 @@ class ChaosRun:
             return {"error": f"exit {code}"}
         output = self.root / "warehouse" / "events"
         table = await asyncio.to_thread(check.read_table_output, output, self.topic)
-        cmp = check.compare(log_tables, table)
-        if not cmp.ok:
-            self.failures.append(f"table differs from the log: {cmp.examples}")
-        return {**cmp.to_json(), "spark_s": round(time.monotonic() - started, 1)}
+        res = await asyncio.to_thread(check.check_payloads, ledger, table)
+        if not res.ok:
+            self.failures.append(f"table vs the producer's ledger: {res.examples}")
+        return {
+            **res.to_json(),
+            "mismatched": res.moved + res.foreign,
+            "vs_log": check.compare(log_tables, table).to_json(),
+            "spark_s": round(time.monotonic() - started, 1),
+        }
 
     # -- the run -----------------------------------------------------------------------------------
 
@@ -544,6 +772,7 @@ class ChaosRun:
             self._supervisor.cancel()
             await asyncio.gather(self._supervisor, return_exceptions=True)
         await self.load.stop()
+        self.ledger.close()
         for d in [*self.daemons, self.extra]:
             await d.stop_async(signal.SIGKILL)
         await self.cluster.stop()
@@ -581,27 +810,35 @@ class ChaosRun:
             "ok": not self.failures,
             "seed": self.opts.seed,
             "rounds": len(self.rounds),
-            "faults": dict(sorted(self.faults.items())),
+            "faults": {k: self.faults.get(k, 0) for k in sorted(self.opts.kinds)},
             "proxy_injected": dict(sorted(injected.items())),
             "disk_faults": self.disk.reason if self.disk.available else f"unavailable: {self.disk.reason}",
             "records": {
                 "acknowledged": self.load.acknowledged,
+                "expected_in_landing": landing.get("acknowledged"),  # less the acks before the start
+                "ledger": str(self.ledger.path),
                 "produce_errors": dict(sorted(self.load.errors.items())),
                 "in_log": log_res.get("records"),
                 "unacknowledged_written": log_res.get("unacknowledged_written"),
                 "acked_missing_from_log": log_res.get("acked_missing"),
                 "landed_distinct": landing.get("distinct"),
+                "unacknowledged_landed": landing.get("unacknowledged"),
                 "losses": landing.get("lost"),
                 "duplicates": landing.get("duplicates"),
-                "mismatched": landing.get("mismatched"),
+                "moved": landing.get("moved"),
+                "foreign": landing.get("foreign"),
+                "mismatched": landing.get("moved", 0) + landing.get("foreign", 0) if landing else None,
             },
             "table": table,
             "replicas": result.get("replicas"),
+            "node_health": result.get("node_health"),
+            "landing_incarnations": result.get("landing_incarnations"),
             "max_recovery_s": max(recoveries) if recoveries else None,
             "max_recovery_s_by_kind": dict(sorted(by_kind.items())),
             "crashes": dict(self.crashes),
             "daemon_log_events": self._daemon_events(),
             "duration_s": round(time.monotonic() - self._started, 1),
+            "setup_notes": self.setup_notes,
             "round_log": [asdict(r) for r in self.rounds],
             "settle": result.get("settle"),
             "failures": self.failures,
@@ -613,8 +850,8 @@ def format_summary(s: dict[str, Any]) -> str:
     t = s.get("table") or {}
     table = (
         (
-            f"table: distinct {t.get('distinct')}, lost {t.get('lost')}, duplicates {t.get('duplicates')}, "
-            f"mismatched {t.get('mismatched')}"
+            f"table: distinct {t.get('distinct')}, lost {t.get('lost')}, duplicated {t.get('duplicates')}, "
+            f"at another offset {t.get('moved')}, foreign {t.get('foreign')}"
         )
         if "distinct" in t
         else f"table: {t}"
@@ -625,11 +862,12 @@ def format_summary(s: dict[str, Any]) -> str:
         "faults: " + ", ".join(f"{k} {v}" for k, v in s["faults"].items()),
         "proxy injected: " + (", ".join(f"{k} {v}" for k, v in s["proxy_injected"].items()) or "none"),
         f"disk faults: {s['disk_faults']}",
-        f"records: acknowledged {r['acknowledged']}, in log {r['in_log']} "
+        f"records (producer ledger): acknowledged {r['acknowledged']} "
+        f"({r.get('expected_in_landing')} expected in the landing), in log {r['in_log']} "
         f"({r['unacknowledged_written']} written but not acknowledged), "
-        f"landed distinct {r['landed_distinct']}",
-        f"losses {r['losses']}, duplicates {r['duplicates']}, mismatched {r['mismatched']}, "
-        f"acknowledged missing from the log {r['acked_missing_from_log']}",
+        f"landed distinct {r['landed_distinct']} ({r['unacknowledged_landed']} not acknowledged)",
+        f"landing: lost {r['losses']}, duplicated {r['duplicates']}, at another offset {r['moved']}, "
+        f"foreign {r['foreign']}; acknowledged missing from the log {r['acked_missing_from_log']}",
         table,
         "replicas: "
         + (
@@ -639,11 +877,19 @@ def format_summary(s: dict[str, Any]) -> str:
             )
             or "none"
         ),
+        "node health: "
+        + ", ".join(
+            f"{k} {v.get('status')}" + (f" {v['reasons']}" if v.get("reasons") else "")
+            for k, v in (s.get("node_health") or {}).items()
+        ),
+        "landed incarnations per partition: "
+        + (", ".join(f"{p}: {len(v)}" for p, v in (s.get("landing_incarnations") or {}).items()) or "none"),
         f"max recovery: {s['max_recovery_s']}s; by kind: {s['max_recovery_s_by_kind']}",
         f"crashes: {s['crashes'] or 'none'}",
         "daemon log: "
         + (", ".join(f"{k} {v}" for k, v in s.get("daemon_log_events", {}).items()) or "quiet"),
     ]
+    lines.extend(f"set-up: {n}" for n in s.get("setup_notes", []))
     lines.extend(f"FAILURE: {f}" for f in s["failures"])
     return "\n".join(lines)
 

@@ -5,8 +5,10 @@ metadata from ``GET /v1/metadata`` (MetadataCache), fetches as one ``POST /v1/fe
 (status 1:1 from mqd.protocol.Status), offset lookups, the consumer group (heartbeats to the
 coordinator broker, the allocation strategy run in the member) and its broker offset store.
 
-The mqd broker does not tell one incarnation of a partition's log from another yet: every result
-answers ``incarnation=None`` until the data-safety issue gives the log an id.
+Log incarnations (issue 12): every fetch entry names the incarnation its offset belongs to once the
+engine knows it; the answer's ``incarnation``, ``diverged_at`` (INCARNATION_CHANGED) and
+``lost_first``/``lost_last`` (DATA_LOST) map 1:1 onto the seam's fields. An older broker answers no
+incarnation (None: the engine keeps today's behaviour).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import functools
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from mqd.broker.incarnation import is_valid_id
 from mqd.client import BrokerClient, BrokerError
 from mqd.config import ConsumerConfig
 from mqd.consumer.errors import ConsumerError
@@ -127,10 +130,17 @@ class MqdBrokerSource:
         node = md.nodes.get(node_id) if md is not None else None
         if node is None:
             raise SourceError(f"{node_id}: not in the metadata", kind="metadata", node_down=False)
-        body = [
-            {"topic": r.tp.topic, "partition": r.tp.partition, "offset": r.offset, "max_bytes": r.max_bytes}
-            for r in requests
-        ]
+        body: list[dict[str, Any]] = []
+        for r in requests:
+            entry: dict[str, Any] = {
+                "topic": r.tp.topic,
+                "partition": r.tp.partition,
+                "offset": r.offset,
+                "max_bytes": r.max_bytes,
+            }
+            if r.incarnation is not None:
+                entry["incarnation"] = r.incarnation
+            body.append(entry)
         return self._fetch(node.url, body, max_wait_ms, min_bytes, max_bytes)
 
     async def _fetch(
@@ -147,10 +157,19 @@ class MqdBrokerSource:
             )
         except (BrokerError, ProtocolError) as exc:
             raise source_error(exc) from exc
-        return self._result(answer)
+        try:
+            return self._result(answer)
+        except ProtocolError as exc:
+            raise source_error(exc) from exc
 
     @staticmethod
     def _result(answer: FetchAnswer) -> FetchResult:
+        for pf in answer.partitions:
+            # it names landed files: never let a malformed one reach the landing
+            if pf.incarnation is not None and not is_valid_id(pf.incarnation):
+                raise ProtocolError(
+                    f"{pf.topic}/{pf.partition}: malformed incarnation {pf.incarnation!r:.80}"
+                )
         return FetchResult(
             [
                 PartitionResult(
@@ -160,9 +179,12 @@ class MqdBrokerSource:
                     log_start=pf.min_offset,
                     log_end=pf.max_offset,
                     suggested_node=pf.suggest,
-                    incarnation=None,  # the mqd broker has no log incarnation id yet
+                    incarnation=pf.incarnation,
                     error=pf.error,
                     decode=functools.partial(decode_batches, pf.data),
+                    diverged_at=pf.diverged_at,
+                    lost_first=pf.lost_first,
+                    lost_last=pf.lost_last,
                 )
                 for pf in answer.partitions
             ],

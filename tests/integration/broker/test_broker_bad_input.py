@@ -87,7 +87,6 @@ MALFORMED = [
         json.dumps({"partitions": [{"topic": "events", "partition": 0, "spec": "timestamp"}]}),
         "timestamp",
     ),
-    ("/v1/replica/fetch", json.dumps({"node": "nobody", "partitions": []}), "not a slave"),
 ]
 
 

@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from support.harness import Cluster
+from support.replica import replica_offsets
 
 from mqd.broker.consumer_groups import ConsumerGroupError, ConsumerGroupStore
 from mqd.client import BrokerClient, BrokerError
@@ -170,12 +171,12 @@ async def test_commits_are_durable_forward_only_and_replicated(
     assert await client.committed(url, "g", [{"topic": "events", "partition": 1}]) == expected[1:]
     assert await client.committed(url, "nobody") == []
 
-    def slave_has_them() -> bool:
-        got = cluster.get_json(slave, "/v1/replica/offsets")
-        return bool(got) and _plain(got["groups"].get("g", [])) == expected
+    async def slave_has_them() -> bool:
+        got = await replica_offsets(cluster, master, slave)
+        return _plain(got.get("g", [])) == expected
 
     deadline = time.monotonic() + 10
-    while not await asyncio.to_thread(slave_has_them):
+    while not await slave_has_them():
         assert time.monotonic() < deadline, "slave never pulled the committed offsets"
         await asyncio.sleep(0.1)
 
@@ -312,7 +313,7 @@ async def test_returning_master_takes_the_slaves_commits(cluster_factory: Any, c
     await client.commit(murl, "g", "c", [_o(0, 10)])
 
     async def slave_has(expected: list[dict[str, Any]]) -> bool:
-        got = await client.replica_offsets(surl)
+        got = await replica_offsets(cluster, master, slave)
         return _plain(got.get("g", [])) == expected
 
     await _until(lambda: slave_has([_o(0, 10)]), "the slave to pull the first commit")
@@ -327,7 +328,7 @@ async def test_returning_master_takes_the_slaves_commits(cluster_factory: Any, c
     assert (await client.commit(murl, "g", "c", [_o(0, 3)], force=True))["committed"] == [_o(0, 3)]
     await _until(lambda: slave_has([_o(0, 3), _o(1, 5)]), "the forced commit to reach the slave")
     # both nodes now hold the same (epoch, offset); the master's pulls of the slave changed nothing
-    assert await client.replica_offsets(murl) == await client.replica_offsets(surl)
+    assert await replica_offsets(cluster, slave, master) == await replica_offsets(cluster, master, slave)
     assert await client.committed(murl, "g") == [_o(0, 3), _o(1, 5)]
 
 

@@ -18,6 +18,7 @@ from mqd import format as fmt
 from mqd.client import BrokerClient, BrokerError
 from mqd.protocol import BATCH_CONTENT_TYPE, FetchAnswer
 from mqd.sources.mqd_broker.source import source_error
+from mqd.waiting import wait_until
 
 BODY_TIMEOUT_MS = 1000
 MAX_LONG_POLLS = 3
@@ -183,3 +184,34 @@ async def test_a_request_line_over_8k_gets_400_with_a_reason_and_no_traceback(cl
     new = cluster.log(cluster.master())[len(log_before) :]
     assert "Traceback" not in new and "Error handling request" not in new, new[-3000:]
     assert new.count("request rejected") <= 2, new[-3000:]
+
+
+async def test_memory_is_given_back_after_a_burst_of_held_fetches(
+    cluster_factory: Callable[..., Cluster],
+) -> None:
+    """After 300 fetches held at once end, the node holds none of them (long_polls_held back to 0)
+    and gives memory back once: it collects the burst's garbage, trims the C heap and logs its RSS
+    before and after (before: trimmed silently, with the burst's cyclic garbage still uncollected)."""
+    node = cluster_factory(topics={"events": 1}, node_settings={"limits": {"max_long_polls": 500}})
+    url = node.url(node.master())
+    connector = aiohttp.TCPConnector(limit=0, force_close=True)
+    body = {"partitions": [{"topic": "events", "partition": 0, "offset": 0}], "max_wait_ms": 2000}
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=60)) as s:
+
+        async def held() -> int:
+            async with s.post(url + "/v1/fetch", json=body) as resp:
+                await resp.read()
+                return resp.status
+
+        statuses = await asyncio.gather(*(held() for _ in range(300)))
+        assert set(statuses) == {200}
+        async with s.get(url + "/v1/stats") as resp:
+            assert (await resp.json())["long_polls_held"] == 0
+
+    def trimmed() -> str | None:
+        lines = [line for line in node.log(node.master()).splitlines() if "memory given back" in line]
+        return lines[0] if lines else None
+
+    line = await wait_until(trimmed, timeout=30, what="the node to trim its heap")
+    entry = json.loads(line)
+    assert entry["rss_mib_before"] > 0 and entry["rss_mib_after"] > 0, entry

@@ -10,7 +10,7 @@ of a real broker, and cannot drift from the code.
 * The spec served by a node is byte-identical to the packaged file, and the aiohttp routes of a
   node and the spec's operations are the same set.
 * Hand-built cases reach the 200 answers random data cannot: a produce of a valid record batch and
-  a fetch that returns it, a replica fetch by the real slave, stats of a slave.
+  a fetch that returns it, a replica fetch signed by the real slave, stats of a slave.
 * After all that, the log on master and slave holds exactly what the accepted produces wrote.
 
 The cluster: two groups (a master and a slave each), so a produce to the other group's partition
@@ -20,6 +20,8 @@ answers 421 ``not_master`` and half the consumer groups answer 421 ``not_coordin
 from __future__ import annotations
 
 import json
+import socket
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -273,7 +275,7 @@ def test_bearer_auth_answers_conform(cluster_factory: Any) -> None:
     url = cluster.url(cluster.master())
     health = api_schema["/v1/health"]["GET"].Case()
     assert health.call_and_validate(base_url=url, checks=CHECKS, timeout=15).status_code == 200
-    for path in ("/v1/metadata", "/v1/stats", "/v1/openapi.yaml", "/v1/replica/offsets"):
+    for path in ("/v1/metadata", "/v1/stats", "/v1/openapi.yaml"):
         case = api_schema[path]["GET"].Case()
         response = case.call_and_validate(base_url=url, checks=CHECKS, timeout=15)
         assert response.status_code == 401 and response.json()["error"] == "unauthorized", path
@@ -289,6 +291,12 @@ def test_bearer_auth_answers_conform(cluster_factory: Any) -> None:
         base_url=url, headers={"Authorization": "Bearer wrong"}, checks=CHECKS, timeout=15
     )
     assert response.status_code == 401
+    # replica routes never take the client token: a lone master has no replica peers
+    replica = api_schema["/v1/replica/offsets"]["GET"].Case()
+    response = replica.call_and_validate(
+        base_url=url, headers={"Authorization": f"Bearer {token}"}, checks=CHECKS, timeout=15
+    )
+    assert response.status_code == 403 and response.json()["error"] == "replica_forbidden"
 
 
 def test_slave_answers_conform(spec: dict[str, Any], node: Cluster) -> None:
@@ -299,18 +307,135 @@ def test_slave_answers_conform(spec: dict[str, Any], node: Cluster) -> None:
     response = stats.call_and_validate(base_url=node.url(slave), checks=CHECKS, timeout=15)
     assert "replication" in response.json()
 
-    replica = api_schema["/v1/replica/fetch"]["POST"]
-    case = replica.Case(
-        body={"node": slave, "max_wait_ms": 0, "partitions": [{"topic": TOPIC, "partition": 0, "offset": 0}]},
+    # a replica fetch signed by the real slave: a binary answer whose head matches FetchAnswerHead
+    master = node.master()
+    body = json.dumps(
+        {"node": slave, "max_wait_ms": 0, "partitions": [{"topic": TOPIC, "partition": 0, "offset": 0}]}
+    ).encode()
+    status, ctype, answer = _signed_replica_fetch(node, slave, node.url(master), body)
+    assert status == 200
+    _check_binary_answer(spec, status, ctype, answer)
+    # the same signer to the slave itself: not one of its replica peers, a documented 403
+    status, ctype, answer = _signed_replica_fetch(node, slave, node.url(slave), body)
+    assert status == 403 and json.loads(answer)["error"] == "replica_forbidden"
+
+
+def _signed_replica_fetch(node: Cluster, signer: str, url: str, body: bytes) -> tuple[int, str, bytes]:
+    auth = node.replica_auth(signer)
+    headers = auth.sign_request("POST", "/v1/replica/fetch", body, auth.new_nonce())
+    req = urllib.request.Request(
+        url + "/v1/replica/fetch", data=body, headers={"Content-Type": "application/json", **headers}
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=15) as resp:
+            return resp.status, resp.headers.get("Content-Type", ""), resp.read()
+    except urllib.error.HTTPError as err:
+        return err.code, err.headers.get("Content-Type", ""), err.read()
+
+
+# -- the hard edges of issue 13, through the spec's operations ------------------------------------
+
+HOSTILE_TOPICS = ["..", ".", "../../etc", "a" * 250, "\x00", " ", "é", "a/b", "%2e%2e"]
+HOSTILE_PARTITIONS = ["-1", "99999999999999999999", "x", "1_0", "\u0663", "0.0", ""]
+HOSTILE_GROUPS = ["..", "\x00", "é", "a" * 2000, "../../etc", " "]
+
+
+def test_malformed_ids_answer_documented_errors(node: Cluster) -> None:
+    """Path ids that are not ids (``..``, ``../../etc``, NUL, a 250-character topic, partitions
+    that are not plain decimal integers, hostile group names) answer a documented status and body:
+    never a 5xx, never a 200 that writes (the log check at the end proves nothing slipped in)."""
+    url = node.url(node.master())
+    produce = api_schema["/v1/produce/{topic}/{partition}"]["POST"]
+    for topic in HOSTILE_TOPICS:
+        case = produce.Case(
+            path_parameters={"topic": topic, "partition": 0},
+            body=fmt.encode_batch([b"x"]),
+            media_type="application/x-mqd-batches",
+        )
+        response = case.call_and_validate(base_url=url, checks=CHECKS, timeout=15)
+        assert 400 <= response.status_code < 500, (topic, response.status_code, response.text)
+    for partition in HOSTILE_PARTITIONS:
+        case = produce.Case(
+            path_parameters={"topic": TOPIC, "partition": partition},
+            body=fmt.encode_batch([b"x"]),
+            media_type="application/x-mqd-batches",
+        )
+        response = case.call_and_validate(base_url=url, checks=CHECKS, timeout=15)
+        assert 400 <= response.status_code < 500, (partition, response.status_code, response.text)
+    heartbeat = api_schema["/v1/groups/{group}/heartbeat"]["POST"]
+    for group in HOSTILE_GROUPS:
+        case = heartbeat.Case(
+            path_parameters={"group": group}, body={"client_id": "c"}, media_type="application/json"
+        )
+        case.call_and_validate(base_url=url, checks=CHECKS, timeout=15)
+
+
+def test_wrong_content_types_answer_documented_errors(node: Cluster) -> None:
+    """A produce whose body is declared JSON, a form, text or nothing known is a documented 415
+    ``bad_content_type`` and writes nothing; a fetch declared as text is answered as documented
+    (JSON bodies are parsed whatever their type)."""
+    url = node.url(node.master())
+    produce = api_schema["/v1/produce/{topic}/{partition}"]["POST"]
+    for ctype in ("application/json", "text/plain", "application/x-www-form-urlencoded", "image/png"):
+        case = produce.Case(
+            path_parameters={"topic": TOPIC, "partition": 0},
+            body=fmt.encode_batch([b"x"]),
+            media_type="application/x-mqd-batches",
+        )
+        response = case.call_and_validate(
+            base_url=url, headers={"Content-Type": ctype}, checks=CHECKS, timeout=15
+        )
+        assert response.status_code == 415 and response.json()["error"] == "bad_content_type", ctype
+    fetch = api_schema["/v1/fetch"]["POST"]
+    case = fetch.Case(
+        body={"max_wait_ms": 0, "partitions": [{"topic": TOPIC, "partition": 0, "offset": 0}]},
         media_type="application/json",
     )
-    response = case.call_and_validate(base_url=node.url(node.master()), checks=CHECKS, timeout=15)
+    response = case.call_and_validate(
+        base_url=url, headers={"Content-Type": "text/plain"}, checks=CHECKS, timeout=15
+    )
     assert response.status_code == 200
-    _check_binary_answer(spec, 200, FETCH_CONTENT_TYPE, response.content)
-    # the same request to the slave: every partition NOT_SERVED (not_master), still a 200
-    response = case.call_and_validate(base_url=node.url(slave), checks=CHECKS, timeout=15)
-    assert response.status_code == 200
-    assert decode_fetch_answer(response.content).partitions[0].error == "not_master"
+
+
+def test_over_long_url_is_a_plain_400(node: Cluster) -> None:
+    """A 9 KiB query string on any operation is a 400 before routing (plain text, as the spec's
+    conventions say), not a 5xx; the node serves the next request."""
+    url = node.url(node.master())
+    for path in ("/v1/metadata", "/v1/stats"):
+        case = api_schema[path]["GET"].Case(query={"x": "a" * 9216})
+        response = case.call_and_validate(base_url=url, checks=[not_a_server_error], timeout=15)
+        assert response.status_code == 400 and "8190" in response.text, response.text[:300]
+    assert api_schema["/v1/health"]["GET"].Case().call(base_url=url, timeout=15).status_code == 200
+
+
+def test_a_huge_declared_content_length_is_413_at_once(node: Cluster) -> None:
+    """A request declaring a 1 TB body (and sending two bytes of it) to each JSON operation and to
+    produce is answered 413 ``too_large`` at once and the connection closed, instead of the node
+    waiting its body timeout for bytes it would refuse anyway (before: 408 after 10 s on the JSON
+    operations)."""
+    host, port = node.url(node.master()).removeprefix("http://").split(":")
+    paths = [
+        ("/v1/fetch", "application/json"),
+        ("/v1/offsets", "application/json"),
+        ("/v1/groups/g/heartbeat", "application/json"),
+        ("/v1/groups/g/commit", "application/json"),
+        ("/v1/replica/fetch", "application/json"),
+        (f"/v1/produce/{TOPIC}/0", "application/x-mqd-batches"),
+    ]
+    for path, ctype in paths:
+        started = time.monotonic()
+        with socket.create_connection((host, int(port)), timeout=15) as sock:
+            sock.sendall(
+                f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: {ctype}\r\n"
+                f"Content-Length: {10**12}\r\n\r\n{{}}".encode()
+            )
+            answer = b""
+            while chunk := sock.recv(65536):  # until the node closes the connection
+                answer += chunk
+        took = time.monotonic() - started
+        assert answer.startswith(b"HTTP/1.1 413"), (path, answer[:300])
+        assert b'"too_large"' in answer, (path, answer[:300])
+        assert took < 5, (path, took)  # the node's body timeout is 10 s
 
 
 def test_logs_are_intact_after_the_run(node: Cluster) -> None:

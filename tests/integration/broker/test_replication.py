@@ -2,9 +2,9 @@
 
 End to end with real broker processes (tests/support/harness.py): a slave catches up with its master's log
 and committed offsets, acks=all answers only once the slave holds the records, a killed master's
-slave still serves everything acked, and replication resumes when the master comes back (also after
-the master lost a tail). Answer handling (corrupt data, divergence) is tested directly on a
-Replicator over real storage.
+slave still serves everything acked, and replication resumes when the master comes back (a master
+that lost a tail copies it back from the slave). Answer handling (corrupt data, divergence) is
+tested directly on a Replicator over real storage.
 """
 
 from __future__ import annotations
@@ -17,9 +17,13 @@ from typing import Any, TypeVar
 
 import pytest
 from support.harness import Cluster
+from support.replica import replica_offsets
 
 from mqd import format as fmt
 from mqd.broker.consumer_groups import ConsumerGroupStore
+from mqd.broker.replica_auth import ReplicaAuth, ReplicaCredentials
+from mqd.broker.replica_client import ReplicaClient
+from mqd.broker.replica_floor import ReplicaFloor
 from mqd.broker.replication import Replicator
 from mqd.broker.storage import Storage
 from mqd.client import BrokerClient, BrokerError
@@ -116,7 +120,7 @@ async def test_slave_catches_up_with_log_and_committed_offsets(
     assert await read_all(client, murl, 0) == p0
 
     async def offsets_pulled() -> dict[str, Any] | None:
-        snap = await client.replica_offsets(surl)
+        snap = await replica_offsets(cluster, master, slave)
         return snap if snap.get("g1") else None
 
     snap = await eventually(offsets_pulled, "committed offsets on the slave")
@@ -128,7 +132,7 @@ async def test_slave_catches_up_with_log_and_committed_offsets(
     await client.commit(murl, "g1", "c1", [{"topic": TOPIC, "partition": 0, "offset": 2000}])
 
     async def moved() -> bool:
-        snap = await client.replica_offsets(surl)
+        snap = await replica_offsets(cluster, master, slave)
         return any(e["offset"] == 2000 for e in snap.get("g1", []))
 
     await eventually(moved, "new commit on the slave")
@@ -186,11 +190,12 @@ async def test_master_killed_then_restarted(
         await eventually(has_all, "slave replicating after the master restart")
 
 
-async def test_slave_follows_master_that_lost_its_tail(
+async def test_master_that_lost_its_tail_gets_it_back_from_the_slave(
     cluster_factory: Callable[..., Cluster], client: BrokerClient
 ) -> None:
-    """A master restarted with a shorter log (its tail lost) makes the slave truncate to the master's
-    log end; the two logs are identical again after new writes."""
+    """A master restarted with a shorter log (its tail lost, as an OS crash before fsync leaves it)
+    copies the acknowledged tail back from its slave before it takes writes (issue 12.2; it used to
+    make the slave truncate); new writes follow the recovered records on both nodes."""
     cluster = one_group_cluster(cluster_factory)
     master, slave = cluster.master(), cluster.slaves()[0]
     murl, surl = cluster.url(master), cluster.url(slave)
@@ -202,15 +207,15 @@ async def test_slave_follows_master_that_lost_its_tail(
     with open(seg, "r+b") as fh:  # what an OS crash before fsync could leave behind
         fh.truncate(seg.stat().st_size - lost)
     cluster.start_node(master)
-    kept = acked[: len(acked) - lost]
     async with BrokerClient(request_timeout=10.0) as fresh:  # no pooled connection to the dead process
-        assert await read_all(fresh, murl) == kept
-        more = await produce(fresh, murl, [make_batch(7, 70)])  # a different batch at offset 16
+        assert await read_all(fresh, murl) == acked
+        more = await produce(fresh, murl, [make_batch(7, 70)])
 
         async def converged() -> bool:
-            return await read_all(fresh, surl) == kept + more
+            return await read_all(fresh, surl) == acked + more
 
-        await eventually(converged, "slave converging on the master's log")
+        await eventually(converged, "slave holding the recovered log and the new batch")
+        assert await read_all(fresh, murl) == acked + more
 
 
 # -- answer handling on a Replicator over real storage ------------------------------------------------
@@ -235,8 +240,11 @@ class _Slave:
             broker_group=group,
             storage=self.storage,
             partitions=[(TOPIC, 0)],
-            client=BrokerClient(),
+            client=ReplicaClient(
+                ReplicaAuth(ReplicaCredentials("c", "s", {"s": "0" * 64, "m": "1" * 64}), ["m"])
+            ),
             consumer_groups=ConsumerGroupStore(root),
+            floor=ReplicaFloor(root),
             on_append=self._on_append,
             wait_ms=10,
         )

@@ -273,11 +273,14 @@ def test_recovery_truncates_torn_tail(opened: Opened, damage: str) -> None:
     assert plog.read(first, 10**6) == stored(extra, first)
 
 
-def test_recovery_of_corrupt_closed_segment_drops_later_segments(opened: Opened) -> None:
-    """A corrupt closed segment (index gone, CRC bad) is cut there and later segments are removed."""
+def test_recovery_of_corrupt_closed_segment_fences_the_damage(opened: Opened) -> None:
+    """A corrupt batch in a closed segment (index gone, CRC bad) is fenced: every other batch, in
+    that segment and in all later ones, stays readable; appends continue at the old log end
+    (issue 12 case 3: this used to cut the segment and delete every later one)."""
     plog = opened.log
     written = fill(plog, 40, count=2, size=100)
     assert plog.segment_count >= 3
+    segments, end = plog.segment_count, plog.max_offset
     opened.close()
     logs = segment_files(opened.root)
     second = logs[1]
@@ -290,13 +293,14 @@ def test_recovery_of_corrupt_closed_segment_drops_later_segments(opened: Opened)
         fh.seek(first_len + 60)
         fh.write(bytes([byte[0] ^ 1]))
     plog = opened.reopen()
-    assert plog.segment_count == 2
-    assert len(segment_files(opened.root)) == 2
-    keep = [w for w in written if w[0] <= base]
-    assert plog.max_offset == base + 2
-    assert plog.read(0, 10**9) == b"".join(d for _, d in keep)
+    assert plog.segment_count == segments and len(segment_files(opened.root)) == segments
+    assert plog.max_offset == end
+    assert plog.fenced_ranges() == [(base + 2, base + 3)]
+    assert plog.read(0, 10**9) == b"".join(d for o, d in written if o < base + 2)
+    assert plog.read(base + 2, 10**9) == b""
+    assert plog.read(base + 4, 10**9) == b"".join(d for o, d in written if o >= base + 4)
     first, _ = append(plog, make_batch(1))
-    assert first == base + 2
+    assert first == end
 
 
 @pytest.mark.parametrize("how", ["deleted", "truncated", "garbage"])

@@ -135,14 +135,18 @@ def test_damaged_last_batch_of_a_closed_segment_is_not_trusted(
     written: tuple[Path, bytes, list[int]],
 ) -> None:
     """A flipped byte in the last batch of a closed segment fails the CRC read-back: the segment is
-    scanned (recovery then cuts it there: what it does with later segments is recovery's business,
-    issue 12 point 3) instead of its index being trusted over bad data."""
-    root, _data, bases = written
+    scanned instead of its index being trusted over bad data (recovery then fences the bad batch
+    and keeps every later segment, issue 12 point 3)."""
+    root, _data, _bases = written
     segs = _segments(root)
     _flip(segs[1], segs[1].stat().st_size - 9)
     storage, plog = _open(root)
     try:
-        assert (plog.segments_trusted, plog.segments_scanned) == (1, 1)
-        assert plog.max_offset < bases[-1]  # the bad batch was found, so the segment was read
+        assert plog.segments_scanned == 2  # the damaged segment and the active one
+        assert plog.segments_trusted == len(segs) - 2
+        # the bad batch was found, so the segment was read: its offsets are fenced, no more
+        fenced = plog.fenced_ranges()
+        assert len(fenced) == 1 and fenced[0][1] == int(segs[2].stem) - 1
+        assert plog.segment_count == len(segs)
     finally:
         storage.close()

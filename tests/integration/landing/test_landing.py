@@ -84,7 +84,16 @@ async def test_publish_is_atomic_hive_laid_out_and_described(tmp_path: Path) -> 
     ]
     assert not [p for p in root.rglob(".*") if p.is_file() and "_state" not in p.parts]
     t = pq.read_table(root / files[1])
-    assert t.column_names == ["topic", "partition", "offset", "timestamp", "key", "value", "headers"]
+    assert t.column_names == [
+        "topic",
+        "partition",
+        "incarnation",
+        "offset",
+        "timestamp",
+        "key",
+        "value",
+        "headers",
+    ]
     assert t.column("topic").to_pylist() == ["events", "events"]
     assert t.column("partition").to_pylist() == [3, 3]
     assert t.column("value").to_pylist() == [b"v2", b"v3"]

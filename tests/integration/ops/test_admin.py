@@ -210,7 +210,8 @@ async def test_pause_resume_need_the_token_and_valid_partitions(served: Any) -> 
         async with s.post(f"{server.url}/pause", json=bad, headers=auth) as r:
             assert r.status == 400, bad
             assert (await r.json())["error"] == "bad_request"
-    async with s.post(f"{server.url}/pause", data=b"{not json", headers=auth) as r:
+    json_type = {**auth, "Content-Type": "application/json"}
+    async with s.post(f"{server.url}/pause", data=b"{not json", headers=json_type) as r:
         assert r.status == 400
     async with s.post(f"{server.url}/pause", json={"partitions": ["events:99"]}, headers=auth) as r:
         assert r.status == 404 and "not assigned" in (await r.json())["reason"]
@@ -367,7 +368,10 @@ def test_partition_spec_parsing() -> None:
             parse_partition_spec(bad)
 
 
-@given(st.from_regex(r"[A-Za-z0-9._-]{1,30}", fullmatch=True), st.integers(0, 10**6))
+@given(
+    st.from_regex(r"[A-Za-z0-9._-]{1,30}", fullmatch=True).filter(lambda t: t not in (".", "..")),
+    st.integers(0, 10**6),
+)
 def test_partition_spec_round_trip(topic: str, partition: int) -> None:
     """Every valid topic name and partition number survives TOPIC:PARTITION."""
     assert parse_partition_spec(f"{topic}:{partition}") == (topic, partition)

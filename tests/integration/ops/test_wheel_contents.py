@@ -36,7 +36,8 @@ _NOT_SOURCE = shutil.ignore_patterns(
 @pytest.mark.timeout(180)
 def test_wheel_holds_only_the_mqd_package(tmp_path: Path) -> None:
     """Every file of the built wheel is under mqd/ or its dist-info; none is a chaos, demo, dev,
-    bench or test module; mqd.testing and mqd/broker/openapi.yaml are there."""
+    bench or test module; mqd.testing, mqd/broker/openapi.yaml and the PEP 561 marker mqd/py.typed are
+    there."""
     src = tmp_path / "src"
     shutil.copytree(ROOT, src, ignore=_NOT_SOURCE)
     out = tmp_path / "wheel"
@@ -55,3 +56,4 @@ def test_wheel_holds_only_the_mqd_package(tmp_path: Path) -> None:
     assert not leaked, leaked
     assert "mqd/testing/__init__.py" in names and "mqd/testing/process.py" in names
     assert "mqd/broker/openapi.yaml" in names
+    assert "mqd/py.typed" in names  # without it, mypy users of mqd get "missing library stubs"

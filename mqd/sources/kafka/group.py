@@ -1,0 +1,367 @@
+"""Kafka's consumer-group protocol as the engine's Membership, with mqd's allocation strategies as
+the assignor, and the group's committed offsets on its coordinator (KafkaOffsetStore).
+
+FindCoordinator, then JoinGroup / SyncGroup / Heartbeat / LeaveGroup on a connection of their own
+(aiokafka's COORDINATION group: a heartbeat never waits behind a long-polling fetch). The elected
+leader runs the configured mqd strategy (averagely, consistent-hash, ...) over the sorted member
+names and hands every member its share in SyncGroup; the protocol name is "mqd-<strategy>", so a
+member with another strategy cannot join the same generation. ``group_instance_id`` makes a member's
+name stable: it rides in the subscription's user data and the strategy sees it instead of the
+broker-made member id, so a restarted daemon gets the same share back (no reshuffle; a stop still
+leaves, so the others take its partitions at once). It is not sent as Kafka's own static membership
+(KIP-345): Tansu rebalanced without end when a static member restarted (measured), and mqd's
+exactly-once does not need the rebalance avoided, only the shares kept. Offsets are committed with
+the generation and member id, after publication (the engine's commit loop); the landing stays the
+source of truth on restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import structlog
+from aiokafka.client import AIOKafkaClient, ConnectionGroup
+from aiokafka.errors import KafkaError, for_code
+from aiokafka.protocol.commit import OffsetCommitRequest, OffsetFetchRequest
+from aiokafka.protocol.coordination import FindCoordinatorRequest
+from aiokafka.protocol.group import (
+    HeartbeatRequest,
+    JoinGroupRequest,
+    LeaveGroupRequest,
+    MemberAssignment,
+    ProtocolMetadata,
+    SyncGroupRequest,
+)
+
+from mqd import metrics
+from mqd.backoff import Backoff
+from mqd.consumer.allocation import Strategy, get_strategy
+from mqd.consumer.errors import ConsumerError
+from mqd.consumer.offset_store import OffsetStore
+from mqd.consumer.source import Assignment, Cluster, GroupSettings
+from mqd.topic_partition import TopicPartition
+from mqd.waiting import wait_event
+
+log = structlog.get_logger("mqd.sources.kafka.group")
+
+COORDINATION = ConnectionGroup.COORDINATION
+# error codes the loop acts on (the rest: log, back off, start over)
+REBALANCE_IN_PROGRESS = 27
+UNKNOWN_MEMBER_ID = 25
+ILLEGAL_GENERATION = 22
+MEMBER_ID_REQUIRED = 79
+COORDINATOR_ERRORS = frozenset({14, 15, 16})  # load in progress, not available, not coordinator
+FENCED_INSTANCE_ID = 82
+
+
+class GroupError(ConsumerError):
+    """A group request answered an error code."""
+
+    def __init__(self, what: str, code: int) -> None:
+        super().__init__(f"{what}: {for_code(code).__name__} ({code})", retriable=True)
+        self.code = code
+
+
+class KafkaGroup:
+    """This member of a Kafka consumer group (mqd.consumer.source.Membership)."""
+
+    def __init__(
+        self,
+        *,
+        client: Callable[[], AIOKafkaClient | None],
+        cluster: Callable[[], Cluster | None],
+        settings: GroupSettings,
+        on_change: Callable[[], None],
+        instance_id: str | None,
+        error_backoff: float,
+    ) -> None:
+        self._client_of = client
+        self._cluster_of = cluster
+        self._on_change = on_change
+        self.instance_id = instance_id
+        self._settings = settings
+        self._strategy: Strategy[TopicPartition] = get_strategy(settings.allocation)
+        self._backoff = Backoff(error_backoff, 5.0)
+        self.member_id = ""
+        self.generation: int | None = None
+        self._members: tuple[str, ...] = ()
+        self._assigned: frozenset[TopicPartition] | None = None
+        self.coordinator_id: int | None = None
+        self._last_error: str | None = None
+        self.last_success: float | None = None
+        self._rejoin = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    # -- Membership --------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="mqd-kafka-group")
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        client = self._client_of()
+        # every member leaves: the others rebalance now, not after a session timeout
+        if self.member_id and client is not None and self.coordinator_id is not None:
+            with contextlib.suppress(KafkaError, OSError, TimeoutError):
+                async with asyncio.timeout(self._settings.request_timeout):
+                    await client.send(
+                        self.coordinator_id,
+                        LeaveGroupRequest(self._settings.group, self.member_id),
+                        group=COORDINATION,
+                    )
+                log.info("left the group", group=self._settings.group, member=self.member_id)
+        self.member_id, self.generation, self._assigned = "", None, None
+
+    def assignment(self, partitions: Sequence[TopicPartition]) -> Assignment | None:
+        if self._assigned is None or self.generation is None:
+            return None
+        if self.session_expired():
+            return Assignment(frozenset(), self.generation, ())
+        return Assignment(self._assigned & frozenset(partitions), self.generation, self._members)
+
+    def update(self, settings: GroupSettings) -> None:
+        old, self._settings = self._settings, settings
+        if (settings.topics, settings.allocation) != (old.topics, old.allocation):
+            self._strategy = get_strategy(settings.allocation)
+            self._rejoin.set()
+
+    @property
+    def members(self) -> tuple[str, ...]:
+        return self._members
+
+    @property
+    def member_version(self) -> int | None:
+        return self.generation
+
+    @property
+    def coordinator(self) -> str | None:
+        return None if self.coordinator_id is None else str(self.coordinator_id)
+
+    @property
+    def last_error(self) -> str | None:
+        return self._last_error
+
+    def session_expired(self) -> bool:
+        """No heartbeat answered for a session timeout: the group has given our partitions away."""
+        return (
+            self.last_success is not None
+            and time.monotonic() - self.last_success > self._settings.session_timeout
+        )
+
+    # -- the protocol --------------------------------------------------------------------------------
+
+    def _client(self) -> AIOKafkaClient:
+        client = self._client_of()
+        if client is None:
+            raise ConsumerError("kafka source not started", retriable=True)
+        return client
+
+    async def send(self, request: Any) -> Any:
+        """One request to the coordinator (found first when unknown), bounded by request_timeout."""
+        client = self._client()
+        if self.coordinator_id is None:
+            async with asyncio.timeout(self._settings.request_timeout):
+                resp = await client.send(
+                    client.get_random_node(), FindCoordinatorRequest(self._settings.group, 0)
+                )
+            if resp.error_code:
+                raise GroupError("find coordinator", resp.error_code)
+            self.coordinator_id = resp.coordinator_id
+            log.info("group coordinator", group=self._settings.group, node=resp.coordinator_id)
+        async with asyncio.timeout(self._settings.request_timeout + self._settings.session_timeout):
+            return await client.send(self.coordinator_id, request, group=COORDINATION)
+
+    async def _run(self) -> None:
+        while self._task is not None:
+            try:
+                await self._join()
+                self._backoff.reset()
+                await self._heartbeats()
+            except asyncio.CancelledError:
+                raise
+            except (ConsumerError, KafkaError, OSError, TimeoutError) as exc:
+                code = exc.code if isinstance(exc, GroupError) else None
+                self._last_error = str(exc) or type(exc).__name__
+                if code in COORDINATOR_ERRORS or not isinstance(exc, GroupError):
+                    self.coordinator_id = None  # find it again (it moved, or the node is gone)
+                if code in (UNKNOWN_MEMBER_ID, FENCED_INSTANCE_ID):
+                    self.member_id = ""
+                if code == REBALANCE_IN_PROGRESS:
+                    # the coordinator still knows us: a slow rebalance is no expired session
+                    self.last_success = time.monotonic()
+                delay = 0.0 if code == REBALANCE_IN_PROGRESS else self._backoff.next()
+                log.warning(
+                    "consumer group: rejoining",
+                    group=self._settings.group,
+                    error=self._last_error,
+                    backoff=delay,
+                )
+                await asyncio.sleep(delay)
+            except Exception:  # a bug must not end membership for good
+                log.exception("consumer group loop failed", group=self._settings.group)
+                await asyncio.sleep(self._backoff.next())
+
+    async def _join(self) -> None:
+        s = self._settings
+        self._rejoin.clear()
+        protocol = f"mqd-{s.allocation}"
+        # the stable name rides in the subscription's user data (see the module docstring)
+        meta = ProtocolMetadata(0, sorted(s.topics), (self.instance_id or "").encode()).encode()
+        session_ms = int(s.session_timeout * 1000)
+        for _ in range(2):  # the second try carries the member id a MEMBER_ID_REQUIRED answer named
+            resp = await self.send(
+                JoinGroupRequest(
+                    s.group,
+                    session_ms,
+                    session_ms,
+                    self.member_id,
+                    None,  # no KIP-345 static membership (module docstring)
+                    "consumer",
+                    [(protocol, meta)],
+                )
+            )
+            if resp.error_code == MEMBER_ID_REQUIRED:
+                self.member_id = resp.member_id
+                continue
+            break
+        if resp.error_code:
+            raise GroupError("join group", resp.error_code)
+        self.member_id = resp.member_id
+        self.last_success = time.monotonic()
+        generation = resp.generation_id
+        assignments: list[tuple[str, bytes]] = []
+        names: tuple[str, ...] = ()
+        if resp.leader_id == resp.member_id:
+            assignments, names = self._assign(resp.members)
+        sync = await self.send(SyncGroupRequest(s.group, generation, self.member_id, None, assignments))
+        if sync.error_code:
+            raise GroupError("sync group", sync.error_code)
+        mine: set[TopicPartition] = set()
+        if sync.member_assignment:
+            for topic, parts in MemberAssignment.decode(sync.member_assignment).assignment:
+                mine.update(TopicPartition(topic, p) for p in parts)
+        self.generation = generation
+        self._members = names or (self.instance_id or self.member_id,)
+        self._assigned = frozenset(mine)
+        self.last_success = time.monotonic()
+        self._last_error = None
+        log.info(
+            "consumer group joined",
+            group=s.group,
+            generation=generation,
+            member=self.member_id,
+            leader=resp.leader_id == resp.member_id,
+            partitions=len(mine),
+        )
+        self._on_change()
+
+    def _assign(self, members: Iterable[Any]) -> tuple[list[tuple[str, bytes]], tuple[str, ...]]:
+        """The leader's job: every member's share by the mqd strategy over the sorted member names
+        (their group_instance_id where set), from this member's metadata of the subscribed topics."""
+        topics: set[str] = set()
+        name_of: dict[str, str] = {}
+        for m in members:
+            member_id, meta = m[0], ProtocolMetadata.decode(m[-1])
+            name = meta.user_data.decode("utf-8", "replace") if meta.user_data else ""
+            if name in name_of.values():
+                log.warning("two members share one group_instance_id; one uses its member id", name=name)
+                name = ""
+            name_of[member_id] = name or member_id
+            topics.update(meta.subscription)
+        cluster = self._cluster_of()
+        partitions = cluster.partitions_for(topics) if cluster is not None else []
+        names = sorted(name_of.values())
+        out = []
+        for member_id, name in name_of.items():
+            share: dict[str, list[int]] = {}
+            for tp in self._strategy(name, names, partitions):
+                share.setdefault(tp.topic, []).append(tp.partition)
+            out.append((member_id, MemberAssignment(0, sorted(share.items()), b"").encode()))
+        return out, tuple(names)
+
+    async def _heartbeats(self) -> None:
+        """Until the group rebalances (or settings changed): raises GroupError to rejoin."""
+        s = self._settings
+        while self._task is not None:
+            if await wait_event(self._rejoin, s.heartbeat_interval):
+                return
+            assert self.generation is not None
+            resp = await self.send(HeartbeatRequest(s.group, self.generation, self.member_id))
+            if resp.error_code:
+                raise GroupError("heartbeat", resp.error_code)
+            self.last_success = time.monotonic()
+
+
+class KafkaOffsetStore(OffsetStore):
+    """Cluster mode: offsets committed on the group's coordinator with its generation and member id."""
+
+    def __init__(self, group: KafkaGroup, settings: GroupSettings) -> None:
+        super().__init__()
+        self._group = group
+        self._name = settings.group
+        self._lock = asyncio.Lock()  # one commit at a time keeps them ordered
+
+    async def load(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+        if not tps:
+            return {}
+        by_topic: dict[str, list[int]] = {}
+        for tp in tps:
+            by_topic.setdefault(tp.topic, []).append(tp.partition)
+        try:
+            resp = await self._group.send(OffsetFetchRequest(self._name, sorted(by_topic.items())))
+        except (KafkaError, OSError, TimeoutError) as exc:
+            raise ConsumerError(f"cannot read committed offsets: {exc!r}", retriable=True) from exc
+        wanted = set(tps)
+        out: dict[TopicPartition, int] = {}
+        for topic, parts in resp.topics:
+            for partition, offset, _meta, error_code in parts:
+                tp = TopicPartition(topic, partition)
+                if error_code:
+                    raise ConsumerError(
+                        f"{tp}: committed offset: {for_code(error_code).__name__}", retriable=True
+                    )
+                if tp in wanted and offset >= 0:
+                    out[tp] = offset
+                    self._persisted[tp] = max(offset, self._persisted.get(tp, -1))
+        return out
+
+    async def persist(self, tps: Iterable[TopicPartition] | None = None) -> int:
+        async with self._lock:
+            todo = self.pending(tps)
+            if not todo:
+                return 0
+            by_topic: dict[str, list[tuple[int, int, str]]] = {}
+            for tp, off in todo.items():
+                by_topic.setdefault(tp.topic, []).append((tp.partition, off, ""))
+            g = self._group
+            generation = g.generation if g.generation is not None else -1
+            t0 = time.perf_counter()
+            try:
+                resp = await g.send(
+                    OffsetCommitRequest(self._name, generation, g.member_id, -1, sorted(by_topic.items()))
+                )
+                codes = {c for _t, parts in resp.topics for _p, c in parts if c}
+                if codes:
+                    raise ConsumerError(
+                        "offset commit refused: " + ", ".join(sorted(for_code(c).__name__ for c in codes)),
+                        retriable=True,
+                    )
+            except (ConsumerError, KafkaError, OSError, TimeoutError) as exc:
+                metrics.commits.labels("error").inc()
+                self.last_error = str(exc)
+                raise ConsumerError(f"offset commit failed: {exc}", retriable=True) from exc
+            metrics.commit_latency.observe(time.perf_counter() - t0)
+            metrics.commits.labels("ok").inc()
+            self.last_error = None
+            for tp, off in todo.items():
+                self._persisted[tp] = max(off, self._persisted.get(tp, -1))
+            return len(todo)

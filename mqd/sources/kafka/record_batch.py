@@ -1,0 +1,305 @@
+"""Decoding one partition's records of a Kafka Fetch answer (RecordBatch v2) into the engine's Arrow
+batches (mqd.consumer.source.Decoded; columns as mqd.format.RECORD_SCHEMA).
+
+Per batch, in Python: the 61-byte header, the CRC-32C (crc32c package, hardware), decompression
+(cramjam: gzip, snappy raw or xerial-framed, lz4 frame, zstd), control batches and, under
+read_committed, the batches of aborted transactions (the answer's aborted-transaction list, Kafka's
+own algorithm). Per record: the records kernel (records_kernel), one call for all batches of the
+answer. A partial trailing batch (the broker cuts at max_bytes) ends the walk without an error; magic
+0/1, a bad CRC, a bad length or malformed records stop it with an error naming the topic-partition,
+returning the good batches before it.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import cramjam
+import crc32c
+import numpy as np
+import pyarrow as pa
+from prometheus_client import Counter
+
+from mqd import metrics
+from mqd.consumer.source import Decoded, DecodedBatch
+from mqd.format import HEADERS_TYPE, RECORD_SCHEMA
+from mqd.sources.kafka import records_kernel
+from mqd.sources.kafka.records_kernel import NO_TS, KernelError, Segments
+from mqd.topic_partition import TopicPartition
+
+# baseOffset batchLength partitionLeaderEpoch magic crc attributes lastOffsetDelta baseTimestamp
+# maxTimestamp producerId producerEpoch baseSequence recordsCount
+HEADER = struct.Struct(">qiibIhiqqqhii")
+HEADER_SIZE = HEADER.size  # 61
+LOG_OVERHEAD = 12  # baseOffset + batchLength precede what batchLength counts
+CRC_FROM = 21  # the CRC covers attributes to the end of the batch
+COMPRESSION_MASK = 0x07
+TIMESTAMP_LOG_APPEND = 0x08
+TRANSACTIONAL = 0x10
+CONTROL = 0x20
+_XERIAL = b"\x82SNAPPY\x00"
+
+aborted_records = Counter(
+    "mqd_kafka_aborted_records_total",
+    "Records of aborted transactions skipped under isolation_level=read_committed",
+    ["topic", "partition"],
+    registry=metrics.REGISTRY,
+)
+control_records = Counter(
+    "mqd_kafka_control_records_total",
+    "Transaction markers (control batches) skipped: offsets, not data",
+    ["topic", "partition"],
+    registry=metrics.REGISTRY,
+)
+
+
+class RecordBatchError(ValueError):
+    """A batch that cannot be decoded (never retried as is: the partition is parked)."""
+
+
+@dataclass(frozen=True, slots=True)
+class AbortedTxn:
+    producer_id: int
+    first_offset: int
+
+
+def _snappy(data: bytes | memoryview) -> bytes | cramjam.Buffer:
+    # the Java client frames snappy the xerial way (magic, version, compat, then length-prefixed
+    # raw blocks); librdkafka writes one raw block
+    if bytes(data[:8]) != _XERIAL:
+        return cramjam.snappy.decompress_raw(data)
+    out = bytearray()
+    pos, end = 16, len(data)
+    while pos + 4 <= end:
+        (n,) = struct.unpack_from(">i", data, pos)
+        pos += 4
+        if n < 0 or pos + n > end:
+            raise RecordBatchError("truncated xerial snappy block")
+        out += cramjam.snappy.decompress_raw(data[pos : pos + n])
+        pos += n
+    return bytes(out)
+
+
+def decompress(codec: int, data: memoryview) -> bytes | cramjam.Buffer | memoryview:
+    if codec == 0:
+        return data
+    try:
+        if codec == 1:
+            return cramjam.gzip.decompress(data)
+        if codec == 2:
+            return _snappy(data)
+        if codec == 3:
+            return cramjam.lz4.decompress(data)
+        if codec == 4:
+            return cramjam.zstd.decompress(data)
+    except cramjam.DecompressionError as exc:
+        raise RecordBatchError(f"cannot decompress ({_CODECS.get(codec)}): {exc}") from exc
+    raise RecordBatchError(f"unknown compression codec {codec}")
+
+
+_CODECS = {0: "none", 1: "gzip", 2: "snappy", 3: "lz4", 4: "zstd"}
+
+
+def _control_type(records: bytes | cramjam.Buffer | memoryview) -> int:
+    """The type of a control batch's first record (0 abort, 1 commit): key = version int16, type int16."""
+    buf = memoryview(records).cast("B")
+    pos = 0
+    vals = []
+    for _ in range(4):  # length, attributes(1 byte) handled below, timestampDelta, offsetDelta, keyLength
+        v = shift = 0
+        while True:
+            b = buf[pos]
+            pos += 1
+            v |= (b & 0x7F) << shift
+            if not b & 0x80:
+                break
+            shift += 7
+        vals.append((v >> 1) ^ -(v & 1))
+        if len(vals) == 1:
+            pos += 1  # attributes
+    if vals[3] < 4:
+        raise RecordBatchError("control record key too short")
+    return int(struct.unpack_from(">h", buf, pos + 2)[0])
+
+
+def decode_partition(
+    data: bytes | memoryview,
+    start: int,
+    check_crc: bool,
+    *,
+    tp: TopicPartition,
+    aborted: Sequence[AbortedTxn] | None = None,
+    compiled: bool | None = None,
+) -> Decoded:
+    """Records from ``start`` on as one DecodedBatch (first_offset ``start``; next_offset after the
+    last whole batch). ``aborted``: the answer's aborted transactions under read_committed, None
+    under read_uncommitted."""
+    mv = memoryview(data).cast("B")
+    size = len(mv)
+    pos = 0
+    expected = start
+    next_offset: int | None = None
+    wire = 0
+    error: str | None = None
+    keep: list[object] = []  # decompressed sections: alive until the kernel copied them
+    ptrs: list[int] = []
+    rows: list[tuple[int, int, int, int, int, int]] = []
+    seg_start_next: list[int | None] = []  # next_offset before each segment (a kernel error cuts there)
+    txns = sorted(aborted or (), key=lambda a: a.first_offset)
+    ti = 0
+    aborted_pids: set[int] = set()
+    dropped = controls = 0
+    base_addr = np.frombuffer(mv, np.uint8).ctypes.data if size else 0
+    while pos + 17 <= size:
+        base, length = struct.unpack_from(">qi", mv, pos)
+        magic = mv[pos + 16]
+        if magic != 2:
+            error = (
+                f"{tp}: record batch at offset {base} has magic {magic}: only magic 2 (Kafka 0.11+ "
+                "RecordBatch) is supported; upgrade the topic's message format"
+            )
+            break
+        total = LOG_OVERHEAD + length
+        if length < HEADER_SIZE - LOG_OVERHEAD:
+            error = f"{tp}: record batch at offset {base} has a bad length {length}"
+            break
+        if pos + total > size:
+            break  # partial trailing batch: the broker cut the answer at max_bytes
+        (_, _, _, _, crc, attrs, last_delta, base_ts, max_ts, pid, _, _, count) = HEADER.unpack_from(mv, pos)
+        if check_crc and crc32c.crc32c(mv[pos + CRC_FROM : pos + total]) != crc:
+            error = f"{tp}: record batch at offset {base}: CRC-32C mismatch (corrupt data)"
+            break
+        batch_next = base + last_delta + 1
+        here = pos
+        pos += total
+        skip = False
+        if aborted is not None and pid >= 0:
+            while ti < len(txns) and txns[ti].first_offset <= base + last_delta:
+                aborted_pids.add(txns[ti].producer_id)
+                ti += 1
+        if batch_next <= expected:
+            continue
+        codec = attrs & COMPRESSION_MASK
+        try:
+            if attrs & CONTROL:
+                skip = True
+                controls += 1
+                if aborted is not None and pid in aborted_pids and count > 0:
+                    body = decompress(codec, mv[here + HEADER_SIZE : here + total])
+                    if _control_type(body) == 0:
+                        aborted_pids.discard(pid)
+            elif aborted is not None and attrs & TRANSACTIONAL and pid in aborted_pids:
+                skip = True
+                dropped += count
+            if not skip and count > 0:
+                section = decompress(codec, mv[here + HEADER_SIZE : here + total])
+                if codec == 0:
+                    addr = base_addr + here + HEADER_SIZE
+                    n = total - HEADER_SIZE
+                else:
+                    arr = np.frombuffer(memoryview(section), np.uint8)
+                    keep.append(arr)
+                    addr, n = (arr.ctypes.data if len(arr) else 0), len(arr)
+                fixed = max_ts if attrs & TIMESTAMP_LOG_APPEND else NO_TS
+                ptrs.append(addr)
+                rows.append((n, count, last_delta, base, base_ts, fixed))
+                seg_start_next.append(next_offset)
+        except (RecordBatchError, IndexError, struct.error) as exc:
+            error = f"{tp}: record batch at offset {base}: {exc}"
+            break
+        wire += total
+        next_offset = batch_next
+        expected = max(expected, batch_next)
+    if dropped or controls:
+        label = (tp.topic, str(tp.partition))
+        if dropped:
+            aborted_records.labels(*label).inc(dropped)
+        if controls:
+            control_records.labels(*label).inc(controls)
+    records: pa.RecordBatch | None = None
+    if rows:
+        try:
+            records = _to_arrow(ptrs, rows, compiled)
+        except KernelError as exc:
+            bad = exc.segment
+            error = f"{tp}: record batch at offset {rows[bad][3]}: {exc}"
+            next_offset = seg_start_next[bad]
+            wire = 0  # unknown split: charge nothing rather than wrongly; the budget pins the body
+            records = _to_arrow(ptrs[:bad], rows[:bad], compiled) if bad else None
+    del keep
+    if next_offset is None or next_offset <= start:
+        return Decoded([], error)
+    if records is None:
+        records = _empty()
+    else:
+        cut = int(np.searchsorted(records.column(0).to_numpy(), start))
+        if cut:
+            records = records.slice(cut)
+    return Decoded([DecodedBatch(records, start, next_offset, wire)], error)
+
+
+def _empty() -> pa.RecordBatch:
+    return pa.RecordBatch.from_pylist([], schema=RECORD_SCHEMA)
+
+
+def _validity(valid: np.ndarray, nulls: int) -> pa.Buffer | None:
+    return pa.py_buffer(np.packbits(valid, bitorder="little")) if nulls else None
+
+
+def _check_header_keys(hkeys: pa.Array, c: records_kernel.Columns, seg: Segments) -> None:
+    """Header keys are Kafka strings; invalid UTF-8 in an Arrow string column would break the
+    Parquet and Spark readers downstream, so it is a malformed batch (the slow search for which
+    record runs only then)."""
+    try:
+        hkeys.validate(full=True)
+    except pa.ArrowInvalid:
+        data = c.hk_data.tobytes()
+        for j in range(len(c.hk_off) - 1):
+            try:
+                data[c.hk_off[j] : c.hk_off[j + 1]].decode("utf-8")
+            except UnicodeDecodeError:
+                break
+        r = int(np.searchsorted(c.h_off, j, side="right")) - 1
+        starts = np.concatenate([[0], np.cumsum(seg.counts)])
+        s = int(np.searchsorted(starts, r, side="right")) - 1
+        raise KernelError(-6, s, r - int(starts[s])) from None
+
+
+def _to_arrow(
+    ptrs: list[int], rows: list[tuple[int, int, int, int, int, int]], compiled: bool | None
+) -> pa.RecordBatch:
+    cols_in = np.array(rows, dtype=np.int64).reshape(-1, 6)
+    seg = Segments(
+        ptrs=np.array(ptrs, dtype=np.uint64),
+        lens=np.ascontiguousarray(cols_in[:, 0]),
+        counts=cols_in[:, 1].astype(np.int32),
+        last_delta=cols_in[:, 2].astype(np.int32),
+        base_offset=np.ascontiguousarray(cols_in[:, 3]),
+        base_ts=np.ascontiguousarray(cols_in[:, 4]),
+        fixed_ts=np.ascontiguousarray(cols_in[:, 5]),
+    )
+    c = records_kernel.decode(seg, compiled=compiled)
+    n, nh = len(c.offset), len(c.hv_valid)
+    buf = pa.py_buffer
+    offsets = pa.Array.from_buffers(pa.int64(), n, [None, buf(c.offset)])
+    ts = pa.Array.from_buffers(pa.timestamp("ms", tz="UTC"), n, [None, buf(c.ts)])
+    key = pa.Array.from_buffers(
+        pa.binary(), n, [_validity(c.k_valid, c.null_keys), buf(c.k_off), buf(c.k_data)], c.null_keys
+    )
+    value = pa.Array.from_buffers(
+        pa.binary(), n, [_validity(c.v_valid, c.null_values), buf(c.v_off), buf(c.v_data)], c.null_values
+    )
+    hkeys = pa.Array.from_buffers(pa.string(), nh, [None, buf(c.hk_off), buf(c.hk_data)])
+    if nh:
+        _check_header_keys(hkeys, c, seg)
+    hvals = pa.Array.from_buffers(
+        pa.binary(),
+        nh,
+        [_validity(c.hv_valid, c.null_header_values), buf(c.hv_off), buf(c.hv_data)],
+        c.null_header_values,
+    )
+    entries = pa.StructArray.from_arrays([hkeys, hvals], fields=list(HEADERS_TYPE.value_type))
+    headers = pa.Array.from_buffers(HEADERS_TYPE, n, [None, buf(c.h_off)], children=[entries])
+    return pa.RecordBatch.from_arrays([offsets, ts, key, value, headers], schema=RECORD_SCHEMA)

@@ -1,0 +1,349 @@
+"""KafkaSource: a Kafka-protocol cluster (Apache Kafka, Redpanda, Tansu) behind the engine's seam.
+
+aiokafka's AIOKafkaClient does what a well-kept library should: bootstrap, one connection per
+broker, API-version negotiation per connection, TLS, SASL PLAIN/SCRAM, framing and the protocol
+structs. mqd keeps its own fetch scheduling (the engine's NodeFetcher: one Fetch per leader node for
+all its fetchable partitions, one in flight) and decodes the records itself (record_batch).
+
+Fetch answers map onto the engine's statuses:
+- records: FOUND; none: CAUGHT_UP (the broker long-polled; the next round asks again);
+- OFFSET_OUT_OF_RANGE: Kafka names no valid offset, so ListOffsets (earliest, latest) on the same
+  node turns it into OFFSET_TOO_SMALL (next: the log start) or OFFSET_OVERFLOW_BADLY (next: the log
+  end), which on_offset_reset then follows exactly as for the mqd broker;
+- routing errors (NOT_LEADER_OR_FOLLOWER, FENCED/UNKNOWN_LEADER_EPOCH, UNKNOWN_TOPIC_OR_PARTITION,
+  LEADER_NOT_AVAILABLE, ...) and any other partition error: NOT_SERVED, so the engine refreshes the
+  metadata and re-routes that partition only;
+- a failed request (connection, timeout): SourceError with node_down, so the node backs off.
+The preferred read replica (Fetch v11, KIP-392) is passed on as the suggested node. Incarnations:
+None until the seam carries them (topic ids and OffsetsForLeaderEpoch need request structs beyond
+aiokafka 0.14's, which stop at Metadata v5 and Fetch v11).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import structlog
+from aiokafka.client import AIOKafkaClient
+from aiokafka.errors import KafkaError, for_code
+from aiokafka.helpers import create_ssl_context
+from aiokafka.protocol.fetch import FetchRequest as KafkaFetchRequest
+from aiokafka.protocol.offset import OffsetRequest
+
+from mqd.config import ConsumerConfig
+from mqd.consumer.errors import ConsumerError
+from mqd.consumer.source import (
+    Cluster,
+    ConsumerGroup,
+    Decoded,
+    FetchRequest,
+    FetchResult,
+    FetchStatus,
+    GroupSettings,
+    PartitionResult,
+    SourceError,
+)
+from mqd.sources.kafka.group import KafkaGroup, KafkaOffsetStore
+from mqd.sources.kafka.metadata import KafkaMetadata
+from mqd.sources.kafka.record_batch import AbortedTxn, decode_partition
+from mqd.topic_partition import TopicPartition
+
+log = structlog.get_logger("mqd.sources.kafka")
+
+OFFSET_OUT_OF_RANGE = 1
+EARLIEST, LATEST = -2, -1
+READ_COMMITTED = 1
+_HEAD_BYTES = 64  # what the budget charges per answer besides the records
+
+
+def _no_data(_start: int, _check_crc: bool) -> Decoded:
+    return Decoded([])
+
+
+class KafkaSource:
+    """The Kafka cluster named by ``config.bootstrap`` (mqd.consumer.source.Source)."""
+
+    def __init__(self, config: ConsumerConfig) -> None:
+        self._config = config
+        kc = config.kafka
+        self.client_id = kc.client_id or config.effective_client_id
+        self.read_committed = kc.isolation_level == "read_committed"
+        self._client: AIOKafkaClient | None = None
+        self.metadata: KafkaMetadata | None = None
+        self._listeners: list[Callable[[Cluster], None]] = []
+        self._rotation = 0  # rotates the partition order inside every request
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def _make_client(self) -> AIOKafkaClient:
+        cfg, kc = self._config, self._config.kafka
+        ssl = None
+        if kc.security_protocol in ("SSL", "SASL_SSL"):
+            ssl = create_ssl_context(
+                cafile=kc.tls_ca_file, certfile=kc.tls_cert_file, keyfile=kc.tls_key_file
+            )
+            ssl.check_hostname = kc.tls_check_hostname
+        return AIOKafkaClient(
+            bootstrap_servers=list(cfg.bootstrap),
+            client_id=self.client_id,
+            # a fetch long-polls for fetch_max_wait_ms before its answer is even sent
+            request_timeout_ms=int(cfg.request_timeout * 1000) + cfg.fetch_max_wait_ms,
+            retry_backoff_ms=cfg.error_backoff_ms,
+            metadata_max_age_ms=int(cfg.metadata_refresh_interval * 1000),
+            security_protocol=kc.security_protocol,
+            ssl_context=ssl,
+            sasl_mechanism=kc.sasl_mechanism,
+            sasl_plain_username=kc.sasl_username,
+            sasl_plain_password=kc.sasl_password,
+        )
+
+    async def start(self, timeout: float) -> None:
+        if self._client is not None:
+            return
+        cfg = self._config
+        self._client = client = self._make_client()
+        try:
+            await client.bootstrap()
+        except (KafkaError, OSError) as exc:
+            await self.stop()
+            raise ConsumerError(
+                f"cannot reach any Kafka bootstrap server {cfg.bootstrap}: {exc}", retriable=True
+            ) from exc
+        self.metadata = KafkaMetadata(
+            client,
+            refresh_interval=cfg.metadata_refresh_interval,
+            error_backoff=cfg.error_backoff_ms / 1000,
+            request_timeout=min(cfg.request_timeout, 5.0),
+        )
+        for fn in self._listeners:
+            self.metadata.add_listener(fn)
+        await self.metadata.start(timeout=timeout)
+
+    async def stop(self) -> None:
+        metadata, self.metadata = self.metadata, None
+        if metadata is not None:
+            await metadata.stop()
+        client, self._client = self._client, None
+        if client is not None:
+            await client.close()
+
+    # -- metadata --------------------------------------------------------------------------------
+
+    @property
+    def cluster(self) -> Cluster | None:
+        return None if self.metadata is None else self.metadata.current
+
+    @property
+    def metadata_error(self) -> str | None:
+        return None if self.metadata is None else self.metadata.last_error
+
+    def add_metadata_listener(self, fn: Callable[[Cluster], None]) -> None:
+        self._listeners.append(fn)
+        if self.metadata is not None:
+            self.metadata.add_listener(fn)
+
+    def request_refresh(self) -> None:
+        if self.metadata is not None:
+            self.metadata.request_refresh()
+
+    # -- fetch -----------------------------------------------------------------------------------
+
+    def _ordered(self, requests: list[FetchRequest]) -> list[tuple[str, list[tuple[int, int, int]]]]:
+        """Requests grouped by topic, topics and partitions rotated one step per request: a broker
+        that fills its answer partition by partition cannot starve the same last ones every time."""
+        by_topic: dict[str, list[tuple[int, int, int]]] = {}
+        for r in requests:
+            by_topic.setdefault(r.tp.topic, []).append((r.tp.partition, r.offset, r.max_bytes))
+        k = self._rotation
+        self._rotation += 1
+        topics = list(by_topic.items())
+        if topics:
+            i = k % len(topics)
+            topics = topics[i:] + topics[:i]
+        out = []
+        for topic, parts in topics:
+            j = k % len(parts)
+            out.append((topic, parts[j:] + parts[:j]))
+        return out
+
+    def fetch(
+        self, node_id: str, requests: list[FetchRequest], *, max_wait_ms: int, min_bytes: int, max_bytes: int
+    ) -> Coroutine[Any, Any, FetchResult]:
+        if self._client is None:
+            raise SourceError("kafka source not started", kind="metadata", node_down=False)
+        request = KafkaFetchRequest(
+            # Tansu answers a fetch with max_wait 0 without any partition; 1 ms costs nothing
+            max_wait_time=max(max_wait_ms, 1),
+            min_bytes=min_bytes,
+            max_bytes=max_bytes,
+            isolation_level=READ_COMMITTED if self.read_committed else 0,
+            topics=self._ordered(requests),
+        )
+        return self._fetch(node_id, request, {r.tp: r.offset for r in requests})
+
+    async def _fetch(self, node_id: str, request: Any, offsets: dict[TopicPartition, int]) -> FetchResult:
+        assert self._client is not None
+        try:
+            resp = await self._client.send(int(node_id), request)
+        except (KafkaError, OSError) as exc:
+            raise SourceError(f"{node_id}: {exc!r}", kind="transport", node_down=True) from exc
+        version = resp.API_VERSION
+        top_error = getattr(resp, "error_code", 0)
+        if top_error:
+            raise SourceError(
+                f"{node_id}: fetch refused: {for_code(top_error).__name__}", kind="kafka", node_down=False
+            )
+        results: list[PartitionResult] = []
+        out_of_range: list[TopicPartition] = []
+        nbytes = _HEAD_BYTES
+        for topic, parts in resp.topics:
+            for part in parts:
+                partition, error_code, highwater, lso = part[0], part[1], part[2], part[3]
+                log_start = part[4] if version >= 5 else -1
+                aborted_raw = part[5] if version >= 5 else part[4]
+                replica = part[6] if version >= 11 else -1
+                records = part[-1]
+                tp = TopicPartition(topic, partition)
+                offset = offsets.get(tp, -1)
+                nbytes += len(records or b"")
+                end = lso if self.read_committed and lso >= 0 else highwater
+                if error_code == OFFSET_OUT_OF_RANGE:
+                    out_of_range.append(tp)
+                    continue
+                if error_code:
+                    status, decode, error = FetchStatus.NOT_SERVED, _no_data, for_code(error_code).__name__
+                elif records:
+                    aborted = (
+                        [AbortedTxn(pid, first) for pid, first in aborted_raw or ()]
+                        if self.read_committed
+                        else None
+                    )
+                    status, error = FetchStatus.FOUND, None
+                    decode = functools.partial(decode_partition, records, tp=tp, aborted=aborted)
+                elif offset > highwater >= 0:
+                    # Kafka answers OFFSET_OUT_OF_RANGE here; Tansu answers nothing, forever
+                    status, decode, error = FetchStatus.OFFSET_OVERFLOW_BADLY, _no_data, "beyond the log end"
+                elif 0 <= offset < log_start:
+                    status, decode, error = FetchStatus.OFFSET_TOO_SMALL, _no_data, "below the log start"
+                else:
+                    status, decode, error = FetchStatus.CAUGHT_UP, _no_data, None
+                nxt = {FetchStatus.OFFSET_OVERFLOW_BADLY: highwater, FetchStatus.OFFSET_TOO_SMALL: log_start}
+                results.append(
+                    PartitionResult(
+                        tp=tp,
+                        status=status,
+                        next_offset=nxt.get(status, offset),
+                        log_start=max(log_start, 0),
+                        log_end=max(end, 0),
+                        suggested_node=str(replica) if replica >= 0 else None,
+                        incarnation=None,
+                        error=error,
+                        decode=decode,
+                    )
+                )
+        if out_of_range:
+            results.extend(await self._out_of_range(node_id, out_of_range, offsets))
+        return FetchResult(results, body=resp, nbytes=nbytes)
+
+    async def _out_of_range(
+        self, node_id: str, tps: list[TopicPartition], offsets: dict[TopicPartition, int]
+    ) -> list[PartitionResult]:
+        """OFFSET_OUT_OF_RANGE with the log's bounds looked up (Kafka's answer carries none)."""
+        try:
+            first = await self.list_offsets(node_id, tps, "earliest")
+            last = await self.list_offsets(node_id, tps, "latest")
+        except ConsumerError as exc:
+            return [
+                PartitionResult(tp, FetchStatus.NOT_SERVED, offsets[tp], 0, 0, None, None,
+                                f"offset out of range; bounds lookup failed: {exc}", _no_data)
+                for tp in tps
+            ]  # fmt: skip
+        out = []
+        for tp in tps:
+            offset, start, end = offsets[tp], first[tp], last[tp]
+            if offset < start:
+                status, nxt = FetchStatus.OFFSET_TOO_SMALL, start
+            elif offset > end:
+                status, nxt = FetchStatus.OFFSET_OVERFLOW_BADLY, end
+            else:
+                status, nxt = FetchStatus.CAUGHT_UP, offset  # back in range by now: just ask again
+            out.append(PartitionResult(tp, status, nxt, start, end, None, None, "OffsetOutOfRange", _no_data))
+        return out
+
+    # -- offsets ---------------------------------------------------------------------------------
+
+    async def list_offsets(
+        self, node_id: str, tps: list[TopicPartition], spec: str, timestamp: int | None = None
+    ) -> dict[TopicPartition, int]:
+        if self._client is None:
+            raise ConsumerError("kafka source not started", retriable=True)
+        if spec == "timestamp" and timestamp is None:
+            raise ConsumerError("offset lookup by timestamp needs a timestamp", retriable=False)
+        when = {"earliest": EARLIEST, "latest": LATEST}.get(spec, timestamp)
+        assert when is not None
+        by_topic: dict[str, list[tuple[int, int]]] = {}
+        for tp in tps:
+            by_topic.setdefault(tp.topic, []).append((tp.partition, when))
+        request = OffsetRequest(-1, READ_COMMITTED if self.read_committed else 0, list(by_topic.items()))
+        try:
+            resp = await self._client.send(int(node_id), request)
+        except (KafkaError, OSError) as exc:
+            raise ConsumerError(f"{node_id}: offset lookup failed: {exc!r}", retriable=True) from exc
+        out: dict[TopicPartition, int] = {}
+        beyond: list[TopicPartition] = []
+        for topic, parts in resp.topics:
+            for part in parts:
+                partition, error_code, offset = part[0], part[1], part[3]
+                tp = TopicPartition(topic, partition)
+                if error_code:
+                    raise ConsumerError(
+                        f"{tp}: offset lookup ({spec}): {for_code(error_code).__name__}", retriable=True
+                    )
+                if offset < 0:
+                    beyond.append(tp)  # no record at or after the timestamp: the log end
+                else:
+                    out[tp] = offset
+        if beyond:
+            out.update(await self.list_offsets(node_id, beyond, "latest"))
+        if spec == "latest" and out:
+            out = await self._confirm_ends(node_id, out)
+        return out
+
+    async def _confirm_ends(self, node_id: str, ends: dict[TopicPartition, int]) -> dict[TopicPartition, int]:
+        """The log ends as a Fetch's high watermark (last stable offset under read_committed) says:
+        Tansu answers ListOffsets "latest" with the last batch's base offset + 1, not the log end."""
+        assert self._client is not None
+        request = KafkaFetchRequest(
+            max_wait_time=1,  # see fetch(): not 0
+            min_bytes=1,
+            max_bytes=1 << 20,
+            isolation_level=READ_COMMITTED if self.read_committed else 0,
+            topics=self._ordered([FetchRequest(tp, off, 1 << 16) for tp, off in ends.items()]),
+        )
+        try:
+            resp = await self._client.send(int(node_id), request)
+        except (KafkaError, OSError) as exc:
+            raise ConsumerError(f"{node_id}: log end lookup failed: {exc!r}", retriable=True) from exc
+        out = dict(ends)
+        for topic, parts in resp.topics:
+            for part in parts:
+                tp, error_code, highwater, lso = TopicPartition(topic, part[0]), part[1], part[2], part[3]
+                end = lso if self.read_committed and lso >= 0 else highwater
+                if error_code == 0 and tp in out and end > out[tp]:
+                    out[tp] = end
+        return out
+
+    # -- consumer group --------------------------------------------------------------------------
+
+    def consumer_group(self, settings: GroupSettings, on_change: Callable[[], None]) -> ConsumerGroup:
+        group = KafkaGroup(
+            client=lambda: self._client,
+            cluster=lambda: self.cluster,
+            settings=settings,
+            on_change=on_change,
+            instance_id=self._config.kafka.group_instance_id or None,
+            error_backoff=self._config.error_backoff_ms / 1000,
+        )
+        return ConsumerGroup(group, KafkaOffsetStore(group, settings))

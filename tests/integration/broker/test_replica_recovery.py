@@ -1,0 +1,178 @@
+"""No node deletes acknowledged data because a peer has less (issue 12.2), with real brokers.
+
+A master whose data dir is replaced copies everything back from its slave before it takes writes
+(the issue's case: 1,000 acks=all records survive); with no slave reachable it refuses writes with a
+clear 503 and a degraded health until a slave answers or an operator runs ``mqd broker-init``; and a
+slave never truncates below what it reported to its master (what acks=all may have acknowledged),
+even when an operator made the master take writes on an empty log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from support.harness import Cluster, fetch_all
+
+from mqd import format as fmt
+from mqd.client import BrokerClient, BrokerError
+
+TOPIC = "events"
+
+
+async def _produce(client: BrokerClient, url: str, count: int, tag: str, per_batch: int = 100) -> None:
+    for start in range(0, count, per_batch):
+        values = [f"{tag}-{i}".encode() for i in range(start, min(count, start + per_batch))]
+        await client.produce(url, TOPIC, 0, fmt.encode_batch(values), acks="all")
+
+
+def _wait(check: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"timed out after {timeout}s waiting for {what}"
+        time.sleep(0.05)
+
+
+def _replace_data_dir(cluster: Cluster, node: str) -> None:
+    """What a replaced disk leaves: the node's data dir gone (its node marker with it)."""
+    cluster.kill(node)
+    shutil.rmtree(cluster.nodes[node].data_dir)
+
+
+async def test_master_data_dir_replaced_loses_nothing(cluster_factory: Callable[..., Cluster]) -> None:
+    """1,000 records produced with acks=all, the master's data dir replaced, the master restarted:
+    all 1,000 are on the master and the slave (on main the slave truncated to the empty master),
+    and new writes continue after them."""
+    cluster = cluster_factory(topics={TOPIC: 1}, slaves=1)
+    master, slave = cluster.master(), cluster.slaves()[0]
+    murl, surl = cluster.url(master), cluster.url(slave)
+    async with BrokerClient(request_timeout=10.0) as client:
+        await _produce(client, murl, 1000, "a")
+    acked = fetch_all(surl, TOPIC, 0)
+    assert len(acked) == 1000
+    _replace_data_dir(cluster, master)
+    cluster.start_node(master)
+    assert fetch_all(murl, TOPIC, 0) == acked
+    async with BrokerClient(request_timeout=10.0) as client:
+        await _produce(client, murl, 10, "b", per_batch=10)
+    _wait(lambda: len(fetch_all(surl, TOPIC, 0)) == 1010, "the slave to copy the new batch")
+    after = fetch_all(surl, TOPIC, 0)
+    assert after[:1000] == acked and after == fetch_all(murl, TOPIC, 0)
+    assert "master recovered records from a slave" in cluster.log(master)
+
+
+async def test_new_master_dir_without_slave_refuses_writes_until_consulted(
+    cluster_factory: Callable[..., Cluster],
+) -> None:
+    """Master data dir replaced while its slave is down: the master serves but refuses writes (503
+    data_dir_unverified, health degraded with the reason); once the slave is back it copies the
+    records back and takes writes."""
+    cluster = cluster_factory(topics={TOPIC: 1}, slaves=1)
+    master, slave = cluster.master(), cluster.slaves()[0]
+    murl = cluster.url(master)
+    async with BrokerClient(request_timeout=10.0) as client:
+        await _produce(client, murl, 300, "a")
+    acked = fetch_all(cluster.url(slave), TOPIC, 0)
+    cluster.kill(slave)
+    _replace_data_dir(cluster, master)
+    cluster.start_node(master)
+    health = cluster.health(master)
+    assert health is not None and health["status"] == "degraded", health
+    assert any("consulted its slaves" in r for r in health["reasons"]), health
+    async with BrokerClient(request_timeout=10.0) as client:
+        with pytest.raises(BrokerError) as err:
+            await client.produce(murl, TOPIC, 0, fmt.encode_batch([b"x"]), acks="master")
+        assert err.value.status == 503 and err.value.code == "data_dir_unverified", err.value
+        cluster.start_node(slave)
+        _wait(lambda: len(fetch_all(murl, TOPIC, 0)) == 300, "the master to copy the records back")
+        assert fetch_all(murl, TOPIC, 0) == acked
+        _wait(lambda: (cluster.health(master) or {}).get("status") == "ok", "the master's health")
+        await _produce(client, murl, 5, "b", per_batch=5)
+
+
+async def test_slave_refuses_to_truncate_below_what_it_reported(
+    cluster_factory: Callable[..., Cluster],
+) -> None:
+    """An operator lets a master with a replaced, empty data dir take writes (`mqd broker-init`)
+    while its slave is down; the slave comes back to a master log shorter than what it reported:
+    it keeps its 200 records, parks the partition and reports it (stats, degraded health) instead
+    of truncating (on main it went to the master's 5 records)."""
+    cluster = cluster_factory(topics={TOPIC: 1}, slaves=1)
+    master, slave = cluster.master(), cluster.slaves()[0]
+    murl, surl = cluster.url(master), cluster.url(slave)
+    async with BrokerClient(request_timeout=10.0) as client:
+        await _produce(client, murl, 200, "a")
+    acked = fetch_all(surl, TOPIC, 0)
+    assert len(acked) == 200
+    cluster.stop_node(slave)  # a clean stop: its floor is saved (a crash may lose the last second's)
+    _replace_data_dir(cluster, master)
+    init = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "mqd.cli", "broker-init", "--config", str(cluster.nodes[master].config_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert init.returncode == 0, init.stderr
+    cluster.start_node(master)
+    async with BrokerClient(request_timeout=10.0) as client:
+        # no slave is live: acks=all does not wait
+        await client.produce(murl, TOPIC, 0, fmt.encode_batch([b"new"] * 5), acks="all")
+    cluster.start_node(slave)
+
+    def parked() -> bool:
+        stats = cluster.get_json(slave, "/v1/stats") or {}
+        parts = stats.get("replication", {}).get("partitions", [])
+        return bool(parts) and parts[0]["parked"]
+
+    _wait(parked, "the slave to park the partition")
+    stats = cluster.get_json(slave, "/v1/stats")
+    assert stats is not None
+    repl = stats["replication"]
+    assert repl["truncations_refused"] >= 1
+    assert repl["partitions"][0]["floor"] == 200
+    assert "not truncating" in repl["partitions"][0]["error"]
+    health = cluster.health(slave)
+    assert health is not None and health["status"] == "degraded", health
+    assert fetch_all(surl, TOPIC, 0) == acked
+    assert "replication parked" in cluster.log(slave)
+
+
+def _flip(path: Path, at: int) -> None:
+    with open(path, "r+b") as fh:
+        fh.seek(at)
+        b = fh.read(1)
+        fh.seek(at)
+        fh.write(bytes([b[0] ^ 0x5A]))
+
+
+async def test_master_repairs_a_damaged_batch_from_its_slave(cluster_factory: Callable[..., Cluster]) -> None:
+    """One flipped byte in a batch of an old closed segment of the master: at restart the batch is
+    fenced (storage), then the master copies that exact range back from its slave before it
+    listens: every record is served again by the master and its health is ok (without the repair
+    the range stays DATA_LOST and health degraded)."""
+    cluster = cluster_factory(topics={TOPIC: 1}, slaves=1, node_settings={"storage": {"segment_bytes": 4096}})
+    master, slave = cluster.master(), cluster.slaves()[0]
+    murl = cluster.url(master)
+    async with BrokerClient(request_timeout=10.0) as client:
+        for i in range(60):
+            await client.produce(murl, TOPIC, 0, fmt.encode_batch([b"r-%d-%d" % (i, j) for j in range(5)]))
+    _wait(lambda: len(fetch_all(cluster.url(slave), TOPIC, 0)) == 300, "the slave to copy everything")
+    acked = fetch_all(murl, TOPIC, 0)
+    cluster.stop_node(master)
+    folder = cluster.nodes[master].data_dir / "logs" / f"{TOPIC}-0"
+    second = sorted(folder.glob("*.log"))[1]
+    victim = fmt.scan(second.read_bytes())[1]
+    second.with_suffix(".index").unlink()  # rescanned at open, so the damage is found
+    _flip(second, victim.position + 60)
+    cluster.start_node(master)
+    assert fetch_all(murl, TOPIC, 0) == acked
+    health = cluster.health(master)
+    assert health is not None and health["status"] == "ok", health
+    assert "fenced range repaired from a replica" in cluster.log(master)

