@@ -90,7 +90,7 @@ class ChainState:
     def from_json(cls, d: dict[str, Any]) -> ChainState:
         return cls(
             last_offset=None if d.get("last_offset") is None else int(d["last_offset"]),
-            incarnation=None if d.get("incarnation") is None else str(d["incarnation"]),
+            incarnation=layout.check_incarnation(d.get("incarnation")),
             files=int(d.get("files", 0)),
             watermark_ms=None if d.get("watermark_ms") is None else int(d["watermark_ms"]),
         )
@@ -359,16 +359,16 @@ class PartitionChain:
         )
         if not self._put_claim(claim):
             _seq, now = self.head()
-            raise PublishConflict(self.topic, self.partition, expected_last, now.last_offset)
+            raise self._conflict(expected_last, now)
         floor, _etag = self.floor()
         if floor.seq >= claim.seq:
             # our key had been archived and deleted: what we wrote is outside the chain
             self.objects.delete(self.claim_key(claim.seq))
-            raise PublishConflict(self.topic, self.partition, expected_last, self.head()[1].last_offset)
+            raise self._conflict(expected_last, self.head()[1])
         if claim.seq > self._hint:
             self._hint, self._hint_claim = claim.seq, claim
         if not self.resolve(claim):
-            raise PublishConflict(self.topic, self.partition, expected_last, claim.prev.last_offset)
+            raise self._conflict(expected_last, claim.prev)
         return rng
 
     def _check_head(
@@ -382,13 +382,19 @@ class PartitionChain:
         """The publisher's belief must be the chain's end, the range must follow it, and the
         file's name must be free."""
         if not follows(st, rng.first_offset, incarnation, expected_last, expected_incarnation):
-            raise PublishConflict(self.topic, self.partition, expected_last, st.last_offset)
+            raise self._conflict(expected_last, st)
         if self.objects.head(rng.path) is not None:
             _seq, now = self.head()
             if now.last_offset != st.last_offset:  # another owner landed it since our head read
-                raise PublishConflict(self.topic, self.partition, expected_last, now.last_offset)
+                raise self._conflict(expected_last, now)
             # offsets reused by a new incarnation under names without one, or a file not ours
             raise LandingCorrupt(f"{rng.path}: a file already has this name; it is not in the chain")
+
+    def _conflict(self, expected_last: int | None, landed: ChainState) -> PublishConflict:
+        """The answer to a publisher that must resume after the landed head."""
+        return PublishConflict(
+            self.topic, self.partition, expected_last, landed.last_offset, incarnation=landed.incarnation
+        )
 
     def _put_claim(self, claim: Claim) -> bool:
         """Create the claim; True when ours is the one in the slot."""

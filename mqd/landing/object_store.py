@@ -33,7 +33,7 @@ import pyarrow as pa
 from mqd.errors import MqdError
 from mqd.landing import layout
 from mqd.landing.claim_chain import REAP_SUFFIX, Claim, PartitionChain, reap, staging_prefix
-from mqd.landing.layout import FileRange, LandingCorrupt
+from mqd.landing.layout import FileRange, LandingCorrupt, LandingFormatError
 from mqd.landing.objects import Objects, PreconditionFailed
 from mqd.landing.store import STALE_AFTER_S, PartitionHead, StagedFile
 from mqd.topic_name import check_topic_name
@@ -80,7 +80,34 @@ class ObjectStore:
     # -- chores -----------------------------------------------------------------------------------
 
     def open(self) -> None:
-        """Prove the store writable and that it honours both conditions the chain relies on."""
+        """Prove the store writable and that it honours both conditions the chain relies on;
+        write the format marker of a new landing, refuse a landing of another format."""
+        self._probe()
+        self._check_format()
+
+    def _check_format(self) -> None:
+        body = json.dumps(
+            {"format": layout.FORMAT_VERSION, "store": "claim-chain", "created": layout.iso_now()}
+        ).encode()
+        try:
+            self.objects.put(layout.FORMAT_FILE, body, if_absent=True)
+            return
+        except PreconditionFailed:
+            pass
+        got = self.objects.get(layout.FORMAT_FILE)
+        where = f"{self.location}/{layout.FORMAT_FILE}"
+        try:
+            d = json.loads(got[0]) if got else {}
+            version, store = int(d["format"]), d.get("store")
+        except (ValueError, KeyError, TypeError):
+            raise LandingCorrupt(f"{where}: unreadable landing format marker") from None
+        if version != layout.FORMAT_VERSION or store != "claim-chain":
+            raise LandingFormatError(
+                f"{where}: landing format {version} ({store or 'local layout'}); this mqd lands "
+                f"format {layout.FORMAT_VERSION} with the claim chain on object storage"
+            )
+
+    def _probe(self) -> None:
         key = f"_staging/_probe-{secrets.token_hex(8)}"
         try:
             etag = self.objects.put(key, b"probe", if_absent=True)
@@ -155,7 +182,7 @@ class ObjectStore:
             rng,
             staged.location,
             expected_last,
-            incarnation=getattr(rng, "incarnation", None),  # FileRange.incarnation: issue 12
+            incarnation=rng.incarnation,
             expected_incarnation=expected_incarnation,
         )
 
@@ -187,7 +214,7 @@ class ObjectStore:
         _seq, st = self.chain(topic, partition).head()
         idle, _etag = self._idle_watermark(topic, partition)
         wm = st.watermark_ms if idle is None else max(idle, st.watermark_ms or idle)
-        return PartitionHead(st.last_offset, wm, st.files)
+        return PartitionHead(st.last_offset, wm, st.files, incarnation=st.incarnation)
 
     def advance_watermark(self, topic: str, partition: int, watermark_ms: int) -> None:
         key = self._state_key(topic, partition)

@@ -17,6 +17,7 @@ from support.seaweedfs import fresh_uri, s3_objects
 from mqd import format as fmt
 from mqd.landing import layout
 from mqd.landing.claim_chain import ChainState, Claim
+from mqd.landing.layout import LandingFormatError
 from mqd.landing.object_store import ObjectStore
 from mqd.landing.objects import ObjectInfo, Objects, ObjectStoreError
 from mqd.landing.publisher import file_range
@@ -206,3 +207,14 @@ def test_watermarks_and_completeness_markers(landing: tuple[SeaweedFS, str]) -> 
     assert store.update_markers("t", 2) == []
     assert store.objects.head(f"{hour}/{layout.MARKER_NAME}") is not None
     assert len(store.visible_files()) == 2  # the marker is not a data file
+
+
+def test_a_landing_of_another_format_is_refused(landing: tuple[SeaweedFS, str]) -> None:
+    """open() writes the format marker of a new landing once; a marker of another format or
+    layout (a local landing copied up, an older mqd) is refused, naming the format."""
+    store = store_at(landing)
+    store.open()
+    store.open()  # its own marker: accepted
+    store.objects.put(layout.FORMAT_FILE, b'{"format": 1}')
+    with pytest.raises(LandingFormatError, match="landing format 1"):
+        store_at(landing).open()

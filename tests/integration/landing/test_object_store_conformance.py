@@ -128,11 +128,12 @@ class IgnoresConditions:
 
 
 def test_probe_accepts_seaweedfs_and_refuses_a_store_ignoring_conditions(seaweedfs: SeaweedFS) -> None:
-    """open() passes on SeaweedFS and leaves nothing behind; on a store that overwrites despite
-    If-None-Match it raises a non-retriable UnsafeObjectStore naming the problem."""
+    """open() passes on SeaweedFS and leaves only the landing's format marker behind; on a store
+    that overwrites despite If-None-Match it raises a non-retriable UnsafeObjectStore naming the
+    problem."""
     uri = fresh_uri(seaweedfs)
     store = object_store(seaweedfs, uri)
-    assert list(store.objects.list_objects("")) == []
+    assert [o.key for o in store.objects.list_objects("")] == ["_format.json"]
     bad = ObjectStore(IgnoresConditions(s3_objects(seaweedfs, uri)))
     with pytest.raises(UnsafeObjectStore, match="If-None-Match") as err:
         bad.open()
