@@ -280,7 +280,8 @@ class PartitionChain:
     def _done(self, claim: Claim) -> None:
         self._resolved.add(claim.seq)
         if len(self._resolved) > 64:
-            self._resolved = {s for s in self._resolved if s >= claim.seq - 8}
+            # list() copies under the GIL: a reader thread may add to the set meanwhile
+            self._resolved = {s for s in list(self._resolved) if s >= claim.seq - 8}
         if claim.staged is not None:
             self.objects.delete(claim.staged)  # a reap marker left beside it goes with the janitor
 
