@@ -54,7 +54,7 @@ from typing import Any
 
 import structlog
 
-from mqd.landing import layout
+from mqd.landing import layout, watermark
 from mqd.landing.layout import FileRange, LandingCorrupt
 from mqd.landing.objects import Objects, ObjectStoreError, PreconditionFailed
 from mqd.landing.store import PublishConflict
@@ -176,6 +176,7 @@ class PartitionChain:
         *,
         unsafe_skip: Iterable[str] = (),
         on_void: Callable[[Claim], None] | None = None,
+        max_event_ahead_ms: int = watermark.DEFAULT_MAX_EVENT_AHEAD_MS,
     ) -> None:
         self.objects = objects
         self.topic = topic
@@ -185,6 +186,7 @@ class PartitionChain:
         if not self.unsafe_skip <= UNSAFE_STEPS:
             raise ValueError(f"unknown protocol steps {sorted(self.unsafe_skip - UNSAFE_STEPS)}")
         self.on_void = on_void
+        self.max_event_ahead_ms = max_event_ahead_ms  # the watermark's trust in event times
         self._hint = -1  # a seq known to exist (above the floor when it was read)
         self._hint_claim: Claim | None = None  # the claim at the hint
         self._resolved: set[int] = set()  # claims whose visible file is known to exist
@@ -348,7 +350,7 @@ class PartitionChain:
         seq, st = self.head()
         if "head_check" not in self.unsafe_skip:
             self._check_head(rng, incarnation, st, expected_last, expected_incarnation)
-        wm = rng.ts_max if st.watermark_ms is None else max(st.watermark_ms, rng.ts_max)
+        wm = watermark.watermark_after(st.watermark_ms, rng, self.max_event_ahead_ms)
         claim = Claim(
             seq=seq + 1,
             nonce=secrets.token_hex(16),

@@ -31,7 +31,7 @@ from typing import Any
 import pyarrow as pa
 
 from mqd.errors import MqdError
-from mqd.landing import layout
+from mqd.landing import layout, watermark
 from mqd.landing.claim_chain import REAP_SUFFIX, Claim, PartitionChain, reap, staging_prefix
 from mqd.landing.layout import FileRange, LandingCorrupt, LandingFormatError
 from mqd.landing.objects import Objects, PreconditionFailed
@@ -51,9 +51,16 @@ class ObjectStore:
     """The landing on object storage. Thread-safe: chains are per partition, and the sink runs
     at most one publication per partition at a time (readers may run beside it)."""
 
-    def __init__(self, objects: Objects, *, unsafe_skip: frozenset[str] = frozenset()) -> None:
+    def __init__(
+        self,
+        objects: Objects,
+        *,
+        unsafe_skip: frozenset[str] = frozenset(),
+        max_event_ahead_ms: int = watermark.DEFAULT_MAX_EVENT_AHEAD_MS,
+    ) -> None:
         self.objects = objects
         self.unsafe_skip = unsafe_skip
+        self.max_event_ahead_ms = max_event_ahead_ms  # landing.max_event_ahead (watermark.py)
         self.voided = 0  # claims voided by this process (their ranges are fetched again)
         self._chains: dict[tuple[str, int], PartitionChain] = {}
         self._claimed: set[str] = set()  # staged keys a claim may name: only the janitor removes them
@@ -68,7 +75,12 @@ class ObjectStore:
             ch = self._chains.get((topic, partition))
             if ch is None:
                 ch = PartitionChain(
-                    self.objects, topic, partition, unsafe_skip=self.unsafe_skip, on_void=self._count_void
+                    self.objects,
+                    topic,
+                    partition,
+                    unsafe_skip=self.unsafe_skip,
+                    on_void=self._count_void,
+                    max_event_ahead_ms=self.max_event_ahead_ms,
                 )
                 self._chains[(topic, partition)] = ch
             return ch

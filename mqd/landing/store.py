@@ -165,16 +165,19 @@ def open_store(
     ``head_lock_timeout`` bounds how long reading a partition's head waits for a lock (a store
     without locks ignores it); ``max_event_ahead_ms``: the watermark's bound
     (landing.max_event_ahead, watermark.py; None: its default)."""
+    from mqd.landing.watermark import DEFAULT_MAX_EVENT_AHEAD_MS
+
+    ahead_ms = DEFAULT_MAX_EVENT_AHEAD_MS if max_event_ahead_ms is None else max_event_ahead_ms
     if isinstance(location, str) and location.startswith("s3://"):
         from mqd.landing.object_store import ObjectStore
         from mqd.landing.s3_objects import S3Objects
 
-        return ObjectStore(S3Objects(location, endpoint_url=endpoint_url, region=region))
+        objects = S3Objects(location, endpoint_url=endpoint_url, region=region)
+        return ObjectStore(objects, max_event_ahead_ms=ahead_ms)
     from mqd.landing.local_store import LocalStore
-    from mqd.landing.watermark import DEFAULT_MAX_EVENT_AHEAD_MS
 
     return LocalStore(
         Path(location),
         head_lock_timeout=head_lock_timeout,
-        max_event_ahead_ms=DEFAULT_MAX_EVENT_AHEAD_MS if max_event_ahead_ms is None else max_event_ahead_ms,
+        max_event_ahead_ms=ahead_ms,
     )

@@ -5,6 +5,7 @@ never removing what a pending claim needs, and retention that keeps a durable fl
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -218,3 +219,19 @@ def test_a_landing_of_another_format_is_refused(landing: tuple[SeaweedFS, str]) 
     store.objects.put(layout.FORMAT_FILE, b'{"format": 1}')
     with pytest.raises(LandingFormatError, match="landing format 1"):
         store_at(landing).open()
+
+
+def test_an_event_time_far_ahead_of_the_clock_lands_but_does_not_move_the_watermark(
+    landing: tuple[SeaweedFS, str],
+) -> None:
+    """The watermark rule of the local store (watermark.py) holds on the object store: a file
+    stamped two days ahead of the publishing clock lands, and the watermark stays where it was."""
+    store = store_at(landing)
+    store.commit(stage(store, 0, 2), None)  # T0: in the past, trusted
+    ahead = layout.HOUR_MS * 48 + int(time.time() * 1000)
+    raw = fmt.encode_batch([b"x"], timestamps=np.array([ahead], dtype=np.int64), base_offset=2)
+    records = pa.Table.from_batches([fmt.to_arrow(raw, fmt.scan(raw)[0])])
+    staged = store.stage(layout.landing_table("t", 0, records), file_range("t", 0, records), "snappy")
+    store.commit(staged, 1)
+    head = store.head("t", 0)
+    assert (head.last_offset, head.files, head.watermark_ms) == (2, 2, T0)
