@@ -71,6 +71,29 @@ def _non_empty_path(value: Any) -> Any:
     return value
 
 
+def _landing_dir(value: Any) -> Any:
+    """A path, or an ``s3://bucket/prefix`` URI kept as text (as a Path it would lose a slash)."""
+    if isinstance(value, str) and "://" in value:
+        if not value.startswith("s3://"):
+            raise ValueError("landing.dir is a path or an s3://bucket/prefix URI")
+        if not value[5:].split("/", 1)[0]:
+            raise ValueError("an s3:// landing needs a bucket: s3://bucket/prefix")
+        return value
+    return _non_empty_path(value)
+
+
+def _landing_dir_type(value: Path | str) -> Path | str:
+    # validation picks str for any text (it matches exactly): only a URI stays one
+    return value if isinstance(value, Path) or value.startswith("s3://") else Path(value)
+
+
+def _endpoint_url(value: str) -> str:
+    parts = urllib.parse.urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError("an S3 endpoint is an http:// or https:// URL with a host")
+    return value
+
+
 def _bad_chars(value: str) -> list[str]:
     """Whitespace and control (or other non-printing) characters, as shown in messages."""
     return [repr(c) for c in value if c.isspace() or unicodedata.category(c).startswith("C")]
@@ -129,6 +152,8 @@ def _host_port(value: str) -> str:
 # daemon turns seconds into milliseconds (OverflowError at `mqd run`, exit 1 instead of 2)
 Float = FiniteFloat
 ConfigPath = Annotated[Path, BeforeValidator(_non_empty_path)]
+# str: an s3:// URI. str first: validation of text picks the first member that takes it
+LandingDir = Annotated[str | Path, BeforeValidator(_landing_dir), AfterValidator(_landing_dir_type)]
 Token = Annotated[str, AfterValidator(_token)]
 HttpUrl = Annotated[str, AfterValidator(_http_url)]
 BootstrapAddress = Annotated[str, AfterValidator(_bootstrap_address)]
@@ -393,8 +418,15 @@ class ConsumerConfig(_Model):
         return self.client_id or f"{socket.gethostname()}-{os.getpid()}"
 
 
+class LandingS3Config(_Model):
+    """For an ``s3://`` landing.dir: an S3-compatible store (credentials: the AWS variables)."""
+
+    endpoint_url: Annotated[str, AfterValidator(_endpoint_url)] | None = None  # None: AWS S3
+    region: str | None = None  # None: from the AWS profile or AWS_REGION
+
+
 class LandingConfig(_Model):
-    dir: ConfigPath = Path("landing")
+    dir: LandingDir = Path("landing")  # a folder, or s3://bucket/prefix (object storage, issue 15)
     max_records: int = Field(default=500_000, ge=1)
     max_bytes: int = Field(default=32 * MiB, ge=1)
     max_age: Float = Field(default=5.0, gt=0)
@@ -403,6 +435,7 @@ class LandingConfig(_Model):
     # seconds an event time may be ahead of the publishing wall clock and still move the partition's
     # watermark (mqd/landing/watermark.py); files stamped further ahead land but are counted instead
     max_event_ahead: Float = Field(default=3600.0, gt=0, le=10 * 365 * 86400)
+    s3: LandingS3Config = Field(default_factory=LandingS3Config)
 
 
 class SparkConfig(_Model):
@@ -688,7 +721,13 @@ def load_daemon_config(path: str | Path, environ: Mapping[str, str] | None = Non
                     ),
                 }
             ),
-            "landing": cfg.landing.model_copy(update={"dir": _resolve(base, cfg.landing.dir)}),
+            "landing": cfg.landing.model_copy(
+                update={
+                    "dir": cfg.landing.dir
+                    if isinstance(cfg.landing.dir, str)
+                    else _resolve(base, cfg.landing.dir)
+                }
+            ),
             "spark": cfg.spark.model_copy(
                 update={
                     k: _resolve(base, getattr(cfg.spark, k))

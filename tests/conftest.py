@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from support.harness import Cluster
+from support.seaweedfs import seaweedfs as seaweedfs  # the session's S3 endpoint (object-store tests)
 
 from mqd.client import BrokerClient
 

@@ -113,7 +113,13 @@ class LandingSink:
         self.store = (
             store
             if store is not None
-            else open_store(config.dir, head_lock_timeout=head_lock_timeout, max_event_ahead_ms=ahead_ms)
+            else open_store(
+                config.dir,
+                head_lock_timeout=head_lock_timeout,
+                max_event_ahead_ms=ahead_ms,
+                endpoint_url=config.s3.endpoint_url,
+                region=config.s3.region,
+            )
         )
         self.ahead_of_clock = AheadOfClock(ahead_ms)  # files the watermark ignores: counted, logged
         self._readers = ThreadPoolExecutor(_HEAD_READERS, thread_name_prefix="mqd-landing-head")

@@ -153,18 +153,31 @@ class LandingStore(Protocol):
 
 
 def open_store(
-    location: Path, *, head_lock_timeout: float | None = None, max_event_ahead_ms: int | None = None
+    location: Path | str,
+    *,
+    head_lock_timeout: float | None = None,
+    max_event_ahead_ms: int | None = None,
+    endpoint_url: str | None = None,
+    region: str | None = None,
 ) -> LandingStore:
-    """The store for ``landing.dir``. Only the local directory exists so far; an ``s3://`` URI
-    selects the object store once it is built (issue 15). ``head_lock_timeout`` bounds how long
-    reading a partition's head waits for a lock (a store without locks ignores it);
-    ``max_event_ahead_ms``: the watermark's bound (landing.max_event_ahead, watermark.py; None:
-    its default)."""
-    from mqd.landing.local_store import LocalStore
+    """The store for ``landing.dir``: the local directory, or for an ``s3://bucket/prefix`` URI
+    the object store (object_store.py; ``endpoint_url``/``region`` select an S3-compatible store).
+    ``head_lock_timeout`` bounds how long reading a partition's head waits for a lock (a store
+    without locks ignores it); ``max_event_ahead_ms``: the watermark's bound
+    (landing.max_event_ahead, watermark.py; None: its default)."""
     from mqd.landing.watermark import DEFAULT_MAX_EVENT_AHEAD_MS
 
+    ahead_ms = DEFAULT_MAX_EVENT_AHEAD_MS if max_event_ahead_ms is None else max_event_ahead_ms
+    if isinstance(location, str) and location.startswith("s3://"):
+        from mqd.landing.object_store import ObjectStore
+        from mqd.landing.s3_objects import S3Objects
+
+        objects = S3Objects(location, endpoint_url=endpoint_url, region=region)
+        return ObjectStore(objects, max_event_ahead_ms=ahead_ms)
+    from mqd.landing.local_store import LocalStore
+
     return LocalStore(
-        location,
+        Path(location),
         head_lock_timeout=head_lock_timeout,
-        max_event_ahead_ms=DEFAULT_MAX_EVENT_AHEAD_MS if max_event_ahead_ms is None else max_event_ahead_ms,
+        max_event_ahead_ms=ahead_ms,
     )

@@ -58,7 +58,7 @@ async def test_100k_records_burst_then_spark(cluster_factory: Any, tmp_path: Pat
     d = Daemon(cfg, burst=True)
     await asyncio.wait_for(d.run(), 120)
     assert d.stats["records_published"] == 100_000
-    assert_exactly_once(cfg.landing.dir, PARTITIONS, PER_PARTITION)
+    assert_exactly_once(Path(cfg.landing.dir), PARTITIONS, PER_PARTITION)
     assert job.run(cfg, once=True) == 0
     assert_table_exactly_once(spark, cfg, 100_000)
 
@@ -173,6 +173,6 @@ async def test_sigkill_at_random_points_keeps_exactly_once(
             final.wait(timeout=30)
     assert code == 0, log.read_text()[-3000:]
     cfg = load_daemon_config(config)
-    assert_exactly_once(cfg.landing.dir, PARTITIONS, PER_PARTITION)
+    assert_exactly_once(Path(cfg.landing.dir), PARTITIONS, PER_PARTITION)
     assert job.run(cfg, once=True) == 0
     assert_table_exactly_once(spark, cfg, 100_000)

@@ -53,17 +53,17 @@ def test_raw_job_drains_landing_once_and_stops_at_corrupt_files(tmp_path: Path, 
     topic and dt; a foreign file is reported and left out; a corrupt .parquet is reported and
     fails the job (exit 1, nothing skipped) until it is moved away."""
     cfg = make_config(tmp_path)
-    pub = Publisher(LocalStore(cfg.landing.dir))
+    pub = Publisher(LocalStore(Path(cfg.landing.dir)))
     pub.store.open()
     for p in range(3):
         publish(pub, "events", p, 0, [b"a%d" % i for i in range(50)], T0 + p)
         publish(pub, "events", p, 50, [b"b%d" % i for i in range(50)], T0 + 3_600_000 + p)
-    hour_dir = cfg.landing.dir / "topic=events/dt=2026-01-01/hour=00"
+    hour_dir = Path(cfg.landing.dir) / "topic=events/dt=2026-01-01/hour=00"
     corrupt = hour_dir / "part-00009-00000000000000000000.parquet"
     corrupt.write_bytes(b"PAR1 definitely not parquet")
     (hour_dir / "README.txt").write_text("someone's notes")
     pq.write_table(pa.table({"a": [1, 2]}), hour_dir / "foreign.parquet")
-    stray = job.unlisted_files(cfg.landing.dir)
+    stray = job.unlisted_files(Path(cfg.landing.dir))
     assert [p.name for p in stray] == [
         "README.txt",
         "foreign.parquet",
@@ -91,12 +91,12 @@ def test_json_values_become_columns_and_bad_records_are_quarantined(tmp_path: Pa
     """value_format = "json": good values become typed columns; malformed JSON and values that do
     not fit the schema land in the quarantine table with a reason, none are dropped."""
     cfg = make_config(tmp_path, value_format="json", value_schema="user STRING, amount INT")
-    pub = Publisher(LocalStore(cfg.landing.dir))
+    pub = Publisher(LocalStore(Path(cfg.landing.dir)))
     pub.store.open()
     values = [json.dumps({"user": f"u{i}", "amount": i}).encode() for i in range(20)]
     values += [b"{not json", b'{"user": "x", "amount": "lots"}', b"[1, 2]"]
     publish(pub, "payments", 0, 0, values, T0)
-    foreign = cfg.landing.dir / "topic=payments/dt=2026-01-01/hour=00/foreign.parquet"
+    foreign = Path(cfg.landing.dir) / "topic=payments/dt=2026-01-01/hour=00/foreign.parquet"
     pq.write_table(pa.table({"a": [1]}), foreign)
     assert job.run(cfg, once=True) == 0
     good = spark.read.parquet(str(cfg.spark.output_dir))
@@ -114,7 +114,7 @@ def test_json_values_become_columns_and_bad_records_are_quarantined(tmp_path: Pa
 def test_bad_partition_column_is_a_config_error(tmp_path: Path, spark: Any) -> None:
     """A partition_by column that the output does not have is refused with exit code 2."""
     cfg = make_config(tmp_path, partition_by=["nope"])
-    LocalStore(cfg.landing.dir).open()
+    LocalStore(Path(cfg.landing.dir)).open()
     assert job.run(cfg, once=True) == 2
 
 
@@ -132,7 +132,7 @@ def test_run_from_another_thread_leaves_the_callers_session_running(tmp_path: Pa
     """``job.run`` stops only a session it created: run from a worker thread (where Spark's active
     session is not set, it is per thread), it must leave the caller's session usable."""
     cfg = make_config(tmp_path)
-    pub = Publisher(LocalStore(cfg.landing.dir))
+    pub = Publisher(LocalStore(Path(cfg.landing.dir)))
     pub.store.open()
     publish(pub, "events", 0, 0, [b"x"] * 3, T0)
     result: dict[str, int] = {}
@@ -147,7 +147,7 @@ def test_continuous_mode_appends_new_files_until_stopped(tmp_path: Path, spark: 
     """Without --once the job keeps running: files published after it started reach the table;
     stopping its queries ends run() with exit code 0."""
     cfg = make_config(tmp_path, trigger_interval="1 second")
-    pub = Publisher(LocalStore(cfg.landing.dir))
+    pub = Publisher(LocalStore(Path(cfg.landing.dir)))
     pub.store.open()
     publish(pub, "events", 0, 0, [b"x"] * 10, T0)
     result: dict[str, int] = {}

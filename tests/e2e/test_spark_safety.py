@@ -53,14 +53,14 @@ def test_nanosecond_timestamps_are_clamped_and_kept_raw(tmp_path: Path, spark: A
     instant (the folder they are filed under) and ``timestamp_raw_ms`` keeps the producer's value;
     in-range records have it null. A value before 1970 is clamped to 1970 the same way."""
     cfg = make_config(tmp_path)
-    pub = Publisher(LocalStore(cfg.landing.dir))
+    pub = Publisher(LocalStore(Path(cfg.landing.dir)))
     pub.store.open()
     publish(pub, 0, 0, [T0, T0 + 1])
     ns = [time.time_ns(), time.time_ns() + 1]
     last_ms = LAST_MS - 500  # 9999-12-31T23:59:59.499Z: same folder hour, in range
     publish(pub, 0, 2, [last_ms, *ns])
     publish(pub, 1, 0, [-(2**62)])  # far before 1970 (and year 1)
-    assert len(read_manifest(cfg.landing.dir)) == 3
+    assert len(read_manifest(Path(cfg.landing.dir))) == 3
 
     assert job.run(cfg, once=True) == 0
     rows = {
@@ -83,11 +83,11 @@ def test_truncated_file_fails_the_job_until_restored(tmp_path: Path, spark: Any)
     """A landed file cut short (a disk or copy fault) is not skipped: the job exits 1 and names
     it; once the file is restored the same checkpoint lands every record exactly once."""
     cfg = make_config(tmp_path)
-    pub = Publisher(LocalStore(cfg.landing.dir))
+    pub = Publisher(LocalStore(Path(cfg.landing.dir)))
     pub.store.open()
     publish(pub, 0, 0, [T0 + i for i in range(20)])
     publish(pub, 0, 20, [T0 + 3_600_000 + i for i in range(20)])
-    victim = cfg.landing.dir / read_manifest(cfg.landing.dir)[1].path
+    victim = Path(cfg.landing.dir) / read_manifest(Path(cfg.landing.dir))[1].path
     whole = victim.read_bytes()
     victim.write_bytes(whole[: len(whole) // 2])
 

@@ -76,7 +76,7 @@ def test_previous_checkpoint_and_table_keep_working(tmp_path: Path, spark: Any) 
     the files published since, and the table read with mergeSchema has the new column, null for
     the old rows."""
     cfg = make_config(tmp_path)
-    pub = Publisher(LocalStore(cfg.landing.dir))
+    pub = Publisher(LocalStore(Path(cfg.landing.dir)))
     pub.store.open()
     publish(pub, 0, 30, T0)
     run_previous_job(spark, cfg)
@@ -117,10 +117,10 @@ def test_incarnation_column_across_the_landing_upgrade(tmp_path: Path, spark: An
     under an incarnation; the new job on the same checkpoint appends only the new files: the
     table gains ``incarnation``, null for the records landed before, the id for the new ones."""
     cfg = make_config(tmp_path)
-    write_format1_file(cfg.landing.dir, 0, 30, T0)
+    write_format1_file(Path(cfg.landing.dir), 0, 30, T0)
     run_previous_job(spark, cfg)
-    migrate(cfg.landing.dir)
-    pub = Publisher(LocalStore(cfg.landing.dir))
+    migrate(Path(cfg.landing.dir))
+    pub = Publisher(LocalStore(Path(cfg.landing.dir)))
     pub.store.open()
     raw = fmt.encode_batch(
         [b"n%d" % i for i in range(20)], timestamps=np.full(20, T0 + 3_600_000), base_offset=30

@@ -1,7 +1,8 @@
 """The storage seam's contract (mqd.landing.store), checked through the interface only, here on the
 local store: a staged file is invisible until committed; a commit is conditional on the previous
 end and a lost race reveals the landed end; the head, manifest and visible files agree. Written
-against ``LandingStore`` so another implementation (object storage) can run the same checks."""
+against ``LandingStore``: it runs on the local store and on the object store (S3, on the session's
+SeaweedFS)."""
 
 from __future__ import annotations
 
@@ -20,14 +21,28 @@ from mqd.landing.store import LandingStore, PublishConflict, StagedFile
 
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 
-STORES: dict[str, Callable[[Path], LandingStore]] = {"local": LocalStore}
+
+def _object_store(request: pytest.FixtureRequest, tmp_path: Path) -> LandingStore:
+    from support.seaweedfs import object_store  # the S3 store on the session's SeaweedFS
+
+    return object_store(request.getfixturevalue("seaweedfs"))
+
+
+def _local_store(request: pytest.FixtureRequest, tmp_path: Path) -> LandingStore:
+    s = LocalStore(tmp_path / "landing")
+    s.open()
+    return s
+
+
+STORES: dict[str, Callable[[pytest.FixtureRequest, Path], LandingStore]] = {
+    "local": _local_store,
+    "object": _object_store,
+}
 
 
 @pytest.fixture(params=sorted(STORES))
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> LandingStore:
-    s = STORES[request.param](tmp_path / "landing")
-    s.open()
-    return s
+    return STORES[request.param](request, tmp_path)
 
 
 def stage(

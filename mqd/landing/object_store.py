@@ -1,0 +1,332 @@
+"""The object store: the landing's publication contract (store.py) on S3-compatible storage.
+
+Layout under the landing root (``s3://bucket/prefix``)::
+
+    topic=<t>/dt=YYYY-MM-DD/hour=HH/part-....parquet      visible data files (as the local store)
+    topic=<t>/dt=YYYY-MM-DD/hour=HH/_COMPLETE             completeness markers
+    _staging/<t>/<partition:05d>/<uuid>.parquet[.reap]     staged files (+ the janitor's markers)
+    _log/<t>/<partition:05d>/claims/<seq:020d>.json        the claim chain (claim_chain.py)
+    _log/<t>/<partition:05d>/floor.json                    its retention floor
+    _manifest/<t>/<partition:05d>/<seq>-<seq>.jsonl        claims archived below the floor
+    _state/<t>/<partition:05d>.json                        idle watermark (If-Match updates)
+    _state/<t>/_markers.json                               hours already marked complete
+
+``stage`` encodes the Parquet file locally (layout.write_parquet, as the local store) and uploads
+it under ``_staging/`` (multipart when large; no condition needed: the key is fresh). ``commit``
+runs the claim chain. ``open`` refuses a store that ignores conditional writes (some emulators and
+proxies overwrite silently), since the chain's exactly-once rests on them.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import tempfile
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from mqd.errors import MqdError
+from mqd.landing import layout, watermark
+from mqd.landing.claim_chain import REAP_SUFFIX, Claim, PartitionChain, reap, staging_prefix
+from mqd.landing.layout import FileRange, LandingCorrupt, LandingFormatError
+from mqd.landing.objects import Objects, PreconditionFailed
+from mqd.landing.store import STALE_AFTER_S, PartitionHead, StagedFile
+from mqd.topic_name import check_topic_name
+
+_ATTEMPTS = 8
+
+
+class UnsafeObjectStore(MqdError):
+    """The store accepted a write its condition forbids: exactly-once cannot hold on it."""
+
+    retriable = False
+
+
+class ObjectStore:
+    """The landing on object storage. Thread-safe: chains are per partition, and the sink runs
+    at most one publication per partition at a time (readers may run beside it)."""
+
+    def __init__(
+        self,
+        objects: Objects,
+        *,
+        unsafe_skip: frozenset[str] = frozenset(),
+        max_event_ahead_ms: int = watermark.DEFAULT_MAX_EVENT_AHEAD_MS,
+    ) -> None:
+        self.objects = objects
+        self.unsafe_skip = unsafe_skip
+        self.max_event_ahead_ms = max_event_ahead_ms  # landing.max_event_ahead (watermark.py)
+        self.voided = 0  # claims voided by this process (their ranges are fetched again)
+        self._chains: dict[tuple[str, int], PartitionChain] = {}
+        self._claimed: set[str] = set()  # staged keys a claim may name: only the janitor removes them
+        self._lock = threading.Lock()
+
+    @property
+    def location(self) -> str:
+        return self.objects.location
+
+    def chain(self, topic: str, partition: int) -> PartitionChain:
+        with self._lock:
+            ch = self._chains.get((topic, partition))
+            if ch is None:
+                ch = PartitionChain(
+                    self.objects,
+                    topic,
+                    partition,
+                    unsafe_skip=self.unsafe_skip,
+                    on_void=self._count_void,
+                    max_event_ahead_ms=self.max_event_ahead_ms,
+                )
+                self._chains[(topic, partition)] = ch
+            return ch
+
+    def _count_void(self, _claim: Claim) -> None:
+        with self._lock:
+            self.voided += 1
+
+    # -- chores -----------------------------------------------------------------------------------
+
+    def open(self) -> None:
+        """Prove the store writable and that it honours both conditions the chain relies on;
+        write the format marker of a new landing, refuse a landing of another format."""
+        self._probe()
+        self._check_format()
+
+    def _check_format(self) -> None:
+        body = json.dumps(
+            {"format": layout.FORMAT_VERSION, "store": "claim-chain", "created": layout.iso_now()}
+        ).encode()
+        try:
+            self.objects.put(layout.FORMAT_FILE, body, if_absent=True)
+            return
+        except PreconditionFailed:
+            pass
+        got = self.objects.get(layout.FORMAT_FILE)
+        where = f"{self.location}/{layout.FORMAT_FILE}"
+        try:
+            d = json.loads(got[0]) if got else {}
+            version, store = int(d["format"]), d.get("store")
+        except (ValueError, KeyError, TypeError):
+            raise LandingCorrupt(f"{where}: unreadable landing format marker") from None
+        if version != layout.FORMAT_VERSION or store != "claim-chain":
+            raise LandingFormatError(
+                f"{where}: landing format {version} ({store or 'local layout'}); this mqd lands "
+                f"format {layout.FORMAT_VERSION} with the claim chain on object storage"
+            )
+
+    def _probe(self) -> None:
+        key = f"_staging/_probe-{secrets.token_hex(8)}"
+        try:
+            etag = self.objects.put(key, b"probe", if_absent=True)
+            try:
+                self.objects.put(key, b"overwrite", if_absent=True)
+                raise UnsafeObjectStore(
+                    f"{self.location}: the store overwrote an object despite If-None-Match: *; "
+                    "it cannot land exactly once (use S3, or a store with conditional writes)"
+                )
+            except PreconditionFailed:
+                pass
+            try:
+                self.objects.put(key, b"overwrite", if_match='"00000000000000000000000000000000"')
+                raise UnsafeObjectStore(
+                    f"{self.location}: the store overwrote an object despite a failing If-Match; "
+                    "it cannot land exactly once"
+                )
+            except PreconditionFailed:
+                pass
+            self.objects.put(key, b"probe-2", if_match=etag)
+        finally:
+            self.objects.delete(key)
+
+    def remove_stale(self, older_than_s: float = STALE_AFTER_S) -> int:
+        """The janitor: delete staged objects older than ``older_than_s`` that no claim needs
+        (claim_chain.reap), and markers whose object is gone."""
+        cutoff = time.time() - older_than_s
+        removed = 0
+        markers: list[str] = []
+        staged: set[str] = set()
+        for info in self.objects.list_objects("_staging/"):
+            if info.key.endswith(REAP_SUFFIX):
+                markers.append(info.key)
+                continue
+            staged.add(info.key)
+            if info.modified >= cutoff:
+                continue
+            parts = info.key.split("/")
+            if len(parts) != 4:  # a probe left by a crash
+                self.objects.delete(info.key)
+                removed += 1
+                continue
+            if reap(self.objects, info.key, self.chain(parts[1], int(parts[2]))):
+                removed += 1
+                staged.discard(info.key)
+        for m in markers:
+            if m[: -len(REAP_SUFFIX)] not in staged and self.objects.head(m[: -len(REAP_SUFFIX)]) is None:
+                self.objects.delete(m)
+        return removed
+
+    def compact(self, topic: str, partition: int, keep: int) -> int:
+        """Retention of the claim chain: keep the newest ``keep`` claims (claim_chain.compact)."""
+        return self.chain(topic, partition).compact(keep)
+
+    # -- publication ------------------------------------------------------------------------------
+
+    def stage(self, records: pa.Table, rng: FileRange, compression: str) -> StagedFile:
+        key = f"{staging_prefix(rng.topic, rng.partition)}{secrets.token_hex(16)}.parquet"
+        with tempfile.TemporaryDirectory(prefix="mqd-stage-") as tmp:
+            path = Path(tmp) / "staged.parquet"
+            size = layout.write_parquet(path, records, rng, compression)
+            self.objects.upload(key, path)
+        return StagedFile(replace(rng, bytes=size, created=layout.iso_now()), key)
+
+    def commit(
+        self, staged: StagedFile, expected_last: int | None, expected_incarnation: str | None = None
+    ) -> FileRange:
+        rng = staged.range
+        with self._lock:
+            self._claimed.add(staged.location)  # before the claim is sent: its outcome may be unknown
+        return self.chain(rng.topic, rng.partition).commit(
+            rng,
+            staged.location,
+            expected_last,
+            incarnation=rng.incarnation,
+            expected_incarnation=expected_incarnation,
+        )
+
+    def discard(self, staged: StagedFile) -> None:
+        """Delete a staged object no claim can name. One that a claim may name is left to the
+        janitor: deleting it here could race a copy by whoever resolves that claim."""
+        with self._lock:
+            if staged.location in self._claimed:
+                self._claimed.discard(staged.location)
+                return
+        self.objects.delete(staged.location)
+
+    # -- read side --------------------------------------------------------------------------------
+
+    def _state_key(self, topic: str, partition: int) -> str:
+        return f"{layout.topic_state_dir(topic)}/{partition:05d}.json"
+
+    def _idle_watermark(self, topic: str, partition: int) -> tuple[int | None, str | None]:
+        got = self.objects.get(self._state_key(topic, partition))
+        if got is None:
+            return None, None
+        try:
+            wm = json.loads(got[0]).get("watermark_ms")
+        except ValueError as exc:
+            raise LandingCorrupt(f"{self._state_key(topic, partition)}: unreadable ({exc})") from None
+        return (None if wm is None else int(wm)), got[1]
+
+    def head(self, topic: str, partition: int) -> PartitionHead:
+        _seq, st = self.chain(topic, partition).head()
+        idle, _etag = self._idle_watermark(topic, partition)
+        wm = st.watermark_ms if idle is None else max(idle, st.watermark_ms or idle)
+        return PartitionHead(st.last_offset, wm, st.files, incarnation=st.incarnation)
+
+    def advance_watermark(self, topic: str, partition: int, watermark_ms: int) -> None:
+        key = self._state_key(topic, partition)
+        body = json.dumps({"watermark_ms": watermark_ms, "updated": layout.iso_now()}).encode()
+        for _ in range(_ATTEMPTS):
+            cur, etag = self._idle_watermark(topic, partition)
+            if cur is not None and cur >= watermark_ms:
+                return
+            try:
+                if etag is None:
+                    self.objects.put(key, body, if_absent=True)
+                else:
+                    self.objects.put(key, body, if_match=etag)
+                return
+            except PreconditionFailed:
+                continue  # another daemon moved it: read again
+
+    def watermarks(self, topic: str, partitions: int) -> list[int | None]:
+        return [self.head(topic, p).watermark_ms for p in range(partitions)]
+
+    def update_markers(self, topic: str, partitions: int) -> list[str]:
+        """``_COMPLETE`` (create-only) in every existing hour folder before the lowest watermark."""
+        marks = self.watermarks(topic, partitions)
+        if not marks or any(m is None for m in marks):
+            return []
+        low = min(m for m in marks if m is not None)
+        done_before = low // layout.HOUR_MS
+        progress = f"{layout.topic_state_dir(topic)}/_markers.json"
+        got = self.objects.get(progress)
+        start = int(json.loads(got[0])["complete_before_hour"]) if got else 0
+        if done_before <= start:
+            return []
+        created: list[str] = []
+        for day in self.objects.list_dirs(f"{layout.topic_dir(topic)}/"):
+            for hdir in self.objects.list_dirs(day):
+                try:
+                    h = layout.hour_of_dir(
+                        day.rstrip("/").rsplit("=", 1)[1], hdir.rstrip("/").rsplit("=", 1)[1]
+                    )
+                except (ValueError, IndexError):
+                    continue
+                if not start <= h < done_before:
+                    continue
+                body: dict[str, Any] = {
+                    "topic": topic,
+                    "partitions": partitions,
+                    "hour_start_ms": h * layout.HOUR_MS,
+                    "watermark_ms": low,
+                    "created": layout.iso_now(),
+                }
+                try:
+                    self.objects.put(f"{hdir}{layout.MARKER_NAME}", json.dumps(body).encode(), if_absent=True)
+                    created.append(f"{hdir}{layout.MARKER_NAME}")
+                except PreconditionFailed:
+                    pass
+        # progress only moves forward: a slower daemon's older value must not win
+        new = json.dumps({"complete_before_hour": done_before}).encode()
+        try:
+            if got is None:
+                self.objects.put(progress, new, if_absent=True)
+            else:
+                self.objects.put(progress, new, if_match=got[1])
+        except PreconditionFailed:
+            pass
+        return created
+
+    def _partitions(self, topic: str) -> list[int]:
+        out: list[int] = []
+        for d in self.objects.list_dirs(f"_log/{check_topic_name(topic)}/"):
+            try:
+                out.append(int(d.rstrip("/").rsplit("/", 1)[1]))
+            except ValueError:
+                continue
+        return sorted(out)
+
+    def manifest(self, topic: str | None = None) -> list[FileRange]:
+        topics = (
+            [topic]
+            if topic is not None
+            else [d.rstrip("/").split("/")[1] for d in self.objects.list_dirs("_log/")]
+        )
+        out: list[FileRange] = []
+        for t in sorted(topics):
+            for p in self._partitions(t):
+                out.extend(self.chain(t, p).manifest())
+        return out
+
+    def visible_files(self) -> list[str]:
+        """Objects outside ``_``/``.`` paths (what a reader of the landing lists), data or not."""
+        out: list[str] = []
+        for top in self.objects.list_dirs(""):
+            if top.startswith(("_", ".")):
+                continue
+            for info in self.objects.list_objects(top):
+                if any(part.startswith(("_", ".")) for part in info.key.split("/")):
+                    continue
+                out.append(info.key)
+        return sorted(out)
+
+
+def _value(prefix: str) -> str:
+    """``2026-01-01`` of ``topic=t/dt=2026-01-01/`` (the value of the last ``k=v`` folder)."""
+    return prefix.rstrip("/").rsplit("/", 1)[-1].split("=", 1)[1]

@@ -1,0 +1,46 @@
+"""The object-store test fixtures: one SeaweedFS (mqd.testing.seaweedfs) for the whole session with
+two S3 gateways on one filer ("two machines"), and object stores on fresh prefixes of its bucket so
+tests never see each other's objects. tests/conftest.py re-exports the ``seaweedfs`` fixture."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterator
+
+import pytest
+
+from mqd.landing.object_store import ObjectStore
+from mqd.landing.s3_objects import S3Objects
+from mqd.testing.seaweedfs import SeaweedFS
+
+
+@pytest.fixture(scope="session")
+def seaweedfs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedFS]:
+    """A started SeaweedFS with a second gateway (``endpoints[1]``); stopped after the session."""
+    server = SeaweedFS(tmp_path_factory.mktemp("seaweedfs"))
+    try:
+        server.start()
+        server.add_gateway()
+        yield server
+    except BaseException:
+        print(server.dump_logs())
+        raise
+    finally:
+        server.stop()
+
+
+def fresh_uri(server: SeaweedFS) -> str:
+    """``s3://<bucket>/<new prefix>``: a landing no other test uses."""
+    return f"s3://{server.bucket}/t-{secrets.token_hex(6)}"
+
+
+def s3_objects(server: SeaweedFS, uri: str, gateway: int = 0) -> S3Objects:
+    """Objects at ``uri`` through one of the server's gateways."""
+    return S3Objects(uri, client=server.client(server.endpoints[gateway]))
+
+
+def object_store(server: SeaweedFS, uri: str | None = None, gateway: int = 0) -> ObjectStore:
+    """An opened object store at ``uri`` (a fresh landing by default)."""
+    store = ObjectStore(s3_objects(server, uri or fresh_uri(server), gateway))
+    store.open()
+    return store
