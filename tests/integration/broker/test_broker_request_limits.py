@@ -107,7 +107,7 @@ async def _end(client: BrokerClient, url: str) -> int:
 async def _fetch_raw(
     session: aiohttp.ClientSession, url: str, body: dict[str, Any]
 ) -> aiohttp.ClientResponse:
-    async with session.post(url + "/v1/fetch", data=json.dumps(body)) as resp:
+    async with session.post(url + "/v1/fetch", json=body) as resp:
         await resp.read()
         return resp
 
