@@ -60,8 +60,8 @@ async def test_a_commit_a_page_could_send_is_refused_and_changes_nothing(
 
 
 async def test_json_and_untyped_requests_of_programs_are_still_served(node: Cluster) -> None:
-    """application/json (every mqd client), octet-stream and a body without a type from a program (no Origin, no
-    Sec-Fetch-Site: curl --data-binary with the header removed, scripts) are served."""
+    """application/json (every mqd client), octet-stream and a body without a type from a program
+    (no Origin, no Sec-Fetch-Site: scripts, curl with the header removed) are served."""
     url = node.bootstrap
     for headers in (
         {"Content-Type": "application/json; charset=utf-8"},
