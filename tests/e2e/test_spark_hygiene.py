@@ -9,9 +9,12 @@ from __future__ import annotations
 import configparser
 import json
 import os
+import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +28,7 @@ from mqd import format as fmt
 from mqd.landing import LocalStore, Publisher
 from mqd.spark.session import EXIT_SESSION
 from mqd.spark.static_checks import trigger_interval
+from mqd.waiting import wait_until_sync
 
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 MQD_BIN = str(Path(sys.executable).parent / "mqd")
@@ -120,6 +124,43 @@ def test_a_run_off_a_tty_prints_no_progress_bars_and_one_query_name(tmp_path: Pa
     assert {j.get("query") for j in lines} == {"mqd-events"}, lines
     done = next(j for j in lines if j["event"] == "spark_query_done")
     assert done["rows"] == total
+
+
+def _ui_answers(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=2) as resp:
+            return bool(resp.status == 200)
+    except OSError:
+        return False
+
+
+@pytest.mark.spark
+def test_streaming_run_serves_the_ui_when_asked_and_stops_on_sigterm(tmp_path: Path) -> None:
+    """`spark.ui = true` turns the Spark UI on (it is off by default) for the long-running job; the
+    streaming query runs under its one name and SIGTERM stops it with exit 0."""
+    _land(tmp_path / "landing", 1, 2, 100)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cfg = _config(tmp_path, trigger_interval="1s")
+    cfg.write_text(cfg.read_text() + f"ui = true\nui_port = {port}\n")
+    log = tmp_path / "spark.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "mqd.cli", "spark", "-c", str(cfg)], stdout=out, stderr=out
+        )
+    try:
+        wait_until_sync(lambda: "spark_query_started" in log.read_text(), 240, "the streaming query")
+        wait_until_sync(lambda: _ui_answers(port), 60, f"the Spark UI on port {port}")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == 0, log.read_text()[-4000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+    text = log.read_text()
+    assert "[Stage" not in text
+    assert {j.get("query") for j in _json_lines(text) if j.get("logger") == "mqd.spark"} == {"mqd-events"}
 
 
 @pytest.mark.spark
