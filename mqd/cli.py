@@ -859,6 +859,9 @@ def spark(config_path: Path, once: bool, master: str | None) -> None:
     Examples:
       mqd spark --config config/mqd.toml --once
       mqd spark -c config/mqd.toml --master spark://spark-master:7077
+
+    Exit codes: 0 done or stopped, 1 a query failed, 2 invalid configuration, 75 no Spark session
+    (master unreachable or Spark failed to start; try again later).
     """
     cfg = _load(config_path)
     from mqd import log as mqdlog

@@ -446,11 +446,45 @@ class SparkConfig(_Model):
     quarantine_dir: ConfigPath = Path("warehouse/_quarantine/events")
     max_files_per_trigger: int = Field(default=1000, ge=1)
     trigger_interval: str = "10 seconds"
-    partition_by: list[str] = Field(default_factory=lambda: ["topic", "dt"])
     value_format: Literal["raw", "json"] = "raw"
     value_schema: str = ""  # Spark DDL, for value_format = "json"
+    partition_by: list[str] = Field(default_factory=lambda: ["topic", "dt"])  # after what it checks against
     shuffle_partitions: int = Field(default=4, ge=1)
     driver_memory: str = "1g"
+    log_level: Literal["ALL", "TRACE", "DEBUG", "INFO", "WARN", "ERROR", "FATAL", "OFF"] = "WARN"  # log4j's
+    ui: bool = False  # the Spark UI (bound to 127.0.0.1 for a local master), e.g. for the streaming unit
+    ui_port: int = Field(default=4040, ge=1, le=65535)
+
+    # what session or query start would refuse, refused here (mqd/spark/static_checks.py)
+    @field_validator("master")
+    @classmethod
+    def _known_master(cls, value: str) -> str:
+        from mqd.spark.static_checks import master_problem
+
+        problem = master_problem(value)
+        if problem is not None:
+            raise ValueError(problem)
+        return value
+
+    @field_validator("trigger_interval")
+    @classmethod
+    def _spark_interval(cls, value: str) -> str:
+        from mqd.spark.static_checks import trigger_interval
+
+        return trigger_interval(value)
+
+    @field_validator("partition_by")
+    @classmethod
+    def _table_has_columns(cls, value: list[str], info: ValidationInfo) -> list[str]:
+        from mqd.spark.static_checks import partition_problem, table_columns
+
+        fmt, schema = info.data.get("value_format"), info.data.get("value_schema")
+        if fmt is None or schema is None:  # reported on their own keys
+            return value
+        problem = partition_problem(value, table_columns(fmt, schema))
+        if problem is not None:
+            raise ValueError(problem)
+        return value
 
     @model_validator(mode="after")
     def _json_needs_schema(self) -> Self:

@@ -16,7 +16,7 @@
 #                    generated there (`mqd broker-credentials`, one 0600 file per node) and a drop-in
 #                    loads each node's file into mqd-broker@<node> (LoadCredential=replica:...)
 #
-# Afterwards: edit /etc/mqd/mqd.toml, then `systemctl enable --now mqd` (and mqd-spark,
+# Afterwards: edit /etc/mqd/mqd.toml, then `systemctl enable --now mqd` (and mqd-spark or mqd-spark.timer,
 # mqd-broker@<node-id> for broker nodes on this host, with /etc/mqd/broker-<node-id>.toml).
 set -eu
 
@@ -65,12 +65,17 @@ run() {
 staging=$(mktemp -d)
 trap 'rm -rf "$staging"' EXIT INT TERM
 
-for unit in mqd.service mqd-broker@.service mqd-spark.service; do
+units="mqd.service mqd-broker@.service mqd-spark.service mqd-spark-once.service mqd-spark.timer"
+for unit in $units; do
     sed "s|@MQD@|$MQD_BIN|g" "$here/$unit" > "$staging/$unit"
 done
 if [ "$SYSTEMD_VERSION" -ge 253 ]; then
     # systemd sends SIGHUP itself and waits for RELOADING=1 ... READY=1
     sed -i -e 's/^Type=notify$/Type=notify-reload/' -e '/^ExecReload=/d' "$staging/mqd.service"
+fi
+if [ "$SYSTEMD_VERSION" -lt 254 ]; then
+    # a growing restart delay needs systemd >= 254; older systemd keeps the flat RestartSec
+    sed -i -e '/^RestartSteps=/d' -e '/^RestartMaxDelaySec=/d' "$staging/mqd-spark.service"
 fi
 
 # The service's paths: state and landing under StateDirectory, pid file under RuntimeDirectory.
@@ -90,7 +95,8 @@ if [ "$VERIFY" = 1 ] && command -v systemd-analyze >/dev/null 2>&1; then
     cp "$staging/mqd-broker@.service" "$staging/mqd-broker@verify.service"
     # verify exits 0 on "unknown key ... ignoring": any complaint about our files is an error
     if ! out=$(SYSTEMD_LOG_LEVEL=warning systemd-analyze verify --man=no \
-            "$staging/mqd.service" "$staging/mqd-broker@verify.service" "$staging/mqd-spark.service" 2>&1) \
+            "$staging/mqd.service" "$staging/mqd-broker@verify.service" "$staging/mqd-spark.service" \
+            "$staging/mqd-spark-once.service" "$staging/mqd-spark.timer" 2>&1) \
         || printf '%s\n' "$out" | grep -q "^$staging/"; then
         printf '%s\n' "$out" >&2
         echo "error: systemd-analyze verify failed" >&2
@@ -102,7 +108,7 @@ if [ "$VERIFY" = 1 ] && command -v systemd-analyze >/dev/null 2>&1; then
 fi
 
 run mkdir -p "$DESTDIR$UNITDIR" "$DESTDIR$CONFDIR"
-for unit in mqd.service mqd-broker@.service mqd-spark.service; do
+for unit in $units; do
     run install -m 0644 "$staging/$unit" "$DESTDIR$UNITDIR/$unit"
 done
 if [ -e "$DESTDIR$CONFDIR/mqd.toml" ]; then
@@ -141,4 +147,4 @@ if [ -z "$DESTDIR" ] && [ "$dry" = 0 ] && [ -d /run/systemd/system ]; then
     systemctl daemon-reload
 fi
 echo "installed mqd units into $DESTDIR$UNITDIR (mqd: $MQD_BIN)"
-echo "next: edit $CONFDIR/mqd.toml, then: systemctl enable --now mqd mqd-spark"
+echo "next: edit $CONFDIR/mqd.toml, then: systemctl enable --now mqd mqd-spark (or mqd mqd-spark.timer)"

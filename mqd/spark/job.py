@@ -26,6 +26,12 @@ stateless); files written before a change lack the new columns, so read the tabl
 ``value_format = "json"`` parses values with the configured DDL schema into columns; rows whose
 value is not valid JSON for that schema go, with the reason, to a quarantine table written by a
 second query over the same source with its own checkpoint.
+
+Names and exit codes: the query is ``mqd-<table>`` (the output directory's name; its quarantine
+query ``mqd-<table>-quarantine``), the same in Spark and in every log line of the job. The job
+exits 0 when done (``--once``) or stopped, 1 when a query failed, 2 on a bad configuration (also
+what ``mqd config check`` refuses: mqd/spark/static_checks.py), 75 when no Spark session could be
+created (mqd/spark/session.py).
 """
 
 from __future__ import annotations
@@ -33,7 +39,6 @@ from __future__ import annotations
 import re
 import signal
 import threading
-import zlib
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -44,13 +49,14 @@ from mqd.config import MqdConfig
 from mqd.errors import MqdError
 from mqd.landing.schema import LANDING_SCHEMA, PARTITION_COLUMNS, landing_columns, landing_ddl, spark_type
 from mqd.landing.store import open_store
+from mqd.spark.session import EXIT_SESSION, SessionError, build_session, open_session
+from mqd.spark.static_checks import RAW_TIMESTAMP_COLUMN, master_problem, partition_problem
 
-log = structlog.get_logger("mqd.spark")
+_log = structlog.get_logger("mqd.spark")
 
 CORRUPT_COLUMN = "_mqd_corrupt_record"
 LANDING_DDL = landing_ddl()  # derived from the Arrow schema (mqd.landing.schema)
 _LANDING_COLUMNS = landing_columns()
-RAW_TIMESTAMP_COLUMN = "timestamp_raw_ms"  # the producer's timestamp when ``timestamp`` was clamped
 # the landing's folder range (layout.folder_hours), in epoch ms: 1970-01-01 .. 9999-12-31T23:59:59.999Z
 MIN_TS_MS = 0
 MAX_TS_MS = 253_402_300_799_999
@@ -87,29 +93,11 @@ def unlisted_files(landing: Path) -> list[Path]:
     return sorted(landing / rel for rel in store.visible_files() if rel not in known)
 
 
-def build_session(config: MqdConfig, master: str | None = None) -> Any:
-    """A SparkSession sized for a small machine unless the master is a real cluster. When a
-    session is already active in this process (tests), it is reused as is."""
-    from pyspark.sql import SparkSession
-
-    sc = config.spark
-    builder = (
-        SparkSession.builder.master(master or sc.master)
-        .appName(sc.app_name)
-        .config("spark.sql.shuffle.partitions", str(sc.shuffle_partitions))
-        .config("spark.default.parallelism", str(sc.shuffle_partitions))
-        .config("spark.ui.enabled", "false")
-        .config("spark.driver.memory", sc.driver_memory)
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.sql.files.ignoreCorruptFiles", "false")  # an unreadable file fails the job
-        .config("spark.sql.streaming.schemaInference", "false")
-        .config("spark.sql.adaptive.enabled", "false")  # AQE brings nothing to small micro-batches
-    )
-    if (master or sc.master).startswith("local"):
-        builder = builder.config("spark.driver.host", "127.0.0.1").config(
-            "spark.driver.bindAddress", "127.0.0.1"
-        )
-    return builder.getOrCreate()
+def query_name(config: MqdConfig, quarantine: bool = False) -> str:
+    """The query's one name, in Spark and in the logs: ``mqd-<table>`` (the output directory's
+    name), stable across runs and restarts."""
+    table = Path(config.spark.output_dir).name or "table"
+    return f"mqd-{table}-quarantine" if quarantine else f"mqd-{table}"
 
 
 def _source(spark: Any, config: MqdConfig) -> Any:
@@ -145,7 +133,15 @@ def _queries(spark: Any, config: MqdConfig) -> list[tuple[str, Any, Path, Path, 
     if sc.value_format == "raw":
         # reported by unlisted_files() at start; there is no quarantine table in raw mode
         _check_partitioning(sc.partition_by, output_columns())
-        return [("main", df.where(~foreign), Path(sc.output_dir), checkpoint / "main", sc.partition_by)]
+        return [
+            (
+                query_name(config),
+                df.where(~foreign),
+                Path(sc.output_dir),
+                checkpoint / "main",
+                sc.partition_by,
+            )
+        ]
 
     try:
         value_schema = StructType.fromDDL(sc.value_schema)
@@ -187,21 +183,33 @@ def _queries(spark: Any, config: MqdConfig) -> list[tuple[str, Any, Path, Path, 
     )
     qparts = [c for c in sc.partition_by if c in _LANDING_COLUMNS]
     return [
-        ("main", good, Path(sc.output_dir), checkpoint / "main", sc.partition_by),
-        ("quarantine", bad, Path(sc.quarantine_dir), checkpoint / "quarantine", qparts),
+        (query_name(config), good, Path(sc.output_dir), checkpoint / "main", sc.partition_by),
+        (
+            query_name(config, quarantine=True),
+            bad,
+            Path(sc.quarantine_dir),
+            checkpoint / "quarantine",
+            qparts,
+        ),
     ]
 
 
 def _check_partitioning(partition_by: list[str], columns: list[str]) -> None:
-    missing = [c for c in partition_by if c not in columns]
-    if missing:
-        raise SparkJobError(f"spark.partition_by names unknown columns {missing}; columns are {columns}")
+    problem = partition_problem(partition_by, columns)
+    if problem is not None:
+        raise SparkJobError(f"spark.partition_by {problem}")
 
 
 def run(config: MqdConfig, *, once: bool, master: str | None = None) -> int:
     """Run the job. ``once``: process what is in the landing directory (availableNow) and return;
     otherwise run until SIGTERM/SIGINT. Returns a process exit code (0 ok, 1 query failed,
-    2 bad configuration)."""
+    2 bad configuration, 75 no Spark session: EXIT_SESSION)."""
+    log = _log.bind(query=query_name(config))
+    url = master or config.spark.master
+    problem = master_problem(url)
+    if problem is not None:  # --master bypasses the config's check
+        log.error("spark_master_invalid", master=url, error=problem)
+        return 2
     landing = Path(config.landing.dir)
     if not landing.is_dir():
         log.error("landing_dir_missing", dir=str(landing))
@@ -216,7 +224,17 @@ def run(config: MqdConfig, *, once: bool, master: str | None = None) -> int:
             "landing schema; a corrupt one fails the job",
         )
     had_session = _session_running()
-    spark = build_session(config, master)
+    try:
+        spark = open_session(config, master)
+    except SessionError as exc:
+        log.error(
+            "spark_session_failed",
+            master=url,
+            error=str(exc),
+            exit_code=EXIT_SESSION,
+            action="start or fix the Spark master (spark.master / --master); the job is retried",
+        )
+        return EXIT_SESSION
     started: list[Any] = []
     stopping = threading.Event()
 
@@ -238,7 +256,7 @@ def run(config: MqdConfig, *, once: bool, master: str | None = None) -> int:
         for name, df, out, ckpt, parts in plan:
             writer = (
                 df.writeStream.format("parquet")
-                .queryName(f"mqd-{name}-{zlib.crc32(str(out).encode()):08x}")
+                .queryName(name)
                 .option("path", str(out))
                 .option("checkpointLocation", str(ckpt))
                 .outputMode("append")
@@ -255,7 +273,7 @@ def run(config: MqdConfig, *, once: bool, master: str | None = None) -> int:
         for q in started:
             q.awaitTermination()
             if q.exception() is not None and not stopping.is_set():
-                _log_failure(q.name, str(q.exception()))
+                _log_failure(log, q.name, str(q.exception()))
                 return 1
         for q in started:
             progress = q.lastProgress or {}
@@ -269,7 +287,7 @@ def run(config: MqdConfig, *, once: bool, master: str | None = None) -> int:
     except Exception as exc:
         if stopping.is_set():
             return 0
-        _log_failure(None, str(exc))
+        _log_failure(log, None, str(exc))
         return 1
     finally:
         for q in started:
@@ -287,20 +305,21 @@ def unreadable_file(error: str) -> str | None:
     return m.group(1) if m else None
 
 
-def _log_failure(query: str | None, error: str) -> None:
+def _log_failure(log: Any, query: str | None, error: str) -> None:
+    at = {} if query is None else {"query": query}  # else the bound main query's name
     path = unreadable_file(error)
     if path is not None:
         # nothing of the file is skipped: the job stops at it, every run, until it is dealt with
         log.error(
             "spark_unreadable_file",
-            query=query,
+            **at,
             file=path,
             action="repair or restore the file, or move it out of the landing directory if mqd did "
             "not publish it (mqd spark lists such files at start); the checkpoint resumes there",
             error=error[:2000],
         )
     elif query is not None:
-        log.error("spark_query_failed", query=query, error=error)
+        log.error("spark_query_failed", **at, error=error)
     else:
         log.error("spark_job_failed", error=error)
 
@@ -316,11 +335,13 @@ def _session_running() -> bool:
 
 
 __all__ = [
+    "EXIT_SESSION",
     "LANDING_DDL",
     "RAW_TIMESTAMP_COLUMN",
     "SparkJobError",
     "build_session",
     "output_columns",
+    "query_name",
     "run",
     "source_ddl",
     "unlisted_files",

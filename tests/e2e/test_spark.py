@@ -112,8 +112,12 @@ def test_json_values_become_columns_and_bad_records_are_quarantined(tmp_path: Pa
 
 
 def test_bad_partition_column_is_a_config_error(tmp_path: Path, spark: Any) -> None:
-    """A partition_by column that the output does not have is refused with exit code 2."""
-    cfg = make_config(tmp_path, partition_by=["nope"])
+    """A partition_by column that the output does not have is refused: by the config, and by the
+    job (exit code 2) for a config that skipped validation (model_copy)."""
+    with pytest.raises(ValueError, match="partition_by"):
+        make_config(tmp_path, partition_by=["nope"])
+    cfg = make_config(tmp_path)
+    cfg = cfg.model_copy(update={"spark": cfg.spark.model_copy(update={"partition_by": ["nope"]})})
     LocalStore(Path(cfg.landing.dir)).open()
     assert job.run(cfg, once=True) == 2
 

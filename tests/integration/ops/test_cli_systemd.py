@@ -41,7 +41,13 @@ def test_install_stages_units_and_config(tmp_path: Path) -> None:
     proc, dest = _install(tmp_path, SYSTEMD_VERSION="252")
     assert proc.returncode == 0, proc.stderr
     units = dest / "etc" / "systemd" / "system"
-    assert {p.name for p in units.iterdir()} == {"mqd.service", "mqd-broker@.service", "mqd-spark.service"}
+    assert {p.name for p in units.iterdir()} == {
+        "mqd.service",
+        "mqd-broker@.service",
+        "mqd-spark.service",
+        "mqd-spark-once.service",
+        "mqd-spark.timer",
+    }
     for unit in units.iterdir():
         assert "@MQD@" not in unit.read_text()
     svc = _unit(units / "mqd.service")["Service"]

@@ -1,0 +1,151 @@
+"""Creating the job's SparkSession: fast, quiet, and failing in one line.
+
+Spark's standalone client tries an unreachable master three times 20 s apart (hard-coded, no
+setting bounds it) and prints each attempt's Java trace; under systemd that is a minute of
+journal per restart. So before starting the JVM the job connects to each ``spark://`` master
+(``CONNECT_TIMEOUT``) and, when none answers, fails at once; any other failure to create the
+session is caught too. Both end the job with ``EXIT_SESSION`` (75, EX_TEMPFAIL: the cluster may
+come back; the unit restarts with a growing delay) and one error line, distinct from a failed
+query (1) and a bad configuration (2, not restarted).
+
+Output hygiene: log4j at ``spark.log_level`` (WARN by default), console progress bars only when
+stderr is a terminal (they are carriage-return animations: garbage in a journal or log file), and
+the Spark UI only when ``spark.ui`` asks for it.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from mqd.config import MqdConfig
+from mqd.errors import MqdError
+from mqd.spark.static_checks import spark_masters
+
+EXIT_SESSION = 75  # sysexits' EX_TEMPFAIL: no Spark session now, a later try may get one
+CONNECT_TIMEOUT = 5.0  # seconds per spark:// master for a TCP connect before the JVM starts
+
+
+# log4j2 for the driver JVM, root at spark.log_level from its first line (Spark's own default is
+# INFO, then "Setting default log level" once the context is up); Hadoop's native-library notice off
+_LOG4J2 = """\
+rootLogger.level = {level}
+rootLogger.appenderRef.stderr.ref = stderr
+appender.stderr.type = Console
+appender.stderr.name = stderr
+appender.stderr.target = SYSTEM_ERR
+appender.stderr.layout.type = PatternLayout
+appender.stderr.layout.pattern = %d{{yy/MM/dd HH:mm:ss}} %p %c{{1}}: %m%n%ex
+logger.native.name = org.apache.hadoop.util.NativeCodeLoader
+logger.native.level = error
+logger.jetty.name = org.sparkproject.jetty
+logger.jetty.level = warn
+logger.parquet.name = org.apache.parquet.CorruptStatistics
+logger.parquet.level = error
+"""
+
+
+class SessionError(MqdError):
+    """No Spark session: the master is unreachable or Spark failed to start. Retriable."""
+
+    retriable = True
+
+
+def check_reachable(master: str, timeout: float = CONNECT_TIMEOUT) -> None:
+    """Raise SessionError unless some master of a ``spark://`` URL accepts a TCP connection
+    (standby masters: one is enough). Other masters are not checked here."""
+    nodes = spark_masters(master)
+    errors = []
+    for host, port in nodes:
+        try:
+            with socket.create_connection((host, port), timeout=timeout):
+                return
+        except OSError as exc:
+            errors.append(f"{host}:{port}: {exc.strerror or exc}")
+    if nodes:
+        raise SessionError(f"no Spark master reachable at {master} ({'; '.join(errors)})")
+
+
+def build_session(config: MqdConfig, master: str | None = None) -> Any:
+    """A SparkSession sized for a small machine unless the master is a real cluster. When a
+    session is already active in this process (tests), it is reused as is."""
+    from pyspark.sql import SparkSession
+
+    sc = config.spark
+    url = master or sc.master
+    log4j: Path | None = None
+    if not _jvm_running():
+        # read once by the JVM as it starts: removed again below
+        fd, name = tempfile.mkstemp(prefix="mqd-spark-log4j2-", suffix=".properties")
+        log4j = Path(name)
+        with os.fdopen(fd, "w") as f:
+            f.write(_LOG4J2.format(level=sc.log_level))
+    builder = (
+        SparkSession.builder.master(url)
+        .appName(sc.app_name)
+        .config("spark.sql.shuffle.partitions", str(sc.shuffle_partitions))
+        .config("spark.default.parallelism", str(sc.shuffle_partitions))
+        .config("spark.ui.enabled", "true" if sc.ui else "false")
+        .config("spark.ui.port", str(sc.ui_port))
+        .config("spark.ui.showConsoleProgress", "true" if _stderr_is_tty() else "false")
+        .config("spark.driver.memory", sc.driver_memory)
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.sql.files.ignoreCorruptFiles", "false")  # an unreadable file fails the job
+        .config("spark.sql.streaming.schemaInference", "false")
+        .config("spark.sql.adaptive.enabled", "false")  # AQE brings nothing to small micro-batches
+    )
+    if log4j is not None:
+        opts = f"-Dlog4j2.configurationFile={log4j.as_uri()}"
+        builder = builder.config("spark.driver.extraJavaOptions", opts)
+        if url.startswith("local"):
+            # the JVM's first act is resolving the host name (a WARN when it is a loopback name)
+            os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    if url.startswith("local"):
+        builder = builder.config("spark.driver.host", "127.0.0.1").config(
+            "spark.driver.bindAddress", "127.0.0.1"
+        )
+    try:
+        return builder.getOrCreate()
+    finally:
+        if log4j is not None:
+            log4j.unlink(missing_ok=True)
+
+
+def open_session(config: MqdConfig, master: str | None = None) -> Any:
+    """``build_session`` after the reachability check; every failure is a SessionError whose
+    message is one line (Spark's errors carry the JVM's trace: only its first line is kept)."""
+    url = master or config.spark.master
+    check_reachable(url)
+    try:
+        return build_session(config, master)
+    except Exception as exc:  # py4j and pyspark raise their own types
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise SessionError(f"Spark session for master {url} failed: {first[:500]}") from None
+
+
+def _jvm_running() -> bool:
+    """This process already has Spark's JVM (a session before this one): it keeps its logging."""
+    from pyspark import SparkContext
+
+    return SparkContext._gateway is not None
+
+
+def _stderr_is_tty() -> bool:
+    try:
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):  # replaced or closed stderr
+        return False
+
+
+__all__ = [
+    "CONNECT_TIMEOUT",
+    "EXIT_SESSION",
+    "SessionError",
+    "build_session",
+    "check_reachable",
+    "open_session",
+]
