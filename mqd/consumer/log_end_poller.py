@@ -49,7 +49,7 @@ class StuckTracker:
     def observe(self, tp: TopicPartition, landed: int | None, log_end: int) -> bool:
         """Record one poll's figures; True when ``tp`` is stuck now."""
         p = self._progress.get(tp)
-        behind = landed is None or landed < log_end
+        behind = (landed or 0) < log_end  # nothing landed yet: behind once the log holds records
         if p is None or not behind or landed != p.landed:
             self._progress[tp] = _Progress(landed, log_end, 0, log_end)
             return False

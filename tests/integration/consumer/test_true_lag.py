@@ -4,6 +4,7 @@ end on a timer, so partitions paused while the producer writes show their growin
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -18,10 +19,14 @@ import pytest
 from click.testing import CliRunner
 from prometheus_client.parser import text_string_to_metric_families
 from support.cli import mqd, produce, write_config
+from support.consumer import FAST
+from support.fake_kafka import FakeKafka, values
 from support.harness import Cluster
 
 from mqd.cli import EXIT_STUCK, main
-from mqd.waiting import wait_until_sync
+from mqd.config import ConsumerConfig
+from mqd.consumer import Consumer, TopicPartition
+from mqd.waiting import wait_until, wait_until_sync
 
 PAUSED = (1, 2)
 
@@ -157,3 +162,43 @@ def test_paused_partitions_show_growing_lag_and_status_exits_stuck(
         timeout=30,
         what="mqd status healthy (not stuck) again",
     )
+
+
+async def test_kafka_source_log_end_polled_for_a_paused_partition(tmp_path: Path) -> None:
+    """The timer goes through the Source seam, so the Kafka source has true lag too: a partition
+    paused while its log grows on a (scripted) Kafka broker shows the new log end and lag, and is
+    judged stuck, while the partition that keeps being consumed is not."""
+    broker = await FakeKafka("events", 2).start()
+    try:
+        cfg = ConsumerConfig(
+            **{
+                **FAST,
+                "source": "kafka",
+                "mode": "broadcast",
+                "consume_from": "first",
+                "client_id": "lag-kafka",
+                "bootstrap": [broker.bootstrap],
+                "topics": ["events"],
+                "offset_file": tmp_path / "offsets.json",
+                "log_end_interval": 0.1,
+                "stuck_intervals": 2,
+            }
+        )
+        tp0, tp1 = TopicPartition("events", 0), TopicPartition("events", 1)
+        async with Consumer(cfg, auto_mark=True) as consumer:
+            consumer.pause([tp1])
+            for n in range(5):
+                broker.logs[1].append(values(n, b"v%d" % n))
+                await asyncio.sleep(0.15)  # the producer's pace: one record per poll or so
+
+            def snap(tp: TopicPartition) -> Any:
+                consumer.fetched_batches()  # auto_mark: tp0's records count as landed
+                return next(p for p in consumer.snapshot().partitions if p.tp == tp)
+
+            await wait_until(lambda: snap(tp1).log_end == 5, timeout=10, what="tp1's polled log end")
+            p1 = snap(tp1)
+            assert p1.paused and p1.lag == 5 and p1.landed_lag == 5, p1
+            await wait_until(lambda: snap(tp1).stuck, timeout=10, what="tp1 stuck")
+            assert not snap(tp0).stuck
+    finally:
+        await broker.stop()
