@@ -434,6 +434,9 @@ class PartitionRow:
     paused: bool
     parked: bool
     error: str
+    landed: int | None = None
+    time_lag_s: float | None = None  # now minus the newest landed record's event time
+    stuck: bool = False
 
     @property
     def state(self) -> str:
@@ -455,6 +458,10 @@ def _first(d: Mapping[str, Any], *keys: str, default: Any = None) -> Any:
 
 def _int_or_none(v: Any) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def _float_or_none(v: Any) -> float | None:
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
 
 
 def partition_rows(status: Mapping[str, Any]) -> list[PartitionRow]:
@@ -496,6 +503,9 @@ def partition_rows(status: Mapping[str, Any]) -> list[PartitionRow]:
                 paused=bool(e.get("paused")),
                 parked=bool(e.get("parked")),
                 error=str(_first(e, "last_error", "error", default="")),
+                landed=_int_or_none(e.get("landed")),
+                time_lag_s=_float_or_none(e.get("time_lag_s")),
+                stuck=e.get("stuck") is True,
             )
         )
     rows.sort(key=lambda r: (r.topic, r.partition))
@@ -625,12 +635,52 @@ def render_summary(status: Mapping[str, Any]) -> str:
             f"({totals.get('reused_offsets', 0)} reused offsets landed as new records), "
             f"{totals.get('lost_offsets', 0)} offsets lost by the broker"
         )
+    stuck = [r for r in rows if r.stuck]
+    if stuck:
+        names = ", ".join(f"{r.topic}/{r.partition}" for r in stuck)
+        lines.append(f"  ! {len(stuck)} partitions stuck (nothing landed while the log end grew): {names}")
+    if rows:
+        lines.append(_offsets_table(rows))
     for r in errors[:10]:
         lines.append(f"  {r.topic}:{r.partition}: {r.error}")
     reload = _section(runner, "reload")
     if reload.get("count"):
         lines.append(f"  last reload: {'ok' if reload.get('ok') else 'refused: ' + str(reload.get('error'))}")
     return "\n".join(lines)
+
+
+def _cell(v: object) -> str:
+    return "-" if v is None else str(v)
+
+
+def _offsets_table(rows: list[PartitionRow]) -> str:
+    """Exact offsets per partition: committed, landed, log end, lag and the time lag."""
+    header = ("TOPIC", "PART", "COMMITTED", "LANDED", "LOG-END", "LAG", "TIME-LAG", "STATE")
+    table = [header]
+    for r in rows:
+        state = "stuck" if r.stuck else (r.state or "-")
+        time_lag = None if r.time_lag_s is None else f"{r.time_lag_s:.1f}s"
+        table.append(
+            (
+                r.topic,
+                str(r.partition),
+                _cell(r.committed),
+                _cell(r.landed),
+                _cell(r.log_end),
+                _cell(r.lag),
+                _cell(time_lag),
+                state,
+            )
+        )
+    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+    out = []
+    for row in table:
+        cells = [
+            c.ljust(w) if i in (0, 7) else c.rjust(w)
+            for i, (c, w) in enumerate(zip(row, widths, strict=True))
+        ]
+        out.append("  " + "  ".join(cells).rstrip())
+    return "\n".join(out)
 
 
 def render_html(status: Mapping[str, Any]) -> str:
@@ -640,11 +690,24 @@ def render_html(status: Mapping[str, Any]) -> str:
     body = [
         f"<h1>mqd: {esc(str(status.get('state', '?')))} / {esc(str(health.get('status', '?')))}</h1>",
         "<ul>" + "".join(f"<li>{esc(str(r))}</li>" for r in health.get("reasons") or []) + "</ul>",
-        "<table><tr><th>topic</th><th>partition</th><th>position</th><th>committed</th><th>log end</th>"
-        "<th>lag</th><th>pull node</th><th>flow</th><th>error</th></tr>",
+        "<table><tr><th>topic</th><th>partition</th><th>position</th><th>committed</th><th>landed</th>"
+        "<th>log end</th><th>lag</th><th>time lag (s)</th><th>pull node</th><th>flow</th><th>error</th></tr>",
     ]
     for r in rows:
-        cells = [r.topic, r.partition, r.position, r.committed, r.log_end, r.lag, r.node, r.state, r.error]
+        state = "stuck" if r.stuck else r.state
+        cells = [
+            r.topic,
+            r.partition,
+            r.position,
+            r.committed,
+            r.landed,
+            r.log_end,
+            r.lag,
+            r.time_lag_s,
+            r.node,
+            state,
+            r.error,
+        ]
         body.append("<tr>" + "".join(f"<td>{esc('' if c is None else str(c))}</td>" for c in cells) + "</tr>")
     body.append("</table>")
     body.append(

@@ -30,6 +30,7 @@ EXIT_OK = 0
 EXIT_FAIL = 1  # also "degraded" for status
 EXIT_CONFIG = 2
 EXIT_NOT_RUNNING = 3
+EXIT_STUCK = 4  # status: a partition is stuck (nothing landed for stuck_intervals polls, log end grew)
 
 DEFAULT_CONFIG = "/etc/mqd/mqd.toml"
 _SERVICE_ENV = frozenset(
@@ -396,7 +397,10 @@ def _fetch_status(rt: _Runtime, pid: int) -> dict[str, Any]:
 def status(config_path: Path, as_json: bool, watch: bool, interval: float, iterations: int | None) -> None:
     """Show whether the daemon runs and how it is doing.
 
-    Exit code: 0 healthy, 1 degraded (or its admin endpoint does not answer), 3 not running.
+    Exit code: 0 healthy, 1 degraded (or its admin endpoint does not answer), 3 not running,
+    4 stuck: a partition landed nothing for consumer.stuck_intervals log-end polls (every
+    consumer.log_end_interval) while its log end grew (paused, parked, failing or held back); it
+    wins over 1, since a lag alert wants to know.
 
     \b
     Examples:
@@ -437,6 +441,9 @@ def status(config_path: Path, as_json: bool, watch: bool, interval: float, itera
         from mqd.admin import render_summary
 
         click.echo(render_summary(data))
+    totals = ((data.get("consumer") or {}).get("totals")) or {}
+    if totals.get("stuck"):
+        sys.exit(EXIT_STUCK)
     sys.exit(EXIT_OK if healthy else EXIT_FAIL)
 
 

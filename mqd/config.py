@@ -359,6 +359,10 @@ class ConsumerConfig(_Model):
     session_timeout: Float = Field(default=10.0, gt=0, le=MAX_SESSION_TIMEOUT_S)
     metadata_refresh_interval: Float = Field(default=30.0, gt=0)
     commit_interval: Float = Field(default=5.0, gt=0)
+    # the log end of every owned partition is asked this often, whatever its state (true lag)
+    log_end_interval: Float = Field(default=5.0, gt=0)
+    # stuck: no landed progress for this many log-end polls while the log end grew
+    stuck_intervals: int = Field(default=3, ge=1)
     max_queued_records: int = Field(default=1000, ge=1)
     max_queued_bytes: int = Field(default=100 * MiB, ge=1)
     max_offset_span: int = Field(default=2000, ge=1)

@@ -324,6 +324,7 @@ class Daemon:
         # new owner may never publish past it to commit it itself.
         if res.next_offset is not None:
             self.consumer.mark_consumed(tp, res.next_offset)
+            self.consumer.note_landed(tp, max(r.ts_max for r in res.published))
         if res.conflict is not None and res.conflict.last_offset is not None:
             self.consumer.mark_consumed(tp, res.conflict.last_offset + 1)
         if res.conflict is not None and res.owned:

@@ -2,25 +2,57 @@
 
 Modules import the objects they update; the hot path updates counters per partition fetch result or
 per batch, never per record.
+
+Names follow the Prometheus conventions: the unit ends the name, before the ``_total`` the client
+adds to counters (``mqd_fetched_bytes_total``); no ``*_created`` series (they double every counter
+and histogram and no dashboard reads them); ``mqd_build_info{version}`` is 1. The per-partition
+offset gauges (committed, landed, log end, lag, freshness) are set by the log-end poller
+(mqd.consumer.log_end_poller) on its timer, whatever the partition's state.
 """
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    disable_created_metrics,
+)
+
+from mqd import __version__
+
+# process-wide: also for the registries embedders make
+disable_created_metrics()  # type: ignore[no-untyped-call]
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 
+build_info = Gauge(
+    "mqd_build_info", "Always 1; the labels say which mqd runs", ["version"], registry=REGISTRY
+)
+build_info.labels(__version__).set(1)
+
 records_fetched = Counter(
-    "mqd_records_fetched", "Records received from brokers", ["topic", "partition"], registry=REGISTRY
+    "mqd_fetched_records", "Records received from brokers", ["topic", "partition"], registry=REGISTRY
 )
 bytes_fetched = Counter(
-    "mqd_bytes_fetched", "Batch bytes received from brokers", ["topic", "partition"], registry=REGISTRY
+    "mqd_fetched_bytes", "Batch bytes received from brokers", ["topic", "partition"], registry=REGISTRY
 )
 fetch_requests = Counter("mqd_fetch_requests", "Fetch requests sent", ["node"], registry=REGISTRY)
 fetch_errors = Counter("mqd_fetch_errors", "Failed fetch requests", ["node", "kind"], registry=REGISTRY)
+fetch_duration = Histogram(
+    "mqd_fetch_duration_seconds",
+    "Fetch request round trip, including the broker's long-poll wait (up to fetch_max_wait_ms)",
+    ["node"],
+    buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+    registry=REGISTRY,
+)
+# The wire does not say how long the broker held the request, so latency is the round trip beyond
+# the requested max wait (0 when the answer came earlier: data arrived, or the wait was cut short)
 fetch_latency = Histogram(
     "mqd_fetch_latency_seconds",
-    "Fetch request round trip (includes long-poll wait)",
+    "Fetch round trip beyond the requested long-poll wait (the broker does not report its wait)",
     ["node"],
     buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
     registry=REGISTRY,
@@ -45,7 +77,39 @@ stale_responses = Counter(
     "mqd_stale_responses", "Partition results dropped by the response callback", ["reason"], registry=REGISTRY
 )
 consumer_lag = Gauge(
-    "mqd_consumer_lag", "Log end offset minus position", ["topic", "partition"], registry=REGISTRY
+    "mqd_consumer_lag",
+    "Log end offset minus the fetch position (log end polled on a timer, also while paused)",
+    ["topic", "partition"],
+    registry=REGISTRY,
+)
+log_end_offset = Gauge(
+    "mqd_log_end_offset",
+    "The source's log end offset, asked on a timer whatever the partition's state",
+    ["topic", "partition"],
+    registry=REGISTRY,
+)
+committed_offset = Gauge(
+    "mqd_committed_offset", "Offset committed to the group's store", ["topic", "partition"], registry=REGISTRY
+)
+landed_offset = Gauge(
+    "mqd_landed_offset",
+    "Next offset after what is landed (the daemon marks what it published)",
+    ["topic", "partition"],
+    registry=REGISTRY,
+)
+landing_freshness = Gauge(
+    "mqd_landing_freshness_seconds",
+    "Now minus the event time of the newest landed record (set once something landed since start)",
+    ["topic", "partition"],
+    registry=REGISTRY,
+)
+stuck_partitions = Gauge(
+    "mqd_stuck_partitions",
+    "Partitions with no landed progress for consumer.stuck_intervals polls while their log end grew",
+    registry=REGISTRY,
+)
+log_end_poll_errors = Counter(
+    "mqd_log_end_poll_errors", "Failed log-end lookups (per node and poll)", ["node"], registry=REGISTRY
 )
 buffered_bytes = Gauge("mqd_buffered_bytes", "Bytes held in process queues", registry=REGISTRY)
 rebalances = Counter("mqd_rebalances", "Rebalances that changed the assignment", registry=REGISTRY)
@@ -57,11 +121,11 @@ commit_latency = Histogram(
     buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
 )
 commits = Counter("mqd_commits", "Offset commits", ["result"], registry=REGISTRY)
-files_published = Counter("mqd_files_published", "Parquet files published", ["topic"], registry=REGISTRY)
+files_published = Counter("mqd_published_files", "Parquet files published", ["topic"], registry=REGISTRY)
 records_published = Counter(
-    "mqd_records_published", "Records in published files", ["topic"], registry=REGISTRY
+    "mqd_published_records", "Records in published files", ["topic"], registry=REGISTRY
 )
-bytes_published = Counter("mqd_bytes_published", "Parquet bytes published", ["topic"], registry=REGISTRY)
+bytes_published = Counter("mqd_published_bytes", "Parquet bytes published", ["topic"], registry=REGISTRY)
 publish_conflicts = Counter(
     "mqd_publish_conflicts",
     "Publications lost to another owner (batch dropped, re-seek)",
@@ -75,7 +139,7 @@ publish_latency = Histogram(
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
 )
 records_cut = Counter(
-    "mqd_records_cut",
+    "mqd_cut_records",
     "Records cut on arrival: at or below the landed (or buffered) end of their log incarnation",
     ["topic"],
     registry=REGISTRY,

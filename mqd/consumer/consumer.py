@@ -23,6 +23,7 @@ from mqd.consumer.allocation import get_strategy
 from mqd.consumer.budget import ByteBudget
 from mqd.consumer.errors import ConsumerError
 from mqd.consumer.fetcher import FetchManager
+from mqd.consumer.log_end_poller import LogEndPoller
 from mqd.consumer.membership import Broadcast
 from mqd.consumer.offset_store import LocalFileOffsetStore, OffsetStore
 from mqd.consumer.process_queue import FetchedBatch, FlowLimits
@@ -147,6 +148,16 @@ class Consumer:
             start_position=start_position,
             listener=listener,
         )
+        self._log_end = LogEndPoller(
+            source=self._source,
+            state=self._state,
+            choose_node=self._fetch.choose_pull_node,
+            committed=self._offsets.committed,
+            landed=self._offsets.marked,
+            interval=config.log_end_interval,
+            stuck_intervals=config.stuck_intervals,
+            timeout=config.request_timeout,
+        )
         self._commit_task: asyncio.Task[None] | None = None
         self._started = False
         self._closed = False
@@ -173,6 +184,7 @@ class Consumer:
                 self._rebalance.request()
             self._rebalance.start()
             self._commit_task = asyncio.create_task(self._commit_loop(), name="mqd-commit")
+            self._log_end.start()
             log.info(
                 "consumer started",
                 client_id=self.client_id,
@@ -191,6 +203,7 @@ class Consumer:
             return
         self._closed = True
         await self._rebalance.stop()
+        await self._log_end.stop()
         task, self._commit_task = self._commit_task, None
         if task is not None:
             task.cancel()
@@ -300,6 +313,11 @@ class Consumer:
         commit_interval, on revoke and on stop."""
         self._offsets.mark(_tp(tp), next_offset)
 
+    def note_landed(self, tp: TopicPartition, event_time_ms: int) -> None:
+        """The newest event time (ms) among records of ``tp`` just landed: the landing freshness and
+        the time lag in status and /metrics."""
+        self._log_end.note_landed(_tp(tp), event_time_ms)
+
     async def commit(self) -> None:
         """Persist marked offsets now; raises ConsumerError (retriable) when the store fails."""
         await self._offsets.persist()
@@ -350,6 +368,8 @@ class Consumer:
         self._budget.limit = config.max_buffered_bytes
         self._fetch.config = config
         self._rebalance.config = config
+        self._log_end.interval = config.log_end_interval
+        self._log_end.stuck.stuck_intervals = config.stuck_intervals
         self._membership.update(_group_settings(config))
         if list(config.topics) != list(old.topics) or config.allocation != old.allocation:
             self._rebalance.request()
@@ -369,6 +389,7 @@ class Consumer:
         """The consumer's state now, typed (internal readers use this; JSON is made at the edge)."""
         now = time.monotonic()
         state, budget, m = self._state, self._budget, self._membership
+        lag = {tp: self._log_end.view(tp, now) for tp in state.partitions}
         partitions = tuple(
             PartitionSnapshot(
                 tp=tp,
@@ -390,6 +411,11 @@ class Consumer:
                 incarnation_changes=op.incarnation_changes,
                 reused_offsets=op.reused_offsets,
                 lost_offsets=op.lost_offsets,
+                landed=lag[tp].landed,
+                landed_event_time_ms=lag[tp].landed_event_time_ms,
+                log_end_age_s=lag[tp].log_end_age_s,
+                stalled_polls=lag[tp].stalled_polls,
+                stuck=lag[tp].stuck,
             )
             for tp, op in sorted(state.partitions.items())
         )
@@ -416,6 +442,7 @@ class Consumer:
                 reused_offsets=self._fetch.reused_offsets,
                 lost_offsets=self._fetch.lost_offsets,
                 parked=tuple(sorted(str(tp) for tp, op in state.partitions.items() if op.parked)),
+                stuck=tuple(sorted(str(tp) for tp, v in lag.items() if v.stuck)),
             ),
             nodes=self._fetch.snapshot(),
             errors=Errors(

@@ -186,9 +186,13 @@ class NodeFetcher:
         metrics.fetch_partitions.labels(self.node_id).observe(len(sent))
         self._request = asyncio.ensure_future(request)
         self._request.set_name(f"mqd-fetch-request-{self.node_id}")
-        self._request.add_done_callback(functools.partial(self._on_done, sent, reserve, time.perf_counter()))
+        self._request.add_done_callback(
+            functools.partial(self._on_done, sent, reserve, time.perf_counter(), wait_ms / 1000)
+        )
 
-    def _on_done(self, sent: list[_Sent], reserved: int, t0: float, task: asyncio.Task[FetchResult]) -> None:
+    def _on_done(
+        self, sent: list[_Sent], reserved: int, t0: float, max_wait: float, task: asyncio.Task[FetchResult]
+    ) -> None:
         m = self._m
         self._request = None
         budget = m.state.budget
@@ -201,7 +205,9 @@ class NodeFetcher:
         if task.cancelled():
             return
         exc = task.exception()
-        metrics.fetch_latency.labels(self.node_id).observe(time.perf_counter() - t0)
+        took = time.perf_counter() - t0
+        metrics.fetch_duration.labels(self.node_id).observe(took)
+        metrics.fetch_latency.labels(self.node_id).observe(max(0.0, took - max_wait))
         if exc is not None:
             self._on_error(exc, sent)
             return

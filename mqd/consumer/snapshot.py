@@ -7,10 +7,16 @@ identifiers differ from their JSON keys: ``PartitionSnapshot.epoch`` is ``"gener
 assignment entry (the assignment epoch), ``ConsumerSnapshot.member_version`` is the top-level
 ``"generation"`` (the consumer group's member-list version); ``Totals.pinned_bodies`` is
 ``"pinned_answers"``.
+
+Lag figures: ``log_end`` is refreshed by the log-end poller on a timer whatever the partition's state
+(``log_end_age_s`` says how old it is); ``landed`` is what the owner marked handled (the daemon marks
+what it published); ``time_lag_s`` is now minus the newest landed record's event time (None until
+something lands after start); ``stuck`` is the poller's verdict (mqd.consumer.log_end_poller).
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,10 +44,28 @@ class PartitionSnapshot:
     incarnation_changes: int = 0  # since assigned
     reused_offsets: int = 0  # landed under an old incarnation, reused by a new one
     lost_offsets: int = 0  # reported lost for good by the source (DATA_LOST)
+    landed: int | None = None  # next offset after what is landed (marked handled)
+    landed_event_time_ms: int | None = None  # newest landed record's event time, since start
+    log_end_age_s: float | None = None  # since the last log-end poll answer
+    stalled_polls: int = 0  # polls in a row without landed progress while behind
+    stuck: bool = False  # stalled for consumer.stuck_intervals polls while the log end grew
 
     @property
     def lag(self) -> int | None:
         return None if self.log_end is None else max(0, self.log_end - self.position)
+
+    @property
+    def landed_lag(self) -> int | None:
+        """Records in the log not landed yet (the log end minus the landed offset)."""
+        if self.log_end is None or self.landed is None:
+            return None
+        return max(0, self.log_end - self.landed)
+
+    def time_lag_s(self, now_ms: float) -> float | None:
+        """Now minus the newest landed record's event time (None: nothing landed since start)."""
+        if self.landed_event_time_ms is None:
+            return None
+        return round(max(0.0, now_ms - self.landed_event_time_ms) / 1000, 3)
 
     def at_log_end(self) -> bool:
         """Fetched up to the last known log end and nothing of it is buffered."""
@@ -73,6 +97,7 @@ class Totals:
     incarnation_changes: int = 0  # since start, all partitions (also those revoked since)
     reused_offsets: int = 0
     lost_offsets: int = 0
+    stuck: tuple[str, ...] = ()  # sorted "topic/partition"
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +144,7 @@ def consumer_status_json(snap: ConsumerSnapshot) -> dict[str, Any]:
         for n in snap.nodes
     }
     t = snap.totals
+    now_ms = time.time() * 1000
     return {
         "member_id": snap.member_id,
         "group": snap.group,
@@ -150,6 +176,13 @@ def consumer_status_json(snap: ConsumerSnapshot) -> dict[str, Any]:
                 "incarnation_changes": p.incarnation_changes,
                 "reused_offsets": p.reused_offsets,
                 "lost_offsets": p.lost_offsets,
+                "landed": p.landed,
+                "landed_lag": p.landed_lag,
+                "landed_event_time_ms": p.landed_event_time_ms,
+                "time_lag_s": p.time_lag_s(now_ms),
+                "log_end_age_s": p.log_end_age_s,
+                "stalled_polls": p.stalled_polls,
+                "stuck": p.stuck,
             }
             for p in snap.partitions
         },
@@ -168,6 +201,7 @@ def consumer_status_json(snap: ConsumerSnapshot) -> dict[str, Any]:
             "incarnation_changes": t.incarnation_changes,
             "reused_offsets": t.reused_offsets,
             "lost_offsets": t.lost_offsets,
+            "stuck": list(t.stuck),
         },
         "nodes": nodes,
         "errors": dict(snap.errors.items()),

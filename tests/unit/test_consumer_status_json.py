@@ -1,7 +1,8 @@
 """The status JSON made at the edge from the typed snapshot has exactly the documented shape and
 keys (the admin endpoint, ``mqd status --json`` and the chaos harness read it): the assignment
 epoch is "generation" per partition, the member version the top-level "generation", pinned bodies
-"pinned_answers"; the log incarnation fields (issue 12) are added keys, none renamed."""
+"pinned_answers"; the log incarnation fields (issue 12) and the true-lag fields (issue 17) are added
+keys, none renamed."""
 
 from __future__ import annotations
 
@@ -32,10 +33,33 @@ def test_shape_and_values() -> None:
         allocation="averagely",
         partitions=(
             PartitionSnapshot(
-                TP, 9, 40, 30, 35, 0, 100, "n1", False, True, "records", 4, 400, None, "x", "ab" * 16, 1, 6, 2
+                TP,
+                9,
+                40,
+                30,
+                35,
+                0,
+                100,
+                "n1",
+                False,
+                True,
+                "records",
+                4,
+                400,
+                None,
+                "x",
+                "ab" * 16,
+                1,
+                6,
+                2,
+                landed=35,
+                landed_event_time_ms=None,
+                log_end_age_s=1.5,
+                stalled_polls=3,
+                stuck=True,
             ),
         ),
-        totals=Totals(1, 400, 4, 1000, 200, 600, 2, 3, 1, (), 1, 6, 2),
+        totals=Totals(1, 400, 4, 1000, 200, 600, 2, 3, 1, (), 1, 6, 2, ("events/3",)),
         nodes=(NodeSnapshot("n1", 7, 1, True, "boom", 0.25),),
         errors=Errors("md", None, None, "rb"),
     )
@@ -70,6 +94,13 @@ def test_shape_and_values() -> None:
                 "incarnation_changes": 1,
                 "reused_offsets": 6,
                 "lost_offsets": 2,
+                "landed": 35,
+                "landed_lag": 65,
+                "landed_event_time_ms": None,
+                "time_lag_s": None,
+                "log_end_age_s": 1.5,
+                "stalled_polls": 3,
+                "stuck": True,
             }
         },
         "totals": {
@@ -87,6 +118,7 @@ def test_shape_and_values() -> None:
             "incarnation_changes": 1,
             "reused_offsets": 6,
             "lost_offsets": 2,
+            "stuck": ["events/3"],
         },
         "nodes": {
             "n1": {"requests": 7, "errors": 1, "in_flight": True, "last_error": "boom", "backoff_s": 0.25}
@@ -105,3 +137,28 @@ def test_broadcast_consumer_before_start() -> None:
         {},
     )
     assert out["totals"]["budget_bytes"] == ConsumerConfig().max_buffered_bytes
+
+
+def test_time_lag_is_now_minus_the_newest_landed_event_time() -> None:
+    """time_lag_s is the wall clock minus the landed event time, in seconds, never negative."""
+    p = PartitionSnapshot(
+        TP,
+        1,
+        0,
+        None,
+        None,
+        None,
+        None,
+        None,
+        False,
+        False,
+        None,
+        0,
+        0,
+        None,
+        None,
+        landed_event_time_ms=10_000,
+    )
+    assert p.time_lag_s(12_500.0) == 2.5
+    assert p.time_lag_s(9_000.0) == 0.0  # an event stamped in the future is fresh, not negative
+    assert p.landed_lag is None  # no log end known yet

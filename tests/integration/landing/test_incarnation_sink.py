@@ -42,12 +42,12 @@ async def test_records_cut_at_the_landed_floor_are_counted_and_logged(tmp_path: 
     await sink.resume_position(tp)
     sink.add(fetched(tp, 0, 10, None))
     await sink.publish()
-    before = metrics.REGISTRY.get_sample_value("mqd_records_cut_total", {"topic": "cut"}) or 0.0
+    before = metrics.REGISTRY.get_sample_value("mqd_cut_records_total", {"topic": "cut"}) or 0.0
     with structlog.testing.capture_logs() as logs:
         kept = sink.add(fetched(tp, 5, 10, None))
     await sink.close()
     assert kept == 5
-    assert metrics.REGISTRY.get_sample_value("mqd_records_cut_total", {"topic": "cut"}) == before + 5
+    assert metrics.REGISTRY.get_sample_value("mqd_cut_records_total", {"topic": "cut"}) == before + 5
     assert sink.stats.cut == 5 and sink.status()["cut"] == 5
     [line] = [e for e in logs if e["event"].startswith("records already landed")]
     assert (line["partition"], line["first_offset"], line["cut"], line["landed_last"]) == (0, 5, 5, 9)

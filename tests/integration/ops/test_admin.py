@@ -139,22 +139,22 @@ async def test_metrics_parse_with_prometheus_parser(served: Any) -> None:
         text = await r.text()
     families = {f.name: f for f in text_string_to_metric_families(text)}
     for name in (
-        "mqd_records_fetched",
-        "mqd_bytes_fetched",
+        "mqd_fetched_records",
+        "mqd_fetched_bytes",
         "mqd_fetch_latency_seconds",
         "mqd_fetch_requests",
         "mqd_flow_control_events",
         "mqd_offset_resets",
         "mqd_consumer_lag",
-        "mqd_files_published",
+        "mqd_published_files",
         "mqd_commit_latency_seconds",
         "mqd_rebalances",
     ):
         assert name in families, name
     fetched = [
         x
-        for x in families["mqd_records_fetched"].samples
-        if x.name == "mqd_records_fetched_total" and x.labels == {"topic": "events", "partition": "0"}
+        for x in families["mqd_fetched_records"].samples
+        if x.name == "mqd_fetched_records_total" and x.labels == {"topic": "events", "partition": "0"}
     ]
     assert fetched and fetched[0].value >= 7
 
