@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -367,7 +366,6 @@ class Consumer:
 
     def snapshot(self) -> ConsumerSnapshot:
         """The consumer's state now, typed (internal readers use this; JSON is made at the edge)."""
-        now = time.monotonic()
         state, budget, m = self._state, self._budget, self._membership
         partitions = tuple(
             PartitionSnapshot(
@@ -381,7 +379,7 @@ class Consumer:
                 pull_node=op.pull_node,
                 paused=op.paused,
                 in_flight=op.in_flight,
-                flow_control=op.queue.held_reason(now),
+                flow_control=op.queue.held_reason(state.limits),
                 buffered_records=op.queue.records,
                 buffered_bytes=op.queue.nbytes,
                 parked=op.parked,
