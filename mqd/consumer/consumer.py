@@ -234,8 +234,15 @@ class Consumer:
         drained batches lets it go on."""
         if self._state.buffered_records:
             return False
+        return self.memory_shortfall() > 0
+
+    def memory_shortfall(self) -> int:
+        """While memory_bound: the bytes to free before one more fetch fits (at least 1), else 0."""
+        if self._state.buffered_records:
+            return 0
         budget = self._budget
-        return budget.memory_bound(min(self._config.partition_max_bytes, budget.limit // 4))
+        low = min(self._config.partition_max_bytes, budget.limit // 4)
+        return max(low - budget.left(), 1) if budget.memory_bound(low) else 0
 
     async def wait_for_data(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds until something is buffered; True when it is."""
