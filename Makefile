@@ -9,7 +9,7 @@ PY     := $(BIN)/python
 install: check-java $(VENV)/.installed
 
 # mqd itself, plus the dev package (devtools/: chaos harness, demo) that the mqd wheel does not ship
-$(VENV)/.installed: pyproject.toml devtools/pyproject.toml
+$(VENV)/.installed: pyproject.toml devtools/pyproject.toml setup.py mqd/sources/kafka/_rbv2.c
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev]' -e ./devtools

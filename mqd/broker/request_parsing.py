@@ -76,8 +76,33 @@ async def read_body(request: web.Request, timeout_s: float) -> bytes:
         ) from None
 
 
+# the content types a web page may POST to another origin without a CORS preflight
+_BROWSER_SIMPLE_TYPES = frozenset({"application/x-www-form-urlencoded", "multipart/form-data", "text/plain"})
+
+
+def check_json_content_type(request: web.Request) -> None:
+    """415 ``bad_content_type`` unless the body is declared JSON. A foreign web page can make a
+    browser POST a JSON-looking ``text/plain`` or form body (or, with no type, a Blob) to a broker
+    without a preflight; with no broker token that would commit offsets or evict group members.
+    A page cannot send ``application/json`` cross-site without a preflight, which the broker never
+    grants. A request without a type is still taken from non-browser clients (no ``Origin``)."""
+    declared = request.headers.get("Content-Type")
+    if declared is None:
+        if "Origin" in request.headers or "Sec-Fetch-Site" in request.headers:
+            raise ApiError(
+                415, "bad_content_type", "a browser request must declare Content-Type: application/json"
+            )
+        return
+    mime = declared.split(";", 1)[0].strip().lower()
+    if mime == "application/json" or mime.endswith("+json"):
+        return
+    raise ApiError(415, "bad_content_type", f"expected application/json, got {mime or 'an empty type'}")
+
+
 async def json_body(request: web.Request, timeout_s: float) -> dict[str, Any]:
-    """The request's body (read within ``timeout_s``, see :func:`read_body`), a JSON object."""
+    """The request's body (read within ``timeout_s``, see :func:`read_body`), a JSON object
+    declared as such (:func:`check_json_content_type`)."""
+    check_json_content_type(request)
     raw = await read_body(request, timeout_s)
     try:
         data = json.loads(raw)
