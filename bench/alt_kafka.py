@@ -11,10 +11,12 @@ from __future__ import annotations
 import asyncio
 import shutil
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from bench.common import MicroBatchWriter, Workload, rates, record_batch, self_cpu_seconds
 from mqd.testing.tansu import Tansu
@@ -83,10 +85,16 @@ async def _consume_aiokafka(
         group_id=None,
         enable_auto_commit=False,
         auto_offset_reset="earliest",
-        fetch_max_bytes=32 * 2**20,
-        max_partition_fetch_bytes=4 * 2**20,
+        # large fetches: one request brings a partition's 8 MiB, the whole answer up to 64 MiB
+        fetch_max_bytes=64 * 2**20,
+        max_partition_fetch_bytes=8 * 2**20,
+        fetch_max_wait_ms=100,
     )
     await consumer.start()
+    # Parquet work on one thread of its own (the writer is not thread-safe; FIFO keeps the order),
+    # overlapped with fetching: the loop waits only when a second write would queue behind the first
+    writes = ThreadPoolExecutor(1, thread_name_prefix="bench-aiokafka-parquet")
+    pending: list[asyncio.Future[None]] = []
     try:
         tps = [TopicPartition(topic, p) for p in range(work.partitions)]
         consumer.assign(tps)
@@ -94,25 +102,40 @@ async def _consume_aiokafka(
         got = 0
         deadline = time.monotonic() + timeout
         loop = asyncio.get_running_loop()
+
+        def write(fetched: list[tuple[int, pa.RecordBatch]]) -> None:
+            for partition, batch in fetched:
+                writer.add(partition, batch)
+            writer.tick()
+
         while got < work.records:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"aiokafka consumer: {got}/{work.records} records after {timeout}s")
             fetched = await consumer.getmany(timeout_ms=200, max_records=50_000)
+            out: list[tuple[int, pa.RecordBatch]] = []
             for tp, msgs in fetched.items():
                 if not msgs:
                     continue
-                batch = record_batch(
-                    np.fromiter((m.offset for m in msgs), dtype=np.int64, count=len(msgs)),
-                    np.fromiter((m.timestamp for m in msgs), dtype=np.int64, count=len(msgs)),
-                    [m.key for m in msgs],
-                    [m.value for m in msgs],
+                out.append(
+                    (
+                        tp.partition,
+                        record_batch(
+                            np.fromiter((m.offset for m in msgs), dtype=np.int64, count=len(msgs)),
+                            np.fromiter((m.timestamp for m in msgs), dtype=np.int64, count=len(msgs)),
+                            [m.key for m in msgs],
+                            [m.value for m in msgs],
+                        ),
+                    )
                 )
-                # Parquet work (and its backpressure wait) off the loop, like mqd's worker thread
-                await loop.run_in_executor(None, writer.add, tp.partition, batch)
                 got += len(msgs)
-            await loop.run_in_executor(None, writer.tick)
-        await loop.run_in_executor(None, writer.flush)
+            while pending and (len(pending) > 1 or pending[0].done()):
+                await pending.pop(0)  # also raises a failed write here
+            pending.append(loop.run_in_executor(writes, write, out))
+        for fut in pending:
+            await fut
+        await loop.run_in_executor(writes, writer.flush)
     finally:
+        writes.shutdown(wait=True)
         await consumer.stop()
 
 
@@ -164,8 +187,14 @@ def consume_confluent(
             "bootstrap.servers": bootstrap,
             "group.id": "bench-confluent",
             "enable.auto.commit": False,
-            "fetch.max.bytes": 32 * 2**20,
-            "max.partition.fetch.bytes": 4 * 2**20,
+            # librdkafka waits fetch.queue.backoff.ms (default 1000) once its local queue is past
+            # its thresholds, which stalls a fast drain for a second at a time: 1 ms here
+            "fetch.queue.backoff.ms": 1,
+            # large fetches, and a local queue that holds several of them
+            "fetch.max.bytes": 64 * 2**20,
+            "max.partition.fetch.bytes": 8 * 2**20,
+            "queued.max.messages.kbytes": 256 * 1024,
+            "fetch.wait.max.ms": 100,
         }
     )
     cpu0 = self_cpu_seconds()

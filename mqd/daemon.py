@@ -302,10 +302,10 @@ class Daemon:
             return
         if self.burst and self.sink.pending_records and self.consumer.caught_up():
             due = list(self.sink.pending())  # nothing more is coming: do not wait for max_age
-        elif self.sink.pending_records and self.consumer.memory_bound():
-            # the budget is held by answers the sink's buffers pin: one answer spans several
-            # partitions, so cut them all, else fetching waits for max_age
-            due = list(self.sink.pending())
+        elif self.sink.pending_records and (need := self.consumer.memory_shortfall()):
+            # the budget is held by answers the sink's buffers pin: cut the biggest buffers, enough
+            # to fetch again (not all of them: files stay large), else fetching waits for max_age
+            due = self.sink.pressure_cut(need)
         else:
             due = self.sink.due(now)
         self.sink.start_publications(due)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -248,8 +247,15 @@ class Consumer:
         drained batches lets it go on."""
         if self._state.buffered_records:
             return False
+        return self.memory_shortfall() > 0
+
+    def memory_shortfall(self) -> int:
+        """While memory_bound: the bytes to free before one more fetch fits (at least 1), else 0."""
+        if self._state.buffered_records:
+            return 0
         budget = self._budget
-        return budget.memory_bound(min(self._config.partition_max_bytes, budget.limit // 4))
+        low = min(self._config.partition_max_bytes, budget.limit // 4)
+        return max(low - budget.left(), 1) if budget.memory_bound(low) else 0
 
     async def wait_for_data(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds until something is buffered; True when it is."""
@@ -387,7 +393,6 @@ class Consumer:
 
     def snapshot(self) -> ConsumerSnapshot:
         """The consumer's state now, typed (internal readers use this; JSON is made at the edge)."""
-        now = time.monotonic()
         state, budget, m = self._state, self._budget, self._membership
         lag = {tp: self._log_end.view(tp, now) for tp in state.partitions}
         partitions = tuple(
@@ -402,7 +407,7 @@ class Consumer:
                 pull_node=op.pull_node,
                 paused=op.paused,
                 in_flight=op.in_flight,
-                flow_control=op.queue.held_reason(now),
+                flow_control=op.queue.held_reason(state.limits),
                 buffered_records=op.queue.records,
                 buffered_bytes=op.queue.nbytes,
                 parked=op.parked,

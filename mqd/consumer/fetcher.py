@@ -608,6 +608,7 @@ class FetchManager:
                     d.nbytes,
                     incarnation=op.incarnation,
                 ),
+                same_answer=records > 0,
             )
             records += d.next_offset - d.first_offset
             nbytes += d.nbytes

@@ -1,9 +1,10 @@
 """ProcessQueue: the buffered batches of one partition, and the flow-control hold rule.
 
 RocketMQ's ProcessQueue with its pull thresholds (pullThresholdForQueue, ...SizeForQueue,
-consumeConcurrentlyMaxSpan): a partition whose queue is over any threshold is not fetched for
-``retry_s`` (50 ms by default), then looked at again. The daemon-wide byte budget is another
-mechanism (mqd.consumer.budget).
+consumeConcurrentlyMaxSpan): a partition whose queue, not counting its newest fetch answer, is over
+any threshold is not fetched; a drain lifts the hold at once (it wakes the fetcher), else it is looked
+at again after ``retry_s`` (50 ms by default). The daemon-wide byte budget is another mechanism
+(mqd.consumer.budget).
 """
 
 from __future__ import annotations
@@ -47,14 +48,30 @@ class FlowLimits:
 class ProcessQueue:
     """Buffered batches of one partition, in offset order, with the counters flow control needs."""
 
-    __slots__ = ("batches", "dropped", "flow_reason", "flow_until", "nbytes", "records")
+    __slots__ = (
+        "batches",
+        "dropped",
+        "flow_reason",
+        "flow_until",
+        "nbytes",
+        "newest_bytes",
+        "newest_first",
+        "newest_records",
+        "older_next",
+        "records",
+    )
 
     def __init__(self) -> None:
         self.batches: deque[FetchedBatch] = deque()
         self.records = 0
         self.nbytes = 0
         self.dropped = False
-        self.flow_until = 0.0  # monotonic time before which flow control holds it back
+        # the newest fetch answer's share of the queue: the thresholds look at what is older
+        self.newest_records = 0
+        self.newest_bytes = 0
+        self.newest_first = 0
+        self.older_next = 0  # offset after the last batch older than the newest answer
+        self.flow_until = 0.0  # while held: when the fetcher looks again at the latest
         self.flow_reason: str | None = None
 
     def __len__(self) -> int:
@@ -75,45 +92,66 @@ class ProcessQueue:
             return 0
         return self.batches[-1].next_offset - 1 - self.batches[0].first_offset
 
-    def append(self, batch: FetchedBatch) -> None:
+    def append(self, batch: FetchedBatch, same_answer: bool = False) -> None:
+        """Buffer ``batch``; ``same_answer``: it came in the same fetch answer as the previous one."""
+        count = batch.next_offset - batch.first_offset
+        if not same_answer or not self.batches:
+            self.newest_records = self.newest_bytes = 0
+            self.newest_first = batch.first_offset
+            self.older_next = self.batches[-1].next_offset if self.batches else 0
         self.batches.append(batch)
-        self.records += batch.next_offset - batch.first_offset
+        self.records += count
         self.nbytes += batch.nbytes
+        self.newest_records += count
+        self.newest_bytes += batch.nbytes
 
     def popleft(self) -> FetchedBatch:
         batch = self.batches.popleft()
-        self.records -= batch.next_offset - batch.first_offset
+        count = batch.next_offset - batch.first_offset
+        self.records -= count
         self.nbytes -= batch.nbytes
+        if batch.first_offset >= self.newest_first:  # the drain reached the newest answer
+            self.newest_records -= count
+            self.newest_bytes -= batch.nbytes
         return batch
 
     def clear(self) -> tuple[int, int]:
         """Discard everything; returns (records, bytes) discarded."""
         out = (self.records, self.nbytes)
         self.batches.clear()
-        self.records = 0
-        self.nbytes = 0
+        self.records = self.nbytes = 0
+        self.newest_records = self.newest_bytes = 0
         return out
+
+    def over(self, limits: FlowLimits) -> str | None:
+        """The threshold the queue is over, not counting its newest answer: one answer may hold
+        more than ``max_queued_records`` (it is sized in bytes), and it may wait to be drained while
+        the next fetch is in flight. Pure."""
+        older = self.records - self.newest_records
+        if older <= 0:
+            return None
+        if older > limits.max_queued_records:
+            return "records"
+        if self.nbytes - self.newest_bytes > limits.max_queued_bytes:
+            return "bytes"
+        if self.older_next - 1 - self.batches[0].first_offset > limits.max_offset_span:
+            return "span"
+        return None
 
     def hold(self, limits: FlowLimits, now: float) -> float | None:
         """When this partition must not be fetched yet: the monotonic time to look again, else None.
-        Over a threshold it is held for ``retry_s`` even if drained meanwhile (RocketMQ's fixed
-        retry delay), so a full queue is not polled on every wake-up."""
-        if now < self.flow_until:
-            return self.flow_until
-        reason = None
-        if self.records > limits.max_queued_records:
-            reason = "records"
-        elif self.nbytes > limits.max_queued_bytes:
-            reason = "bytes"
-        elif self.span > limits.max_offset_span:
-            reason = "span"
+        Held, it is looked at again after ``retry_s`` or at once when a drain wakes its fetcher
+        (a drain lifts the hold; the timer is for what no drain announces, e.g. a config change)."""
+        reason = self.over(limits)
+        if reason is not None and self.flow_reason != reason:
+            metrics.flow_control_events.labels(reason).inc()  # once per hold, not per look
         self.flow_reason = reason
         if reason is None:
+            self.flow_until = 0.0
             return None
-        metrics.flow_control_events.labels(reason).inc()
         self.flow_until = now + limits.retry_s
         return self.flow_until
 
-    def held_reason(self, now: float) -> str | None:
-        """The threshold holding it back at ``now``, if any."""
-        return self.flow_reason if now < self.flow_until else None
+    def held_reason(self, limits: FlowLimits) -> str | None:
+        """The threshold holding it back now, if any."""
+        return self.over(limits)

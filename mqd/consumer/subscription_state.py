@@ -175,8 +175,8 @@ class SubscriptionState:
                 self.data_ready.clear()
             self.budget.freed()  # any node may fetch again
 
-    def append(self, op: OwnedPartition, batch: FetchedBatch) -> None:
-        op.queue.append(batch)
+    def append(self, op: OwnedPartition, batch: FetchedBatch, same_answer: bool = False) -> None:
+        op.queue.append(batch, same_answer)
         op.position = batch.next_offset
         self.buffered_records += batch.next_offset - batch.first_offset
         self.budget.add_buffered(batch.nbytes)

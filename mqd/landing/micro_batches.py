@@ -3,8 +3,9 @@
 Loop-side and synchronous (no I/O, no asyncio). A micro-batch is cut at ``max_records``,
 ``max_bytes`` or ``max_age`` of wall clock, whichever comes first; and the sink as a whole holds
 at most ``max_bytes`` (publications in flight included), so when it is full the biggest buffers
-are cut too. Partitions with a publication registered (*busy*, known to the sink) are not cut:
-records drained meanwhile join their next micro-batch.
+are cut too; under the consumer's memory pressure (``biggest``) the biggest buffers holding enough
+bytes are cut, not all of them. Partitions with a publication registered (*busy*, known to the
+sink) are not cut: records drained meanwhile join their next micro-batch.
 
 Latency: a buffer's age counts from the fetch of its first record (``FetchedBatch.fetched_at``;
 producer clocks are not trusted), and an age cut happens ``publish_lead`` before ``max_age``: an
@@ -232,6 +233,23 @@ class MicroBatches:
                 if tp not in out:
                     out.append(tp)
                 total -= b.nbytes
+        return out
+
+    def biggest(self, busy: Container[TP], need: int) -> list[TP]:
+        """The biggest buffers that are not busy, biggest first, enough to hold ``need`` bytes
+        together (all of them when they hold less). Under memory pressure these are cut, not every
+        buffer: the rest keep growing towards max_bytes instead of landing as small files. An answer
+        body is freed once all its partitions are published, so the caller cuts again while the
+        pressure lasts."""
+        out: list[TP] = []
+        got = 0
+        for tp, b in sorted(self._buffers.items(), key=lambda kv: -kv[1].nbytes):
+            if got >= need:
+                break
+            if tp in busy or not b.batches:
+                continue
+            out.append(tp)
+            got += b.nbytes
         return out
 
     def next_due_in(self, busy: Container[TP], now: float | None = None) -> float | None:

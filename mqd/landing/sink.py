@@ -264,6 +264,11 @@ class LandingSink:
         """Partitions whose micro-batch is to be cut now (busy ones excepted)."""
         return self.batches.due(self._busy, now)
 
+    def pressure_cut(self, need: int) -> list[TP]:
+        """The biggest idle buffers holding ``need`` bytes together (memory pressure; busy ones
+        excepted)."""
+        return self.batches.biggest(self._busy, need)
+
     def next_due_in(self, now: float | None = None) -> float | None:
         """Seconds until the oldest buffer that is not busy falls due (None: no such buffer)."""
         return self.batches.next_due_in(self._busy, now)

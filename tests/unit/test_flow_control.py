@@ -67,19 +67,21 @@ def test_queue_counts_bytes_offsets_and_span() -> None:
         ({"max_offset_span": 5}, 7, "span"),
     ],
 )
-def test_over_a_threshold_holds_for_retry_interval(limits: dict[str, int], count: int, reason: str) -> None:
-    """Over any threshold the partition is held back for retry_s, then looked at again: still held
-    while the queue is full, free once drained."""
+def test_over_a_threshold_holds_until_drained(limits: dict[str, int], count: int, reason: str) -> None:
+    """Over any threshold (the newest answer aside) the partition is held back and looked at again
+    retry_s later while the queue stays full; a drain lifts the hold at once, not retry_s later."""
     s = state(retry_s=0.05, **limits)
     ps = s.assign(TP, 0, "n")
     s.append(ps, batch(TP, 0, count, size=200))
     now = 10.0
+    assert ps.queue.hold(s.limits, now) is None  # one answer alone never holds
+    s.append(ps, batch(TP, count, 1))
     assert ps.queue.hold(s.limits, now) == pytest.approx(now + 0.05)
     assert ps.queue.flow_reason == reason
-    assert ps.queue.hold(s.limits, now + 0.01) == pytest.approx(now + 0.05)  # still within the 50 ms
+    assert ps.queue.hold(s.limits, now + 0.06) == pytest.approx(now + 0.11)  # still full: still held
     s.drain()
-    assert ps.queue.hold(s.limits, now + 0.01) == pytest.approx(now + 0.05)  # drained, but not 50 ms later
-    assert ps.queue.hold(s.limits, now + 0.06) is None
+    assert ps.queue.hold(s.limits, now + 0.07) is None  # drained: free at once
+    assert ps.queue.held_reason(s.limits) is None
 
 
 def test_under_thresholds_is_fetchable() -> None:

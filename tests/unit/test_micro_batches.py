@@ -117,3 +117,17 @@ def test_publish_lead_follows_publications_and_is_capped() -> None:
     for _ in range(20):
         mb.observe_publish(30.0)
     assert mb.publish_lead == pytest.approx(0.5)
+
+
+def test_memory_pressure_cuts_the_biggest_buffers_enough_to_free_the_need() -> None:
+    """Under memory pressure only the biggest idle buffers are cut, biggest first, until they
+    hold the bytes needed; busy buffers are skipped and a need larger than all cuts every one."""
+    mb = MicroBatches(cfg(max_records=1000, max_bytes=10_000, max_age=60.0))
+    for p, nbytes in enumerate([300, 500, 100, 200]):
+        mb.add(batch(p, 0, 1, nbytes=nbytes, at=100.0))
+    assert mb.biggest(set(), 1) == [("t", 1)]
+    assert mb.biggest(set(), 500) == [("t", 1)]
+    assert mb.biggest(set(), 501) == [("t", 1), ("t", 0)]
+    assert mb.biggest({("t", 1)}, 301) == [("t", 0), ("t", 3)]
+    assert mb.biggest(set(), 10**9) == [("t", 1), ("t", 0), ("t", 3), ("t", 2)]
+    assert mb.biggest(set(p for p in [("t", 0), ("t", 1), ("t", 2), ("t", 3)]), 1) == []

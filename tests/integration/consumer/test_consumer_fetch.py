@@ -138,6 +138,34 @@ async def test_flow_control_holds_partition_until_drained(cluster_factory: Any) 
             assert metric("mqd_flow_control_events_total", reason="records") > 0
 
 
+async def test_drained_hot_partition_is_fetched_again_without_waiting_the_retry(cluster_factory: Any) -> None:
+    """A hot partition held by flow control is fetched again as soon as it is drained: with a
+    retry interval of 10 minutes, draining 600 records through many holds still finishes in
+    seconds, so the drain (not the retry timer) lifted each hold. One answer alone (here larger
+    than max_queued_records) does not hold the partition: it is fetched again before the drain."""
+    cluster = cluster_factory(topics={"events": 1}, groups=1)
+    tp = TopicPartition("events", 0)
+    async with BrokerClient(request_timeout=5) as client:
+        await produce_numbered(client, cluster, [0], 600, per_batch=10)
+        cfg = config(
+            cluster,
+            max_queued_records=5,
+            partition_max_bytes=2048,
+            fetch_max_wait_ms=100,
+            flow_control_retry_ms=600_000,
+        )
+        async with Consumer(cfg, client=client) as consumer:
+            await wait_until(
+                lambda: consumer.status()["assignment"][str(tp)]["flow_control"] == "records",
+                10.0,
+                what="hold",
+            )
+            held = consumer.status()["totals"]["buffered_records"]
+            assert held > 5  # two answers buffered: the first (over the threshold) did not hold
+            got = await collect(consumer, lambda b: count_records(b) >= 600, timeout=20.0)
+            assert records(got)[tp] == [(i, f"0:{i}".encode()) for i in range(600)]
+
+
 async def test_buffered_bytes_never_exceed_budget(cluster_factory: Any) -> None:
     """With a small daemon-wide budget and no draining, buffered bytes rise to the budget and never
     above it; once drained, everything arrives."""
