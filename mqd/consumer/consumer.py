@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -394,6 +395,7 @@ class Consumer:
     def snapshot(self) -> ConsumerSnapshot:
         """The consumer's state now, typed (internal readers use this; JSON is made at the edge)."""
         state, budget, m = self._state, self._budget, self._membership
+        now = time.monotonic()
         lag = {tp: self._log_end.view(tp, now) for tp in state.partitions}
         partitions = tuple(
             PartitionSnapshot(
