@@ -161,16 +161,21 @@ class MasterRecovery:
             if slave_max <= plog.max_offset:
                 continue
             spec = next(s for s in self._slaves if s.id == slave_id)
+            prepared = False
             try:
                 self._prepare(plog, slave_min, slave_max, slave_history)
+                prepared = True
                 copied = await self._copy(spec, topic, partition, slave_max)
             except (RecoveryError, StorageError, fmt.BatchError, BrokerError, ProtocolError) as exc:
+                if prepared:
+                    self._new_incarnation(plog, "copy-back from a slave stopped before its log end")
                 problem = f"{topic}/{partition}: cannot copy back from {slave_id}: {exc}"
                 log.error("master recovery: partition not recovered", node=self.node_id, problem=problem)
                 result.problems.append(problem)
                 if isinstance(exc, BrokerError):
                     return False  # the slave went away mid-copy: try the whole round again
                 continue
+            self._new_incarnation(plog, "records taken back from a slave")
             result.copied[f"{topic}/{partition}"] = copied
             log.warning(
                 "master recovered records from a slave",
@@ -229,6 +234,17 @@ class MasterRecovery:
                 if p.status is not Status.NOT_SERVED
             }
         return out
+
+    def _new_incarnation(self, plog: PartitionLog, why: str) -> None:
+        """After a copy-back our log carries the slave's incarnation ids, but ends where the slave's
+        copy (or a failed copy) ended: the lost log may have served further under the same id (an
+        unreplicated tail, a damaged batch the copy stopped at). The offsets we write next get a new
+        id, so a consumer past our end sees INCARNATION_CHANGED instead of reused offsets under
+        the id it landed them with (issue 12: records cut as already landed)."""
+        try:
+            plog.begin_incarnation(why)
+        except StorageError as exc:
+            log.error("master recovery: no new incarnation", node=self.node_id, error=str(exc))
 
     def _prepare(
         self, plog: PartitionLog, slave_min: int, slave_max: int, history: list[IncarnationEntry] | None

@@ -203,6 +203,14 @@ class PartitionLog:
             except OSError as exc:
                 raise self._disk_error(exc, "history write") from exc
 
+    def begin_incarnation(self, why: str) -> None:
+        """Start a new incarnation at the log end (durable on return): the offsets from there on
+        may name records other than the ones this log's current id named there before (a master
+        that took its records back from a slave cannot know how far its lost log had served)."""
+        with self._lock:
+            self._check_writable()
+            self._begin_incarnation(self.max_offset, why)
+
     def _begin_incarnation(
         self, base: int, why: str, history: list[IncarnationEntry] | None = None, *, cut: bool = True
     ) -> None:

@@ -16,6 +16,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from support.harness import Cluster, fetch_all
@@ -176,3 +177,53 @@ async def test_master_repairs_a_damaged_batch_from_its_slave(cluster_factory: Ca
     health = cluster.health(master)
     assert health is not None and health["status"] == "ok", health
     assert "fenced range repaired from a replica" in cluster.log(master)
+
+
+async def _incarnation_at(
+    client: BrokerClient, url: str, offset: int, incarnation: str | None
+) -> tuple[str, Any]:
+    """The (status, answer) of a fetch at ``offset`` naming ``incarnation``, as a consumer asks."""
+    answer = await client.fetch(
+        url,
+        [{"topic": TOPIC, "partition": 0, "offset": offset, "max_bytes": 1024, "incarnation": incarnation}],
+        max_wait_ms=0,
+        min_bytes=0,
+    )
+    p = answer.partitions[0]
+    return str(p.status), p
+
+
+async def test_partial_copy_back_never_reuses_offsets_under_the_landed_incarnation(
+    cluster_factory: Callable[..., Cluster],
+) -> None:
+    """The chaos finding of issue 12 (seed 21: 7,100 records cut as already landed): the master's
+    data dir is replaced while its slave holds a damaged batch its trusted index does not reveal;
+    the copy-back stops at that batch, so the master's log ends far below what a consumer already
+    landed under incarnation A. The offsets it writes next must not be named A: a consumer at its
+    old position gets INCARNATION_CHANGED with diverged_at at the master's new end (on main the
+    master answered under A, the consumer followed it back and the new records were cut)."""
+    cluster = cluster_factory(topics={TOPIC: 1}, slaves=1, node_settings={"storage": {"segment_bytes": 4096}})
+    master, slave = cluster.master(), cluster.slaves()[0]
+    murl = cluster.url(master)
+    async with BrokerClient(request_timeout=10.0) as client:
+        for i in range(60):
+            batch = fmt.encode_batch([b"r-%d-%d" % (i, j) for j in range(5)])
+            await client.produce(murl, TOPIC, 0, batch, acks="all")
+        status, p = await _incarnation_at(client, murl, 300, None)
+        landed_under = p.incarnation
+        assert landed_under is not None
+    _wait(lambda: len(fetch_all(cluster.url(slave), TOPIC, 0)) == 300, "the slave to copy everything")
+    cluster.stop_node(slave)  # a clean stop: its closed segments' indexes are trusted at start
+    folder = cluster.nodes[slave].data_dir / "logs" / f"{TOPIC}-0"
+    second = sorted(folder.glob("*.log"))[1]
+    victim = fmt.scan(second.read_bytes())[1]
+    _flip(second, victim.position + 60)
+    cluster.start_node(slave)
+    _replace_data_dir(cluster, master)
+    cluster.start_node(master)
+    assert "master recovery: partition not recovered" in cluster.log(master)
+    async with BrokerClient(request_timeout=10.0) as client:
+        status, p = await _incarnation_at(client, murl, 300, landed_under)
+        assert status == "INCARNATION_CHANGED", (status, p)
+        assert p.incarnation != landed_under
+        assert p.diverged_at is not None and p.diverged_at == p.max_offset < 300, p
