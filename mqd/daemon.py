@@ -108,6 +108,7 @@ class Daemon:
         self._watermark_hour: dict[TopicPartition, int] = {}
         self._commits = 0
         self._markers = 0
+        self._marker_lock_timeouts = 0  # marker rounds skipped: the topic's marker lock was held
         self._consumer_started = False
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -394,6 +395,10 @@ class Daemon:
                 await self._update_markers()
         except LandingError as exc:
             self._set_landing_error(exc)
+        except LockTimeout as exc:
+            # a marker lock held by another process (frozen?): landing goes on, markers next round
+            self._marker_lock_timeouts += 1
+            log.warning("completeness markers skipped: lock held; retried later", error=str(exc))
         except (OSError, LandingCorrupt) as exc:
             self._record_error("housekeeping", exc)
 
@@ -489,6 +494,7 @@ class Daemon:
             "records_cut": s.cut,
             "commits": self._commits,
             "markers": self._markers,
+            "marker_lock_timeouts": self._marker_lock_timeouts,
         }
 
     def health(self) -> tuple[str, list[str]]:

@@ -27,6 +27,7 @@ import structlog
 
 from mqd import format as fmt
 from mqd.backoff import Backoff
+from mqd.broker.fenced_repair import COPY_MAX_BYTES, repair_from
 from mqd.broker.incarnation import IncarnationEntry
 from mqd.broker.node_marker import read_marker, write_marker
 from mqd.broker.replica_client import ReplicaClient, ReplicaPeerError
@@ -41,7 +42,6 @@ log = structlog.get_logger(__name__)
 
 START_CONSULT_S = 2.0  # before listening, wait at most this long for a slave to answer
 PROBE_TIMEOUT_S = 1.0  # one round of asking the slaves for their log ends
-COPY_MAX_BYTES = 8 * 1024 * 1024  # one copy-back fetch
 RETRY_MAX_S = 2.0
 
 
@@ -284,55 +284,11 @@ class MasterRecovery:
             plog = self._storage.get(topic, partition)
             if plog is None:
                 continue
-            for first, last in plog.fenced_ranges():
-                try:
-                    data = await self._read_range(slave, topic, partition, first, last)
-                    if data is None:
-                        continue
-                    plog.repair_fenced(data, fmt.validate(data))
-                except (StorageError, fmt.BatchError, BrokerError, ProtocolError) as exc:
-                    problem = (
-                        f"{topic}/{partition}: fenced {first}..{last} not repaired from {slave.id}: {exc}"
-                    )
-                    log.error(
-                        "master recovery: fenced range not repaired", node=self.node_id, problem=problem
-                    )
-                    result.problems.append(problem)
-                    continue
-                result.copied[f"{topic}/{partition}"] = result.copied.get(f"{topic}/{partition}", 0) + (
-                    last - first + 1
-                )
-
-    async def _read_range(
-        self, slave: NodeSpec, topic: str, partition: int, first: int, last: int
-    ) -> bytes | None:
-        """The slave's batches for exactly ``first..last``; None when it does not hold them whole."""
-        out = bytearray()
-        offset = first
-        while offset <= last:
-            answer = await self._client.fetch(
-                slave,
-                [{"topic": topic, "partition": partition, "offset": offset, "max_bytes": COPY_MAX_BYTES}],
-                max_wait_ms=0,
-                max_bytes=COPY_MAX_BYTES,
-            )
-            p = answer.partitions[0]
-            if p.status is not Status.FOUND or len(p.data) == 0:
-                return None  # the slave lacks them too (or lost them the same way)
-            chunk = bytes(p.data)
-            infos = fmt.validate(chunk)
-            if infos[0].base_offset != offset:
-                return None
-            end = len(chunk)
-            for info in infos:
-                if info.base_offset > last:
-                    end = info.position  # the rest lies after the hole
-                    break
-                if info.next_offset > last + 1:
-                    return None  # batch boundaries differ from the hole's: cannot fill it exactly
-                offset = info.next_offset
-            out += chunk[infos[0].position : end]
-        return bytes(out)
+            repaired, problems = await repair_from(self._client, slave, plog)
+            result.problems.extend(problems)
+            if repaired:
+                key = f"{topic}/{partition}"
+                result.copied[key] = result.copied.get(key, 0) + sum(b - a + 1 for a, b in repaired)
 
     async def _copy(self, slave: NodeSpec, topic: str, partition: int, slave_max: int) -> int:
         plog = self._storage.get(topic, partition)

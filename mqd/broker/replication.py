@@ -18,7 +18,8 @@ back and copies again. Either way never below its floor (:mod:`mqd.broker.replic
 what it reported to its master, so what acks=all may have acknowledged). A master that comes back
 shorter copies the records back from its slaves before it takes writes (master_recovery.py); if it
 still asks for a cut below the floor, the slave parks the partition (error in /v1/stats, degraded
-health, a counter) instead of deleting.
+health, a counter) instead of deleting. A range of our own log fenced at open (damaged bytes) is
+asked of the master between fetch rounds and repaired in place (fenced_repair.py).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ import structlog
 from mqd import format as fmt
 from mqd.backoff import Backoff
 from mqd.broker.consumer_groups import ConsumerGroupError, ConsumerGroupStore
+from mqd.broker.fenced_repair import repair_from
 from mqd.broker.incarnation import IncarnationEntry
 from mqd.broker.replica_client import ReplicaClient, ReplicaPeerError
 from mqd.broker.replica_divergence import agreed_end
@@ -62,9 +64,12 @@ class _ReplicaPartition:
     retry_at: float = 0.0  # monotonic; the partition is left out of requests until then
     backoff: Backoff | None = None
     parked: bool = False  # following the master would cut below the floor: refused
+    repair_at: float = 0.0  # monotonic; when to ask the master for our fenced ranges again
+    unrepaired: list[tuple[int, int]] | None = None  # fenced ranges last reported as not repaired
 
 
 PARKED_RETRY_S = 5.0  # a parked partition asks again this often (the master may have recovered)
+REPAIR_RETRY_S = 10.0  # a fenced range the master could not give asks again this often
 
 
 class FloorRefusal(ReplicationError):
@@ -103,6 +108,7 @@ class Replicator:
         self._floor = floor
         self.truncations_refused = 0  # partitions parked by the floor, counted per refusal
         self.unverified_answers = 0  # answers refused because the master did not sign them
+        self.fenced_repaired = 0  # offsets of our fenced ranges repaired from the master
         self._unverified: str | None = None  # the last answer came from a node without the master's secret
         self._on_append = on_append
         self._wait_ms = wait_ms
@@ -177,6 +183,7 @@ class Replicator:
             "offsets_synced_at": self._offsets_synced_at,
             "truncations_refused": self.truncations_refused,
             "unverified_answers": self.unverified_answers,
+            "fenced_repaired": self.fenced_repaired,
             "partitions": parts,
         }
 
@@ -239,6 +246,34 @@ class Replicator:
                 self._floor.save()
             except OSError as exc:
                 log.error("cannot save the replica floor", error=str(exc))
+            await self._repair_fenced(loop.time())
+
+    async def _repair_fenced(self, now: float) -> None:
+        """Ask the master for our fenced ranges (damage found at open): what it holds whole replaces
+        the hole (fenced_repair.py). Replication past the hole goes on meanwhile: this runs between
+        two fetch rounds. A range the master lacks too stays fenced and is asked for again later.
+        The range fetch names an offset below our log end, which the master takes as our progress
+        until our next fetch (acks=all waits a moment longer, never less)."""
+        for (topic, partition), st in self._states.items():
+            plog = self._storage.get(topic, partition)
+            if plog is None or st.parked or st.repair_at > now or not plog.fenced_ranges():
+                continue
+            repaired, problems = await repair_from(self._client, self.master, plog)
+            self.fenced_repaired += sum(last - first + 1 for first, last in repaired)
+            for problem in problems:
+                self._record_error(problem)
+            left = plog.fenced_ranges()
+            if left:
+                st.repair_at = now + REPAIR_RETRY_S
+                if left != st.unrepaired:  # logged once per change, not every retry
+                    log.warning(
+                        "fenced ranges not repaired from the master yet",
+                        topic=topic,
+                        partition=partition,
+                        fenced=left,
+                        retry_s=REPAIR_RETRY_S,
+                    )
+            st.unrepaired = left or None
 
     def _fetch_request(self, now: float) -> list[dict[str, Any]]:
         # start at a different partition each round: the answer's byte budget goes to the first

@@ -31,6 +31,7 @@ from mqd.landing.layout import LandingCorrupt
 from mqd.landing.local_store import PartitionState
 
 IDLE_GRACE_MS = 10_000  # an idle partition vouches for event times older than now - grace
+MARKERS_LOCK_TIMEOUT_S = 1.0  # others hold the topic's marker lock for milliseconds, unless frozen
 
 
 def _state_dir(root: Path, topic: str) -> Path:
@@ -80,7 +81,9 @@ def _hour_dirs(root: Path, topic: str, from_hour: int, to_hour: int) -> list[tup
 
 def update_markers(root: Path, topic: str, partitions: int, now_ms: int | None = None) -> list[Path]:
     """Write the markers of every hour that became complete; returns the markers created.
-    ``now_ms``: the wall clock (default: now); an hour that has not ended by it is never marked."""
+    ``now_ms``: the wall clock (default: now); an hour that has not ended by it is never marked.
+    fsutil.LockTimeout (retriable) when another process holds the topic's marker lock past
+    :data:`MARKERS_LOCK_TIMEOUT_S` (the next call tries again)."""
     root = Path(root)
     marks = read_watermarks(root, topic, partitions)
     if not marks or any(m is None for m in marks):
@@ -92,7 +95,8 @@ def update_markers(root: Path, topic: str, partitions: int, now_ms: int | None =
     done_before = min(min(m for m in marks if m is not None), now_ms) // layout.HOUR_MS
     progress = _state_dir(root, topic) / "_markers.json"
     created: list[Path] = []
-    with fsutil.locked(_state_dir(root, topic) / "_markers.lock"):
+    # bounded: a daemon frozen while it holds this lock must not stall the caller's landing loop
+    with fsutil.locked(_state_dir(root, topic) / "_markers.lock", timeout=MARKERS_LOCK_TIMEOUT_S):
         try:
             start = int(json.loads(progress.read_bytes())["complete_before_hour"])
         except (FileNotFoundError, ValueError, KeyError, TypeError):

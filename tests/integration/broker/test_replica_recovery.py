@@ -227,3 +227,34 @@ async def test_partial_copy_back_never_reuses_offsets_under_the_landed_incarnati
         assert status == "INCARNATION_CHANGED", (status, p)
         assert p.incarnation != landed_under
         assert p.diverged_at is not None and p.diverged_at == p.max_offset < 300, p
+
+
+async def test_slave_repairs_a_damaged_batch_from_its_master(cluster_factory: Callable[..., Cluster]) -> None:
+    """One flipped byte in a batch of an old closed segment of a stopped slave, more records produced
+    meanwhile: at restart the batch is fenced (storage), the slave copies past the hole and asks its
+    master for the fenced range, which is repaired in place: the slave serves every record of the
+    master again and its health is ok (without the repair the range stays DATA_LOST, health
+    degraded)."""
+    cluster = cluster_factory(topics={TOPIC: 1}, slaves=1, node_settings={"storage": {"segment_bytes": 4096}})
+    master, slave = cluster.master(), cluster.slaves()[0]
+    murl, surl = cluster.url(master), cluster.url(slave)
+    async with BrokerClient(request_timeout=10.0) as client:
+        for i in range(60):
+            await client.produce(murl, TOPIC, 0, fmt.encode_batch([b"r-%d-%d" % (i, j) for j in range(5)]))
+        _wait(lambda: len(fetch_all(surl, TOPIC, 0)) == 300, "the slave to copy everything")
+        cluster.stop_node(slave)
+        folder = cluster.nodes[slave].data_dir / "logs" / f"{TOPIC}-0"
+        second = sorted(folder.glob("*.log"))[1]
+        victim = fmt.scan(second.read_bytes())[1]
+        second.with_suffix(".index").unlink()  # rescanned at open, so the damage is found
+        _flip(second, victim.position + 60)
+        for i in range(60, 80):
+            await client.produce(murl, TOPIC, 0, fmt.encode_batch([b"r-%d-%d" % (i, j) for j in range(5)]))
+    acked = fetch_all(murl, TOPIC, 0)
+    assert len(acked) == 400
+    cluster.start_node(slave)
+    _wait(lambda: fetch_all(surl, TOPIC, 0) == acked, "the slave to repair the range and catch up")
+    _wait(lambda: (h := cluster.health(slave)) is not None and h["status"] == "ok", "slave health ok")
+    log_text = cluster.log(slave)
+    assert "damaged range in a log segment: fenced" in log_text
+    assert "fenced range repaired from a replica" in log_text
