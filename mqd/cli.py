@@ -15,7 +15,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, cast
 
 import click
 
@@ -388,13 +388,25 @@ def _fetch_status(rt: _Runtime, pid: int) -> dict[str, Any]:
     return data
 
 
+_SORT_OPTION = click.option(
+    "--sort",
+    type=click.Choice(["partition", "lag", "rate", "time-lag"]),
+    default="partition",
+    show_default=True,
+    help="Row order of the live view (lag, rate, time-lag: largest first).",
+)
+
+
 @main.command()
 @_config_option
 @click.option("--json", "as_json", is_flag=True, help="Print the full status JSON.")
 @click.option("--watch", "-w", is_flag=True, help="Live view, refreshed every --interval (= `mqd top`).")
 @click.option("--interval", default=1.0, show_default=True, type=click.FloatRange(min=0.1))
+@_SORT_OPTION
 @click.option("--iterations", type=int, default=None, hidden=True)
-def status(config_path: Path, as_json: bool, watch: bool, interval: float, iterations: int | None) -> None:
+def status(
+    config_path: Path, as_json: bool, watch: bool, interval: float, sort: str, iterations: int | None
+) -> None:
     """Show whether the daemon runs and how it is doing.
 
     Exit code: 0 healthy, 1 degraded (or its admin endpoint does not answer), 3 not running,
@@ -410,7 +422,7 @@ def status(config_path: Path, as_json: bool, watch: bool, interval: float, itera
     """
     rt = _runtime(config_path)
     if watch:
-        _watch(rt, interval, iterations)
+        _watch(rt, interval, iterations, sort)
         return
     pid = _running(rt)
     if pid is None:
@@ -450,44 +462,40 @@ def status(config_path: Path, as_json: bool, watch: bool, interval: float, itera
 @main.command()
 @_config_option
 @click.option("--interval", default=1.0, show_default=True, type=click.FloatRange(min=0.1))
+@_SORT_OPTION
 @click.option("--iterations", type=int, default=None, hidden=True)
-def top(config_path: Path, interval: float, iterations: int | None) -> None:
-    """Live view: per partition position, lag, rate, pull node, flow control; totals and backlog.
+def top(config_path: Path, interval: float, sort: str, iterations: int | None) -> None:
+    """Live view: per partition its state, pull node, exact offsets (position, committed, landed, log
+    end), lag, time lag, rate and error; a header with group, uptime, records/s, CPU, RSS and budget.
+    Keeps running across daemon restarts; Ctrl-C quits.
 
     \b
-    Example:
+    Examples:
       mqd top --config config/mqd.toml
+      mqd top -c config/mqd.toml --sort lag
     """
-    _watch(_runtime(config_path), interval, iterations)
+    _watch(_runtime(config_path), interval, iterations, sort)
 
 
-def _watch(rt: _Runtime, interval: float, iterations: int | None) -> None:
-    from mqd.admin import TopView
+def _watch(rt: _Runtime, interval: float, iterations: int | None, sort: str = "partition") -> None:
+    from mqd import top as top_view
+    from mqd.runner import read_json
 
-    view = TopView()
-    tty = sys.stdout.isatty()
-    n = 0
-    try:
-        while iterations is None or n < iterations:
-            n += 1
-            pid = _running(rt)
-            if pid is None:
-                _not_running(rt)
-            try:
-                text = view.render(_fetch_status(rt, pid), width=_width())
-            except click.ClickException as exc:
-                text = f"mqd (pid {pid}): admin endpoint does not answer: {exc.message}"
-            click.echo(("\x1b[H\x1b[2J" if tty else "") + text + ("" if tty else "\n"))
-            if iterations is None or n < iterations:
-                time.sleep(interval)
-    except KeyboardInterrupt:
-        pass
+    def read() -> top_view.Reading:
+        pid = _running(rt)
+        if pid is None:
+            last = read_json(rt.state_dir / "last_exit.json")
+            why = "daemon not running"
+            if last:
+                why += f" (last exit: code {last.get('exit_code')}, {last.get('reason')})"
+            return top_view.Reading(None, None, why)
+        try:
+            return top_view.Reading(_fetch_status(rt, pid), pid)
+        except click.ClickException as exc:
+            return top_view.Reading(None, pid, f"daemon (pid {pid}) does not answer: {exc.message}")
 
-
-def _width() -> int:
-    import shutil
-
-    return shutil.get_terminal_size((120, 40)).columns
+    # click.Choice let only the SORT_KEYS through
+    top_view.run(read, interval=interval, iterations=iterations, sort=cast(top_view.SortKey, sort))
 
 
 @main.command()
