@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 PY     := $(BIN)/python
 
-.PHONY: install check-java test test-fast lint fmt demo bench chaos clean install-systemd
+.PHONY: install check-java test test-fast lint fmt demo bench chaos clean install-systemd screenshots
 
 install: check-java $(VENV)/.installed
 
@@ -48,6 +48,11 @@ bench: install $(VENV)/.bench-installed
 # KINDS=...: only these fault kinds (names, categories, classic, safety; see --help)
 chaos: install
 	$(PY) -m mqd_dev.chaos --rounds 20 $(if $(KINDS),--kinds $(KINDS))
+
+# the README's pictures of the views (docs/img/): a real daemon under load, its status page in headless
+# chromium (apt-get install chromium) and one `mqd top` screen; not part of the tests
+screenshots: install
+	$(PY) -m mqd_dev.screenshots --out docs/img
 
 install-systemd:
 	sh systemd/install.sh

@@ -106,13 +106,13 @@ _HEADERS = (
 
 _STYLE = (
     "body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#222}"
-    "h1{font-size:1.4em;margin:0 0 .6em}.ok{color:#1a7f37}.degraded{color:#b35900}"
+    "h1{font-size:1.4em;margin:0 0 .6em}h1 .ok{color:#1a7f37}h1 .degraded{color:#b35900}"
     "#summary{display:flex;flex-wrap:wrap;gap:.4em 1.6em;margin:0 0 1em}"
     "#summary dt{font-size:.8em;color:#666}#summary dd{margin:0;font-weight:600}"
     "#reasons{color:#b35900}"
     "table{border-collapse:collapse}th,td{padding:3px 10px;text-align:right;white-space:nowrap}"
     "th{border-bottom:1px solid #999}td.l,th.l{text-align:left}td.err{white-space:normal;color:#b00}"
-    "tr:nth-child(even) td{background:#f4f4f4}tr.stuck td,tr.parked td{background:#fde7e7}"
+    "tr:nth-child(even) td{background:#f4f4f4}tr.s-stuck td,tr.s-parked td{background:#fde7e7}"
     ".links{color:#666;font-size:.85em}"
 )
 
@@ -121,7 +121,7 @@ def _table(rows: list[PartitionRow]) -> str:
     if not rows:
         return '<p id="partitions">no partitions assigned</p>'
     left = {"partition", "state", "node", "error"}
-    head = "".join(f'<th class="{"l" if h in left else ""}">{h}</th>' for h in _HEADERS)
+    head = "".join(f"<th{_class('l' if h in left else '')}>{h}</th>" for h in _HEADERS)
     body = []
     for r in rows:
         state = "stuck" if r.stuck else (r.state or "ok")
@@ -137,11 +137,11 @@ def _table(rows: list[PartitionRow]) -> str:
             ("", r.landed),
             ("", r.log_end),
             ("", r.lag),
-            ("", None if r.time_lag_s is None else _duration(r.time_lag_s)),
-            ("l err", error),
+            ("", _duration(r.time_lag_s)),
+            ("l err" if error else "l", error),
         ]
-        tds = "".join(f'<td class="{cls}">{_cell(v)}</td>' for cls, v in cells)
-        body.append(f'<tr class="{_esc(state)}" id="p-{_esc(r.topic)}-{r.partition}">{tds}</tr>')
+        tds = "".join(f"<td{_class(cls)}>{_cell(v)}</td>" for cls, v in cells)
+        body.append(f'<tr class="s-{_esc(state)}" id="p-{_esc(r.topic)}-{r.partition}">{tds}</tr>')
     return f'<table id="partitions"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
 
 
@@ -152,6 +152,10 @@ def _budget(totals: Mapping[str, Any]) -> str | None:
     if not limit:
         return _size(used)
     return f"{_size(used)} of {_size(limit)} ({used / limit * 100:.0f}%)"
+
+
+def _class(names: str) -> str:
+    return f' class="{names}"' if names else ""
 
 
 def _slug(label: str) -> str:
