@@ -574,15 +574,6 @@ def binary_size(n: float | None) -> str:
     return f"{n:.0f}B"
 
 
-def _fmt(n: float | None, unit: str = "") -> str:
-    if n is None:
-        return "-"
-    for div, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if abs(n) >= div:
-            return f"{n / div:.1f}{suffix}{unit}"
-    return f"{n:.0f}{unit}" if isinstance(n, float) else f"{n}{unit}"
-
-
 def _published(status: Mapping[str, Any]) -> str:
     stats = status.get("stats")
     if not isinstance(stats, Mapping):
@@ -591,7 +582,7 @@ def _published(status: Mapping[str, Any]) -> str:
     files = _first(stats, "files_published", "files")
     out = ""
     if isinstance(recs, int):
-        out += f"  published={_fmt(recs)} records"
+        out += f", {recs} records landed"  # exact, as the offsets are
     if isinstance(files, int):
         out += f" in {files} files"
     return out
@@ -605,7 +596,11 @@ def render_summary(status: Mapping[str, Any]) -> str:
     rows = partition_rows(status)
     lines = [
         f"mqd is {status.get('state', 'running')}: {health.get('status', 'unknown')}"
-        + (f" (pid {runner.get('pid')}, up {_fmt(runner.get('uptime_s'), 's')})" if runner else ""),
+        + (
+            f" (pid {runner.get('pid')}, up {duration(_float_or_none(runner.get('uptime_s')))})"
+            if runner
+            else ""
+        ),
     ]
     for reason in health.get("reasons") or []:
         lines.append(f"  ! {reason}")
@@ -631,7 +626,10 @@ def render_summary(status: Mapping[str, Any]) -> str:
     if rows:
         lines.append(_offsets_table(rows))
     for r in errors[:10]:
-        lines.append(f"  {r.topic}:{r.partition}: {r.error}")
+        age = "" if r.error_age_s is None else f" ({duration(r.error_age_s)} ago)"
+        lines.append(f"  {r.topic}:{r.partition}: {r.error}{age}")
+    if len(errors) > 10:
+        lines.append(f"  ... and {len(errors) - 10} more partitions with errors (mqd status --json)")
     reload = _section(runner, "reload")
     if reload.get("count"):
         lines.append(f"  last reload: {'ok' if reload.get('ok') else 'refused: ' + str(reload.get('error'))}")
@@ -648,7 +646,7 @@ def _offsets_table(rows: list[PartitionRow]) -> str:
     table = [header]
     for r in rows:
         state = "stuck" if r.stuck else (r.state or "-")
-        time_lag = None if r.time_lag_s is None else f"{r.time_lag_s:.1f}s"
+        time_lag = None if r.time_lag_s is None else duration(r.time_lag_s)
         table.append(
             (
                 r.topic,

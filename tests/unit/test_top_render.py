@@ -72,20 +72,23 @@ def status(*parts: PartitionSnapshot, published: int = 1_234_567, cpu_s: float =
     }
 
 
-BUSY = (
-    partition(0, 18_352_001, 18_352_100, landed=18_350_000),
-    partition(
-        1,
-        1_200_000,
-        1_218_352,
-        landed=1_200_000,
-        paused=True,
-        last_error=f"{NODE_B}: timeout",
-        last_error_age_s=12.0,
-        landed_event_time_ms=int(time.time() * 1000) - 90_000,
-    ),
-    partition(2, 5, 5, landed=5),
-)
+def busy() -> tuple[PartitionSnapshot, ...]:
+    """Three partitions: one fetching, one paused behind with a fetch error and a time lag of about
+    90 s (stamped now: the status JSON computes the time lag from the clock), one idle."""
+    return (
+        partition(0, 18_352_001, 18_352_100, landed=18_350_000),
+        partition(
+            1,
+            1_200_000,
+            1_218_352,
+            landed=1_200_000,
+            paused=True,
+            last_error=f"{NODE_B}: timeout",
+            last_error_age_s=12.0,
+            landed_event_time_ms=int(time.time() * 1000) - 90_000,
+        ),
+        partition(2, 5, 5, landed=5),
+    )
 
 
 def lines_of(text: str) -> list[str]:
@@ -95,7 +98,7 @@ def lines_of(text: str) -> list[str]:
 def test_wide_terminal_shows_every_column_exact_offsets_full_node_names() -> None:
     """160 columns: all eleven columns, offsets digit for digit, full node names, the error with its
     age in the ERROR column; no line is wider than the terminal."""
-    text = render_text(TopView(), status(*BUSY), 160, now=1.0)
+    text = render_text(TopView(), status(*busy()), 160, now=1.0)
     lines = lines_of(text)
     assert all(len(line) <= 160 for line in lines)
     head = next(line for line in lines if line.startswith("TOPIC:PARTITION"))
@@ -114,7 +117,7 @@ def test_80_columns_drop_the_least_important_columns_and_never_wrap_the_header()
     """80 columns: COMMITTED and POSITION go first; TOPIC:PARTITION, LAG, TIME-LAG and LANDED stay;
     every line fits; the error moves under the table with its age; the header's segments
     (group, member, generation, uptime, version, records/s, CPU, RSS, budget) are whole."""
-    text = render_text(TopView(), status(*BUSY), 80, now=1.0)
+    text = render_text(TopView(), status(*busy()), 80, now=1.0)
     lines = lines_of(text)
     assert all(len(line) <= 80 for line in lines), [line for line in lines if len(line) > 80]
     head = next(line for line in lines if line.startswith("TOPIC:PARTITION")).split()
@@ -143,16 +146,16 @@ def test_rates_cpu_and_a_lag_bar_that_is_not_full_under_steady_load() -> None:
     lag of 99 records drained at 5000/s) draws an empty bar, never 100%; a lag of minutes of work
     fills it."""
     view = TopView()
-    steady = (BUSY[0], BUSY[2])
+    steady = (busy()[0], busy()[2])
     render_text(view, status(*steady), 160, now=10.0)
-    moved = (partition(0, 18_362_001, 18_362_100, landed=18_360_000), BUSY[2])
+    moved = (partition(0, 18_362_001, 18_362_100, landed=18_360_000), busy()[2])
     text = render_text(view, status(*moved, cpu_s=11.0), 160, now=12.0)
     assert "records/s 5,000" in text and "CPU 50%" in text
     row0 = next(line for line in lines_of(text) if line.startswith("events:0 "))
     assert row0.split()[-2] == "5000"  # RATE, before the ERROR column's "-"
     bar = next(line for line in lines_of(text) if line.startswith("2 partitions  lag 99 records"))
     assert "[....................]" in bar and "100%" not in text
-    far = (partition(0, 18_372_001, 19_372_001, landed=18_370_000), BUSY[2])
+    far = (partition(0, 18_372_001, 19_372_001, landed=18_370_000), busy()[2])
     text = render_text(view, status(*far, cpu_s=12.0), 160, now=14.0)
     bar = next(line for line in lines_of(text) if line.startswith("2 partitions  lag 1000000 records"))
     assert "[####################] 3m20s to drain" in bar
@@ -161,7 +164,7 @@ def test_rates_cpu_and_a_lag_bar_that_is_not_full_under_steady_load() -> None:
 def test_sort_keys() -> None:
     """--sort lag / time-lag / rate: largest first, unknown last; partition: topic then number."""
     view = TopView()
-    rows = view.sample(status(*BUSY), now=1.0)
+    rows = view.sample(status(*busy()), now=1.0)
     assert [r.part.partition for r in sort_rows(rows, "lag")] == [1, 0, 2]
     assert [r.part.partition for r in sort_rows(rows, "partition")] == [0, 1, 2]
     assert [r.part.partition for r in sort_rows(rows, "rate")] == [0, 1, 2]  # no rates yet: by partition
