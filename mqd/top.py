@@ -232,20 +232,21 @@ def _budget(totals: Mapping[str, Any]) -> str:
 
 def _lag_line(lag: int, rate: float | None, count: int, width: int) -> Text:
     """The backlog in records and in seconds of work at the current rate; the bar is full at
-    LAG_BAR_FULL_S seconds. With no rate known yet the bar is not drawn: it would be a guess."""
+    LAG_BAR_FULL_S seconds, or when nothing drains a lag. With no rate known yet (the first sample)
+    the bar is not drawn: it would be a guess."""
     text = Text(no_wrap=True, overflow="ellipsis")
     text.append(f"{count} partitions  lag {lag} records")
-    if rate is None or (lag and rate <= 0):
-        text.append("  (draining time not known yet)" if lag else "")
+    if rate is None:
+        text.append("  (rate known from the next sample)" if lag else "")
         return text
-    seconds = lag / rate if lag else 0.0
-    frac = min(1.0, seconds / LAG_BAR_FULL_S)
+    seconds = lag / rate if lag and rate > 0 else 0.0
+    frac = 1.0 if lag and rate <= 0 else min(1.0, seconds / LAG_BAR_FULL_S)
     bar_w = max(5, min(LAG_BAR_WIDTH, width - len(text) - 30))
     filled = round(frac * bar_w)
     text.append("  [")
     text.append("#" * filled, style="red" if frac >= 1 else "yellow" if frac > 0.25 else "green")
     text.append("." * (bar_w - filled))
-    text.append(f"] {duration(seconds)} to drain")
+    text.append("] not draining" if lag and rate <= 0 else f"] {duration(seconds)} to drain")
     return text
 
 
