@@ -467,7 +467,7 @@ def status(
 def top(config_path: Path, interval: float, sort: str, iterations: int | None) -> None:
     """Live view: per partition its state, pull node, exact offsets (position, committed, landed, log
     end), lag, time lag, rate and error; a header with group, uptime, records/s, CPU, RSS and budget.
-    Keeps running across daemon restarts; Ctrl-C quits.
+    Keeps running across daemon restarts. Keys on a terminal: s next sort order, q (or Ctrl-C) quits.
 
     \b
     Examples:

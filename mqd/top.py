@@ -26,10 +26,13 @@ Layout decisions:
 from __future__ import annotations
 
 import io
+import os
+import select
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TextIO
 
 from rich.console import Console, Group, RenderableType
 from rich.table import Table
@@ -103,6 +106,7 @@ class TopView:
         self._pid: int | None = None
         self._at: float | None = None
         self._rates: dict[tuple[str, int], float] = {}
+        self._last: tuple[Mapping[str, Any], list[Row]] | None = None
         self._cpu_share: float | None = None
 
     def sample(self, status: Mapping[str, Any], now: float, pid: int | None = None) -> list[Row]:
@@ -133,7 +137,14 @@ class TopView:
         self, status: Mapping[str, Any], width: int, now: float | None = None, pid: int | None = None
     ) -> RenderableType:
         """The screen for one sample: header, lag bar, the partition table, errors that did not fit."""
-        rows = self.sample(status, time.monotonic() if now is None else now, pid)
+        self._last = (status, self.sample(status, time.monotonic() if now is None else now, pid))
+        return self.redraw(width)
+
+    def redraw(self, width: int, footer: str = "") -> RenderableType:
+        """The last sample drawn again (a new sort order, a resized terminal): no new rates."""
+        if self._last is None:
+            return Text("")
+        status, rows = self._last
         rows = sort_rows(rows, self.sort)
         known = [r.rate for r in rows if r.rate is not None]
         total_rate = sum(known) if known else None
@@ -147,7 +158,13 @@ class TopView:
             parts.append(table)
         for line in overflow:
             parts.append(Text(line, no_wrap=True, overflow="ellipsis"))
+        if footer:
+            parts.append(Text(footer, style="dim", no_wrap=True, overflow="ellipsis"))
         return Group(*parts)
+
+    def next_sort(self) -> None:
+        """The next of SORT_KEYS (the ``s`` key)."""
+        self.sort = SORT_KEYS[(SORT_KEYS.index(self.sort) + 1) % len(SORT_KEYS)]
 
 
 def sort_rows(rows: Sequence[Row], key: SortKey) -> list[Row]:
@@ -340,16 +357,62 @@ def run(
     console: Console | None = None,
 ) -> None:
     """Sample with ``read`` every ``interval`` seconds and draw; on a terminal the screen is redrawn
-    in place (rich Live), otherwise each sample is printed. ``iterations`` bounds the loop (tests)."""
+    in place (rich Live) and keys work (``s`` next sort order, ``q`` quit), otherwise each sample is
+    printed. ``iterations`` bounds the loop (tests)."""
     console = console or Console()
     view = TopView(sort)
     if console.is_terminal:
         from rich.live import Live
 
-        with Live(console=console, auto_refresh=False, screen=True, redirect_stderr=False) as live:
-            _loop(read, view, interval, iterations, console, lambda r: live.update(r, refresh=True))
+        with (
+            Keys(sys.stdin) as keys,
+            Live(console=console, auto_refresh=False, screen=True, redirect_stderr=False) as live,
+        ):
+            _loop(read, view, interval, iterations, console, lambda r: live.update(r, refresh=True), keys)
     else:
-        _loop(read, view, interval, iterations, console, console.print)
+        _loop(read, view, interval, iterations, console, console.print, Keys(None))
+
+
+class Keys:
+    """Single key presses from a terminal's stdin while the view runs: cbreak mode (no echo, no line
+    buffering) from ``__enter__`` to ``__exit__``, which restores the terminal. Not a terminal: no keys."""
+
+    def __init__(self, stream: TextIO | None) -> None:
+        self._fd = stream.fileno() if stream is not None and stream.isatty() else None
+        self._saved: list[Any] | None = None
+
+    @property
+    def active(self) -> bool:
+        return self._fd is not None
+
+    def __enter__(self) -> Keys:
+        if self._fd is not None:
+            import termios
+            import tty
+
+            self._saved = termios.tcgetattr(self._fd)
+            tty.setcbreak(self._fd)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._fd is not None and self._saved is not None:
+            import termios
+
+            termios.tcsetattr(self._fd, termios.TCSADRAIN, self._saved)
+            self._saved = None
+
+    def wait(self, timeout: float) -> str | None:
+        """The next key pressed within ``timeout`` seconds, or None (then the whole timeout passed)."""
+        if self._fd is None:
+            time.sleep(timeout)
+            return None
+        ready, _, _ = select.select([self._fd], [], [], max(0.0, timeout))
+        if not ready:
+            return None
+        return os.read(self._fd, 1).decode(errors="replace")
+
+
+FOOTER = "s: sort by {sort} (next: {next})  q: quit"
 
 
 def _loop(
@@ -359,8 +422,16 @@ def _loop(
     iterations: int | None,
     console: Console,
     show: Callable[[RenderableType], None],
+    keys: Keys,
 ) -> None:
     n = 0
+
+    def footer() -> str:
+        if not keys.active:
+            return ""
+        after = SORT_KEYS[(SORT_KEYS.index(view.sort) + 1) % len(SORT_KEYS)]
+        return FOOTER.format(sort=view.sort, next=after)
+
     try:
         while iterations is None or n < iterations:
             n += 1
@@ -368,9 +439,20 @@ def _loop(
             if reading.status is None:
                 show(Text(f"mqd: {reading.problem or 'daemon not running'}; waiting...", no_wrap=True))
             else:
-                show(view.render(reading.status, console.width, pid=reading.pid))
-            if iterations is None or n < iterations:
-                time.sleep(interval)  # the refresh period itself, nothing is waited for
+                view.render(reading.status, console.width, pid=reading.pid)
+                show(view.redraw(console.width, footer()))
+            if iterations is not None and n >= iterations:
+                break
+            # the refresh period itself, cut short only to answer a key
+            deadline = time.monotonic() + interval
+            while (left := deadline - time.monotonic()) > 0:
+                key = keys.wait(left)
+                if key == "q":
+                    return
+                if key == "s":
+                    view.next_sort()
+                    if reading.status is not None:
+                        show(view.redraw(console.width, footer()))
     except KeyboardInterrupt:
         pass
 
