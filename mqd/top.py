@@ -149,9 +149,10 @@ class TopView:
         known = [r.rate for r in rows if r.rate is not None]
         total_rate = sum(known) if known else None
         total_lag = sum(r.part.lag or 0 for r in rows)
+        held_lag = sum(r.part.lag or 0 for r in rows if r.part.paused or r.part.parked)
         parts: list[RenderableType] = [
             _header(status, width, total_rate, self._cpu_share),
-            _lag_line(total_lag, total_rate, len(rows), width),
+            _lag_line(total_lag, held_lag, total_rate, len(rows), width),
         ]
         table, overflow = _table(rows, width)
         if table is not None:
@@ -247,12 +248,16 @@ def _budget(totals: Mapping[str, Any]) -> str:
     return f"{binary_size(used)}/{binary_size(limit)} ({used / limit * 100:.0f}%)"
 
 
-def _lag_line(lag: int, rate: float | None, count: int, width: int) -> Text:
+def _lag_line(lag: int, held: int, rate: float | None, count: int, width: int) -> Text:
     """The backlog in records and in seconds of work at the current rate; the bar is full at
-    LAG_BAR_FULL_S seconds, or when nothing drains a lag. With no rate known yet (the first sample)
+    LAG_BAR_FULL_S seconds, or when nothing drains a lag. The lag of paused and parked partitions is
+    said apart and left out of the bar: no rate drains it. With no rate known yet (the first sample)
     the bar is not drawn: it would be a guess."""
     text = Text(no_wrap=True, overflow="ellipsis")
     text.append(f"{count} partitions  lag {lag} records")
+    if held:
+        text.append(f" ({held} paused or parked)")
+    lag -= held
     if rate is None:
         text.append("  (rate known from the next sample)" if lag else "")
         return text

@@ -159,10 +159,15 @@ def test_rates_cpu_and_a_lag_bar_that_is_not_full_under_steady_load() -> None:
     text = render_text(view, status(*far, cpu_s=12.0), 160, now=14.0)
     bar = next(line for line in lines_of(text) if line.startswith("2 partitions  lag 1000000 records"))
     assert "[####################] 3m20s to drain" in bar
-    # everything paused: nothing drains the lag, the bar says so instead of a time
+    # nothing drains the lag (no rate), the bar says so instead of a time
     text = render_text(view, status(*far, cpu_s=12.0), 160, now=16.0)
     bar = next(line for line in lines_of(text) if line.startswith("2 partitions  lag 1000000 records"))
     assert "[####################] not draining" in bar
+    # a paused partition's lag is said apart and stays out of the bar: nothing drains it
+    ahead = partition(0, 18_382_001, 18_382_100, landed=18_380_000)
+    text = render_text(view, status(ahead, busy()[1], cpu_s=13.0), 160, now=18.0)
+    bar = next(line for line in lines_of(text) if line.startswith("2 partitions  lag 18451 records"))
+    assert "(18352 paused or parked)" in bar and "[....................]" in bar
 
 
 def test_sort_keys() -> None:
