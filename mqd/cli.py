@@ -867,10 +867,16 @@ def spark(config_path: Path, once: bool, master: str | None) -> None:
       mqd spark --config config/mqd.toml --once
       mqd spark -c config/mqd.toml --master spark://spark-master:7077
 
-    Exit codes: 0 done or stopped, 1 a query failed, 2 invalid configuration, 75 no Spark session
+    Exit codes: 0 done or stopped, 1 a query failed, 2 invalid configuration or pyspark not installed
+    (pip install 'mqd[spark]'), 75 no Spark session
     (master unreachable or Spark failed to start; try again later).
     """
     cfg = _load(config_path)
+    from mqd.spark import pyspark_problem
+
+    missing = pyspark_problem()  # pyspark is the optional extra mqd[spark]
+    if missing is not None:
+        _die(missing, EXIT_CONFIG)
     from mqd import log as mqdlog
     from mqd.spark.job import run as run_job
 
