@@ -821,6 +821,14 @@ def broker_init(config_path: Path) -> None:
 @click.option("--batch", default=1000, show_default=True, type=int, help="Records per batch.")
 @click.option("--acks", default="all", type=click.Choice(["master", "all"]), show_default=True)
 @click.option("--token", envvar="MQD_TOKEN", default=None, help="Bearer token, if the cluster needs one.")
+@click.option(
+    "--retries",
+    default=3,
+    show_default=True,
+    type=int,
+    help="Attempts after the first for a batch whose partition fails (with backoff); a partition "
+    "that still fails is given up and its remaining records are counted as failed.",
+)
 def produce(
     bootstrap: str,
     topic: str,
@@ -831,14 +839,21 @@ def produce(
     batch: int,
     acks: str,
     token: str | None,
+    retries: int,
 ) -> None:
     """Produce test records to a topic.
+
+    On a terminal a progress line (sent, acked, failed, records/s) is refreshed every second; a
+    summary is printed at the end. A partition whose master is down does not stop the others.
 
     \b
     Example:
       mqd produce --topic events --count 100000 --size 100 --rate 50000
+
+    Exit codes: 0 every record acknowledged, 1 a broker failure or records not acknowledged (one line
+    per failed partition on stderr), 2 bad arguments.
     """
-    from mqd.producer import produce_cli
+    from mqd.produce_command import produce_cli
 
     sys.exit(
         produce_cli(
@@ -851,6 +866,7 @@ def produce(
             batch=batch,
             acks=acks,
             token=token,
+            retries=retries,
         )
     )
 
