@@ -6,6 +6,7 @@ Exit codes: 0 ok / healthy, 1 failure / degraded, 2 bad config or usage, 3 not r
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -72,6 +73,12 @@ def main() -> None:
     Exit codes: 0 ok/healthy, 1 failed/degraded, 2 bad config or usage, 3 not running.
     Every command takes --help, with examples.
     """
+    # As a library mqd logs nothing unless the application sets logging up (mqd/log.py); this command
+    # is that application: warnings reach stderr (run, broker and spark configure their own level)
+    if not logging.getLogger().handlers:
+        from mqd import log as mqdlog
+
+        mqdlog.configure("warning")
 
 
 # -- helpers ------------------------------------------------------------------------------------

@@ -69,6 +69,30 @@ def test_logging_shows_up_once_the_application_configures_it() -> None:
     assert "unconfigured warning" not in res.stdout and "below the level" not in res.stdout
 
 
+def test_the_mqd_command_shows_warnings_on_stderr() -> None:
+    """The ``mqd`` command is an application: a command that does not set up logging itself still
+    shows mqd's warnings (not its INFO lines) on stderr, and nothing on stdout but its output."""
+    script = textwrap.dedent(
+        """
+        import structlog
+        from mqd.cli import main
+
+        @main.command("log-twice")
+        def log_twice() -> None:
+            structlog.get_logger("mqd.landing").info("an info line")
+            structlog.get_logger("mqd.landing").warning("a warning line", partition=3)
+            print("output")
+
+        main(["log-twice"])
+        """
+    )
+    res = _python("-c", script)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout == "output\n"
+    assert "a warning line" in res.stderr and "partition" in res.stderr
+    assert "an info line" not in res.stderr
+
+
 def test_readme_shows_the_example_as_it_is_tested() -> None:
     """The README's library block is the tested file's code (a contiguous part of it), so the
     README cannot drift from what runs."""
