@@ -32,6 +32,7 @@ import pytest
 from support import REPO_ROOT
 from support.daemon import landed
 
+from mqd.config import load_daemon_config
 from mqd.testing import ManagedProcess, free_port, get_json
 from mqd.waiting import wait_until_sync
 
@@ -161,7 +162,7 @@ def test_readme_tour(tmp_path: Path) -> None:
             if args[0] == "status":
                 # what a user watching the tour sees once the daemon caught up
                 assert daemon_config is not None
-                landing = daemon_config.parent / "landing"
+                landing = Path(load_daemon_config(daemon_config, env).landing.dir)
                 wait_until_sync(
                     functools.partial(_landed_at_least, landing, produced),
                     timeout=LAND_TIMEOUT,
@@ -183,12 +184,12 @@ def test_readme_tour(tmp_path: Path) -> None:
                 assert "events" in res.stdout, out
             elif args[0] == "stop":
                 assert daemon_config is not None
-                rows = landed(daemon_config.parent / "landing")
+                rows = landed(Path(load_daemon_config(daemon_config, env).landing.dir))
                 assert len(rows) == produced, f"landed {len(rows)} of {produced} records"
                 assert len(np.unique(rows, axis=0)) == produced, "duplicate records in the landing"
             elif args[0] == "spark":
                 assert daemon_config is not None
-                table = daemon_config.parent / "warehouse" / "events"
+                table = load_daemon_config(daemon_config, env).spark.output_dir
                 rows = ds.dataset(table, format="parquet", partitioning="hive").count_rows()
                 assert rows == produced, f"the Spark table has {rows} rows, {produced} were produced"
     finally:
