@@ -6,6 +6,7 @@ Exit codes: 0 ok / healthy, 1 failure / degraded, 2 bad config or usage, 3 not r
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -72,6 +73,12 @@ def main() -> None:
     Exit codes: 0 ok/healthy, 1 failed/degraded, 2 bad config or usage, 3 not running.
     Every command takes --help, with examples.
     """
+    # As a library mqd logs nothing unless the application sets logging up (mqd/log.py); this command
+    # is that application: warnings reach stderr (run, broker and spark configure their own level)
+    if not logging.getLogger().handlers:
+        from mqd import log as mqdlog
+
+        mqdlog.configure("warning")
 
 
 # -- helpers ------------------------------------------------------------------------------------
@@ -829,6 +836,14 @@ def broker_init(config_path: Path) -> None:
 @click.option("--batch", default=1000, show_default=True, type=int, help="Records per batch.")
 @click.option("--acks", default="all", type=click.Choice(["master", "all"]), show_default=True)
 @click.option("--token", envvar="MQD_TOKEN", default=None, help="Bearer token, if the cluster needs one.")
+@click.option(
+    "--retries",
+    default=3,
+    show_default=True,
+    type=int,
+    help="Attempts after the first for a batch whose partition fails (with backoff); a partition "
+    "that still fails is given up and its remaining records are counted as failed.",
+)
 def produce(
     bootstrap: str,
     topic: str,
@@ -839,14 +854,21 @@ def produce(
     batch: int,
     acks: str,
     token: str | None,
+    retries: int,
 ) -> None:
     """Produce test records to a topic.
+
+    On a terminal a progress line (sent, acked, failed, records/s) is refreshed every second; a
+    summary is printed at the end. A partition whose master is down does not stop the others.
 
     \b
     Example:
       mqd produce --topic events --count 100000 --size 100 --rate 50000
+
+    Exit codes: 0 every record acknowledged, 1 a broker failure or records not acknowledged (one line
+    per failed partition on stderr), 2 bad arguments.
     """
-    from mqd.producer import produce_cli
+    from mqd.produce_command import produce_cli
 
     sys.exit(
         produce_cli(
@@ -859,6 +881,7 @@ def produce(
             batch=batch,
             acks=acks,
             token=token,
+            retries=retries,
         )
     )
 
@@ -875,10 +898,16 @@ def spark(config_path: Path, once: bool, master: str | None) -> None:
       mqd spark --config config/mqd.toml --once
       mqd spark -c config/mqd.toml --master spark://spark-master:7077
 
-    Exit codes: 0 done or stopped, 1 a query failed, 2 invalid configuration, 75 no Spark session
+    Exit codes: 0 done or stopped, 1 a query failed, 2 invalid configuration or pyspark not installed
+    (pip install 'mqd[spark]'), 75 no Spark session
     (master unreachable or Spark failed to start; try again later).
     """
     cfg = _load(config_path)
+    from mqd.spark import pyspark_problem
+
+    missing = pyspark_problem()  # pyspark is the optional extra mqd[spark]
+    if missing is not None:
+        _die(missing, EXIT_CONFIG)
     from mqd import log as mqdlog
     from mqd.spark.job import run as run_job
 
