@@ -601,7 +601,11 @@ def config() -> None:
 
 @config.command("check")
 @click.argument("files", nargs=-1, required=True, type=click.Path(path_type=Path))
-@click.option("--show", is_flag=True, help="Print the effective config (defaults and MQD_* applied) as JSON.")
+@click.option(
+    "--show",
+    is_flag=True,
+    help="Print the effective config (defaults and MQD_* applied) as JSON, durations and sizes with units.",
+)
 def config_check(files: tuple[Path, ...], show: bool) -> None:
     """Validate config files: a daemon file, a broker node file or a cluster layout (told by its keys).
 
@@ -613,7 +617,7 @@ def config_check(files: tuple[Path, ...], show: bool) -> None:
       mqd config check config/*.toml
       MQD_CONSUMER__GROUP=etl mqd config check --show /etc/mqd/mqd.toml
     """
-    from mqd.config import check_file
+    from mqd.config import check_file, shown
 
     failed = False
     for path in files:
@@ -625,7 +629,8 @@ def config_check(files: tuple[Path, ...], show: bool) -> None:
             continue
         click.echo(f"{path}: ok ({kind} config)")
         if show:
-            click.echo(json.dumps(_masked(model.model_dump(mode="json")), indent=2))  # type: ignore[attr-defined]
+            # durations and sizes in the units syntax, so what is shown can be pasted back
+            click.echo(json.dumps(_masked(shown(model)), indent=2))  # type: ignore[arg-type]
     sys.exit(EXIT_CONFIG if failed else EXIT_OK)
 
 

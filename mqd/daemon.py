@@ -134,6 +134,14 @@ class Daemon:
             await self.sink.close()
             await self._client.close()
             raise
+        cc = self._config.consumer
+        # until the first metadata answer nothing else is logged: say what start waits for
+        log.info(
+            "waiting for cluster metadata",
+            source=cc.source,
+            bootstrap=list(cc.bootstrap),
+            timeout_s=cc.request_timeout,
+        )
         try:
             await self.consumer.start()
         except BaseException:

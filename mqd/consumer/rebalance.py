@@ -108,6 +108,7 @@ class RebalanceService:
         self.last_error: str | None = None
         # partitions of this member's share still waiting for a start position (retried each round)
         self.unresolved: frozenset[TopicPartition] = frozenset()
+        self.waiting: str | None = None  # why no assignment can be made yet (logged once per reason)
         source.add_metadata_listener(self._on_metadata)
 
     def request(self) -> None:
@@ -164,6 +165,7 @@ class RebalanceService:
         async with self._lock:
             cluster = self._source.cluster
             if cluster is None:
+                self._waiting_for("no cluster metadata yet", self._source.metadata_error)
                 return False
             cfg = self.config
             all_tps = cluster.partitions_for(cfg.topics)
@@ -173,7 +175,9 @@ class RebalanceService:
                 log.warning("subscribed topics not in the cluster metadata", topics=missing)
             assignment = self._membership.assignment(all_tps)
             if assignment is None:
+                self._waiting_for("not a member of the consumer group yet", self._membership.last_error)
                 return False
+            self._waiting_for(None, None)
             d = diff(frozenset(self._state.partitions), assignment)
             self.unresolved = d.added  # until _assign resolved them
             complete = True
@@ -196,6 +200,17 @@ class RebalanceService:
             if complete:
                 self.last_error = None
             return complete
+
+    def _waiting_for(self, reason: str | None, error: str | None) -> None:
+        """Log why no assignment can be made yet, once per reason (a start that is not up yet must
+        say why in the log, not only in a nested status field)."""
+        if reason == self.waiting:
+            return
+        if reason is None:
+            log.info("assignment possible again", was=self.waiting)
+        else:
+            log.warning("no assignment yet", reason=reason, error=error, group=self.config.group)
+        self.waiting = reason
 
     async def _revoke(self, tps: set[TopicPartition]) -> None:
         if self._listener is not None:
