@@ -38,6 +38,7 @@ from typing import Any
 import pyarrow as pa
 import structlog
 
+from mqd import offsets_reset
 from mqd.client import BrokerClient
 from mqd.config import MqdConfig
 from mqd.consumer import (
@@ -110,6 +111,7 @@ class Daemon:
         self._markers = 0
         self._marker_lock_timeouts = 0  # marker rounds skipped: the topic's marker lock was held
         self._consumer_started = False
+        self._reset_skipped = 0  # offsets skipped by applied `mqd offsets reset` records
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -466,10 +468,52 @@ class Daemon:
             self._record_error("resume_position", exc)
             # retriable: the consumer retries the assignment; nothing is fetched without a position
             raise ConsumerError(f"{tp}: cannot read landing state: {exc}", retriable=True) from exc
+        position, incarnation = await self._apply_offsets_reset(tp, position, incarnation)
         if position is None:
             return None
         self.consumer.mark_consumed(tp, position)  # a lost or lagging broker commit catches up
         return StartPosition(position, incarnation)
+
+    async def _apply_offsets_reset(
+        self, tp: TopicPartition, position: int | None, incarnation: str | None
+    ) -> tuple[int | None, str | None]:
+        """A `mqd offsets reset` record for ``tp`` (mqd/offsets_reset.py) moves the start position
+        while the landed head is still the one it was decided against; a stale one is removed."""
+        landing = self._config.landing.dir
+        if isinstance(landing, str):  # object storage: resets are not recorded there (yet)
+            return position, incarnation
+        loop = asyncio.get_running_loop()
+        try:
+            rec = await loop.run_in_executor(None, offsets_reset.read_reset, landing, tp)
+        except offsets_reset.ResetError as exc:
+            self._record_error("offsets_reset", exc)
+            raise ConsumerError(f"{tp}: {exc}", retriable=True) from exc
+        if rec is None:
+            return position, incarnation
+        applied = offsets_reset.apply_reset(rec, position)
+        if applied is None:
+            log.warning(
+                "offsets reset not applied: the partition landed more since it was made",
+                tp=str(tp),
+                reset_to=rec.to_offset,
+                reset_landed=rec.landed_next,
+                landed=position,
+            )
+            await loop.run_in_executor(None, offsets_reset.clear_reset, landing, tp)
+            return position, incarnation
+        self._reset_skipped += applied.skipped
+        log.warning(
+            "offsets reset applied",
+            tp=str(tp),
+            landed=position,
+            to_offset=applied.position,
+            skipped_offsets=applied.skipped,
+            skipped_range=(
+                f"{position}..{applied.position - 1}" if applied.skipped and position is not None else None
+            ),
+            made=rec.created,
+        )
+        return applied.position, applied.incarnation
 
     # -- operations ------------------------------------------------------------------------------
 
@@ -503,6 +547,7 @@ class Daemon:
             "commits": self._commits,
             "markers": self._markers,
             "marker_lock_timeouts": self._marker_lock_timeouts,
+            "reset_skipped_offsets": self._reset_skipped,
         }
 
     def health(self) -> tuple[str, list[str]]:

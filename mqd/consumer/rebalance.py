@@ -292,6 +292,7 @@ class RebalanceService:
         if self._hook is not None:
             out, failed = await self._hook_positions(tps)
             source.update((str(tp), "hook") for tp in out)
+            await self._warn_committed_differs(out)
         rest = [tp for tp in tps if tp not in out and tp not in failed]
         durable: dict[TopicPartition, int] = {}  # positions the store must hold before any fetch
         if rest:
@@ -319,6 +320,30 @@ class RebalanceService:
             positions={str(tp): (out[tp].offset, out[tp].incarnation, source[str(tp)]) for tp in out},
         )
         return out, failed
+
+    async def _warn_committed_differs(self, hooked: dict[TopicPartition, StartPosition]) -> None:
+        """The hook's position (the landing: the source of truth) wins over the offset store's. A
+        committed offset moved by a tool (``kafka-consumer-groups --reset-offsets``) would be
+        ignored without a word; say so, and how to move the position deliberately."""
+        if not hooked:
+            return
+        try:
+            stored = await self._offsets.load(sorted(hooked))
+        except ConsumerError as exc:
+            log.debug("committed offsets not compared with the landing", error=str(exc))
+            return
+        for tp, pos in sorted(hooked.items()):
+            committed = stored.get(tp)
+            if committed is not None and committed != pos.offset:
+                log.warning(
+                    "committed offset differs from the landed position; the landing wins",
+                    tp=str(tp),
+                    committed=committed,
+                    landed=pos.offset,
+                    hint="a commit behind after a crash is normal; to move where this partition "
+                    "resumes, stop the daemon and run `mqd offsets reset` (a broker-side reset of "
+                    "the group's offsets is not followed)",
+                )
 
     async def _make_durable(self, resolved: dict[TopicPartition, int]) -> None:
         """Commit start positions the store does not hold yet before they are fetched: "last" or a

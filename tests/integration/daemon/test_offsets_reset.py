@@ -1,0 +1,145 @@
+"""`mqd offsets show` / `mqd offsets reset` end to end: real brokers, the daemon as a process (issue 17).
+
+The landing decides where a partition resumes, so a reset is recorded in the landing and applied by
+the daemon's start-position hook: a forward reset skips a range (logged and counted), a reset below
+the landed head is refused with the reason, a running daemon refuses any reset, and a broker-side
+commit that differs from the landing is warned about at start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from support.cli import mqd, produce, write_config
+from support.harness import Cluster
+
+from mqd.client import BrokerClient
+from mqd.landing.local_store import read_manifest
+from mqd.offsets_reset import reset_path
+from mqd.topic_partition import TopicPartition
+
+PARTITIONS = 2
+
+
+@pytest.fixture
+def cluster(cluster_factory: Callable[..., Cluster]) -> Cluster:
+    return cluster_factory(topics={"events": PARTITIONS})
+
+
+def _landed(landing: Path) -> dict[int, list[int]]:
+    """Every landed offset per partition, in manifest order (duplicates kept)."""
+    out: dict[int, list[int]] = {p: [] for p in range(PARTITIONS)}
+    for r in read_manifest(landing, "events"):
+        out[r.partition].extend(range(r.first_offset, r.last_offset + 1))
+    return out
+
+
+def _burst(cfg: Path) -> str:
+    res = mqd("run", "--config", str(cfg), "--burst", timeout=120)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return str(res.stdout) + str(res.stderr)
+
+
+def _events(output: str, event: str) -> list[dict[str, object]]:
+    out = []
+    for line in output.splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, dict) and rec.get("event") == event:
+            out.append(rec)
+    return out
+
+
+def test_forward_reset_skips_a_range_once_and_backward_is_refused(tmp_path: Path, cluster: Cluster) -> None:
+    """A forward reset lands from the new offset on, logs and counts what it skipped; a replay below
+    the landed head is refused without changing anything; the reset survives until applied."""
+    cfg = write_config(tmp_path, cluster, consumer={"group": "resets"})
+    landing = tmp_path / "landing"
+    produce(cluster, 400, batch=20)
+    _burst(cfg)
+    first = _landed(landing)
+    assert sum(len(v) for v in first.values()) == 400
+    ends = {p: max(v) + 1 for p, v in first.items()}
+
+    produce(cluster, 400, batch=20)
+    shown = mqd("offsets", "show", "--config", str(cfg))
+    assert shown.returncode == 0, shown.stderr
+    row0 = next(line.split() for line in shown.stdout.splitlines() if line.startswith("events:0 "))
+    assert row0[1] == str(ends[0])  # LANDED: where the daemon resumes
+
+    target = ends[0] + 30
+    dry = mqd("offsets", "reset", "--config", str(cfg), "events:0", "--to", str(target), "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert f"skips 30 offsets ({ends[0]}..{target - 1})" in dry.stdout and "dry run" in dry.stdout
+    assert not reset_path(landing, TopicPartition("events", 0)).exists()
+
+    back = mqd("offsets", "reset", "--config", str(cfg), "events:1", "--to", "earliest")
+    assert back.returncode == 1
+    assert "refused" in back.stdout and "replay below the landed head is not supported" in back.stdout
+    assert not reset_path(landing, TopicPartition("events", 1)).exists()
+
+    done = mqd("offsets", "reset", "--config", str(cfg), "events:0", "--to", str(target))
+    assert done.returncode == 0, done.stderr + done.stdout
+    assert reset_path(landing, TopicPartition("events", 0)).exists()
+    shown = mqd("offsets", "show", "--config", str(cfg), "events:0")
+    row0 = next(line.split() for line in shown.stdout.splitlines() if line.startswith("events:0 "))
+    assert row0[-1] == str(target)  # PENDING: the reset not applied yet
+
+    out = _burst(cfg)
+    applied = _events(out, "offsets reset applied")
+    assert len(applied) == 1 and applied[0]["skipped_offsets"] == 30, applied
+    assert applied[0]["skipped_range"] == f"{ends[0]}..{target - 1}"
+    after = _landed(landing)
+    # partition 0: nothing of the skipped range, no duplicates; partition 1: continuous
+    p0 = after[0]
+    assert len(p0) == len(set(p0))
+    assert not set(range(ends[0], target)) & set(p0)
+    assert set(range(target, max(p0) + 1)) <= set(p0)
+    assert sorted(after[1]) == list(range(max(after[1]) + 1))
+    assert sum(len(v) for v in after.values()) == 800 - 30
+
+    # applied once: the landing moved past it, so a later start ignores (and removes) the record
+    out = _burst(cfg)
+    assert not _events(out, "offsets reset applied")
+    assert not reset_path(landing, TopicPartition("events", 0)).exists()
+    assert _landed(landing) == after
+
+
+def test_reset_refused_while_the_daemon_runs_and_committed_difference_is_warned(
+    tmp_path: Path, cluster: Cluster
+) -> None:
+    """A reset with the daemon running is refused; a commit moved by a broker-side tool is not
+    followed, and the daemon says so (which one wins, how to reset deliberately)."""
+    cfg = write_config(tmp_path, cluster, consumer={"group": "warned"})
+    produce(cluster, 100, batch=20)
+    _burst(cfg)
+    started = mqd("start", "--config", str(cfg))
+    assert started.returncode == 0, started.stderr
+    try:
+        res = mqd("offsets", "reset", "--config", str(cfg), "events", "--to", "latest")
+        assert res.returncode == 1 and "the daemon is running" in res.stderr
+    finally:
+        stopped = mqd("stop", "--config", str(cfg))
+        assert stopped.returncode == 0, stopped.stderr
+
+    async def force_commit() -> None:
+        async with BrokerClient() as client:
+            await client.commit(
+                cluster.bootstrap,
+                "warned",
+                "tool",
+                [{"topic": "events", "partition": 0, "offset": 0}],
+                force=True,
+            )
+
+    asyncio.run(force_commit())
+    out = _burst(cfg)
+    warned = _events(out, "committed offset differs from the landed position; the landing wins")
+    assert any(w["tp"] == "events/0" and w["committed"] == 0 for w in warned), out[-3000:]
+    assert "mqd offsets reset" in str(warned[0]["hint"])
