@@ -47,6 +47,7 @@ from pydantic import (
 from mqd import units
 from mqd.errors import MqdError
 from mqd.topic_name import check_topic_name
+from mqd.topic_pattern import check_topic_entry
 from mqd.units import Bytes, Millis, Seconds, jvm_memory
 
 MiB = 1024 * 1024
@@ -178,6 +179,7 @@ Token = Annotated[str, AfterValidator(_token)]
 HttpUrl = Annotated[str, AfterValidator(_http_url)]
 BootstrapAddress = Annotated[str, AfterValidator(_bootstrap_address)]
 TopicName = Annotated[str, AfterValidator(check_topic_name)]
+TopicEntry = Annotated[str, AfterValidator(check_topic_entry)]  # a name or a "re:" pattern
 
 
 class _Model(BaseModel):
@@ -368,7 +370,8 @@ class ConsumerConfig(_Model):
     # mqd: http(s) URLs of broker nodes; kafka: HOST:PORT bootstrap servers
     bootstrap: list[BootstrapAddress] = Field(default_factory=lambda: ["http://127.0.0.1:9400"], min_length=1)
     kafka: KafkaConfig = KafkaConfig()
-    topics: list[TopicName] = Field(default_factory=lambda: ["events"], min_length=1)
+    # names, or "re:<regex>" patterns matched against whole topic names (mqd/topic_pattern.py)
+    topics: list[TopicEntry] = Field(default_factory=lambda: ["events"], min_length=1)
     mode: Literal["cluster", "broadcast"] = "cluster"
     # Kafka's words are aliases: earliest = first, latest = last (auto.offset.reset's habit)
     consume_from: ConsumeFrom = "first"

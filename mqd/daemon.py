@@ -430,7 +430,7 @@ class Daemon:
             self._watermark_hour[tp] = hour
 
     async def _update_markers(self) -> None:
-        for topic in self._config.consumer.topics:
+        for topic in self.consumer.subscribed_topics():  # patterns resolved
             n = self.consumer.partition_count(topic)  # the consumer's metadata cache
             if not n:
                 continue
@@ -583,6 +583,11 @@ class Daemon:
                 "paused_for_disk": sorted(f"{t}/{p}" for t, p in self._disk_paused),
             },
             "user_paused": sorted(f"{t}/{p}" for t, p in self._user_paused),
+            # concrete topics (re: patterns resolved); a pattern matching nothing is a warning
+            "subscription": {
+                "topics": list(self.consumer.subscribed_topics()),
+                "unmatched_patterns": list(self.consumer.unmatched_patterns()),
+            },
             "stats": self.stats,
             "errors": list(self._errors),
         }
