@@ -948,9 +948,10 @@ def offsets_reset_cmd(config_path: Path, partitions: tuple[str, ...], to: str, d
 
     The landing is the source of truth, so the reset is recorded in the landing (a broker-side
     `kafka-consumer-groups --reset-offsets` is only warned about at start). A forward reset skips
-    offsets (logged and counted when the daemon applies it); a reset below what is landed is
-    refused: landed records cannot be landed again under the same names. Stop every daemon of the
-    group first. Exit codes: 0 done, 1 refused or failed, 2 invalid configuration.
+    offsets (logged and counted when the daemon applies it); a reset below what is landed is a
+    deliberate replay: the range lands once more, its rows marked by a replay id in the table's
+    incarnation column. Stop every daemon of the group first. Exit codes: 0 done, 1 refused or
+    failed, 2 invalid configuration.
 
     \b
     Examples:
@@ -958,6 +959,8 @@ def offsets_reset_cmd(config_path: Path, partitions: tuple[str, ...], to: str, d
       mqd offsets reset -c config/mqd.toml events:3 --to 150000
       mqd offsets reset -c config/mqd.toml events --to 2026-11-24T08:00:00Z
     """
+    import uuid
+
     from mqd.offsets_reset import (
         ResetError,
         ResetRecord,
@@ -1003,6 +1006,8 @@ def offsets_reset_cmd(config_path: Path, partitions: tuple[str, ...], to: str, d
                     log_end=row.log_end,
                     pending=row.pending,
                     target=targets[row.tp],
+                    landed_incarnation=heads[row.tp][1],
+                    replaying=heads[row.tp][2],
                 )
             )
         click.echo(table(plan, with_new=True))
@@ -1015,10 +1020,21 @@ def offsets_reset_cmd(config_path: Path, partitions: tuple[str, ...], to: str, d
             return
         moved = 0
         for p in plan:
-            if p.action != "move":
+            if p.action not in ("move", "replay"):
                 continue
             assert p.new is not None
-            write_reset(root, ResetRecord(p.tp, p.new, p.landed_next, heads[p.tp][1], now_iso()))
+            replay = p.action == "replay" and p.landed_next is not None
+            rec = ResetRecord(
+                p.tp,
+                p.new,
+                p.landed_next,
+                heads[p.tp][1],
+                now_iso(),
+                # the replayed range lands under its own id: the landed files keep theirs
+                replay_id=uuid.uuid4().hex if replay else None,
+                replay_end=p.landed_next - 1 if replay and p.landed_next is not None else None,
+            )
+            write_reset(root, rec)
             moved += 1
         click.echo(f"recorded {moved} reset(s); the daemon applies them at its next start")
 

@@ -112,6 +112,9 @@ class Daemon:
         self._marker_lock_timeouts = 0  # marker rounds skipped: the topic's marker lock was held
         self._consumer_started = False
         self._reset_skipped = 0  # offsets skipped by applied `mqd offsets reset` records
+        self._reset_replayed = 0  # offsets landed again by applied replays
+        # partitions replaying a range (mqd offsets reset below the landed head): tagged on drain
+        self._replays: dict[TopicPartition, offsets_reset.Replay] = {}
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -299,7 +302,12 @@ class Daemon:
         for batch in self.consumer.fetched_batches(max_bytes=room):
             if not self.consumer.is_owned(batch.tp, batch.epoch):
                 continue  # revoked or re-seeked since it was fetched
-            self.sink.add(batch)
+            replay = self._replays.get(batch.tp) if self._replays else None
+            if replay is None:
+                self.sink.add(batch)
+            else:  # a deliberate replay: its range lands under the replay id
+                for piece in offsets_reset.retag(batch, replay):
+                    self.sink.add(piece)
 
     async def _publish_due(self) -> None:
         now = time.monotonic()
@@ -340,8 +348,13 @@ class Daemon:
             self.consumer.mark_consumed(tp, res.conflict.last_offset + 1)
         if res.conflict is not None and res.owned:
             last = res.conflict.last_offset
-            # resume after what is landed, in the log incarnation it was landed from
-            self.consumer.seek(tp, 0 if last is None else last + 1, res.conflict.incarnation)
+            # resume after what is landed, in the log incarnation it was landed from (a replay
+            # id is the landing's name for the replayed range: the broker knows the log's)
+            inc = res.conflict.incarnation
+            replay = self._replays.get(tp)
+            if replay is not None and inc == replay.replay_id:
+                inc = replay.incarnation
+            self.consumer.seek(tp, 0 if last is None else last + 1, inc)
         if res.error is not None:
             self._set_landing_error(res.error)
 
@@ -443,6 +456,7 @@ class Daemon:
 
     def on_partitions_revoked(self, tps: set[TopicPartition]) -> None:
         for tp in tps:
+            self._replays.pop(tp, None)  # a new owner's start hook takes the replay on
             dropped = self.sink.forget(tp)
             self._disk_paused.discard(tp)
             self._watermark_hour.pop(tp, None)
@@ -490,30 +504,47 @@ class Daemon:
             raise ConsumerError(f"{tp}: {exc}", retriable=True) from exc
         if rec is None:
             return position, incarnation
-        applied = offsets_reset.apply_reset(rec, position)
-        if applied is None:
-            log.warning(
-                "offsets reset not applied: the partition landed more since it was made",
+        r = offsets_reset.resume(rec, position, incarnation)
+        if r.outcome == "cleared":
+            # landed past it: a replay that finished, or landings since (applying it now could
+            # move the partition back over them)
+            log.info(
+                "offsets reset record done",
                 tp=str(tp),
                 reset_to=rec.to_offset,
                 reset_landed=rec.landed_next,
                 landed=position,
             )
+            self._replays.pop(tp, None)
             await loop.run_in_executor(None, offsets_reset.clear_reset, landing, tp)
             return position, incarnation
-        self._reset_skipped += applied.skipped
+        if r.replay is not None:
+            self._replays[tp] = r.replay
+        if r.outcome == "replaying":
+            log.warning(
+                "offsets reset: replay resumes",
+                tp=str(tp),
+                at=position,
+                replay_end=r.replay.end if r.replay else None,
+            )
+            return r.position, r.incarnation
+        self._reset_skipped += r.skipped
+        self._reset_replayed += r.replayed
         log.warning(
             "offsets reset applied",
             tp=str(tp),
             landed=position,
-            to_offset=applied.position,
-            skipped_offsets=applied.skipped,
+            to_offset=r.position,
+            skipped_offsets=r.skipped,
             skipped_range=(
-                f"{position}..{applied.position - 1}" if applied.skipped and position is not None else None
+                f"{position}..{r.position - 1}" if r.skipped and position is not None and r.position else None
             ),
+            replayed_offsets=r.replayed,
+            replayed_range=f"{r.position}..{r.replay.end}" if r.replay is not None else None,
+            replay_id=rec.replay_id,
             made=rec.created,
         )
-        return applied.position, applied.incarnation
+        return r.position, r.incarnation
 
     # -- operations ------------------------------------------------------------------------------
 
@@ -548,6 +579,7 @@ class Daemon:
             "markers": self._markers,
             "marker_lock_timeouts": self._marker_lock_timeouts,
             "reset_skipped_offsets": self._reset_skipped,
+            "reset_replayed_offsets": self._reset_replayed,
         }
 
     def health(self) -> tuple[str, list[str]]:

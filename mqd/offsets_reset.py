@@ -14,10 +14,20 @@ record only while the landed head is still that one, so
   never move a partition backwards over landed records: no duplicates;
 - a forward reset logs and counts the skipped offsets when it is applied.
 
-A reset below the landed head (a replay of landed records) is refused: the landing names a file by
-(partition, incarnation, first offset), so re-landed records would collide with the files already
-there and Spark's file source, which remembers paths, would not read a file under a reused name.
-A partition with nothing landed can be reset anywhere (nothing to collide with).
+**A reset below the landed head is a deliberate replay.** The landing names a file by (partition,
+incarnation, first offset) and refuses a range at or below its landed end *of the same
+incarnation*, and Spark's file source remembers paths: landed again under their own incarnation,
+the records would collide with the files already there. So a replay gets a *replay id* (a fresh
+incarnation-shaped id) recorded with the reset: the daemon lands the replayed range X..L (L: the
+landed end when the reset was made) tagged with the replay id instead of the log's incarnation,
+and the records after L with the log's own again. The landing accepts the range as it accepts a
+new incarnation's reused offsets (its existing rule), the files get new names, Spark reads them,
+and each replayed record lands exactly once more; the table's ``incarnation`` column says which
+rows are the replay. A restart in the middle resumes the replay (the landed head then carries the
+replay id, which the start hook maps back to the log's incarnation: the broker never sees it).
+The record is removed once the partition landed past L under the log's incarnation. A replay needs
+the landed incarnation to be known (mqd brokers; not yet the Kafka source, whose logs have no
+incarnation): otherwise it is refused. A partition with nothing landed can be reset anywhere.
 
 The daemon must be stopped (``mqd offsets reset`` refuses when it runs); other members of the
 same group must be too, or they may land the partition in between (the record then goes stale).
@@ -27,6 +37,7 @@ Only local landings carry records for now; an ``s3://`` landing is refused with 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import re
@@ -34,12 +45,17 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
 
 from mqd import fsutil
 from mqd.errors import MqdError
 from mqd.topic_name import check_topic_name
 from mqd.topic_partition import TopicPartition
+
+if TYPE_CHECKING:
+    from mqd.consumer.process_queue import FetchedBatch
 
 RESET_DIR = "_resets"  # "_": Spark's file source and the landing's readers skip it
 _VERSION = 1
@@ -63,6 +79,8 @@ class ResetRecord:
     landed_next: int | None  # the landed head's next offset when the reset was made (None: nothing)
     incarnation: str | None  # of the landed head (the new position continues that log)
     created: str
+    replay_id: str | None = None  # a reset below the landed head: the replayed range's id
+    replay_end: int | None = None  # the last offset replayed (the landed end when it was made)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -73,6 +91,8 @@ class ResetRecord:
             "landed_next": self.landed_next,
             "incarnation": self.incarnation,
             "created": self.created,
+            "replay_id": self.replay_id,
+            "replay_end": self.replay_end,
         }
 
     @classmethod
@@ -87,6 +107,8 @@ class ResetRecord:
             landed_next=None if landed is None else int(landed),
             incarnation=None if inc is None else str(inc),
             created=str(d.get("created", "")),
+            replay_id=None if d.get("replay_id") is None else str(d["replay_id"]),
+            replay_end=None if d.get("replay_end") is None else int(d["replay_end"]),
         )
 
 
@@ -129,21 +151,76 @@ def clear_reset(landing: Path, tp: TopicPartition) -> None:
 
 
 @dataclass(frozen=True, slots=True)
-class Applied:
-    """What the start hook does with a record: resume at ``position`` (skipping ``skipped``)."""
+class Replay:
+    """A replay in progress: records of ``incarnation`` up to ``end`` land as ``replay_id``."""
 
-    position: int
-    incarnation: str | None
-    skipped: int  # offsets between the landed head and the new position, never landed
+    replay_id: str
+    incarnation: str
+    end: int
 
 
-def apply_reset(rec: ResetRecord, landed_next: int | None) -> Applied | None:
-    """The start position a record gives, or None when it went stale (the partition landed since
-    the record was made: applying it could move it back over landed records)."""
-    if rec.landed_next != landed_next:
-        return None
-    skipped = 0 if landed_next is None else max(0, rec.to_offset - landed_next)
-    return Applied(rec.to_offset, rec.incarnation if landed_next is not None else None, skipped)
+Outcome = Literal["applied", "replaying", "cleared"]
+
+
+@dataclass(frozen=True, slots=True)
+class Resume:
+    """What the start hook does with a record, given the landed head."""
+
+    outcome: Outcome  # applied: starts now; replaying: a replay resumes; cleared: nothing to do
+    position: int | None  # where the partition resumes
+    incarnation: str | None  # the log's (never a replay id: the broker must not see one)
+    replay: Replay | None = None  # records to tag while they land
+    skipped: int = 0  # a forward reset: offsets between the landed head and the new position
+    replayed: int = 0  # a replay: offsets landed again
+
+
+def resume(rec: ResetRecord, landed_next: int | None, landed_inc: str | None) -> Resume:
+    """Where a partition with reset record ``rec`` resumes, from its landed head (``landed_next``,
+    of incarnation ``landed_inc``). A record made stale by later landings is ``cleared`` (applying
+    it could move the partition back over records landed since)."""
+    replay = None
+    if rec.replay_id is not None and rec.incarnation is not None and rec.replay_end is not None:
+        replay = Replay(rec.replay_id, rec.incarnation, rec.replay_end)
+    if replay is not None and landed_inc == replay.replay_id:
+        return Resume("replaying", landed_next, replay.incarnation, replay)
+    if landed_next == rec.landed_next and (landed_next is None or landed_inc == rec.incarnation):
+        skipped = 0 if landed_next is None else max(0, rec.to_offset - landed_next)
+        replayed = 0 if replay is None else replay.end + 1 - rec.to_offset
+        inc = rec.incarnation if landed_next is not None else None
+        return Resume("applied", rec.to_offset, inc, replay, skipped, replayed)
+    return Resume("cleared", landed_next, landed_inc)
+
+
+def apply_reset(rec: ResetRecord, landed_next: int | None, landed_inc: str | None = None) -> Resume | None:
+    """``resume`` for a record still to be applied, else None (in progress or cleared)."""
+    inc = rec.incarnation if landed_inc is None and landed_next is not None else landed_inc
+    r = resume(rec, landed_next, inc)
+    return r if r.outcome == "applied" else None
+
+
+def retag(batch: FetchedBatch, replay: Replay) -> list[FetchedBatch]:
+    """``batch`` with its records of the replayed range tagged with the replay id (split in two
+    when it spans the range's end). One slice per batch, never an object per record."""
+    if batch.incarnation != replay.incarnation or batch.first_offset > replay.end:
+        return [batch]
+    if batch.next_offset - 1 <= replay.end:
+        return [dataclasses.replace(batch, incarnation=replay.replay_id)]
+    rb = batch.records
+    offsets = rb.column(0).to_numpy()
+    k = int(np.searchsorted(offsets, replay.end, side="right"))
+    if k == 0:
+        return [batch]
+    head, tail = rb.slice(0, k), rb.slice(k)
+    return [
+        dataclasses.replace(
+            batch,
+            records=head,
+            next_offset=int(offsets[k - 1]) + 1,
+            nbytes=head.nbytes,
+            incarnation=replay.replay_id,
+        ),
+        dataclasses.replace(batch, records=tail, first_offset=int(offsets[k]), nbytes=tail.nbytes),
+    ]
 
 
 # -- planning (pure) -----------------------------------------------------------------------------
@@ -225,9 +302,12 @@ def plan_row(
     log_end: int,
     pending: int | None,
     target: int,
+    landed_incarnation: str | None = None,
+    replaying: bool = False,
 ) -> PlanRow:
     """The decision for one partition: ``target`` clamped to the log (as Kafka's tool does);
-    below the landed head refused (see the module docstring); else a move, with what it skips."""
+    below the landed head a replay (refused while the landed incarnation is unknown or another
+    replay is still landing); else a move, with what it skips."""
     new, note = target, ""
     if new < log_start:
         new, note = log_start, f"{target} is below the log start: {log_start}"
@@ -235,13 +315,18 @@ def plan_row(
         new, note = log_end, f"{target} is past the log end: {log_end}"
     row = PlanRow(tp, landed_next, committed, log_start, log_end, pending, new)
     current = pending if pending is not None else landed_next
+    if replaying:
+        return _with(row, "refused", "a replay of this partition is still landing: start the daemon first")
     if landed_next is not None and new < landed_next:
-        return _with(
-            row,
-            "refused",
-            f"offsets {new}..{landed_next - 1} are landed: a replay below the landed head is not "
-            "supported (re-landed files would reuse landed file names)",
-        )
+        if landed_incarnation is None:
+            return _with(
+                row,
+                "refused",
+                f"offsets {new}..{landed_next - 1} are landed and their log incarnation is unknown "
+                "(Kafka source or format-1 files): a replay cannot be told apart from them",
+            )
+        again = f"replays {landed_next - new} offsets ({new}..{landed_next - 1}): they land once more"
+        return _with(row, "replay", f"{note}; {again}" if note else again)
     if current is not None and new == current:
         return _with(row, "unchanged", note)
     if landed_next is not None and new > landed_next:
@@ -366,16 +451,27 @@ class OffsetsTool:
             head = await loop.run_in_executor(None, self._store.head, tp.topic, tp.partition)
             rec = read_reset(root, tp)
             landed = None if head.last_offset is None else head.last_offset + 1
-            pending = rec.to_offset if rec is not None and apply_reset(rec, landed) is not None else None
+            pending = None
+            if rec is not None and apply_reset(rec, landed, head.incarnation) is not None:
+                pending = rec.to_offset
             out.append(PlanRow(tp, landed, committed.get(tp), starts.get(tp), ends.get(tp), pending))
         return out
 
-    async def heads(self, tps: list[TopicPartition]) -> dict[TopicPartition, tuple[int | None, str | None]]:
+    async def heads(
+        self, tps: list[TopicPartition]
+    ) -> dict[TopicPartition, tuple[int | None, str | None, bool]]:
+        """Per partition: the landed next offset, its incarnation, and whether a replay is still
+        landing (its landed head carries the replay id)."""
+        root = landing_root(self._config.landing.dir)
         loop = asyncio.get_running_loop()
         out = {}
         for tp in tps:
             head = await loop.run_in_executor(None, self._store.head, tp.topic, tp.partition)
-            out[tp] = (None if head.last_offset is None else head.last_offset + 1, head.incarnation)
+            landed = None if head.last_offset is None else head.last_offset + 1
+            rec = read_reset(root, tp)
+            replaying = rec is not None and resume(rec, landed, head.incarnation).outcome == "replaying"
+            inc = rec.incarnation if replaying and rec is not None else head.incarnation
+            out[tp] = (landed, inc, replaying)
         return out
 
     async def targets(self, tps: list[TopicPartition], target: Target) -> dict[TopicPartition, int]:

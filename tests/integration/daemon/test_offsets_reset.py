@@ -56,9 +56,12 @@ def _events(output: str, event: str) -> list[dict[str, object]]:
     return out
 
 
-def test_forward_reset_skips_a_range_once_and_backward_is_refused(tmp_path: Path, cluster: Cluster) -> None:
-    """A forward reset lands from the new offset on, logs and counts what it skipped; a replay below
-    the landed head is refused without changing anything; the reset survives until applied."""
+def test_forward_reset_skips_a_range_and_backward_replays_it_once_more(
+    tmp_path: Path, cluster: Cluster
+) -> None:
+    """A forward reset lands from the new offset on, logs and counts what it skipped; a reset below
+    the landed head lands that range exactly once more, under a replay id, and is reported; a
+    dry run changes nothing; both apply once and are cleared when the landing moved past them."""
     cfg = write_config(tmp_path, cluster, consumer={"group": "resets"})
     landing = tmp_path / "landing"
     produce(cluster, 400, batch=20)
@@ -79,10 +82,11 @@ def test_forward_reset_skips_a_range_once_and_backward_is_refused(tmp_path: Path
     assert f"skips 30 offsets ({ends[0]}..{target - 1})" in dry.stdout and "dry run" in dry.stdout
     assert not reset_path(landing, TopicPartition("events", 0)).exists()
 
-    back = mqd("offsets", "reset", "--config", str(cfg), "events:1", "--to", "earliest")
-    assert back.returncode == 1
-    assert "refused" in back.stdout and "replay below the landed head is not supported" in back.stdout
-    assert not reset_path(landing, TopicPartition("events", 1)).exists()
+    replay_from = ends[1] - 50
+    back = mqd("offsets", "reset", "--config", str(cfg), "events:1", "--to", str(replay_from))
+    assert back.returncode == 0, back.stderr + back.stdout
+    assert f"replays 50 offsets ({replay_from}..{ends[1] - 1})" in back.stdout
+    assert reset_path(landing, TopicPartition("events", 1)).exists()
 
     done = mqd("offsets", "reset", "--config", str(cfg), "events:0", "--to", str(target))
     assert done.returncode == 0, done.stderr + done.stdout
@@ -92,22 +96,32 @@ def test_forward_reset_skips_a_range_once_and_backward_is_refused(tmp_path: Path
     assert row0[-1] == str(target)  # PENDING: the reset not applied yet
 
     out = _burst(cfg)
-    applied = _events(out, "offsets reset applied")
-    assert len(applied) == 1 and applied[0]["skipped_offsets"] == 30, applied
-    assert applied[0]["skipped_range"] == f"{ends[0]}..{target - 1}"
+    applied = {str(a["tp"]): a for a in _events(out, "offsets reset applied")}
+    assert applied["events/0"]["skipped_offsets"] == 30, applied
+    assert applied["events/0"]["skipped_range"] == f"{ends[0]}..{target - 1}"
+    assert applied["events/1"]["replayed_offsets"] == 50
+    assert applied["events/1"]["replayed_range"] == f"{replay_from}..{ends[1] - 1}"
     after = _landed(landing)
-    # partition 0: nothing of the skipped range, no duplicates; partition 1: continuous
+    # partition 0: nothing of the skipped range, no duplicates
     p0 = after[0]
     assert len(p0) == len(set(p0))
     assert not set(range(ends[0], target)) & set(p0)
     assert set(range(target, max(p0) + 1)) <= set(p0)
-    assert sorted(after[1]) == list(range(max(after[1]) + 1))
-    assert sum(len(v) for v in after.values()) == 800 - 30
+    # partition 1: every offset once, the replayed range exactly twice, under the replay id
+    p1 = after[1]
+    twice = {o for o in set(p1) if p1.count(o) == 2}
+    assert twice == set(range(replay_from, ends[1])) and max(p1.count(o) for o in set(p1)) == 2
+    assert sorted(set(p1)) == list(range(max(p1) + 1))
+    replay_id = str(applied["events/1"]["replay_id"])
+    replayed = [r for r in read_manifest(landing, "events") if r.incarnation == replay_id]
+    assert sum(r.count for r in replayed) == 50 and all(r.partition == 1 for r in replayed)
+    assert sum(len(v) for v in after.values()) == 800 - 30 + 50
 
     # applied once: the landing moved past it, so a later start ignores (and removes) the record
     out = _burst(cfg)
     assert not _events(out, "offsets reset applied")
     assert not reset_path(landing, TopicPartition("events", 0)).exists()
+    assert not reset_path(landing, TopicPartition("events", 1)).exists()
     assert _landed(landing) == after
 
 
