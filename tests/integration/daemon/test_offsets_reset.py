@@ -157,3 +157,49 @@ def test_reset_refused_while_the_daemon_runs_and_committed_difference_is_warned(
     warned = _events(out, "committed offset differs from the landed position; the landing wins")
     assert any(w["tp"] == "events/0" and w["committed"] == 0 for w in warned), out[-3000:]
     assert "mqd offsets reset" in str(warned[0]["hint"])
+
+
+async def test_a_restart_with_the_replay_at_the_landed_head_continues_under_the_log(
+    tmp_path: Path, cluster: Cluster
+) -> None:
+    """After a replay the landed head carries the replay id; the next start must resume after it
+    under the log's own incarnation (the broker never sees the replay id, nothing lands a third
+    time), land new records normally, and clear the record once the landing moved past it."""
+    from support.daemon import daemon_config, produce_numbered
+
+    from mqd.daemon import Daemon
+    from mqd.offsets_reset import ResetRecord, now_iso, write_reset
+
+    landing = tmp_path / "landing"
+    cfg = daemon_config(cluster, tmp_path, consumer={"group": "mid"}, max_records=10)
+    async with BrokerClient() as client:
+        await produce_numbered(client, cluster, PARTITIONS, 200, per_batch=10)
+    await asyncio.wait_for(Daemon(cfg, burst=True).run(), 60)
+    tp = TopicPartition("events", 0)
+    heads = [r for r in read_manifest(landing, "events") if r.partition == 0]
+    inc = heads[-1].incarnation
+    assert heads[-1].last_offset == 199 and inc is not None
+    rid = "f" * 32
+    write_reset(landing, ResetRecord(tp, 100, 200, inc, now_iso(), replay_id=rid, replay_end=199))
+
+    def replayed() -> int:
+        return sum(r.count for r in read_manifest(landing, "events") if r.incarnation == rid)
+
+    d = Daemon(cfg, burst=True)
+    await asyncio.wait_for(d.run(), 60)
+    assert replayed() == 100 and d.stats["reset_replayed_offsets"] == 100
+    assert [r for r in read_manifest(landing, "events") if r.partition == 0][-1].incarnation == rid
+    async with BrokerClient() as client:
+        await produce_numbered(client, cluster, PARTITIONS, 20, start=200, per_batch=10)
+    d = Daemon(cfg, burst=True)
+    await asyncio.wait_for(d.run(), 60)
+    # the broker was asked for the log's incarnation: no incarnation change, nothing fetched again
+    assert d.stats["records_cut"] == 0 and d.consumer.snapshot().totals.incarnation_changes == 0
+    assert reset_path(landing, tp).exists()  # cleared by the next start, once the head is the log's
+    await asyncio.wait_for(Daemon(cfg, burst=True).run(), 60)
+    assert not reset_path(landing, tp).exists()
+    assert replayed() == 100
+    ranges = [r for r in read_manifest(landing, "events") if r.partition == 0]
+    p0 = [o for r in ranges for o in range(r.first_offset, r.last_offset + 1)]
+    assert sorted(p0) == sorted([*range(220), *range(100, 200)])
+    assert {r.incarnation for r in ranges if r.first_offset >= 200} == {inc}
