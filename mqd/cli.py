@@ -927,10 +927,13 @@ def offsets_show(config_path: Path, partitions: tuple[str, ...]) -> None:
       mqd offsets show --config config/mqd.toml events
     """
     from mqd.offsets_reset import parse_partitions, table
+    from mqd.topic_pattern import TopicSubscription
 
     async def work(tool: Any) -> None:
-        names = partitions or tuple(t for t in _load(config_path).consumer.topics if not t.startswith("re:"))
-        tps = parse_partitions(names, tool.partitions_of())
+        known = tool.partitions_of()
+        # the config's topics, its re: patterns resolved; names not in the metadata are reported
+        names = partitions or TopicSubscription(_load(config_path).consumer.topics).resolve(known)
+        tps = parse_partitions(names, known)
         click.echo(table(await tool.rows(tps), with_new=False))
 
     _offsets_run(config_path, work)

@@ -203,3 +203,10 @@ async def test_a_restart_with_the_replay_at_the_landed_head_continues_under_the_
     p0 = [o for r in ranges for o in range(r.first_offset, r.last_offset + 1)]
     assert sorted(p0) == sorted([*range(220), *range(100, 200)])
     assert {r.incarnation for r in ranges if r.first_offset >= 200} == {inc}
+
+
+@pytest.mark.parametrize("command", ["offsets show", "offsets reset"])
+def test_offsets_commands_have_help_with_an_example(command: str) -> None:
+    """--help works and shows at least one example, as for every command."""
+    res = mqd(*command.split(), "--help")
+    assert res.returncode == 0 and "Example" in res.stdout, res.stdout
