@@ -438,7 +438,8 @@ class OffsetsTool:
         """Each partition's landed head, committed offset, log bounds and pending reset."""
         from mqd.consumer.errors import ConsumerError
 
-        root = landing_root(self._config.landing.dir)
+        landing = self._config.landing.dir
+        root = None if isinstance(landing, str) else landing  # s3: no reset records to show
         loop = asyncio.get_running_loop()
         try:
             committed = await self._offsets.load(tps)
@@ -449,7 +450,7 @@ class OffsetsTool:
         out = []
         for tp in tps:
             head = await loop.run_in_executor(None, self._store.head, tp.topic, tp.partition)
-            rec = read_reset(root, tp)
+            rec = None if root is None else read_reset(root, tp)
             landed = None if head.last_offset is None else head.last_offset + 1
             pending = None
             if rec is not None and apply_reset(rec, landed, head.incarnation) is not None:
