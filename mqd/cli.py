@@ -6,6 +6,7 @@ Exit codes: 0 ok / healthy, 1 failure / degraded, 2 bad config or usage, 3 not r
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -15,7 +16,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, cast
 
 import click
 
@@ -72,6 +73,12 @@ def main() -> None:
     Exit codes: 0 ok/healthy, 1 failed/degraded, 2 bad config or usage, 3 not running.
     Every command takes --help, with examples.
     """
+    # As a library mqd logs nothing unless the application sets logging up (mqd/log.py); this command
+    # is that application: warnings reach stderr (run, broker and spark configure their own level)
+    if not logging.getLogger().handlers:
+        from mqd import log as mqdlog
+
+        mqdlog.configure("warning")
 
 
 # -- helpers ------------------------------------------------------------------------------------
@@ -388,13 +395,25 @@ def _fetch_status(rt: _Runtime, pid: int) -> dict[str, Any]:
     return data
 
 
+_SORT_OPTION = click.option(
+    "--sort",
+    type=click.Choice(["partition", "lag", "rate", "time-lag"]),
+    default="partition",
+    show_default=True,
+    help="Row order of the live view (lag, rate, time-lag: largest first).",
+)
+
+
 @main.command()
 @_config_option
 @click.option("--json", "as_json", is_flag=True, help="Print the full status JSON.")
 @click.option("--watch", "-w", is_flag=True, help="Live view, refreshed every --interval (= `mqd top`).")
 @click.option("--interval", default=1.0, show_default=True, type=click.FloatRange(min=0.1))
+@_SORT_OPTION
 @click.option("--iterations", type=int, default=None, hidden=True)
-def status(config_path: Path, as_json: bool, watch: bool, interval: float, iterations: int | None) -> None:
+def status(
+    config_path: Path, as_json: bool, watch: bool, interval: float, sort: str, iterations: int | None
+) -> None:
     """Show whether the daemon runs and how it is doing.
 
     Exit code: 0 healthy, 1 degraded (or its admin endpoint does not answer), 3 not running,
@@ -410,7 +429,7 @@ def status(config_path: Path, as_json: bool, watch: bool, interval: float, itera
     """
     rt = _runtime(config_path)
     if watch:
-        _watch(rt, interval, iterations)
+        _watch(rt, interval, iterations, sort)
         return
     pid = _running(rt)
     if pid is None:
@@ -450,44 +469,40 @@ def status(config_path: Path, as_json: bool, watch: bool, interval: float, itera
 @main.command()
 @_config_option
 @click.option("--interval", default=1.0, show_default=True, type=click.FloatRange(min=0.1))
+@_SORT_OPTION
 @click.option("--iterations", type=int, default=None, hidden=True)
-def top(config_path: Path, interval: float, iterations: int | None) -> None:
-    """Live view: per partition position, lag, rate, pull node, flow control; totals and backlog.
+def top(config_path: Path, interval: float, sort: str, iterations: int | None) -> None:
+    """Live view: per partition its state, pull node, exact offsets (position, committed, landed, log
+    end), lag, time lag, rate and error; a header with group, uptime, records/s, CPU, RSS and budget.
+    Keeps running across daemon restarts. Keys on a terminal: s next sort order, q (or Ctrl-C) quits.
 
     \b
-    Example:
+    Examples:
       mqd top --config config/mqd.toml
+      mqd top -c config/mqd.toml --sort lag
     """
-    _watch(_runtime(config_path), interval, iterations)
+    _watch(_runtime(config_path), interval, iterations, sort)
 
 
-def _watch(rt: _Runtime, interval: float, iterations: int | None) -> None:
-    from mqd.admin import TopView
+def _watch(rt: _Runtime, interval: float, iterations: int | None, sort: str = "partition") -> None:
+    from mqd import top as top_view
+    from mqd.runner import read_json
 
-    view = TopView()
-    tty = sys.stdout.isatty()
-    n = 0
-    try:
-        while iterations is None or n < iterations:
-            n += 1
-            pid = _running(rt)
-            if pid is None:
-                _not_running(rt)
-            try:
-                text = view.render(_fetch_status(rt, pid), width=_width())
-            except click.ClickException as exc:
-                text = f"mqd (pid {pid}): admin endpoint does not answer: {exc.message}"
-            click.echo(("\x1b[H\x1b[2J" if tty else "") + text + ("" if tty else "\n"))
-            if iterations is None or n < iterations:
-                time.sleep(interval)
-    except KeyboardInterrupt:
-        pass
+    def read() -> top_view.Reading:
+        pid = _running(rt)
+        if pid is None:
+            last = read_json(rt.state_dir / "last_exit.json")
+            why = "daemon not running"
+            if last:
+                why += f" (last exit: code {last.get('exit_code')}, {last.get('reason')})"
+            return top_view.Reading(None, None, why)
+        try:
+            return top_view.Reading(_fetch_status(rt, pid), pid)
+        except click.ClickException as exc:
+            return top_view.Reading(None, pid, f"daemon (pid {pid}) does not answer: {exc.message}")
 
-
-def _width() -> int:
-    import shutil
-
-    return shutil.get_terminal_size((120, 40)).columns
+    # click.Choice let only the SORT_KEYS through
+    top_view.run(read, interval=interval, iterations=iterations, sort=cast(top_view.SortKey, sort))
 
 
 @main.command()
@@ -826,6 +841,14 @@ def broker_init(config_path: Path) -> None:
 @click.option("--batch", default=1000, show_default=True, type=int, help="Records per batch.")
 @click.option("--acks", default="all", type=click.Choice(["master", "all"]), show_default=True)
 @click.option("--token", envvar="MQD_TOKEN", default=None, help="Bearer token, if the cluster needs one.")
+@click.option(
+    "--retries",
+    default=3,
+    show_default=True,
+    type=int,
+    help="Attempts after the first for a batch whose partition fails (with backoff); a partition "
+    "that still fails is given up and its remaining records are counted as failed.",
+)
 def produce(
     bootstrap: str,
     topic: str,
@@ -836,14 +859,21 @@ def produce(
     batch: int,
     acks: str,
     token: str | None,
+    retries: int,
 ) -> None:
     """Produce test records to a topic.
+
+    On a terminal a progress line (sent, acked, failed, records/s) is refreshed every second; a
+    summary is printed at the end. A partition whose master is down does not stop the others.
 
     \b
     Example:
       mqd produce --topic events --count 100000 --size 100 --rate 50000
+
+    Exit codes: 0 every record acknowledged, 1 a broker failure or records not acknowledged (one line
+    per failed partition on stderr), 2 bad arguments.
     """
-    from mqd.producer import produce_cli
+    from mqd.produce_command import produce_cli
 
     sys.exit(
         produce_cli(
@@ -856,6 +886,7 @@ def produce(
             batch=batch,
             acks=acks,
             token=token,
+            retries=retries,
         )
     )
 
@@ -872,10 +903,16 @@ def spark(config_path: Path, once: bool, master: str | None) -> None:
       mqd spark --config config/mqd.toml --once
       mqd spark -c config/mqd.toml --master spark://spark-master:7077
 
-    Exit codes: 0 done or stopped, 1 a query failed, 2 invalid configuration, 75 no Spark session
+    Exit codes: 0 done or stopped, 1 a query failed, 2 invalid configuration or pyspark not installed
+    (pip install 'mqd[spark]'), 75 no Spark session
     (master unreachable or Spark failed to start; try again later).
     """
     cfg = _load(config_path)
+    from mqd.spark import pyspark_problem
+
+    missing = pyspark_problem()  # pyspark is the optional extra mqd[spark]
+    if missing is not None:
+        _die(missing, EXIT_CONFIG)
     from mqd import log as mqdlog
     from mqd.spark.job import run as run_job
 

@@ -430,6 +430,7 @@ class Consumer:
                 buffered_bytes=op.queue.nbytes,
                 parked=op.parked,
                 last_error=op.last_error,
+                last_error_age_s=None if op.last_error_at is None else round(now - op.last_error_at, 3),
                 incarnation=op.incarnation,
                 incarnation_changes=op.incarnation_changes,
                 reused_offsets=op.reused_offsets,
