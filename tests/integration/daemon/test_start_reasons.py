@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 import pytest
 import structlog
@@ -25,7 +26,8 @@ async def test_no_broker_names_the_bootstrap_and_the_reason(tmp_path: Path) -> N
     class NoCluster:
         bootstrap = f"http://127.0.0.1:{free_port()}"
 
-    cfg = daemon_config(NoCluster(), tmp_path, consumer={"request_timeout": 1.0})
+    # daemon_config reads only the bootstrap of its cluster: a port nothing listens on
+    cfg = daemon_config(cast(Cluster, NoCluster()), tmp_path, consumer={"request_timeout": 1.0})
     with structlog.testing.capture_logs() as logs, pytest.raises(ConsumerError) as err:
         await asyncio.wait_for(Daemon(cfg).start(), 30)
     waiting = [e for e in logs if e["event"] == "waiting for cluster metadata"]
