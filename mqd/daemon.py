@@ -597,6 +597,9 @@ class Daemon:
             reasons.extend(f"{what}: {err}" for what, err in snap.errors.items() if err)
             if snap.totals.parked:
                 reasons.append(f"parked partitions: {', '.join(snap.totals.parked)}")
+        waiting = self.consumer.waiting_reason()
+        if waiting is not None:  # a start that is not up yet names its reason in `mqd status` too
+            reasons.append(f"no assignment yet: {waiting}")
         return ("ok" if not reasons else "degraded"), reasons
 
     def status(self) -> dict[str, Any]:

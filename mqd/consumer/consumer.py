@@ -181,6 +181,10 @@ class Consumer:
         """The ``re:`` patterns of ``consumer.topics`` that match no topic (a warning, in status)."""
         return self._rebalance.unmatched_patterns
 
+    def waiting_reason(self) -> str | None:
+        """Why no assignment can be made yet (no metadata, not a group member), or None."""
+        return self._rebalance.waiting
+
     # -- lifecycle -------------------------------------------------------------------------------
 
     async def start(self) -> None:

@@ -55,3 +55,29 @@ async def test_a_rebalance_without_metadata_or_membership_says_why(tmp_path: Pat
 @pytest.fixture
 def cluster(cluster_factory: Callable[..., Cluster]) -> Cluster:
     return cluster_factory(topics={"events": 2})
+
+
+async def test_status_text_names_why_nothing_is_assigned_and_unmatched_patterns(
+    tmp_path: Path, cluster: Cluster
+) -> None:
+    """`mqd status` text, not only the log, says why a daemon has no assignment yet, and which
+    topic patterns match no topic (issue 17: every "not up yet" state names its reason)."""
+    from mqd.admin import render_summary
+
+    def text_of(daemon: Daemon) -> str:
+        status = daemon.status()  # in the runner's shape: health and its reasons in one section
+        status["health"] = {"status": status["health"], "reasons": status.pop("reasons")}
+        return render_summary(status)
+
+    cfg = daemon_config(cluster, tmp_path, consumer={"topics": ["events", "re:^later-.*"]})
+    daemon = Daemon(cfg)
+    assert not await daemon.consumer.rebalance()  # before start: no metadata yet
+    text = text_of(daemon)
+    assert "no assignment yet: no cluster metadata yet" in text
+    await asyncio.wait_for(daemon.start(), 60)
+    try:
+        text = text_of(daemon)
+        assert "topic patterns match no topic yet: re:^later-.*" in text
+        assert "no assignment yet" not in text
+    finally:
+        await daemon.stop()
