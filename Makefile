@@ -56,8 +56,10 @@ $(VENV)/.bench-installed: $(VENV)/.installed
 	$(PY) -m pip install --quiet -e '.[dev,bench]'
 	touch $@
 
+# SHAPES=main,hot (or space-separated): only these shapes of bench/shapes.py; QUICK=1: smoke sizes
+comma := ,
 bench: install $(VENV)/.bench-installed
-	$(PY) -m bench
+	$(PY) -m bench $(foreach s,$(subst $(comma), ,$(SHAPES)),--shape $(s)) $(if $(QUICK),--quick)
 
 # KINDS=...: only these fault kinds (names, categories, classic, safety; see --help)
 chaos: install

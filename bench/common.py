@@ -17,7 +17,6 @@ import signal
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,13 +25,11 @@ import numpy as np
 import psutil
 import pyarrow as pa
 
-from mqd.format import HEADERS_TYPE, RECORD_SCHEMA
-from mqd.fsutil import atomic_write, fsync_dir
+from bench.alt_consumer import MicroBatchWriter, empty_headers
+from mqd.format import RECORD_SCHEMA
+from mqd.fsutil import atomic_write
 from mqd.landing.layout import (
-    FileRange,
-    file_name,
-    landing_table,
-    write_parquet,
+    read_ranges,
 )
 from mqd.producer import synthetic_values
 from mqd.testing import ManagedProcess
@@ -53,27 +50,63 @@ class Workload:
     partitions: int
     batch: int
     seed: int = 20_260_101
+    hot: float = 0.0  # share of the chunks that go to partition 0 (0: round-robin over all)
 
     @property
     def nbytes(self) -> int:
         return self.records * self.size
 
-    def chunks(self) -> Iterator[tuple[int, pa.Array]]:
-        """(partition, values) chunks of ``batch`` records, round-robin over the partitions."""
-        rng = np.random.default_rng(self.seed)
+    def layout(self) -> Iterator[tuple[int, int]]:
+        """(partition, records) of every chunk of ``batch`` records: round-robin over the
+        partitions, or with ``hot`` that share of the chunks on partition 0 and the rest
+        round-robin over the others."""
         done = 0
-        i = 0
+        i = cold = 0
         while done < self.records:
             m = min(self.batch, self.records - done)
-            yield i % self.partitions, synthetic_values(m, self.size, rng)
+            if not self.hot or self.partitions == 1:
+                p = i % self.partitions
+            elif int((i + 1) * self.hot) > int(i * self.hot):
+                p = 0
+            else:
+                p = 1 + cold % (self.partitions - 1)
+                cold += 1
+            yield p, m
             done += m
             i += 1
 
+    def chunks(self) -> Iterator[tuple[int, pa.Array]]:
+        """(partition, values) chunks of ``batch`` records, laid out by :meth:`layout`."""
+        rng = np.random.default_rng(self.seed)
+        for p, m in self.layout():
+            yield p, synthetic_values(m, self.size, rng)
+
     def per_partition(self) -> list[int]:
         counts = [0] * self.partitions
-        for p, values in self.chunks():
-            counts[p] += len(values)
+        for p, m in self.layout():
+            counts[p] += m
         return counts
+
+
+def check_exact(files: list[Path], expected: list[int]) -> str | None:
+    """None when the landed files hold offsets 0..n-1 of every partition exactly once (``expected``
+    is n per partition, from a fresh log); else what is wrong: a gap, an overlap, a shortfall."""
+    ranges: dict[int, list[tuple[int, int]]] = {}
+    for f in files:
+        for r in read_ranges(f):
+            ranges.setdefault(r.partition, []).append((r.first_offset, r.last_offset))
+    for p, n in enumerate(expected):
+        nxt = 0
+        for first, last in sorted(ranges.pop(p, [])):
+            if first != nxt:
+                kind = "gap" if first > nxt else "overlap"
+                return f"partition {p}: a file starts at {first}, expected {nxt} ({kind})"
+            nxt = last + 1
+        if nxt != n:
+            return f"partition {p}: offsets 0..{nxt - 1} landed, expected 0..{n - 1}"
+    if ranges:
+        return f"records of unexpected partitions {sorted(ranges)}"
+    return None
 
 
 async def timed_workers(worker: Callable[[], Awaitable[None]], count: int) -> float:
@@ -259,6 +292,19 @@ class WatchedProcess(ManagedProcess):
         return self._stats
 
 
+def process_cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU seconds of running processes so far (the brokers' share of a run is the
+    difference over it); a process that is gone counts 0."""
+    total = 0.0
+    for pid in pids:
+        try:
+            t = psutil.Process(pid).cpu_times()
+        except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+            continue
+        total += t.user + t.system
+    return total
+
+
 def _vm_hwm_mb(status: Path) -> float | None:
     try:
         for line in status.read_text().splitlines():
@@ -295,143 +341,18 @@ def self_cpu_seconds() -> float:
 
 
 # ---------------------------------------------------------------------------------------------
-# Parquet micro-batches for the alternative pipelines (same files as mqd's landing)
-
-
-class MicroBatchWriter:
-    """Per-partition buffers cut into files by record count, bytes or age (like mqd's sink), written
-    on one worker thread with mqd's own layout functions: same schema, same file metadata, same
-    compression, and the same publication (temp file, fsync, exclusive link, fsync of the folder).
-    """
-
-    def __init__(
-        self,
-        root: Path,
-        topic: str,
-        *,
-        max_records: int,
-        max_bytes: int,
-        max_age: float,
-        compression: str = "snappy",
-        max_pending: int = 2,
-    ) -> None:
-        self.root = root
-        self.topic = topic
-        self.max_records = max_records
-        self.max_bytes = max_bytes
-        self.max_age = max_age
-        self.compression = compression
-        self._buf: dict[int, list[pa.RecordBatch]] = {}
-        self._rows: dict[int, int] = {}
-        self._bytes: dict[int, int] = {}
-        self._since: dict[int, float] = {}
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="alt-writer")
-        self._pending: list[Future[int]] = []
-        self._max_pending = max_pending
-        self.files = 0
-        self.records = 0
-        self.first_file_at: float | None = None
-        self.root.mkdir(parents=True, exist_ok=True)
-
-    def add(self, partition: int, batch: pa.RecordBatch) -> None:
-        if batch.num_rows == 0:
-            return
-        if partition not in self._buf:
-            self._buf[partition] = []
-            self._rows[partition] = 0
-            self._bytes[partition] = 0
-            self._since[partition] = time.monotonic()
-        self._buf[partition].append(batch)
-        self._rows[partition] += batch.num_rows
-        self._bytes[partition] += batch.nbytes
-        if self._rows[partition] >= self.max_records or self._bytes[partition] >= self.max_bytes:
-            self._cut(partition)
-
-    def tick(self) -> None:
-        now = time.monotonic()
-        for p in [p for p, t in self._since.items() if now - t >= self.max_age]:
-            self._cut(p)
-
-    def flush(self) -> None:
-        for p in list(self._buf):
-            self._cut(p)
-        for f in self._pending:
-            f.result()
-        self._pending.clear()
-
-    def close(self) -> None:
-        self._pool.shutdown(wait=True)
-
-    def _cut(self, partition: int) -> None:
-        batches = self._buf.pop(partition)
-        del self._rows[partition], self._bytes[partition], self._since[partition]
-        table = pa.Table.from_batches(batches, schema=RECORD_SCHEMA)
-        # backpressure: at most max_pending files queued behind the writer thread
-        while len(self._pending) >= self._max_pending:
-            self._pending.pop(0).result()
-        self._pending.append(self._pool.submit(self._write, partition, table))
-
-    def _write(self, partition: int, records: pa.Table) -> int:
-        offsets = records.column("offset")
-        first, last = int(offsets[0].as_py()), int(offsets[-1].as_py())
-        ts = records.column("timestamp").cast(pa.int64())
-        rng = FileRange(
-            path=file_name(partition, first),
-            topic=self.topic,
-            partition=partition,
-            first_offset=first,
-            last_offset=last,
-            count=records.num_rows,
-            ts_min=int(pa.compute.min(ts).as_py()),
-            ts_max=int(pa.compute.max(ts).as_py()),
-        )
-        final = self.root / rng.path
-        tmp = self.root / f".{rng.path}.tmp"
-        write_parquet(tmp, landing_table(self.topic, partition, records), rng, self.compression)
-        os.link(tmp, final)  # exclusive: fails if the name exists
-        os.unlink(tmp)
-        fsync_dir(self.root)
-        self.files += 1
-        self.records += records.num_rows
-        if self.first_file_at is None:
-            self.first_file_at = time.perf_counter()
-        return int(records.num_rows)
-
-
-def empty_headers(n: int) -> pa.Array:
-    """``n`` empty header lists, built from one zero offsets buffer."""
-    return pa.ListArray.from_arrays(
-        pa.array(np.zeros(n + 1, dtype=np.int32)),
-        pa.array([], type=HEADERS_TYPE.value_type),
-        type=HEADERS_TYPE,
-    )
-
-
-def record_batch(
-    offsets: np.ndarray, timestamps_ms: np.ndarray, keys: list[bytes | None], values: list[bytes]
-) -> pa.RecordBatch:
-    """A RECORD_SCHEMA batch from client-side Python lists (what Kafka clients hand out)."""
-    n = len(values)
-    return pa.RecordBatch.from_arrays(
-        [
-            pa.array(offsets, type=pa.int64()),
-            pa.array(timestamps_ms, type=pa.int64()).cast(pa.timestamp("ms", tz="UTC")),
-            pa.array(keys, type=pa.binary()),
-            pa.array(values, type=pa.binary()),
-            empty_headers(n),
-        ],
-        schema=RECORD_SCHEMA,
-    )
-
-
-# ---------------------------------------------------------------------------------------------
 # the sink ceiling
 
 
-def sink_ceiling(work: Workload, out_dir: Path, *, max_records: int, compression: str) -> dict[str, Any]:
+def sink_ceiling(
+    work: Workload, out_dir: Path, *, max_records: int, compression: str, max_bytes: int | None = None
+) -> dict[str, Any]:
     """pyarrow writing the same records to Parquet from memory, cut like the landing cuts them
-    (one file per partition per ``max_records``), published the same way. Only the writing is timed.
+    (one file per partition per ``max_records`` or ``max_bytes`` of values), published the same
+    way. Only the writing is timed.
     """
+    if max_bytes is not None and work.size:
+        max_records = max(1, min(max_records, max_bytes // work.size))
     per_part: dict[int, list[pa.Array]] = {}
     for p, values in work.chunks():
         per_part.setdefault(p, []).append(values)

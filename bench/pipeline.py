@@ -359,14 +359,21 @@ async def _produce_at_rate(
     return sent, elapsed
 
 
-def run_latency(cluster: LocalCluster, workdir: Path, args: argparse.Namespace) -> dict[str, Any]:
+def run_latency(
+    cluster: LocalCluster,
+    workdir: Path,
+    args: argparse.Namespace,
+    *,
+    group: str = "bench-latency",
+    topic: str = LATENCY_TOPIC,
+) -> dict[str, Any]:
     urls = list(cluster.urls.values())
     landing = workdir / "landing-latency"
     cfg = daemon_config(
         workdir / "mqd-latency.toml",
         urls,
-        topic=LATENCY_TOPIC,
-        group="bench-latency",
+        topic=topic,
+        group=group,
         landing=landing,
         landing_max_records=args.landing_max_records,
         compression=args.compression,
@@ -374,8 +381,8 @@ def run_latency(cluster: LocalCluster, workdir: Path, args: argparse.Namespace) 
         landing_max_age=args.latency_max_age,
     )
     proc = WatchedProcess(daemon_argv(cfg, burst=False), log_path=workdir / "mqd-latency.log", cwd=workdir)
-    watcher = FileWatcher(landing, LATENCY_TOPIC)
-    landed = LandedCounter(landing, LATENCY_TOPIC)
+    watcher = FileWatcher(landing, topic)
+    landed = LandedCounter(landing, topic)
     proc.start()
     watcher.start()
     try:
@@ -383,7 +390,7 @@ def run_latency(cluster: LocalCluster, workdir: Path, args: argparse.Namespace) 
         async def warm() -> None:
             async with Producer(urls) as producer:
                 for p in range(args.partitions):
-                    await producer.send_batch(LATENCY_TOPIC, p, [b"warm-up"])
+                    await producer.send_batch(topic, p, [b"warm-up"])
 
         asyncio.run(warm())
         _wait_for(
@@ -395,9 +402,7 @@ def run_latency(cluster: LocalCluster, workdir: Path, args: argparse.Namespace) 
         watcher.poll()
         warm_files = set(watcher.seen)
         sent, produce_s = asyncio.run(
-            _produce_at_rate(
-                urls, LATENCY_TOPIC, args.partitions, args.latency_rate, args.latency_seconds, args.size
-            )
+            _produce_at_rate(urls, topic, args.partitions, args.latency_rate, args.latency_seconds, args.size)
         )
         _wait_for(
             lambda: landed() >= args.partitions + sent,
@@ -644,7 +649,34 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         choices=["mqd", "latency", "memory", "alternative", "ceiling"],
         help="leave a part out",
     )
-    ap.add_argument("--smoke", action="store_true", help="small and quick: a test that the benchmark runs")
+    ap.add_argument(
+        "--smoke",
+        action="store_true",
+        help="the single-pass run (every part once) small and quick: what tests/e2e/test_bench_smoke.py runs",
+    )
+    ap.add_argument(
+        "--single",
+        action="store_true",
+        help="the single-pass run (mqd, latency, memory, alternatives once each) at --records",
+    )
+    ap.add_argument(
+        "--shape",
+        action="append",
+        default=None,
+        help="a shape of bench/shapes.py (main, wide, kib, hot, latency, scale); repeat for several; "
+        "default: all of them",
+    )
+    ap.add_argument(
+        "--quick", action="store_true", help="shapes at 1/100 of their records, one round: a smoke check"
+    )
+    ap.add_argument(
+        "--rounds", type=int, default=None, help="interleaved rounds per shape (default 3; quick 1)"
+    )
+    ap.add_argument(
+        "--pipelines",
+        default="mqd,confluent-kafka,aiokafka,ceiling",
+        help="comma-separated: which pipelines the throughput shapes run",
+    )
     ap.add_argument("--out", type=Path, default=RESULTS, help="results folder")
     ap.add_argument("--workdir", type=Path, default=None, help="keep data and logs here (default: temp)")
     args = ap.parse_args(argv)
@@ -668,6 +700,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if not (args.smoke or args.single):
+        from bench import shapes
+
+        if args.rounds is None:
+            args.rounds = 1 if args.quick else 3
+        args.pipelines = [p.strip() for p in args.pipelines.split(",") if p.strip()]
+        return shapes.main(args)
     work = Workload(args.records, args.size, args.partitions, args.batch)
     stem = "smoke" if args.smoke else "pipeline"
     result: dict[str, Any] = {

@@ -182,6 +182,9 @@ class NodeFetcher:
             op.in_flight = True
         m.state.budget.reserve(reserve)
         self.requests += 1
+        if not m.fetched:
+            m.fetched = True  # start-up ends here: the benchmark times spawn to this line
+            log.info("first fetch sent", node=self.node_id, partitions=len(sent))
         metrics.fetch_requests.labels(self.node_id).inc()
         metrics.fetch_partitions.labels(self.node_id).observe(len(sent))
         self._request = asyncio.ensure_future(request)
@@ -277,6 +280,7 @@ class FetchManager:
         self._down_until: dict[str, float] = {}  # nodes we failed to reach, our own view
         self._tasks: set[asyncio.Task[Any]] = set()
         self._running = False
+        self.fetched = False  # a first fetch was sent
         # since start, all partitions (status totals)
         self.incarnation_changes = 0
         self.reused_offsets = 0
