@@ -19,6 +19,7 @@ import json
 import os
 import resource
 import shutil
+import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -40,8 +41,9 @@ def self_cpu_seconds() -> float:
 
 class MicroBatchWriter:
     """Per-partition buffers cut into files by record count, bytes or age (like mqd's sink), written
-    on one worker thread with mqd's own layout functions: same schema, same file metadata, same
-    compression, and the same publication (temp file, fsync, exclusive link, fsync of the folder).
+    on ``workers`` threads (mqd's sink has two) with mqd's own layout functions: same schema, same
+    file metadata, same compression, and the same publication (temp file, fsync, exclusive link,
+    fsync of the folder).
     """
 
     def __init__(
@@ -53,7 +55,8 @@ class MicroBatchWriter:
         max_bytes: int,
         max_age: float,
         compression: str = "snappy",
-        max_pending: int = 2,
+        workers: int = 2,
+        max_pending: int = 3,
     ) -> None:
         self.root = root
         self.topic = topic
@@ -65,7 +68,8 @@ class MicroBatchWriter:
         self._rows: dict[int, int] = {}
         self._bytes: dict[int, int] = {}
         self._since: dict[int, float] = {}
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="alt-writer")
+        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="alt-writer")
+        self._lock = threading.Lock()  # the counters, from the writer threads
         self._pending: list[Future[int]] = []
         self._max_pending = max_pending
         self.files = 0
@@ -99,6 +103,11 @@ class MicroBatchWriter:
             f.result()
         self._pending.clear()
 
+    def flush_partition(self, partition: int) -> None:
+        """Cut ``partition``'s buffer now (without waiting for the writes)."""
+        if partition in self._buf:
+            self._cut(partition)
+
     def close(self) -> None:
         self._pool.shutdown(wait=True)
 
@@ -106,7 +115,7 @@ class MicroBatchWriter:
         batches = self._buf.pop(partition)
         del self._rows[partition], self._bytes[partition], self._since[partition]
         table = pa.Table.from_batches(batches, schema=RECORD_SCHEMA)
-        # backpressure: at most max_pending files queued behind the writer thread
+        # backpressure: at most max_pending files queued behind the writer threads
         while len(self._pending) >= self._max_pending:
             self._pending.pop(0).result()
         self._pending.append(self._pool.submit(self._write, partition, table))
@@ -131,10 +140,11 @@ class MicroBatchWriter:
         os.link(tmp, final)  # exclusive: fails if the name exists
         os.unlink(tmp)
         fsync_dir(self.root)
-        self.files += 1
-        self.records += records.num_rows
-        if self.first_file_at is None:
-            self.first_file_at = time.time()  # wall clock: the parent compares it with the spawn
+        with self._lock:
+            self.files += 1
+            self.records += records.num_rows
+            if self.first_file_at is None:
+                self.first_file_at = time.time()  # wall clock: the parent compares it with the spawn
         return int(records.num_rows)
 
 

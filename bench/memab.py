@@ -111,6 +111,8 @@ def run_once(
     return {
         "variant": name,
         "records_per_s": round(landed / seconds),
+        "records_per_s_whole_process": round(landed / stats.wall_s),
+        "load": round(__import__("os").getloadavg()[0], 2),
         "peak_rss_mb": round(stats.peak_rss_mb, 1),
         "cpu_s": round(stats.cpu_s, 2),
         "landed": landed,
@@ -128,7 +130,7 @@ def run_rounds(
     """One cluster and backlog in ``workdir``, then ``args.rounds`` rounds over the variants."""
     cluster = LocalCluster(
         workdir / "cluster",
-        topics={TOPIC: 12},
+        topics={TOPIC: work.partitions},
         groups=3,
         slaves=1,
         node_settings={"log_level": "warning", "liveness_interval_ms": 500, "liveness_timeout_ms": 3000},
@@ -136,6 +138,7 @@ def run_rounds(
     with cluster:
         urls = list(cluster.urls.values())
         asyncio.run(_bench.produce_workload(urls, TOPIC, work, 4))
+        asyncio.run(_bench.wait_replicated(cluster, TOPIC, work.partitions))
         for r in range(args.rounds):
             for name, tree, over in variants:
                 res = run_once(name, tree, over, urls, workdir, args, r)
@@ -150,6 +153,11 @@ def run_rounds(
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--records", type=int, default=2_000_000)
+    ap.add_argument(
+        "--shape",
+        default="main",
+        help="value size, partitions and skew of a bench/shapes.py shape (default main)",
+    )
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--variant", action="append", required=True, help="name=tree[:section.key=value,...]")
     ap.add_argument("--memory", action="store_true", help="the memory run (slow sink) instead")
@@ -160,17 +168,36 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=None, help="JSON lines of every run")
     args = ap.parse_args()
     variants = [parse_variant(v) for v in args.variant]
-    work = Workload(args.records, 100, 12, 1000)
+    from bench.shapes import SHAPES
+
+    shape = SHAPES[args.shape]
+    work = Workload(args.records, shape.size, shape.partitions, 1000, hot=shape.hot)
     results: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="mqd-ab-") as tmp:
         run_rounds(Path(tmp), work, variants, args, results)
-    print("\nvariant | runs | records/s median (min..max) | peak RSS MB median (min..max)")
+    print(
+        "\nvariant | runs | records/s median (min..max) | whole process | peak RSS MB median (min..max)"
+        " | paired ratio to the first variant (whole process)"
+    )
+    first = variants[0][0]
+    base = {x["round"]: x for x in results if x["variant"] == first}
     for name, _, _ in variants:
         rows = [x for x in results if x["variant"] == name]
         rss = [x["peak_rss_mb"] for x in rows]
-        rps: list[int] = [x["records_per_s"] for x in rows if x.get("records_per_s")]
-        rps_s = f"{statistics.median(rps):,.0f} ({min(rps):,}..{max(rps):,})" if rps else "-"
-        print(f"{name} | {len(rows)} | {rps_s} | {statistics.median(rss)} ({min(rss)}..{max(rss)})")
+        cells = []
+        for key in ("records_per_s", "records_per_s_whole_process"):
+            v: list[int] = [x[key] for x in rows if x.get(key)]
+            cells.append(f"{statistics.median(v):,.0f} ({min(v):,}..{max(v):,})" if v else "-")
+        ratios = [
+            x["records_per_s_whole_process"] / base[x["round"]]["records_per_s_whole_process"]
+            for x in rows
+            if x.get("records_per_s_whole_process") and x["round"] in base
+        ]
+        ratio = f"{statistics.median(ratios):.2f} ({min(ratios):.2f}..{max(ratios):.2f})" if ratios else "-"
+        print(
+            f"{name} | {len(rows)} | {cells[0]} | {cells[1]} | {statistics.median(rss)} "
+            f"({min(rss)}..{max(rss)}) | {ratio}"
+        )
     return 0
 
 
