@@ -7,12 +7,13 @@ and /v1/stats counts it. With a replica holding the good copy, the range is repa
 (master from its slave, slave from its master) and a fetch returns the original bytes. A master
 copying back from a slave whose copy has a damaged batch in the middle keeps every intact batch
 before and after it and fences exactly the damaged range, whether the slave's scrub has fenced it
-already or not.
+already or not. A segment deleted by retention while the scrub reads it is skipped cleanly.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import urllib.request
 from collections.abc import Callable
@@ -23,7 +24,10 @@ import pytest
 from support.harness import Cluster
 
 from mqd import format as fmt
+from mqd.broker.scrub import SegmentScrubber
+from mqd.broker.storage import Storage
 from mqd.client import BrokerClient
+from mqd.config import StorageConfig
 from mqd.protocol import PartitionFetch
 from mqd.waiting import wait_until
 
@@ -209,3 +213,37 @@ async def test_copy_back_keeps_every_intact_batch_around_a_damaged_one(
     assert got == {o: v for o, v in acked.items() if not lost[0] <= o <= lost[1]}
     assert max(got) == BATCHES * PER_BATCH - 1
     assert "master recovery: range fenced, the copy-back goes on after it" in cluster.log(master)
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+async def test_segment_deleted_by_retention_mid_scrub_is_skipped(tmp_path: Path) -> None:
+    """Retention deletes the segment the scrub is reading (between two of its chunks): the scrub
+    skips it cleanly (counted, nothing fenced, no error), goes on with the log, and the fd it read
+    through is closed."""
+    config = StorageConfig(segment_bytes=1 << 20, retention_bytes=1 << 20, fsync="never")
+    storage = Storage(tmp_path, config)
+    storage.open([(TOPIC, 0)])
+    plog = storage.get(TOPIC, 0)
+    assert plog is not None
+    batch = fmt.encode_batch([b"x" * 1000] * 10)
+    while plog.segment_count < 4:
+        plog.append(batch, fmt.validate(batch))
+    fds_before = _open_fds()
+    # 512 KiB/s: a 256 KiB chunk, then half a second asleep, so the deletion lands mid-segment
+    scrubber = SegmentScrubber(storage, 512 * 1024)
+    await scrubber.start()
+    try:
+        await wait_until(lambda: scrubber.counters.bytes_scrubbed > 0, 10.0, "the first chunk")
+        assert scrubber.counters.segments_scrubbed == 0
+        assert plog.apply_retention(fmt.now_ms()) == 3
+        await wait_until(lambda: scrubber.counters.segments_skipped >= 1, 10.0, "the skip")
+    finally:
+        await scrubber.stop()
+        await scrubber.stop()  # idempotent
+    assert scrubber.counters.damaged_found == 0 and plog.fenced_ranges() == []
+    # the three deleted segments' fds went with them, and the scrub's dup too
+    assert _open_fds() == fds_before - 3
+    storage.close()
