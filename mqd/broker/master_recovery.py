@@ -34,7 +34,7 @@ import structlog
 
 from mqd import format as fmt
 from mqd.backoff import Backoff
-from mqd.broker.fenced_repair import COPY_MAX_BYTES, repair_from
+from mqd.broker.fenced_repair import COPY_MAX_BYTES, read_range, repair_from
 from mqd.broker.incarnation import IncarnationEntry
 from mqd.broker.node_marker import read_marker, write_marker
 from mqd.broker.replica_client import ReplicaClient, ReplicaPeerError
@@ -98,6 +98,21 @@ class MasterRecovery:
         self._repair_task: asyncio.Task[None] | None = None
         self._repair_wanted = asyncio.Event()
         self.fenced_repaired = 0  # offsets of fenced ranges repaired at runtime (repair_soon)
+
+    async def good_copy(self, plog: PartitionLog, first: int, last: int) -> bytes | None:
+        """A slave's intact batches for exactly ``first..last`` (the scrub found ours damaged), or
+        None when no slave answers with them."""
+        if self.writes_refused is not None:
+            return None  # still recovering: the start-up attempt repairs
+        for slave in self._slaves:
+            try:
+                data = await read_range(self._client, slave, plog.topic, plog.partition, first, last)
+            except (BrokerError, ProtocolError, fmt.BatchError) as exc:
+                log.warning("slave cannot give a damaged range", slave=slave.id, first=first, error=str(exc))
+                continue
+            if data is not None:
+                return data
+        return None
 
     def repair_soon(self) -> None:
         """A range was fenced at runtime (scrub.py): ask the slaves for it, now and with backoff

@@ -6,9 +6,12 @@ read back; a flipped byte in a middle batch would be served until a consumer's C
 log and checks each batch with the append path's checker (:func:`mqd.format.validate`: header, CRC,
 section layout), plus that it carries the offset and fills the bytes its index entry says. A batch
 that fails is fenced through the storage's fencing path (:meth:`PartitionLog.fence_damaged`: a hole,
-``fenced.json``, the error line, DATA_LOST on fetch, health ``degraded``), and ``on_fenced`` lets the
-node ask a replica for the range (fenced_repair.py, by the slave's replicator or the master's
-recovery).
+``fenced.json``, the error line, DATA_LOST on fetch, health ``degraded``). On a master, its slaves
+are asked for the batch first (``good_copy``) and a good copy replaces the hole in the same step of
+the event loop, so no fetch ever sees the range fenced (a consumer given DATA_LOST counts the records
+lost and moves on). A range that stays fenced goes to ``on_fenced``: the node's repair path asks a
+replica again with backoff (fenced_repair.py, by the slave's replicator or the master's recovery);
+a slave's fenced range costs nothing meanwhile, its fetches are sent to the master.
 
 Order: the first pass after start takes the segments whose index was trusted first, newest first
 (recent data is what consumers read next); every later pass takes all closed segments in offset
@@ -24,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import structlog
@@ -51,14 +54,14 @@ class ScrubCounters:
     passes: int = 0
 
 
-def damaged_entries(raw: bytes, start: int, entries: list[tuple[int, int, int]]) -> list[int]:
-    """Indexes into ``entries`` (``(offset, begin, end)`` file positions, ``raw`` read from file
-    position ``start``) whose bytes are not one intact batch at that offset filling exactly
-    ``[begin, end)``: header, CRC and layout as the append path checks them, and the base offset,
-    which the CRC does not cover."""
+def damaged_entries(raw: bytes, start: int, entries: list[tuple[int, int, int, int]]) -> list[int]:
+    """Indexes into ``entries`` (``(first offset, last offset, begin, end)``, file positions; ``raw``
+    read from file position ``start``) whose bytes are not one intact batch at that offset filling
+    exactly ``[begin, end)``: header, CRC and layout as the append path checks them, and the base
+    offset, which the CRC does not cover."""
     bad: list[int] = []
     view = memoryview(raw)
-    for k, (offset, begin, end) in enumerate(entries):
+    for k, (offset, _, begin, end) in enumerate(entries):
         try:
             infos = fmt.validate(view[begin - start : end - start])
         except fmt.BatchError:
@@ -77,10 +80,12 @@ class SegmentScrubber:
         storage: Storage,
         bytes_per_second: int,
         on_fenced: Callable[[PartitionLog, tuple[int, int]], None] | None = None,
+        good_copy: Callable[[PartitionLog, int, int], Awaitable[bytes | None]] | None = None,
     ) -> None:
         self._storage = storage
         self._rate = bytes_per_second
-        self._on_fenced = on_fenced
+        self._on_fenced = on_fenced  # a range stays fenced: the node's repair path takes it
+        self._good_copy = good_copy  # a replica's intact batches for (first, last), or None
         self.counters = ScrubCounters()
         self._task: asyncio.Task[None] | None = None
 
@@ -150,7 +155,7 @@ class SegmentScrubber:
                     log.debug("scrub: segment gone meanwhile", topic=plog.topic, partition=plog.partition)
                     return
                 j = i + 1
-                while j < len(entries) and entries[j][2] - entries[i][1] <= CHUNK_BYTES:
+                while j < len(entries) and entries[j][3] - entries[i][2] <= CHUNK_BYTES:
                     j += 1
                 chunk = entries[i:j]
                 future = loop.run_in_executor(None, _read_and_check, view, chunk)
@@ -167,11 +172,11 @@ class SegmentScrubber:
                         error=str(exc),
                     )
                     return
-                nbytes = chunk[-1][2] - chunk[0][1]
+                nbytes = chunk[-1][3] - chunk[0][2]
                 self.counters.bytes_scrubbed += nbytes
                 self.counters.batches_checked += len(chunk)
                 for k in bad:
-                    self._fence(plog, seg, chunk[k])
+                    await self._fence(plog, seg, chunk[k])
                 i = j
                 await asyncio.sleep(nbytes / self._rate)
             self.counters.segments_scrubbed += 1
@@ -182,16 +187,24 @@ class SegmentScrubber:
             else:
                 os.close(view.fd)
 
-    def _fence(self, plog: PartitionLog, seg: Segment, entry: tuple[int, int, int]) -> None:
-        offset, begin, _ = entry
+    async def _fence(self, plog: PartitionLog, seg: Segment, entry: tuple[int, int, int, int]) -> None:
+        first, last, begin, _ = entry
+        # ask a replica first: fencing and repairing in one step of the loop leaves no moment in
+        # which a fetch there answers DATA_LOST (a consumer would count the records lost and move on)
+        good: bytes | None = None
+        if self._good_copy is not None:
+            try:
+                good = await self._good_copy(plog, first, last)
+            except Exception:
+                log.exception("scrub: asking a replica for a damaged batch failed", topic=plog.topic)
         try:
-            fenced = plog.fence_damaged(seg, offset, begin, "scrub: CRC or layout check failed")
+            fenced = plog.fence_damaged(seg, first, begin, "scrub: CRC or layout check failed")
         except StorageError as exc:
             log.error(
                 "scrub: damaged batch not fenced",
                 topic=plog.topic,
                 partition=plog.partition,
-                offset=offset,
+                offset=first,
                 error=str(exc),
             )
             return
@@ -199,6 +212,12 @@ class SegmentScrubber:
             self.counters.segments_skipped += 1
             return
         self.counters.damaged_found += 1
+        if good is not None:
+            try:
+                plog.repair_fenced(good, fmt.validate(good))
+                return
+            except (StorageError, fmt.BatchError) as exc:
+                log.error("scrub: replica copy not applied", topic=plog.topic, offset=first, error=str(exc))
         if self._on_fenced is not None:
             self._on_fenced(plog, fenced)
 
@@ -210,9 +229,9 @@ def _mtime(seg: Segment) -> float:
         return 0.0  # gone meanwhile: its turn comes last and is skipped
 
 
-def _read_and_check(view: ScrubView, chunk: list[tuple[int, int, int]]) -> tuple[bytes, list[int]]:
+def _read_and_check(view: ScrubView, chunk: list[tuple[int, int, int, int]]) -> tuple[bytes, list[int]]:
     """Worker thread: one pread of the chunk's bytes, then the check of each batch."""
-    start, end = chunk[0][1], chunk[-1][2]
+    start, end = chunk[0][2], chunk[-1][3]
     raw = os.pread(view.fd, end - start, start)
     if len(raw) != end - start:
         # shorter than the index says: every batch not wholly read is damaged

@@ -114,7 +114,10 @@ class BrokerNode:
                 wait_ms=config.replica_wait_ms,
             )
         self.scrubber = SegmentScrubber(
-            self.storage, config.storage.scrub_bytes_per_second, on_fenced=self._on_scrub_fenced
+            self.storage,
+            config.storage.scrub_bytes_per_second,
+            on_fenced=self._on_scrub_fenced,
+            good_copy=self._recovery.good_copy if self._recovery is not None else None,
         )
         self.api = BrokerApi(
             config=config,

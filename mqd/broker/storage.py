@@ -136,12 +136,13 @@ class ReadPlan:
 class ScrubView:
     """A closed segment as the scrub reads it (:meth:`PartitionLog.scrub_view`): its own fd (a dup:
     retention, repair or close may close the segment's meanwhile; the caller closes this one) and
-    every batch entry ``(offset, start, end)`` in file order; holes (already fenced) are left out."""
+    every batch entry ``(first offset, last offset, start, end)`` in file order; holes (already
+    fenced) are left out."""
 
     segment: Segment  # identity: fence_damaged acts only while this object is still in the log
     fd: int
     size: int
-    entries: list[tuple[int, int, int]]
+    entries: list[tuple[int, int, int, int]]
 
 
 class PartitionLog:
@@ -340,10 +341,16 @@ class PartitionLog:
             if self._closed or not any(s is seg for s in self._segments[:-1]):
                 return None
             holes = {h.first for h in seg.holes}
+            offsets, n = seg.offsets, len(seg.offsets)
             entries = [
-                (seg.offsets[i], seg.positions[i], seg.batch_end(i))
-                for i in range(len(seg.offsets))
-                if seg.offsets[i] not in holes
+                (
+                    offsets[i],
+                    (offsets[i + 1] if i + 1 < n else seg.next_offset) - 1,
+                    seg.positions[i],
+                    seg.batch_end(i),
+                )
+                for i in range(n)
+                if offsets[i] not in holes
             ]
             return ScrubView(seg, os.dup(seg.fd), seg.size, entries)
 
