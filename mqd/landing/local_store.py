@@ -34,19 +34,32 @@ import json
 import os
 import secrets
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import structlog
 
-from mqd import fsutil
+from mqd import fsutil, metrics
 from mqd.landing import layout, watermark
 from mqd.landing.layout import FileRange, LandingCorrupt, LandingError, LandingFormatError
-from mqd.landing.store import STALE_AFTER_S, PartitionHead, PublishConflict, StagedFile
+from mqd.landing.store import (
+    STALE_AFTER_S,
+    CommitLockTimeout,
+    PartitionHead,
+    PublishConflict,
+    StagedFile,
+)
 from mqd.topic_name import check_topic_name
 
 _STATE_VERSION = 2  # 2: with the incarnation of the last published offset (landing format 2)
+# a commit holds its partition's lock for a link, a manifest line and a state write (milliseconds);
+# waiting longer means the holder is frozen (a stopped VM, SIGSTOP): give up, keep the batch, retry
+COMMIT_LOCK_TIMEOUT_S = 5.0
+
+log = structlog.get_logger("mqd.landing.local_store")
 
 
 @dataclass(slots=True)
@@ -104,6 +117,7 @@ class LocalStore:
         root: Path,
         *,
         head_lock_timeout: float | None = None,
+        commit_lock_timeout: float = COMMIT_LOCK_TIMEOUT_S,
         max_event_ahead_ms: int = watermark.DEFAULT_MAX_EVENT_AHEAD_MS,
     ) -> None:
         self.root = Path(root)
@@ -111,6 +125,9 @@ class LocalStore:
         # frozen inside a commit (a stopped VM, SIGSTOP) must not stall a new owner's start
         # position for as long as it is frozen: fsutil.LockTimeout (retriable) instead.
         self.head_lock_timeout = head_lock_timeout
+        # the same for ``commit`` and ``advance_watermark``: the publisher and the idle-watermark
+        # round retry later instead of waiting as long as the holder is frozen
+        self.commit_lock_timeout = commit_lock_timeout
         self.max_event_ahead_ms = max_event_ahead_ms  # the watermark's trust in event times (watermark.py)
 
     @property
@@ -197,6 +214,28 @@ class LocalStore:
         self, topic: str, partition: int, timeout: float | None = None
     ) -> contextlib.AbstractContextManager[None]:
         return fsutil.locked(self._lock_path(topic, partition), timeout=timeout)
+
+    @contextlib.contextmanager
+    def _write_locked(self, topic: str, partition: int, what: str) -> Iterator[None]:
+        """The partition's lock for a write, bounded by ``commit_lock_timeout``, so a frozen holder
+        stalls no caller beyond it: a held lock is counted and logged with the partition, then
+        raised as fsutil.LockTimeout (retriable), or for a commit as CommitLockTimeout (a
+        LandingError: the publisher keeps its batch and tries again)."""
+        try:
+            with self._locked(topic, partition, self.commit_lock_timeout):
+                yield
+        except fsutil.LockTimeout as exc:
+            metrics.landing_lock_timeouts.labels(what).inc()
+            log.warning(
+                "landing lock held by another process; retried later",
+                topic=topic,
+                partition=partition,
+                operation=what,
+                timeout_s=self.commit_lock_timeout,
+            )
+            if what == "commit":
+                raise CommitLockTimeout(f"{topic}/{partition}: {what}: {exc}") from None
+            raise
 
     # -- state ----------------------------------------------------------------------------------
 
@@ -297,7 +336,7 @@ class LocalStore:
 
     def advance_watermark(self, topic: str, partition: int, watermark_ms: int) -> None:
         try:
-            with self._locked(topic, partition):
+            with self._write_locked(topic, partition, "watermark"):
                 st = self._recover(topic, partition, self._read_state(topic, partition))
                 if st.watermark_ms is None or watermark_ms > st.watermark_ms:
                     st.watermark_ms = watermark_ms
@@ -383,7 +422,7 @@ class LocalStore:
         tmp = Path(staged.location)
         final = self.root / rng.path
         try:
-            with self._locked(topic, partition):
+            with self._write_locked(topic, partition, "commit"):
                 st = self._recover(topic, partition, self._read_state(topic, partition))
                 if not publishable(st, rng, expected_last, expected_incarnation):
                     raise PublishConflict(

@@ -35,6 +35,7 @@ All methods block (file or network I/O): the sink calls them on its worker threa
 
 from __future__ import annotations
 
+import errno
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -42,7 +43,7 @@ from typing import Protocol
 import pyarrow as pa
 
 from mqd.errors import MqdError
-from mqd.landing.layout import FileRange
+from mqd.landing.layout import FileRange, LandingError
 
 STALE_AFTER_S = 3600.0  # a staged file this old belongs to no live publisher (a publication takes seconds)
 
@@ -71,6 +72,15 @@ class PublishConflict(MqdError):
         self.expected = expected
         self.last_offset = last_offset
         self.incarnation = incarnation  # of the landed last_offset: resume there under it
+
+
+class CommitLockTimeout(LandingError):
+    """A store with locks found the partition's publication lock held past its bound (a frozen
+    holder?): nothing was published; the publisher keeps its batch and tries again later, and
+    the daemon does not treat it as an unwritable landing. Retriable."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, errno=errno.ETIMEDOUT)
 
 
 @dataclass(frozen=True, slots=True)
