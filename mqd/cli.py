@@ -669,7 +669,7 @@ def landing_migrate(config_path: Path, landing_dir: Path | None) -> None:
       mqd landing migrate -c /etc/mqd/mqd.toml
       mqd landing migrate --dir /data/landing
     """
-    from mqd.landing.layout import LandingCorrupt
+    from mqd.errors import MqdError
     from mqd.landing.local_migration import migrate
 
     root = landing_dir if landing_dir is not None else _load(config_path).landing.dir
@@ -677,7 +677,7 @@ def landing_migrate(config_path: Path, landing_dir: Path | None) -> None:
         _die(f"no landing directory at {root}", EXIT_FAIL)
     try:
         done = migrate(Path(root))
-    except (LandingCorrupt, OSError) as exc:
+    except (MqdError, OSError) as exc:  # LandingCorrupt, a format-2 daemon's lock still held, ...
         _die(f"migration of {root} failed: {exc}", EXIT_FAIL)
     if done.from_version == done.to_version:
         click.echo(f"{root}: already landing format {done.to_version}; nothing to do")

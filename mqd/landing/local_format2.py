@@ -127,7 +127,7 @@ class Format2Store:
 
     def _rebuild_state(self, topic: str, partition: int) -> PartitionState:
         """State from the manifest, or, when that is gone too, from the data files' metadata."""
-        ranges = self._manifest_ranges(topic, partition)
+        ranges = self.manifest_ranges(topic, partition)
         if not ranges:
             ranges = self._scan_files(topic, partition)
             if ranges:
@@ -206,7 +206,8 @@ class Format2Store:
                     line = b"\n" + line  # a torn line from a crash: never glue onto it
         layout.append_line(path, line)
 
-    def _manifest_ranges(self, topic: str, partition: int) -> list[FileRange]:
+    def manifest_ranges(self, topic: str, partition: int) -> list[FileRange]:
+        """The partition's published files, in manifest (publication) order."""
         out: list[FileRange] = []
         for path in sorted(self._manifest_dir(topic, partition).glob("*.jsonl")):
             out.extend(read_manifest_file(path))

@@ -134,10 +134,9 @@ def _migrate_partition(
     floor_key = f"{chain_prefix(topic, partition)}floor.json"
     built = 0
     if objects.get(floor_key) is None:
-        # the old lock: a format-2 publication half done by a crashed daemon is completed first
-        with old._locked(topic, partition, MIGRATION_LOCK_TIMEOUT_S):
-            st = old._recover(topic, partition, old._read_state(topic, partition))
-            ranges = old._manifest_ranges(topic, partition)
+        # under the old lock: a format-2 publication half done by a crashed daemon is completed
+        st = old.state(topic, partition, MIGRATION_LOCK_TIMEOUT_S)
+        ranges = old.manifest_ranges(topic, partition)
         n = len(ranges)
         if n:
             lines = b"".join(
