@@ -34,6 +34,7 @@ import hashlib
 import os
 import secrets
 import shutil
+import stat
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -211,9 +212,7 @@ class LocalObjects:
             return None
         except OSError as exc:
             raise self._error(exc, f"head {key}") from None
-        if not os.path.isfile(self._path(key)):
-            return None
-        return _info(key, st)
+        return _info(key, st) if stat.S_ISREG(st.st_mode) else None  # a folder is no object
 
     def copy(self, src: str, dst: str) -> bool:
         s, d = self._path(src), self._path(dst)

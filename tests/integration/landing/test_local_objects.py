@@ -30,10 +30,10 @@ def _create(root: str, key: str, i: int, start: Any, out: Any) -> None:
         out.put(-1)
 
 
-def _swap(root: str, key: str, etag: str, i: int, start: Any, out: Any) -> None:
+def _swap(root: str, key: str, etag: str, r: int, i: int, start: Any, out: Any) -> None:
     start.wait(30)
-    try:
-        LocalObjects(Path(root)).put(key, f"writer-{i}".encode(), if_match=etag)
+    try:  # a body unique to the round: etags compare content, as S3's do
+        LocalObjects(Path(root)).put(key, f"round-{r}-writer-{i}".encode(), if_match=etag)
         out.put(i)
     except PreconditionFailed:
         out.put(-1)
@@ -72,13 +72,13 @@ def test_if_match_put_has_one_winner_among_processes(tmp_path: Path) -> None:
     objects = LocalObjects(tmp_path)
     key = "race/swap.json"
     objects.put(key, b"start")
-    for _ in range(ROUNDS):
+    for r in range(ROUNDS):
         got = objects.get(key)
         assert got is not None
-        won = _race(_swap, (str(tmp_path), key, got[1]))
+        won = _race(_swap, (str(tmp_path), key, got[1], r))
         assert len(won) == 1
         after = objects.get(key)
-        assert after is not None and after[0] == f"writer-{won[0]}".encode()
+        assert after is not None and after[0] == f"round-{r}-writer-{won[0]}".encode()
 
 
 def test_primitives(tmp_path: Path) -> None:
