@@ -351,12 +351,35 @@ class RebalanceService:
             durable.update(found)
             out.update((tp, StartPosition(o)) for tp, o in found.items())
             source.update((str(tp), f"consume_from={cfg.consume_from}") for tp in found)
+            if cfg.consume_from != "first" and found:
+                await self._log_skipped(found)
         await self._make_durable(durable)
         log.info(
             "start positions",
             positions={str(tp): (out[tp].offset, out[tp].incarnation, source[str(tp)]) for tp in out},
         )
         return out, failed
+
+    async def _log_skipped(self, found: dict[TopicPartition, int]) -> None:
+        """A start away from the log start leaves existing records unlanded: say how many, per
+        partition, so a user who expected everything (Kafka Connect starts from earliest) sees it
+        in the first lines of the log, not in the table days later."""
+        try:
+            earliest = await self._lookup_offsets(sorted(found), "earliest", None)
+        except Exception as exc:  # only a log line depends on it; the assignment goes on
+            log.debug("log starts not looked up", error=str(exc))
+            return
+        skipped = {
+            str(tp): off - earliest[tp] for tp, off in sorted(found.items()) if off > earliest.get(tp, off)
+        }
+        if skipped:
+            log.warning(
+                "start skips existing records",
+                consume_from=self.config.consume_from,
+                records=sum(skipped.values()),
+                partitions=skipped,
+                hint='consume_from = "first" lands everything the log holds',
+            )
 
     async def _warn_committed_differs(self, hooked: dict[TopicPartition, StartPosition]) -> None:
         """The hook's position (the landing: the source of truth) wins over the offset store's. A

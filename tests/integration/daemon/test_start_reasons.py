@@ -81,3 +81,32 @@ async def test_status_text_names_why_nothing_is_assigned_and_unmatched_patterns(
         assert "no assignment yet" not in text
     finally:
         await daemon.stop()
+
+
+async def test_a_start_at_the_log_end_says_how_many_records_it_skips(
+    tmp_path: Path, cluster: Cluster
+) -> None:
+    """consume_from = "last" leaves what the log already holds unlanded: the start says so, with
+    the count per partition (issue 17: "a start-up line says where each partition starts and how
+    many existing records that skips"); consume_from = "first" skips nothing and says nothing."""
+    from support.daemon import produce_numbered
+
+    from mqd.client import BrokerClient
+
+    async with BrokerClient(request_timeout=10) as client:
+        await produce_numbered(client, cluster, 2, 300, per_batch=100)
+    for consume_from, skipped in (("last", 600), ("first", None)):
+        cfg = daemon_config(cluster, tmp_path / consume_from, consumer={"consume_from": consume_from})
+        daemon = Daemon(cfg)
+        with structlog.testing.capture_logs() as logs:
+            await asyncio.wait_for(daemon.start(), 60)
+            try:
+                await asyncio.wait_for(daemon.consumer.rebalance(), 30)
+            finally:
+                await daemon.stop()
+        lines = [e for e in logs if e["event"] == "start skips existing records"]
+        if skipped is None:
+            assert lines == []
+        else:
+            assert len(lines) == 1 and lines[0]["records"] == skipped
+            assert lines[0]["partitions"] == {"events/0": 300, "events/1": 300}
