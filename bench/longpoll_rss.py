@@ -64,7 +64,7 @@ async def _until(check: Callable[[], Awaitable[bool]], timeout: float, what: str
         await asyncio.sleep(0.1)
 
 
-async def _round(cluster: LocalCluster, pid: int, args: argparse.Namespace) -> dict[str, Any]:
+async def _round(cluster: LocalCluster, pid: int, args: argparse.Namespace, polls: int) -> dict[str, Any]:
     url = cluster.url(cluster.master())
     trims_before = cluster.log(cluster.master()).count(TRIM_LINE)
     connector = aiohttp.TCPConnector(limit=0, force_close=True)
@@ -74,13 +74,12 @@ async def _round(cluster: LocalCluster, pid: int, args: argparse.Namespace) -> d
         aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as probe,
     ):
         started = time.monotonic()
-        tasks = [asyncio.create_task(_held(session, url, args.wait_ms)) for _ in range(args.polls)]
+        tasks = [asyncio.create_task(_held(session, url, args.wait_ms)) for _ in range(polls)]
 
         async def all_held() -> bool:
-            polls: int = args.polls
             return int((await _stats(probe, url))["long_polls_held"]) >= polls
 
-        await _until(all_held, args.wait_ms / 1000, f"{args.polls} fetches held")
+        await _until(all_held, args.wait_ms / 1000, f"{polls} fetches held")
         all_held_s = time.monotonic() - started
         held_rss = 0.0
         for _ in range(5):
@@ -117,6 +116,10 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             node = cluster.nodes[cluster.master()]
             assert node.pid is not None
             await asyncio.sleep(args.settle)
+            if args.warmup:
+                # a first burst the size of the trim threshold: what the first requests create
+                # once (lazy imports, caches) is not memory the load keeps
+                await _round(cluster, node.pid, args, args.warmup)
             out: dict[str, Any] = {
                 "polls": args.polls,
                 "env": env,
@@ -124,7 +127,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                 "rounds": [],
             }
             for _ in range(args.rounds):
-                out["rounds"].append(await _round(cluster, node.pid, args))
+                out["rounds"].append(await _round(cluster, node.pid, args, args.polls))
             return out
 
 
@@ -133,6 +136,7 @@ def main() -> None:
     p.add_argument("--polls", type=int, default=2000)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--wait-ms", type=int, default=30000, help="held this long: all must be open at once")
+    p.add_argument("--warmup", type=int, default=0, help="polls of a first round before 'before'")
     p.add_argument("--settle", type=float, default=3.0, help="seconds before each RSS reading after a round")
     p.add_argument("--env", action="append", default=[], help="NAME=VALUE for the node's environment")
     p.add_argument("--tree", help="run the node from this mqd checkout (PYTHONPATH)")

@@ -1,0 +1,44 @@
+"""StorageNode: one broker Storage over a data dir of a single partition, reopenable like a restart.
+
+For tests of mqd/broker/storage.py on real segment files (fenced ranges, incarnations): ``open()``
+closes what is open and opens the data dir again, as a node's restart does.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from mqd.broker.storage import PartitionLog, Storage
+from mqd.config import StorageConfig
+
+TOPIC = "events"
+
+
+class StorageNode:
+    """Partition ``events-0`` of a Storage in ``root`` (small segments, no fsync)."""
+
+    def __init__(self, root: Path, **cfg: Any) -> None:
+        self.root = root
+        self.config = StorageConfig(segment_bytes=4096, fsync="never", **cfg)
+        self.storage: Storage | None = None
+
+    @property
+    def folder(self) -> Path:
+        return self.root / "logs" / f"{TOPIC}-0"
+
+    def segments(self) -> list[Path]:
+        return sorted(self.folder.glob("*.log"))
+
+    def open(self) -> PartitionLog:
+        self.close()
+        self.storage = Storage(self.root, self.config)
+        self.storage.open([(TOPIC, 0)])
+        plog = self.storage.get(TOPIC, 0)
+        assert plog is not None
+        return plog
+
+    def close(self) -> None:
+        if self.storage is not None:
+            self.storage.close()
+            self.storage = None
