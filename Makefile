@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 PY     := $(BIN)/python
 
-.PHONY: install check-java test test-fast lint fmt demo bench chaos clean install-systemd
+.PHONY: install check-java test test-fast lint fmt demo bench chaos clean install-systemd screenshots docs
 
 install: check-java $(VENV)/.installed
 
@@ -35,6 +35,20 @@ fmt: install
 	$(BIN)/ruff check --fix $(LINT_PATHS)
 	$(BIN)/ruff format $(LINT_PATHS)
 
+# API reference from the docstrings into $(DOCS_DIR) (open its index.html); reStructuredText, so
+# roles such as :class: become links. Every module and subpackage of mqd is listed: the package's
+# own __all__ names only __version__, and pdoc follows it.
+# Private modules are left out (mqd/sources/kafka/_rbv2*.so is a ctypes library, not a module).
+DOC_MODULES := mqd $(addprefix mqd.,$(filter-out __init__,$(basename $(notdir $(wildcard mqd/*.py)))) \
+	$(notdir $(patsubst %/__init__.py,%,$(wildcard mqd/*/__init__.py))))
+
+DOCS_DIR ?= build/docs
+
+docs: install
+	rm -rf $(DOCS_DIR)
+	$(BIN)/pdoc --docformat restructuredtext -o $(DOCS_DIR) $(DOC_MODULES) '!.*\._[^.]*$$'
+	@echo "API reference: $(DOCS_DIR)/index.html"
+
 demo: install
 	$(PY) -m mqd_dev.demo
 
@@ -48,6 +62,11 @@ bench: install $(VENV)/.bench-installed
 # KINDS=...: only these fault kinds (names, categories, classic, safety; see --help)
 chaos: install
 	$(PY) -m mqd_dev.chaos --rounds 20 $(if $(KINDS),--kinds $(KINDS))
+
+# the README's pictures of the views (docs/img/): a real daemon under load, its status page in headless
+# chromium (apt-get install chromium) and one `mqd top` screen; not part of the tests
+screenshots: install
+	$(PY) -m mqd_dev.screenshots --out docs/img
 
 install-systemd:
 	sh systemd/install.sh

@@ -4,7 +4,7 @@
 - ``GET /readyz``   readiness: 200 when running and healthy, 503 with the reasons otherwise.
 - ``GET /metrics``  Prometheus text format (``mqd.metrics.REGISTRY``).
 - ``GET /status``   JSON: state, health, assignment, positions, lag, pull node, flow-control, errors.
-- ``GET /``         a small HTML page of the same, refreshed every 2 s.
+- ``GET /``         the HTML status page (:mod:`mqd.status_page`), reloaded every 2 s.
 - ``POST /pause``, ``POST /resume``  body ``{"partitions": ["topic", "topic:3"]}`` (or
   ``?partition=topic:3``, repeatable): a bare topic means every owned partition of it.
 
@@ -33,21 +33,22 @@ import base64
 import binascii
 import hashlib
 import hmac
-import html
 import ipaddress
 import json
+import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import psutil
 import structlog
 from aiohttp import web
 from aiohttp.typedefs import Handler
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from mqd import metrics
+from mqd import __version__, metrics
 from mqd.broker.rejected_requests import ParserErrorLog, RejectedRequests
 from mqd.config import AdminConfig
 from mqd.errors import MqdError
@@ -193,6 +194,28 @@ class AdminTarget(Protocol):
     def resume(self, specs: Sequence[PartitionSpec]) -> list[tuple[str, int]]: ...
 
 
+class ProcessFigures:
+    """The ``process`` section of the status JSON: version, RSS and CPU seconds of this process
+    (``mqd top`` turns CPU seconds into a share between its samples)."""
+
+    def __init__(self) -> None:
+        self._proc = psutil.Process()
+
+    def status(self) -> dict[str, Any]:
+        try:
+            with self._proc.oneshot():
+                cpu = self._proc.cpu_times()
+                rss = self._proc.memory_info().rss
+        except psutil.Error:  # not expected for our own process; the view shows "-"
+            return {"version": __version__, "pid": os.getpid(), "rss_bytes": None, "cpu_seconds": None}
+        return {
+            "version": __version__,
+            "pid": os.getpid(),
+            "rss_bytes": rss,
+            "cpu_seconds": round(cpu.user + cpu.system, 3),
+        }
+
+
 class AdminServer:
     """Build in __init__, bind in start(), stop() is idempotent."""
 
@@ -227,6 +250,10 @@ class AdminServer:
         )
         self._runner: web.AppRunner | None = None
         self._url: str | None = None
+        self._process = ProcessFigures()
+        from mqd.status_page import Throughput  # it imports this module's views
+
+        self._throughput = Throughput()
 
     @property
     def url(self) -> str:
@@ -336,10 +363,17 @@ class AdminServer:
     async def _status(self, request: web.Request) -> web.Response:
         status = self._target.status()
         status.setdefault("admin", {})["rejected"] = self.rejected.as_json()
+        status.setdefault("process", self._process.status())
         return web.json_response(status, dumps=_dumps)
 
     async def _index(self, request: web.Request) -> web.Response:
-        return web.Response(text=render_html(self._target.status()), content_type="text/html")
+        from mqd import status_page
+
+        status = self._target.status()
+        status.setdefault("process", self._process.status())
+        stats = _section(status, "stats")
+        rate = self._throughput.observe(_int_or_none(stats.get("records_published")), time.monotonic())
+        return web.Response(text=status_page.render_page(status, rate), content_type="text/html")
 
     async def _pause(self, request: web.Request) -> web.Response:
         return await self._pause_resume(request, pause=True)
@@ -437,6 +471,7 @@ class PartitionRow:
     landed: int | None = None
     time_lag_s: float | None = None  # now minus the newest landed record's event time
     stuck: bool = False
+    error_age_s: float | None = None  # since ``error`` was last set
 
     @property
     def state(self) -> str:
@@ -506,92 +541,37 @@ def partition_rows(status: Mapping[str, Any]) -> list[PartitionRow]:
                 landed=_int_or_none(e.get("landed")),
                 time_lag_s=_float_or_none(e.get("time_lag_s")),
                 stuck=e.get("stuck") is True,
+                error_age_s=_float_or_none(e.get("last_error_age_s")),
             )
         )
     rows.sort(key=lambda r: (r.topic, r.partition))
     return rows
 
 
-def _fmt(n: float | None, unit: str = "") -> str:
+def duration(seconds: float | None) -> str:
+    """``4.2s``, ``12s``, ``3m04s``, ``2h05m``, ``3d04h``; ``-`` when unknown (every view's format)."""
+    if seconds is None:
+        return "-"
+    if seconds < 10:
+        return f"{seconds:.1f}s"
+    s = round(seconds)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def binary_size(n: float | None) -> str:
+    """Bytes in binary units (``84.2MiB``); ``-`` when unknown."""
     if n is None:
         return "-"
-    for div, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if abs(n) >= div:
-            return f"{n / div:.1f}{suffix}{unit}"
-    return f"{n:.0f}{unit}" if isinstance(n, float) else f"{n}{unit}"
-
-
-class TopView:
-    """``mqd top``: keeps the previous sample to compute rates and the backlog's progress."""
-
-    def __init__(self) -> None:
-        self._prev: dict[tuple[str, int], int] = {}
-        self._prev_time: float | None = None
-        self._consumed = 0  # records consumed since the view started, the progress bar's numerator
-
-    def render(self, status: Mapping[str, Any], now: float | None = None, width: int = 100) -> str:
-        now = time.monotonic() if now is None else now
-        rows = partition_rows(status)
-        dt = (now - self._prev_time) if self._prev_time is not None else 0.0
-        rates: dict[tuple[str, int], float | None] = {}
-        for r in rows:
-            before = self._prev.get((r.topic, r.partition))
-            if dt > 0 and before is not None and r.position is not None:
-                delta = max(0, r.position - before)
-                rates[(r.topic, r.partition)] = delta / dt
-                self._consumed += delta
-            else:
-                rates[(r.topic, r.partition)] = None
-        self._prev = {(r.topic, r.partition): r.position for r in rows if r.position is not None}
-        self._prev_time = now
-
-        health = _section(status, "health")
-        state = status.get("state", "?")
-        head = f"mqd  state={state}  health={health.get('status', '?')}"
-        reasons = health.get("reasons") or []
-        if reasons:
-            head += "  (" + "; ".join(map(str, reasons)) + ")"
-        lines = [head[:width]]
-        fmt = "{:<20} {:>4} {:>12} {:>10} {:>10} {:<14} {:<16} {}"
-        lines.append(fmt.format("TOPIC", "PART", "POSITION", "LAG", "RATE/s", "NODE", "FLOW", "ERROR"))
-        total_lag = 0
-        total_rate = 0.0
-        known_rate = False
-        for r in rows:
-            rate = rates[(r.topic, r.partition)]
-            if rate is not None:
-                total_rate += rate
-                known_rate = True
-            total_lag += r.lag or 0
-            flow = r.state or "-"
-            lines.append(
-                fmt.format(
-                    r.topic[:20],
-                    r.partition,
-                    _fmt(r.position),
-                    _fmt(r.lag),
-                    _fmt(rate),
-                    r.node[:14] or "-",
-                    flow[:16],
-                    r.error[: max(0, width - 95)],
-                ).rstrip()
-            )
-        rate_all = total_rate if known_rate else None
-        lines.append(
-            f"total  partitions={len(rows)}  lag={_fmt(total_lag)}  rate={_fmt(rate_all, '/s')}"
-            + _published(status)
-        )
-        done, todo = self._consumed, total_lag
-        if todo or done:
-            frac = done / (done + todo) if done + todo else 1.0
-            bar_w = max(10, min(50, width - 40))
-            filled = round(frac * bar_w)
-            eta = f"  eta {todo / total_rate:.0f}s" if todo and known_rate and total_rate > 0 else ""
-            lines.append(
-                f"backlog [{'#' * filled}{'.' * (bar_w - filled)}] {frac * 100:5.1f}%  "
-                f"{_fmt(done)} done, {_fmt(todo)} to go{eta}"
-            )
-        return "\n".join(lines)
+    for unit, div in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= div:
+            return f"{n / div:.1f}{unit}"
+    return f"{n:.0f}B"
 
 
 def _published(status: Mapping[str, Any]) -> str:
@@ -602,7 +582,7 @@ def _published(status: Mapping[str, Any]) -> str:
     files = _first(stats, "files_published", "files")
     out = ""
     if isinstance(recs, int):
-        out += f"  published={_fmt(recs)} records"
+        out += f", {recs} records landed"  # exact, as the offsets are
     if isinstance(files, int):
         out += f" in {files} files"
     return out
@@ -616,10 +596,17 @@ def render_summary(status: Mapping[str, Any]) -> str:
     rows = partition_rows(status)
     lines = [
         f"mqd is {status.get('state', 'running')}: {health.get('status', 'unknown')}"
-        + (f" (pid {runner.get('pid')}, up {_fmt(runner.get('uptime_s'), 's')})" if runner else ""),
+        + (
+            f" (pid {runner.get('pid')}, up {duration(_float_or_none(runner.get('uptime_s')))})"
+            if runner
+            else ""
+        ),
     ]
     for reason in health.get("reasons") or []:
         lines.append(f"  ! {reason}")
+    unmatched = _section(status, "subscription").get("unmatched_patterns") or []
+    if unmatched:
+        lines.append(f"  ! topic patterns match no topic yet: {', '.join(map(str, unmatched))}")
     if consumer:
         member = _first(consumer, "member_id", "client_id", default="?")
         gen = consumer.get("generation", "?")
@@ -642,7 +629,10 @@ def render_summary(status: Mapping[str, Any]) -> str:
     if rows:
         lines.append(_offsets_table(rows))
     for r in errors[:10]:
-        lines.append(f"  {r.topic}:{r.partition}: {r.error}")
+        age = "" if r.error_age_s is None else f" ({duration(r.error_age_s)} ago)"
+        lines.append(f"  {r.topic}:{r.partition}: {r.error}{age}")
+    if len(errors) > 10:
+        lines.append(f"  ... and {len(errors) - 10} more partitions with errors (mqd status --json)")
     reload = _section(runner, "reload")
     if reload.get("count"):
         lines.append(f"  last reload: {'ok' if reload.get('ok') else 'refused: ' + str(reload.get('error'))}")
@@ -659,7 +649,7 @@ def _offsets_table(rows: list[PartitionRow]) -> str:
     table = [header]
     for r in rows:
         state = "stuck" if r.stuck else (r.state or "-")
-        time_lag = None if r.time_lag_s is None else f"{r.time_lag_s:.1f}s"
+        time_lag = None if r.time_lag_s is None else duration(r.time_lag_s)
         table.append(
             (
                 r.topic,
@@ -681,41 +671,3 @@ def _offsets_table(rows: list[PartitionRow]) -> str:
         ]
         out.append("  " + "  ".join(cells).rstrip())
     return "\n".join(out)
-
-
-def render_html(status: Mapping[str, Any]) -> str:
-    rows = partition_rows(status)
-    health = _section(status, "health")
-    esc = html.escape
-    body = [
-        f"<h1>mqd: {esc(str(status.get('state', '?')))} / {esc(str(health.get('status', '?')))}</h1>",
-        "<ul>" + "".join(f"<li>{esc(str(r))}</li>" for r in health.get("reasons") or []) + "</ul>",
-        "<table><tr><th>topic</th><th>partition</th><th>position</th><th>committed</th><th>landed</th>"
-        "<th>log end</th><th>lag</th><th>time lag (s)</th><th>pull node</th><th>flow</th><th>error</th></tr>",
-    ]
-    for r in rows:
-        state = "stuck" if r.stuck else r.state
-        cells = [
-            r.topic,
-            r.partition,
-            r.position,
-            r.committed,
-            r.landed,
-            r.log_end,
-            r.lag,
-            r.time_lag_s,
-            r.node,
-            state,
-            r.error,
-        ]
-        body.append("<tr>" + "".join(f"<td>{esc('' if c is None else str(c))}</td>" for c in cells) + "</tr>")
-    body.append("</table>")
-    body.append(
-        '<p><a href="/status">/status</a> · <a href="/metrics">/metrics</a> · '
-        '<a href="/healthz">/healthz</a> · <a href="/readyz">/readyz</a></p>'
-    )
-    return (
-        '<!doctype html><html><head><meta charset="utf-8"><meta http-equiv="refresh" content="2">'
-        "<title>mqd</title><style>body{font-family:sans-serif}td,th{padding:2px 8px;text-align:right}"
-        "</style></head><body>" + "".join(body) + "</body></html>"
-    )

@@ -6,6 +6,7 @@ Exit codes: 0 ok / healthy, 1 failure / degraded, 2 bad config or usage, 3 not r
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -15,7 +16,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, cast
 
 import click
 
@@ -72,6 +73,12 @@ def main() -> None:
     Exit codes: 0 ok/healthy, 1 failed/degraded, 2 bad config or usage, 3 not running.
     Every command takes --help, with examples.
     """
+    # As a library mqd logs nothing unless the application sets logging up (mqd/log.py); this command
+    # is that application: warnings reach stderr (run, broker and spark configure their own level)
+    if not logging.getLogger().handlers:
+        from mqd import log as mqdlog
+
+        mqdlog.configure("warning")
 
 
 # -- helpers ------------------------------------------------------------------------------------
@@ -388,13 +395,25 @@ def _fetch_status(rt: _Runtime, pid: int) -> dict[str, Any]:
     return data
 
 
+_SORT_OPTION = click.option(
+    "--sort",
+    type=click.Choice(["partition", "lag", "rate", "time-lag"]),
+    default="partition",
+    show_default=True,
+    help="Row order of the live view (lag, rate, time-lag: largest first).",
+)
+
+
 @main.command()
 @_config_option
 @click.option("--json", "as_json", is_flag=True, help="Print the full status JSON.")
 @click.option("--watch", "-w", is_flag=True, help="Live view, refreshed every --interval (= `mqd top`).")
 @click.option("--interval", default=1.0, show_default=True, type=click.FloatRange(min=0.1))
+@_SORT_OPTION
 @click.option("--iterations", type=int, default=None, hidden=True)
-def status(config_path: Path, as_json: bool, watch: bool, interval: float, iterations: int | None) -> None:
+def status(
+    config_path: Path, as_json: bool, watch: bool, interval: float, sort: str, iterations: int | None
+) -> None:
     """Show whether the daemon runs and how it is doing.
 
     Exit code: 0 healthy, 1 degraded (or its admin endpoint does not answer), 3 not running,
@@ -410,7 +429,7 @@ def status(config_path: Path, as_json: bool, watch: bool, interval: float, itera
     """
     rt = _runtime(config_path)
     if watch:
-        _watch(rt, interval, iterations)
+        _watch(rt, interval, iterations, sort)
         return
     pid = _running(rt)
     if pid is None:
@@ -450,44 +469,40 @@ def status(config_path: Path, as_json: bool, watch: bool, interval: float, itera
 @main.command()
 @_config_option
 @click.option("--interval", default=1.0, show_default=True, type=click.FloatRange(min=0.1))
+@_SORT_OPTION
 @click.option("--iterations", type=int, default=None, hidden=True)
-def top(config_path: Path, interval: float, iterations: int | None) -> None:
-    """Live view: per partition position, lag, rate, pull node, flow control; totals and backlog.
+def top(config_path: Path, interval: float, sort: str, iterations: int | None) -> None:
+    """Live view: per partition its state, pull node, exact offsets (position, committed, landed, log
+    end), lag, time lag, rate and error; a header with group, uptime, records/s, CPU, RSS and budget.
+    Keeps running across daemon restarts. Keys on a terminal: s next sort order, q (or Ctrl-C) quits.
 
     \b
-    Example:
+    Examples:
       mqd top --config config/mqd.toml
+      mqd top -c config/mqd.toml --sort lag
     """
-    _watch(_runtime(config_path), interval, iterations)
+    _watch(_runtime(config_path), interval, iterations, sort)
 
 
-def _watch(rt: _Runtime, interval: float, iterations: int | None) -> None:
-    from mqd.admin import TopView
+def _watch(rt: _Runtime, interval: float, iterations: int | None, sort: str = "partition") -> None:
+    from mqd import top as top_view
+    from mqd.runner import read_json
 
-    view = TopView()
-    tty = sys.stdout.isatty()
-    n = 0
-    try:
-        while iterations is None or n < iterations:
-            n += 1
-            pid = _running(rt)
-            if pid is None:
-                _not_running(rt)
-            try:
-                text = view.render(_fetch_status(rt, pid), width=_width())
-            except click.ClickException as exc:
-                text = f"mqd (pid {pid}): admin endpoint does not answer: {exc.message}"
-            click.echo(("\x1b[H\x1b[2J" if tty else "") + text + ("" if tty else "\n"))
-            if iterations is None or n < iterations:
-                time.sleep(interval)
-    except KeyboardInterrupt:
-        pass
+    def read() -> top_view.Reading:
+        pid = _running(rt)
+        if pid is None:
+            last = read_json(rt.state_dir / "last_exit.json")
+            why = "daemon not running"
+            if last:
+                why += f" (last exit: code {last.get('exit_code')}, {last.get('reason')})"
+            return top_view.Reading(None, None, why)
+        try:
+            return top_view.Reading(_fetch_status(rt, pid), pid)
+        except click.ClickException as exc:
+            return top_view.Reading(None, pid, f"daemon (pid {pid}) does not answer: {exc.message}")
 
-
-def _width() -> int:
-    import shutil
-
-    return shutil.get_terminal_size((120, 40)).columns
+    # click.Choice let only the SORT_KEYS through
+    top_view.run(read, interval=interval, iterations=iterations, sort=cast(top_view.SortKey, sort))
 
 
 @main.command()
@@ -601,7 +616,11 @@ def config() -> None:
 
 @config.command("check")
 @click.argument("files", nargs=-1, required=True, type=click.Path(path_type=Path))
-@click.option("--show", is_flag=True, help="Print the effective config (defaults and MQD_* applied) as JSON.")
+@click.option(
+    "--show",
+    is_flag=True,
+    help="Print the effective config (defaults and MQD_* applied) as JSON, durations and sizes with units.",
+)
 def config_check(files: tuple[Path, ...], show: bool) -> None:
     """Validate config files: a daemon file, a broker node file or a cluster layout (told by its keys).
 
@@ -613,7 +632,7 @@ def config_check(files: tuple[Path, ...], show: bool) -> None:
       mqd config check config/*.toml
       MQD_CONSUMER__GROUP=etl mqd config check --show /etc/mqd/mqd.toml
     """
-    from mqd.config import check_file
+    from mqd.config import check_file, shown
 
     failed = False
     for path in files:
@@ -625,7 +644,8 @@ def config_check(files: tuple[Path, ...], show: bool) -> None:
             continue
         click.echo(f"{path}: ok ({kind} config)")
         if show:
-            click.echo(json.dumps(_masked(model.model_dump(mode="json")), indent=2))  # type: ignore[attr-defined]
+            # durations and sizes in the units syntax, so what is shown can be pasted back
+            click.echo(json.dumps(_masked(shown(model)), indent=2))  # type: ignore[arg-type]
     sys.exit(EXIT_CONFIG if failed else EXIT_OK)
 
 
@@ -824,6 +844,14 @@ def broker_init(config_path: Path) -> None:
 @click.option("--batch", default=1000, show_default=True, type=int, help="Records per batch.")
 @click.option("--acks", default="all", type=click.Choice(["master", "all"]), show_default=True)
 @click.option("--token", envvar="MQD_TOKEN", default=None, help="Bearer token, if the cluster needs one.")
+@click.option(
+    "--retries",
+    default=3,
+    show_default=True,
+    type=int,
+    help="Attempts after the first for a batch whose partition fails (with backoff); a partition "
+    "that still fails is given up and its remaining records are counted as failed.",
+)
 def produce(
     bootstrap: str,
     topic: str,
@@ -834,14 +862,21 @@ def produce(
     batch: int,
     acks: str,
     token: str | None,
+    retries: int,
 ) -> None:
     """Produce test records to a topic.
+
+    On a terminal a progress line (sent, acked, failed, records/s) is refreshed every second; a
+    summary is printed at the end. A partition whose master is down does not stop the others.
 
     \b
     Example:
       mqd produce --topic events --count 100000 --size 100 --rate 50000
+
+    Exit codes: 0 every record acknowledged, 1 a broker failure or records not acknowledged (one line
+    per failed partition on stderr), 2 bad arguments.
     """
-    from mqd.producer import produce_cli
+    from mqd.produce_command import produce_cli
 
     sys.exit(
         produce_cli(
@@ -854,6 +889,7 @@ def produce(
             batch=batch,
             acks=acks,
             token=token,
+            retries=retries,
         )
     )
 
@@ -870,16 +906,183 @@ def spark(config_path: Path, once: bool, master: str | None) -> None:
       mqd spark --config config/mqd.toml --once
       mqd spark -c config/mqd.toml --master spark://spark-master:7077
 
-    Exit codes: 0 done or stopped, 1 a query failed, 2 invalid configuration, 75 no Spark session
+    Exit codes: 0 done or stopped, 1 a query failed, 2 invalid configuration or pyspark not installed
+    (pip install 'mqd[spark]'), 75 no Spark session
     (master unreachable or Spark failed to start; try again later).
     """
     cfg = _load(config_path)
+    from mqd.spark import pyspark_problem
+
+    missing = pyspark_problem()  # pyspark is the optional extra mqd[spark]
+    if missing is not None:
+        _die(missing, EXIT_CONFIG)
     from mqd import log as mqdlog
     from mqd.spark.job import run as run_job
 
     mqdlog.configure(cfg.log.level, cfg.log.format)
     rc = run_job(cfg, once=once, master=master)
     sys.exit(rc if isinstance(rc, int) else EXIT_OK)
+
+
+# -- offsets (deliberate replays and skips; mqd/offsets_reset.py) ---------------------------------
+
+
+@main.group()
+def offsets() -> None:
+    """Where the daemon resumes: show it, move it (the landing, not the broker commit, decides)."""
+
+
+def _offsets_run(config_path: Path, work: Any) -> None:
+    """Run ``work(tool)`` against the config's queue and landing; errors exit 1 (2: config)."""
+    import asyncio
+
+    from mqd.consumer.errors import ConsumerError
+    from mqd.offsets_reset import OffsetsTool, ResetError
+
+    cfg = _load(config_path)
+
+    async def go() -> None:
+        tool = OffsetsTool(cfg)
+        try:
+            await tool.start()
+            await work(tool)
+        finally:
+            await tool.stop()
+
+    try:
+        asyncio.run(go())
+    except (ResetError, ConsumerError) as exc:
+        _die(f"error: {exc}", EXIT_FAIL)
+
+
+@offsets.command("show")
+@_config_option
+@click.argument("partitions", nargs=-1, metavar="TOPIC[:PARTITION]...")
+def offsets_show(config_path: Path, partitions: tuple[str, ...]) -> None:
+    """Show each partition's landed position (where the daemon resumes), the broker-committed
+    offset, the log bounds and any reset not applied yet. Default: the config's topics.
+
+    \b
+    Example:
+      mqd offsets show --config config/mqd.toml events
+    """
+    from mqd.offsets_reset import parse_partitions, table
+    from mqd.topic_pattern import TopicSubscription
+
+    async def work(tool: Any) -> None:
+        known = tool.partitions_of()
+        # the config's topics, its re: patterns resolved; names not in the metadata are reported
+        names = partitions or TopicSubscription(_load(config_path).consumer.topics).resolve(known)
+        tps = parse_partitions(names, known)
+        click.echo(table(await tool.rows(tps), with_new=False))
+
+    _offsets_run(config_path, work)
+
+
+@offsets.command("reset")
+@_config_option
+@click.argument("partitions", nargs=-1, required=True, metavar="TOPIC[:PARTITION]...")
+@click.option(
+    "--to", "to", required=True, help="earliest | latest | an offset | an ISO datetime (UTC if no zone)."
+)
+@click.option("--dry-run", is_flag=True, help="Print the table of what would change; change nothing.")
+def offsets_reset_cmd(config_path: Path, partitions: tuple[str, ...], to: str, dry_run: bool) -> None:
+    """Move where the daemon resumes, per topic or TOPIC:PARTITION, with the daemon stopped.
+
+    The landing is the source of truth, so the reset is recorded in the landing (a broker-side
+    `kafka-consumer-groups --reset-offsets` is only warned about at start). A forward reset skips
+    offsets (logged and counted when the daemon applies it); a reset below what is landed is a
+    deliberate replay: the range lands once more, its rows marked by a replay id in the table's
+    incarnation column. Stop every daemon of the group first. Exit codes: 0 done, 1 refused or
+    failed, 2 invalid configuration.
+
+    \b
+    Examples:
+      mqd offsets reset -c config/mqd.toml events --to latest --dry-run
+      mqd offsets reset -c config/mqd.toml events:3 --to 150000
+      mqd offsets reset -c config/mqd.toml events --to 2026-11-24T08:00:00Z
+    """
+    import uuid
+
+    from mqd.offsets_reset import (
+        ResetError,
+        ResetRecord,
+        landing_root,
+        now_iso,
+        parse_partitions,
+        parse_target,
+        plan_row,
+        table,
+        write_reset,
+    )
+
+    try:
+        target = parse_target(to)
+    except ResetError as exc:
+        _die(f"error: {exc}", EXIT_CONFIG)
+    rt = _runtime(config_path)
+    if not dry_run and (pid := _running(rt)) is not None:
+        _die(
+            f"error: the daemon is running (pid {pid}); stop it first (`mqd stop`), and every other "
+            "daemon of its group: a running daemon would land past the reset",
+            EXIT_FAIL,
+        )
+    refused = False
+
+    async def work(tool: Any) -> None:
+        nonlocal refused
+        cfg = _load(config_path)
+        root = landing_root(cfg.landing.dir)
+        tps = parse_partitions(partitions, tool.partitions_of())
+        rows = await tool.rows(tps)
+        targets = await tool.targets(tps, target)
+        heads = await tool.heads(tps)
+        plan = []
+        for row in rows:
+            assert row.log_start is not None and row.log_end is not None
+            plan.append(
+                plan_row(
+                    row.tp,
+                    landed_next=row.landed_next,
+                    committed=row.committed,
+                    log_start=row.log_start,
+                    log_end=row.log_end,
+                    pending=row.pending,
+                    target=targets[row.tp],
+                    landed_incarnation=heads[row.tp][1],
+                    replaying=heads[row.tp][2],
+                )
+            )
+        click.echo(table(plan, with_new=True))
+        refused = any(p.action == "refused" for p in plan)
+        if dry_run:
+            click.echo("dry run: nothing changed")
+            return
+        if refused:
+            click.echo("nothing changed: a partition is refused (see NOTE)", err=True)
+            return
+        moved = 0
+        for p in plan:
+            if p.action not in ("move", "replay"):
+                continue
+            assert p.new is not None
+            replay = p.action == "replay" and p.landed_next is not None
+            rec = ResetRecord(
+                p.tp,
+                p.new,
+                p.landed_next,
+                heads[p.tp][1],
+                now_iso(),
+                # the replayed range lands under its own id: the landed files keep theirs
+                replay_id=uuid.uuid4().hex if replay else None,
+                replay_end=p.landed_next - 1 if replay and p.landed_next is not None else None,
+            )
+            write_reset(root, rec)
+            moved += 1
+        click.echo(f"recorded {moved} reset(s); the daemon applies them at its next start")
+
+    _offsets_run(config_path, work)
+    sys.exit(EXIT_FAIL if refused else EXIT_OK)
 
 
 if __name__ == "__main__":

@@ -463,6 +463,8 @@ class FetchManager:
             self._append_found(node_id, op, offset, res)
         elif status is FetchStatus.CAUGHT_UP:
             op.errors = 0  # caught up: the node long-polled already
+            if op.parked is None:
+                op.last_error = None  # answered: an earlier fetch error is stale (as on FOUND)
         elif res.next_offset == offset:
             # a replica keeping the requested offset: its log lags, which is not a reason to move
             op.errors = 0

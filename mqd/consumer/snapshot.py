@@ -49,6 +49,7 @@ class PartitionSnapshot:
     log_end_age_s: float | None = None  # since the last log-end poll answer
     stalled_polls: int = 0  # polls in a row without landed progress while behind
     stuck: bool = False  # stalled for consumer.stuck_intervals polls while the log end grew
+    last_error_age_s: float | None = None  # since last_error was last set
 
     @property
     def lag(self) -> int | None:
@@ -172,6 +173,7 @@ def consumer_status_json(snap: ConsumerSnapshot) -> dict[str, Any]:
                 "buffered_bytes": p.buffered_bytes,
                 "parked": p.parked,
                 "last_error": p.last_error,
+                "last_error_age_s": p.last_error_age_s,
                 "incarnation": p.incarnation,
                 "incarnation_changes": p.incarnation_changes,
                 "reused_offsets": p.reused_offsets,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import time
 from collections.abc import Callable, Iterable
 
 from mqd.consumer.budget import ByteBudget
@@ -26,13 +27,14 @@ class OwnedPartition:
     """Everything the consumer knows about one partition it owns (its fetch state)."""
 
     __slots__ = (
+        "_last_error",
         "corrupt_answers",
         "epoch",
         "errors",
         "in_flight",
         "incarnation",
         "incarnation_changes",
-        "last_error",
+        "last_error_at",
         "log_end",
         "log_start",
         "lost_offsets",
@@ -75,11 +77,22 @@ class OwnedPartition:
         self.corrupt_answers = 0  # consecutive answers with undecodable data
         self.log_start: int | None = None  # from the last answer
         self.log_end: int | None = None
-        self.last_error: str | None = None
+        self._last_error: str | None = None
+        self.last_error_at: float | None = None  # monotonic time it was last set (the views' age)
         self.parked: str | None = None  # why it is not fetched any more (policy fail, corrupt data)
         # parked on undecodable data: still fetched once per error_backoff_max, since the damage
         # may be on the path (a proxy, a NIC) and not on the broker's disk; a clean answer unparks it
         self.probe_parked = False
+
+    @property
+    def last_error(self) -> str | None:
+        return self._last_error
+
+    @last_error.setter
+    def last_error(self, message: str | None) -> None:
+        # stamped on every set, also with the same text: the age says how recent the error is
+        self._last_error = message
+        self.last_error_at = None if message is None else time.monotonic()
 
 
 # epochs are unique in the process, so a batch from one Consumer instance can never pass the

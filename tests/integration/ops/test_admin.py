@@ -20,13 +20,12 @@ from mqd.admin import (
     AdminError,
     AdminServer,
     PartitionSpec,
-    TopView,
     parse_partition_spec,
     partition_rows,
-    render_html,
     render_summary,
 )
 from mqd.config import AdminConfig
+from mqd.status_page import render_page
 
 TOKEN = "tok"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -388,27 +387,6 @@ def test_partition_rows_read_the_consumer_assignment() -> None:
     assert partition_rows({"consumer": {"assignment": "junk"}}) == []
 
 
-def test_top_view_rates_totals_and_backlog_progress() -> None:
-    """The live view computes rates between samples and shows a progress bar for the backlog."""
-    view = TopView()
-    first = view.render(STATUS, now=100.0)
-    assert "events" in first and "total  partitions=2  lag=50" in first
-    later = {
-        **STATUS,
-        "consumer": {
-            **STATUS["consumer"],
-            "assignment": {
-                "events/0": {**STATUS["consumer"]["assignment"]["events/0"], "position": 130, "lag": 20},
-                "events/1": STATUS["consumer"]["assignment"]["events/1"],
-            },
-        },
-    }
-    second = view.render(later, now=102.0)
-    assert "rate=15/s" in second  # 30 records in 2 s
-    assert "backlog [" in second and "60.0%" in second  # 30 done, 20 to go
-    assert "eta 1s" in second
-
-
 def test_summary_mentions_health_reasons_and_errors() -> None:
     """The `mqd status` text carries health, reasons, totals and partition errors."""
     text = render_summary({**STATUS, "health": {"status": "degraded", "reasons": ["broker-a-0 down"]}})
@@ -416,4 +394,4 @@ def test_summary_mentions_health_reasons_and_errors() -> None:
     assert "! broker-a-0 down" in text
     assert "2 partitions assigned, 1 paused, total lag 50" in text
     assert "events:1: <b>boom</b>" in text
-    assert render_html({})  # an empty status still renders
+    assert render_page({})  # an empty status still renders

@@ -1,0 +1,187 @@
+"""`mqd top` drawn from a status JSON made the daemon's way (typed snapshots through
+consumer_status_json, the runner's and the admin endpoint's sections around it), read as text at 80
+and 160 columns: exact offsets, the columns that fit, the header never wrapped mid-segment, errors
+with their age, a lag bar drawn from the lag and not a stale ratio."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from mqd.consumer.snapshot import (
+    ConsumerSnapshot,
+    Errors,
+    NodeSnapshot,
+    PartitionSnapshot,
+    Totals,
+    consumer_status_json,
+)
+from mqd.top import COLUMNS, TopView, layout, render_text, sort_rows
+from mqd.topic_partition import TopicPartition
+
+NODE_A = "broker-a-0.eu-west-1.internal"
+NODE_B = "broker-b-1.eu-west-1.internal"
+
+
+def partition(
+    p: int, position: int, log_end: int, *, landed: int | None = None, **kw: Any
+) -> PartitionSnapshot:
+    fields: dict[str, Any] = {
+        "tp": TopicPartition("events", p),
+        "epoch": 1,
+        "position": position,
+        "committed": landed,
+        "marked": landed,
+        "log_start": 0,
+        "log_end": log_end,
+        "pull_node": NODE_A if p % 2 == 0 else NODE_B,
+        "paused": False,
+        "in_flight": False,
+        "flow_control": None,
+        "buffered_records": 0,
+        "buffered_bytes": 0,
+        "parked": None,
+        "last_error": None,
+        "landed": landed,
+        **kw,
+    }
+    return PartitionSnapshot(**fields)
+
+
+def status(*parts: PartitionSnapshot, published: int = 1_234_567, cpu_s: float = 10.0) -> dict[str, Any]:
+    snap = ConsumerSnapshot(
+        member_id="host-1-4711",
+        group="landing",
+        mode="cluster",
+        member_version=7,
+        members=("host-1-4711",),
+        coordinator=NODE_A,
+        allocation="averagely",
+        partitions=parts,
+        totals=Totals(len(parts), 8 << 20, 1000, 64 << 20, 0, 0, 0, 1, 0, ()),
+        nodes=(NodeSnapshot(NODE_A, 10, 0, False, None, 0.0),),
+        errors=Errors(None, None, None, None),
+    )
+    return {
+        "state": "running",
+        "health": {"status": "ok", "reasons": []},
+        "consumer": consumer_status_json(snap),
+        "stats": {"records_published": published, "bytes_published": 99 << 20, "files_published": 42},
+        "runner": {"pid": 4711, "uptime_s": 3725.0},
+        "process": {"version": "0.1.0", "pid": 4711, "rss_bytes": 84 << 20, "cpu_seconds": cpu_s},
+    }
+
+
+def busy() -> tuple[PartitionSnapshot, ...]:
+    """Three partitions: one fetching, one paused behind with a fetch error and a time lag of about
+    90 s (stamped now: the status JSON computes the time lag from the clock), one idle."""
+    return (
+        partition(0, 18_352_001, 18_352_100, landed=18_350_000),
+        partition(
+            1,
+            1_200_000,
+            1_218_352,
+            landed=1_200_000,
+            paused=True,
+            last_error=f"{NODE_B}: timeout",
+            last_error_age_s=12.0,
+            landed_event_time_ms=int(time.time() * 1000) - 90_000,
+        ),
+        partition(2, 5, 5, landed=5),
+    )
+
+
+def lines_of(text: str) -> list[str]:
+    return text.rstrip("\n").split("\n")
+
+
+def test_wide_terminal_shows_every_column_exact_offsets_full_node_names() -> None:
+    """160 columns: all eleven columns, offsets digit for digit, full node names, the error with its
+    age in the ERROR column; no line is wider than the terminal."""
+    text = render_text(TopView(), status(*busy()), 160, now=1.0)
+    lines = lines_of(text)
+    assert all(len(line) <= 160 for line in lines)
+    head = next(line for line in lines if line.startswith("TOPIC:PARTITION"))
+    assert head.split() == list(COLUMNS)
+    assert "18352001" in text and "18352100" in text and "18350000" in text and "1218352" in text
+    assert "18.4M" not in text and "1.2M" not in text
+    assert NODE_A in text and NODE_B in text
+    row1 = next(line for line in lines if line.startswith("events:1 "))
+    assert "paused" in row1 and "18352" in row1.split() and "1m3" in row1  # TIME-LAG ~1m30s
+    assert "timeout" in row1
+    # the column is narrower than this error: it is also listed whole under the table
+    assert f"events:1: {NODE_B}: timeout (12s ago)" in text
+
+
+def test_80_columns_drop_the_least_important_columns_and_never_wrap_the_header() -> None:
+    """80 columns: COMMITTED and POSITION go first; TOPIC:PARTITION, LAG, TIME-LAG and LANDED stay;
+    every line fits; the error moves under the table with its age; the header's segments
+    (group, member, generation, uptime, version, records/s, CPU, RSS, budget) are whole."""
+    text = render_text(TopView(), status(*busy()), 80, now=1.0)
+    lines = lines_of(text)
+    assert all(len(line) <= 80 for line in lines), [line for line in lines if len(line) > 80]
+    head = next(line for line in lines if line.startswith("TOPIC:PARTITION")).split()
+    assert "COMMITTED" not in head and "POSITION" not in head and "RATE" not in head
+    for keep in ("NODE", "LAG", "TIME-LAG", "LANDED", "LOG-END", "STATE"):
+        assert keep in head
+    assert "broker-a-0.eu" in text and NODE_A not in text  # node names cut before a column goes
+    assert f"events:1: {NODE_B}: timeout (12s ago)" in text
+    header = " ".join(lines[:4])
+    for seg in (
+        "mqd 0.1.0",
+        "group landing",
+        "member host-1-4711",
+        "generation 7",
+        "up 1h02m",
+        "records/s -",
+        "CPU -",
+        "RSS 84.0MiB",
+        "budget 8.0MiB/64.0MiB (12%)",
+    ):
+        assert seg in header, seg
+
+
+def test_rates_cpu_and_a_lag_bar_that_is_not_full_under_steady_load() -> None:
+    """Second sample 2 s later: RATE per partition, records/s and CPU in the header. Steady load (a
+    lag of 99 records drained at 5000/s) draws an empty bar, never 100%; a lag of minutes of work
+    fills it."""
+    view = TopView()
+    steady = (busy()[0], busy()[2])
+    render_text(view, status(*steady), 160, now=10.0)
+    moved = (partition(0, 18_362_001, 18_362_100, landed=18_360_000), busy()[2])
+    text = render_text(view, status(*moved, cpu_s=11.0), 160, now=12.0)
+    assert "records/s 5,000" in text and "CPU 50%" in text
+    row0 = next(line for line in lines_of(text) if line.startswith("events:0 "))
+    assert row0.split()[-2] == "5000"  # RATE, before the ERROR column's "-"
+    bar = next(line for line in lines_of(text) if line.startswith("2 partitions  lag 99 records"))
+    assert "[....................]" in bar and "100%" not in text
+    far = (partition(0, 18_372_001, 19_372_001, landed=18_370_000), busy()[2])
+    text = render_text(view, status(*far, cpu_s=12.0), 160, now=14.0)
+    bar = next(line for line in lines_of(text) if line.startswith("2 partitions  lag 1000000 records"))
+    assert "[####################] 3m20s to drain" in bar
+    # nothing drains the lag (no rate), the bar says so instead of a time
+    text = render_text(view, status(*far, cpu_s=12.0), 160, now=16.0)
+    bar = next(line for line in lines_of(text) if line.startswith("2 partitions  lag 1000000 records"))
+    assert "[####################] not draining" in bar
+    # a paused partition's lag is said apart and stays out of the bar: nothing drains it
+    ahead = partition(0, 18_382_001, 18_382_100, landed=18_380_000)
+    text = render_text(view, status(ahead, busy()[1], cpu_s=13.0), 160, now=18.0)
+    bar = next(line for line in lines_of(text) if line.startswith("2 partitions  lag 18451 records"))
+    assert "(18352 paused or parked)" in bar and "[....................]" in bar
+
+
+def test_sort_keys() -> None:
+    """--sort lag / time-lag / rate: largest first, unknown last; partition: topic then number."""
+    view = TopView()
+    rows = view.sample(status(*busy()), now=1.0)
+    assert [r.part.partition for r in sort_rows(rows, "lag")] == [1, 0, 2]
+    assert [r.part.partition for r in sort_rows(rows, "partition")] == [0, 1, 2]
+    assert [r.part.partition for r in sort_rows(rows, "rate")] == [0, 1, 2]  # no rates yet: by partition
+
+
+def test_empty_and_partial_status_render() -> None:
+    """A daemon with nothing assigned, or a status without the optional sections, still draws."""
+    text = render_text(TopView(), {"state": "starting"}, 80, now=1.0)
+    assert "no partitions assigned" in text and "starting" in text
+    cols, _, _ = layout([], 80)
+    assert cols[:2] == ["TOPIC:PARTITION", "STATE"] and "LAG" in cols
