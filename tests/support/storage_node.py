@@ -6,8 +6,11 @@ closes what is open and opens the data dir again, as a node's restart does.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from mqd.broker.storage import PartitionLog, Storage
 from mqd.config import StorageConfig
@@ -42,3 +45,11 @@ class StorageNode:
         if self.storage is not None:
             self.storage.close()
             self.storage = None
+
+
+@pytest.fixture
+def storage_node(tmp_path: Path) -> Iterator[StorageNode]:
+    """A StorageNode in the test's tmp_path, closed at teardown (re-exported by tests/conftest.py)."""
+    n = StorageNode(tmp_path)
+    yield n
+    n.close()
