@@ -57,7 +57,7 @@ def exec_with_trimmable_allocator() -> None:
     """Replace this process by itself (same pid, arguments and environment) running with
     :data:`TRIMMABLE_ALLOCATOR`; returns at once where ``PYTHONMALLOC`` is set already (an
     operator's choice, or this very process after the exec) or the C library has no malloc_trim."""
-    if "PYTHONMALLOC" in os.environ or _malloc_trim() is None:
+    if "PYTHONMALLOC" in os.environ or _malloc_trim() is None or not sys.executable:
         return
     env = {**TRIMMABLE_ALLOCATOR, **os.environ}  # the operator's MALLOC_ARENA_MAX wins
     sys.stdout.flush()
