@@ -1,7 +1,8 @@
 """StorageNode: one broker Storage over a data dir of a single partition, reopenable like a restart.
 
 For tests of mqd/broker/storage.py on real segment files (fenced ranges, incarnations): ``open()``
-closes what is open and opens the data dir again, as a node's restart does.
+closes what is open and opens the data dir again, as a node's restart does. ``flip_byte`` is the
+damage those tests (and the scrub and recovery ones) do to a segment.
 """
 
 from __future__ import annotations
@@ -53,3 +54,12 @@ def storage_node(tmp_path: Path) -> Iterator[StorageNode]:
     n = StorageNode(tmp_path)
     yield n
     n.close()
+
+
+def flip_byte(path: Path, at: int) -> None:
+    """Damage the file at ``path``: the byte at ``at`` XOR 0x5A (a bit-rot stand-in)."""
+    with open(path, "r+b") as fh:
+        fh.seek(at)
+        b = fh.read(1)
+        fh.seek(at)
+        fh.write(bytes([b[0] ^ 0x5A]))

@@ -23,7 +23,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support.harness import Cluster
-from support.storage_node import StorageNode
+from support.storage_node import StorageNode, flip_byte
 
 from mqd import format as fmt
 from mqd.broker.storage import FENCED_FILE, PartitionLog
@@ -67,14 +67,6 @@ def _records(plog: PartitionLog) -> dict[int, bytes]:
     return out
 
 
-def _flip(path: Path, at: int) -> None:
-    with open(path, "r+b") as fh:
-        fh.seek(at)
-        b = fh.read(1)
-        fh.seek(at)
-        fh.write(bytes([b[0] ^ 0x5A]))
-
-
 def _batch_positions(path: Path) -> list[fmt.BatchInfo]:
     return fmt.scan(path.read_bytes())
 
@@ -92,7 +84,7 @@ def test_flipped_byte_in_an_old_closed_segment_keeps_everything_else(storage_nod
     infos = _batch_positions(second)
     victim = infos[3]
     second.with_suffix(".index").unlink()  # the index would be trusted: its first and last batch are fine
-    _flip(second, victim.position + victim.length - 9)
+    flip_byte(second, victim.position + victim.length - 9)
     plog = storage_node.open()
     lost = (victim.base_offset, victim.base_offset + PER_BATCH - 1)
     assert plog.fenced_ranges() == [lost]
@@ -158,7 +150,7 @@ def test_truncation_and_retention_drop_the_fences_they_pass(tmp_path: Path) -> N
         second = n.segments()[1]
         victim = _batch_positions(second)[2]
         second.with_suffix(".index").unlink()
-        _flip(second, victim.position + 60)
+        flip_byte(second, victim.position + 60)
         plog = n.open()
         assert plog.fenced_ranges() == [(victim.base_offset, victim.base_offset + 1)]
         _fill(plog, 40)
@@ -178,7 +170,7 @@ def test_truncate_into_a_hole(storage_node: StorageNode) -> None:
     second = storage_node.segments()[1]
     victim = _batch_positions(second)[2]
     second.with_suffix(".index").unlink()
-    _flip(second, victim.position + 60)
+    flip_byte(second, victim.position + 60)
     plog = storage_node.open()
     before = plog.incarnation
     plog.truncate_to(victim.base_offset + 1)
@@ -222,7 +214,7 @@ def test_repair_a_hole_in_a_segment_and_a_gap(storage_node: StorageNode) -> None
     victim = _batch_positions(second)[2]
     gap = (int(lost_file.stem), int(segs[4].stem) - 1)
     second.with_suffix(".index").unlink()
-    _flip(second, victim.position + 60)
+    flip_byte(second, victim.position + 60)
     lost_file.unlink()
     plog = storage_node.open()
     hole = (victim.base_offset, victim.base_offset + 1)
@@ -275,7 +267,7 @@ async def test_broker_answers_data_lost_and_reports_the_hole(cluster_factory: Ca
     second = sorted(folder.glob("*.log"))[1]
     victim = _batch_positions(second)[1]
     second.with_suffix(".index").unlink()
-    _flip(second, victim.position + 60)
+    flip_byte(second, victim.position + 60)
     cluster.start_node(node_id)
     lost = (victim.base_offset, victim.base_offset + PER_BATCH - 1)
     client = BrokerClient(request_timeout=10.0)
@@ -317,7 +309,7 @@ def test_damage_inside_the_active_segment_with_intact_batches_after_is_fenced(
     storage_node.close()
     active = storage_node.segments()[-1]
     victim = _batch_positions(active)[3]
-    _flip(active, victim.position + 60)
+    flip_byte(active, victim.position + 60)
     plog = storage_node.open()
     lost = (victim.base_offset, victim.base_offset + PER_BATCH - 1)
     assert plog.fenced_ranges() == [lost] and plog.max_offset == end
