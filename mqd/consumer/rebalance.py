@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import structlog
 
@@ -264,18 +264,49 @@ class RebalanceService:
         self._offsets.forget(tps)
 
     async def _assign(self, tps: set[TopicPartition]) -> bool:
+        """Assign ``tps``, each as soon as its start position is known. With a start-position hook
+        the answers come in one by one: a partition whose hook waits (its landing lock held by a
+        frozen process, up to the lock's bound) must not hold back the partitions assigned with it.
+        Returns False when some stay unresolved (the next round, backed off, retries them)."""
         ordered = sorted(tps)
+        self.unresolved = frozenset(ordered)
+        if self._hook is None:
+            return await self._assign_resolved(ordered, {}, {})
+        hook = self._hook
+        futures = {tp: asyncio.ensure_future(hook(tp)) for tp in ordered}
+        waiting: set[asyncio.Future[Any]] = set(futures.values())
+        complete = True
         try:
-            positions, failed = await self._start_positions(ordered)
+            while waiting:
+                done, waiting = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+                group = [tp for tp, f in futures.items() if f in done]
+                hooked, failed = self._hook_answers({tp: futures[tp] for tp in group})
+                if not await self._assign_resolved(group, hooked, failed):
+                    complete = False
+                if self.closed:
+                    return False
+        finally:
+            for f in waiting:
+                f.cancel()
+        return complete
+
+    async def _assign_resolved(
+        self,
+        tps: list[TopicPartition],
+        hooked: dict[TopicPartition, StartPosition],
+        failed: dict[TopicPartition, str],
+    ) -> bool:
+        """Resolve the rest of ``tps``'s start positions (offset store, consume_from) and assign
+        every partition that has one."""
+        try:
+            positions, failed = await self._start_positions(tps, hooked, failed)
         except ConsumerError as exc:
             self.last_error = str(exc)
-            log.warning(
-                "start positions unknown; assignment retried", partitions=len(ordered), error=str(exc)
-            )
+            log.warning("start positions unknown; assignment retried", partitions=len(tps), error=str(exc))
             return False
         if self.closed:
             return False
-        assigned = [tp for tp in ordered if tp in positions]
+        assigned = [tp for tp in tps if tp in positions]
         for tp in assigned:
             pos = positions[tp]
             self._state.assign(tp, pos.offset, self._choose_pull_node(tp), pos.incarnation)
@@ -284,33 +315,32 @@ class RebalanceService:
                 self._listener.on_partitions_assigned(set(assigned))
             except Exception:
                 log.exception("on_partitions_assigned failed")
-        self.unresolved = frozenset(tp for tp in ordered if tp not in positions)
+        self.unresolved = self.unresolved - frozenset(assigned)
         if failed:
             self.last_error = "; ".join(failed.values())
-            return False  # the next round (backed off) assigns the rest
+            return False
         return True
 
-    async def _hook_positions(
-        self, tps: list[TopicPartition]
+    @staticmethod
+    def _hook_answers(
+        answers: dict[TopicPartition, asyncio.Future[Any]],
     ) -> tuple[dict[TopicPartition, StartPosition], dict[TopicPartition, str]]:
-        """The hook's answers, all partitions at once: one slow partition (its landing lock held by
-        a frozen process) delays the others by at most its own bound, never one after another.
-        A partition the hook fails for is left out, logged and counted."""
-        assert self._hook is not None
-        hook = self._hook
-        answers = await asyncio.gather(*(hook(tp) for tp in tps), return_exceptions=True)
+        """The hook's finished answers: a start position, None (the hook has no opinion: the offset
+        store and consume_from decide), or a ConsumerError (left out, logged, counted, retried)."""
         out: dict[TopicPartition, StartPosition] = {}
         failed: dict[TopicPartition, str] = {}
-        for tp, ans in zip(tps, answers, strict=True):
-            if isinstance(ans, ConsumerError):
-                failed[tp] = f"{tp}: {ans}"
+        for tp, f in answers.items():
+            exc = f.exception()
+            if isinstance(exc, ConsumerError):
+                failed[tp] = f"{tp}: {exc}"
                 metrics.start_position_retries.inc()
                 log.warning(
-                    "start position not resolved; retried in the next round", tp=str(tp), error=str(ans)
+                    "start position not resolved; retried in the next round", tp=str(tp), error=str(exc)
                 )
                 continue
-            if isinstance(ans, BaseException):
-                raise ans
+            if exc is not None:
+                raise exc
+            ans = f.result()
             if ans is None:
                 continue
             pos = ans if isinstance(ans, StartPosition) else StartPosition(ans)
@@ -320,15 +350,17 @@ class RebalanceService:
         return out, failed
 
     async def _start_positions(
-        self, tps: list[TopicPartition]
+        self,
+        tps: list[TopicPartition],
+        hooked: dict[TopicPartition, StartPosition],
+        hook_failed: dict[TopicPartition, str],
     ) -> tuple[dict[TopicPartition, StartPosition], dict[TopicPartition, str]]:
-        """Start positions of ``tps``, and the partitions that could not be resolved (with why)."""
-        out: dict[TopicPartition, StartPosition] = {}
-        failed: dict[TopicPartition, str] = {}
-        source: dict[str, str] = {}
-        if self._hook is not None:
-            out, failed = await self._hook_positions(tps)
-            source.update((str(tp), "hook") for tp in out)
+        """Start positions of ``tps`` (the hook's answers first), and the partitions that could not
+        be resolved (with why)."""
+        out = dict(hooked)
+        failed = dict(hook_failed)
+        source: dict[str, str] = {str(tp): "hook" for tp in out}
+        if out:
             await self._warn_committed_differs(out)
         rest = [tp for tp in tps if tp not in out and tp not in failed]
         durable: dict[TopicPartition, int] = {}  # positions the store must hold before any fetch
