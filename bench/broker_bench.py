@@ -11,6 +11,9 @@ Starts a single-node cluster (one group, no slave) as a subprocess on an ephemer
 Prints the figures and writes bench/results/broker.json.
 
     python -m bench.broker_bench --records 1000000
+    python -m bench.broker_bench --allocators --rounds 3   # the node's default allocator (its
+        # re-exec with PYTHONMALLOC=malloc, mqd/broker/memory_trim.py) against PYTHONMALLOC=pymalloc,
+        # interleaved, each run on a fresh node: medians and paired ratios
 """
 
 from __future__ import annotations
@@ -97,7 +100,14 @@ async def bench_fetch(
 
 
 def run(
-    records: int, size: int, partitions: int, batch: int, producers: int, out: Path, fsync: str = "interval"
+    records: int,
+    size: int,
+    partitions: int,
+    batch: int,
+    producers: int,
+    out: Path | None,
+    fsync: str = "interval",
+    env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     work = Workload(records, size, partitions, batch)
     with tempfile.TemporaryDirectory(prefix="mqd-broker-bench-") as tmp:
@@ -106,6 +116,7 @@ def run(
             topics={TOPIC: partitions},
             groups=1,
             node_settings={"log_level": "warning", "storage": {"fsync": fsync}},
+            env=env,
         )
         with cluster:
             url = cluster.bootstrap
@@ -135,8 +146,70 @@ def run(
         "fetch": fetch,
         "broker_stats": stats,
     }
-    write_json(out, result)
-    print(f"wrote {out}")
+    if out is not None:
+        write_json(out, result)
+        print(f"wrote {out}")
+    return result
+
+
+ALLOCATORS = {"default (malloc re-exec)": None, "pymalloc": {"PYTHONMALLOC": "pymalloc"}}
+
+
+def compare_allocators(args: argparse.Namespace) -> dict[str, Any]:
+    """Rounds over the allocators, each run a fresh node: produce and fetch records/s, medians
+    [min-max] and the per-round ratio of each to the default."""
+    import os
+    import statistics
+
+    runs: list[dict[str, Any]] = []
+    names = list(ALLOCATORS)
+    for r in range(args.rounds):
+        k = r % len(names)
+        for name in names[k:] + names[:k]:  # rotated: neither always runs first
+            load = round(os.getloadavg()[0], 2)
+            res = run(
+                args.records,
+                args.size,
+                args.partitions,
+                args.batch,
+                args.producers,
+                None,
+                args.fsync,
+                env=ALLOCATORS[name],
+            )
+            runs.append(
+                {
+                    "allocator": name,
+                    "round": r,
+                    "load": load,
+                    "produce_records_per_s": res["produce"]["records_per_s"],
+                    "fetch_records_per_s": res["fetch"]["records_per_s"],
+                }
+            )
+            print(runs[-1], flush=True)
+    summary: dict[str, Any] = {}
+    base = {x["round"]: x for x in runs if x["allocator"] == names[0]}
+    for name in names:
+        rows = [x for x in runs if x["allocator"] == name]
+        summary[name] = {}
+        for key in ("produce_records_per_s", "fetch_records_per_s"):
+            v = [x[key] for x in rows]
+            ratio = [x[key] / base[x["round"]][key] for x in rows]
+            summary[name][key] = {"median": statistics.median(v), "min": min(v), "max": max(v)}
+            summary[name][key.replace("records_per_s", "ratio_to_default")] = {
+                "median": round(statistics.median(ratio), 3),
+                "min": round(min(ratio), 3),
+                "max": round(max(ratio), 3),
+            }
+    result = {"benchmark": "broker-allocators", "machine": machine_facts(), "runs": runs, "summary": summary}
+    write_json(args.out.with_name("broker-allocators.json"), result)
+    for name, v in summary.items():
+        p, f = v["produce_records_per_s"], v["fetch_records_per_s"]
+        print(
+            f"{name}: produce {p['median']:,.0f} [{p['min']:,}-{p['max']:,}] "
+            f"(x{v['produce_ratio_to_default']['median']}), fetch {f['median']:,.0f} "
+            f"[{f['min']:,}-{f['max']:,}] (x{v['fetch_ratio_to_default']['median']})"
+        )
     return result
 
 
@@ -149,9 +222,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--producers", type=int, default=4, help="concurrent producers")
     ap.add_argument("--fsync", choices=["always", "interval", "never"], default="interval")
     ap.add_argument("--out", type=Path, default=RESULTS / "broker.json")
+    ap.add_argument("--allocators", action="store_true", help="compare the node's allocators (see above)")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of --allocators")
     args = ap.parse_args(argv)
     if min(args.records, args.partitions, args.batch, args.producers) < 1 or args.size < 0:
         ap.error("--records, --partitions, --batch and --producers must be >= 1, --size >= 0")
+    if args.allocators:
+        compare_allocators(args)
+        return 0
     run(args.records, args.size, args.partitions, args.batch, args.producers, args.out, args.fsync)
     return 0
 
