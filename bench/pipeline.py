@@ -1,4 +1,8 @@
-"""The end-to-end benchmark (``make bench``): mqd against a Kafka-compatible alternative.
+"""The command line of ``python -m bench`` (``make bench``), and the single-pass benchmark.
+
+Without ``--single``/``--smoke`` it runs the shapes of bench/shapes.py (the issue-16 benchmark;
+``--shape NAME``, ``--quick``, ``--rounds``, ``--pipelines``). The single pass, below, is the older
+run, kept for its memory part and as the smoke test:
 
 1. Starts a broker cluster on 127.0.0.1: 3 groups, each a master and a slave; topic ``events``
    (12 partitions) and ``latency`` (same count).
@@ -16,10 +20,11 @@
 7. The sink ceiling: pyarrow writing the same records to Parquet from memory.
 
 Results: ``bench/results/pipeline.json`` and ``pipeline.md`` (``smoke.*`` with ``--smoke``), with the
-machine's facts; a full run also refreshes the table in bench/README.md.
+machine's facts.
 
-    python -m bench                         # the full run (from the project root)
-    python -m bench --records 20000 --smoke # seconds: what tests/e2e/test_bench_smoke.py runs
+    python -m bench                          # every shape (bench/shapes.py), from the project root
+    python -m bench --single                 # the single pass at --records
+    python -m bench --records 20000 --smoke  # seconds: what tests/e2e/test_bench_smoke.py runs
 """
 
 from __future__ import annotations
@@ -795,8 +800,7 @@ def main(argv: list[str] | None = None) -> int:
     table = markdown(result)
     write_json(args.out / f"{stem}.json", result)
     (args.out / f"{stem}.md").write_text(table)
-    if not args.smoke and args.out.resolve() == RESULTS.resolve():
-        update_readme(table)
+    # bench/README.md's table is the shapes' (shapes.py); the single pass only writes its files
     log("")
     log(table)
     log(f"wrote {args.out / (stem + '.json')} and {stem}.md")
