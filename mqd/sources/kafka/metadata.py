@@ -20,11 +20,11 @@ from typing import Any
 import structlog
 from aiokafka.client import AIOKafkaClient
 from aiokafka.errors import KafkaError
-from aiokafka.protocol.metadata import MetadataRequest
 
 from mqd.backoff import Backoff
 from mqd.consumer.errors import ConsumerError
 from mqd.consumer.source import Cluster, Node, PartitionRoute
+from mqd.sources.kafka.protocol_ext import MetadataRequest, split_metadata
 from mqd.topic_partition import TopicPartition
 from mqd.waiting import wait_event
 
@@ -74,6 +74,9 @@ class KafkaMetadata:
         self.current: Cluster | None = None
         self.last_error: str | None = None
         self.refreshes = 0
+        # Metadata v10+ (protocol_ext): topic -> topic id, partition -> leader epoch; empty before
+        self.topic_ids: dict[str, str] = {}
+        self.leader_epochs: dict[TopicPartition, int] = {}
         self._listeners: list[Callable[[Cluster], None]] = []
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -135,6 +138,7 @@ class KafkaMetadata:
         return self._apply(resp)
 
     def _apply(self, resp: Any) -> Cluster:
+        resp, self.topic_ids, self.leader_epochs = split_metadata(resp)
         if resp.brokers:
             self._client.cluster.update_metadata(resp)
         cluster = to_cluster(resp)
