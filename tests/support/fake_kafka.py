@@ -11,6 +11,13 @@ requested offset), each stamped with its partition leader epoch; the end offset 
 computed from the log as a broker does (the first offset of a later epoch, else the log end). The
 test changes ``logs``, ``errors``, ``aborted``, ``log_start``, ``leader_epoch`` and ``topic_id`` at
 any time. Every Fetch is recorded in ``fetches``, every OffsetsForLeaderEpoch in ``epoch_checks``.
+
+With ``sessions=True`` it also speaks Fetch v7 with incremental fetch sessions (KIP-227) as Kafka's
+broker keeps them: a full request (id 0, epoch 0) creates one; an incremental request (its id, the
+next epoch) updates the partitions it lists, drops ``forgotten_topics_data`` and is answered only for
+partitions with records, new bounds or an error; an unknown id answers FETCH_SESSION_ID_NOT_FOUND, a
+wrong epoch INVALID_FETCH_SESSION_EPOCH. Every v7 request is recorded in ``session_requests``;
+``sessions_dropped()`` forgets every session (a broker restart or eviction).
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ from uuid import uuid4
 
 import crc32c
 from aiokafka.protocol.admin import ApiVersionResponse_v0
-from aiokafka.protocol.fetch import FetchRequest_v4, FetchResponse_v4
+from aiokafka.protocol.fetch import FetchRequest_v4, FetchRequest_v7, FetchResponse_v4, FetchResponse_v7
 from aiokafka.protocol.metadata import MetadataResponse_v1, MetadataResponse_v5
 from aiokafka.protocol.offset import OffsetRequest_v2, OffsetResponse_v2
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
@@ -107,6 +114,11 @@ class FakeKafka:
     leader_epoch: dict[int, int] = field(default_factory=dict)  # partition -> epoch (default 0)
     epoch_checks: list[dict[int, int]] = field(default_factory=list)  # partition -> epoch asked
     legacy: bool = False  # Metadata v1 only, no OffsetsForLeaderEpoch
+    sessions: bool = False  # Fetch v7 with incremental fetch sessions
+    # (session id, epoch, partitions listed, partitions forgotten) per v7 request
+    session_requests: list[tuple[int, int, list[int], list[int]]] = field(default_factory=list)
+    # session id -> (next epoch, partition -> fetch offset, partition -> last answered high watermark)
+    _sessions: dict[int, tuple[int, dict[int, int], dict[int, int]]] = field(default_factory=dict)
     port: int = 0
     _server: asyncio.Server | None = None
 
@@ -162,6 +174,8 @@ class FakeKafka:
     async def _answer(self, api_key: int, version: int, data: BytesIO) -> Any:
         if api_key == API_VERSIONS:
             versions = [(API_VERSIONS, 0, 0), (METADATA, 1, 1), (FETCH, 4, 4), (LIST_OFFSETS, 2, 2)]
+            if self.sessions:
+                versions[2] = (FETCH, 4, 7)
             if not self.legacy:
                 versions[1] = (METADATA, 1, 10)
                 versions.append((OFFSETS_FOR_LEADER_EPOCH, 3, 3))
@@ -195,6 +209,8 @@ class FakeKafka:
                 [(NODE_ID, "127.0.0.1", self.port, None)], NODE_ID, [(0, self.topic, False, parts)]
             )
         if api_key == FETCH:
+            if version >= 7:
+                return await self._fetch_in_session(FetchRequest_v7.decode(data))
             return await self._fetch(FetchRequest_v4.decode(data))
         if api_key == LIST_OFFSETS:
             req = OffsetRequest_v2.decode(data)
@@ -207,6 +223,56 @@ class FakeKafka:
                 out.append((topic, rows))
             return OffsetResponse_v2(0, out)
         raise ConnectionError(f"fake broker: API {api_key} not scripted")
+
+    def sessions_dropped(self) -> None:
+        self._sessions.clear()
+
+    def _partition_answer(
+        self, p: int, offset: int
+    ) -> tuple[int, int, int, int, list[tuple[int, int]], bytes]:
+        err = self.errors.get(p, 0)
+        if not err and not self.log_start.get(p, 0) <= offset <= self.high(p):
+            err = OFFSET_OUT_OF_RANGE
+        if err:
+            return (p, err, -1, -1, [], b"")
+        data = b"".join(b for b in self.logs[p] if batch_bounds(b)[1] > offset)
+        high = self.high(p)
+        return (p, 0, high, high, self.aborted.get(p, []), data)
+
+    async def _fetch_in_session(self, req: Any) -> Any:
+        listed = {p: off for _topic, parts in req.topics for p, off, _start, _max in parts}
+        gone = [p for _topic, parts in req.forgotten_topics_data for p in parts]
+        self.session_requests.append((req.session_id, req.session_epoch, list(listed), gone))
+        sid, epoch = req.session_id, req.session_epoch
+        if sid == 0:  # full: epoch 0 creates a session, -1 none
+            asked, highs = listed, dict[int, int]()
+            if epoch == 0:
+                sid = max(self._sessions, default=0) + 1
+                self._sessions[sid] = (1, dict(listed), highs)
+        else:
+            if sid not in self._sessions:
+                return FetchResponse_v7(0, 70, 0, [])
+            expected, asked, highs = self._sessions[sid]
+            if epoch != expected:
+                return FetchResponse_v7(0, 71, 0, [])
+            for p in gone:
+                asked.pop(p, None)
+                highs.pop(p, None)
+            asked.update(listed)
+            self._sessions[sid] = (expected + 1, asked, highs)
+        self.fetches.append(dict(asked))
+        rows = [self._partition_answer(p, off) for p, off in asked.items()]
+        if req.session_id != 0:  # incremental: only what is new
+            rows = [r for r in rows if r[1] or r[5] or highs.get(r[0]) != r[2]]
+        for r in rows:
+            highs[r[0]] = r[2]
+        if not any(r[5] for r in rows):
+            await asyncio.sleep(min(req.max_wait_time, 200) / 1000)  # a long poll, shortened
+        out = [
+            (p, err, high, lso, self.log_start.get(p, 0) if err == 0 else -1, aborted, data)
+            for p, err, high, lso, aborted, data in rows
+        ]
+        return FetchResponse_v7(0, 0, sid, [(self.topic, out)] if out else [])
 
     async def _fetch(self, req: Any) -> Any:
         asked = {p: off for _topic, parts in req.topics for p, off, _max in parts}

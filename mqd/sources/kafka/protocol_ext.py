@@ -265,14 +265,16 @@ def epoch_end_offsets(resp: Any) -> dict[TopicPartition, tuple[int, int, int]]:
     return out
 
 
-# -- Fetch v4-v11 with the current leader epoch (KIP-320) ----------------------------------------
+# -- Fetch v4-v11 with the current leader epoch (KIP-320) and a fetch session (KIP-227) ---------
 
 
 class FetchRequest(_AioFetchRequest):  # type: ignore[misc]  # aiokafka is untyped
     """aiokafka's Fetch that also sends each partition's current leader epoch (v9+; aiokafka sends
     -1, unknown): a leader of a newer epoch than ours answers FENCED_LEADER_EPOCH rather than
     records of a log whose divergence we have not checked yet. ``leader_epochs``: (topic,
-    partition) -> epoch, from Metadata v10; partitions without one send -1."""
+    partition) -> epoch, from Metadata v10; partitions without one send -1. v7+ also carries the
+    fetch session (mqd.sources.kafka.fetch_session): its id, epoch and forgotten partitions
+    (aiokafka sends id 0, epoch -1: no session)."""
 
     def __init__(
         self,
@@ -282,9 +284,13 @@ class FetchRequest(_AioFetchRequest):  # type: ignore[misc]  # aiokafka is untyp
         isolation_level: int,
         topics: list[tuple[str, list[tuple[int, int, int]]]],
         leader_epochs: Mapping[TopicPartition, int] | None = None,
+        session_id: int = 0,
+        session_epoch: int = -1,
+        forgotten: list[tuple[str, list[int]]] | None = None,
     ) -> None:
         super().__init__(max_wait_time, min_bytes, max_bytes, isolation_level, topics)
         self._leader_epochs = leader_epochs or {}
+        self._session = (session_id, session_epoch, forgotten or [])
 
     def build(self, request_struct_class: Any) -> Any:
         req = super().build(request_struct_class)
@@ -294,4 +300,6 @@ class FetchRequest(_AioFetchRequest):  # type: ignore[misc]  # aiokafka is untyp
                 (t, [(p, epochs.get(TopicPartition(t, p), -1), *rest) for p, _unknown, *rest in parts])
                 for t, parts in req.topics
             ]
+        if request_struct_class.API_VERSION >= 7:
+            req.session_id, req.session_epoch, req.forgotten_topics_data = self._session
         return req

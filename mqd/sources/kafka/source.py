@@ -54,6 +54,7 @@ from mqd.consumer.source import (
     PartitionResult,
     SourceError,
 )
+from mqd.sources.kafka.fetch_session import SESSION_ERRORS, FetchSession, SessionRequest
 from mqd.sources.kafka.group import KafkaGroup, KafkaOffsetStore
 from mqd.sources.kafka.log_incarnation import LogIncarnations
 from mqd.sources.kafka.metadata import KafkaMetadata
@@ -100,6 +101,7 @@ class KafkaSource:
         self._listeners: list[Callable[[Cluster], None]] = []
         self._rotation = 0  # rotates the partition order inside every request
         self.incarnations = LogIncarnations()
+        self.sessions: dict[str, FetchSession] = {}  # node id -> its incremental fetch session
         self.epoch_checks = 0  # OffsetsForLeaderEpoch requests sent
         self._epoch_checks_supported = True
 
@@ -157,6 +159,7 @@ class KafkaSource:
         client, self._client = self._client, None
         if client is not None:
             await client.close()
+        self.sessions.clear()  # a new client starts new sessions
 
     # -- metadata --------------------------------------------------------------------------------
 
@@ -234,29 +237,13 @@ class KafkaSource:
             fetchable = [r for r in fetchable if r.tp not in checked]
         if not fetchable:
             return FetchResult(early, body=None, nbytes=_HEAD_BYTES)
-        request = KafkaFetchRequest(
-            # Tansu answers a fetch with max_wait 0 without any partition; 1 ms costs nothing
-            max_wait_time=max(max_wait_ms, 1),
-            min_bytes=min_bytes,
-            max_bytes=max_bytes,
-            isolation_level=READ_COMMITTED if self.read_committed else 0,
-            topics=self._ordered(fetchable),
-            leader_epochs=None if self.metadata is None else self.metadata.leader_epochs,
-        )
         offsets = {r.tp: r.offset for r in fetchable}
-        try:
-            resp = await self._client.send(int(node_id), request)
-        except (KafkaError, OSError) as exc:
-            raise SourceError(f"{node_id}: {exc!r}", kind="transport", node_down=True) from exc
+        resp, session, sreq = await self._send_fetch(node_id, fetchable, max_wait_ms, min_bytes, max_bytes)
         version = resp.API_VERSION
-        top_error = getattr(resp, "error_code", 0)
-        if top_error:
-            raise SourceError(
-                f"{node_id}: fetch refused: {for_code(top_error).__name__}", kind="kafka", node_down=False
-            )
         results: list[PartitionResult] = early
         out_of_range: list[TopicPartition] = []
         suspect: dict[TopicPartition, int] = {}  # answers a truncated or recreated log also gives
+        answered: set[TopicPartition] = set()
         nbytes = _HEAD_BYTES
         for topic, parts in resp.topics:
             for part in parts:
@@ -269,6 +256,9 @@ class KafkaSource:
                 offset = offsets.get(tp, -1)
                 nbytes += len(records or b"")
                 end = lso if self.read_committed and lso >= 0 else highwater
+                answered.add(tp)
+                if error_code == 0:
+                    session.bounds(tp, highwater, lso, log_start)
                 if error_code == OFFSET_OUT_OF_RANGE:
                     out_of_range.append(tp)
                     suspect[tp] = offset
@@ -311,6 +301,13 @@ class KafkaSource:
                         decode=decode,
                     )
                 )
+        for tp, (highwater, lso, log_start) in session.omitted(sreq, answered).items():
+            # an incremental answer leaves out what has nothing new: caught up, bounds as last seen
+            end = lso if self.read_committed and lso >= 0 else highwater
+            results.append(
+                PartitionResult(tp, FetchStatus.CAUGHT_UP, offsets[tp], max(log_start, 0), max(end, 0),
+                                None, current[tp], None, _no_data)
+            )  # fmt: skip
         replaced = await self._recheck(node_id, suspect, topic_ids) if suspect else {}
         if replaced:
             results = [replaced.get(r.tp, r) for r in results]
@@ -320,6 +317,53 @@ class KafkaSource:
             results.extend(replace(r, incarnation=current[r.tp]) for r in bounds)
         results.extend(r for tp, r in replaced.items() if tp in offsets and tp not in {x.tp for x in results})
         return FetchResult(results, body=resp, nbytes=nbytes)
+
+    async def _send_fetch(
+        self, node_id: str, fetchable: list[FetchRequest], max_wait_ms: int, min_bytes: int, max_bytes: int
+    ) -> tuple[Any, FetchSession, SessionRequest]:
+        """One Fetch within the node's fetch session; a session error resets it and the request is
+        sent again, full (once)."""
+        assert self._client is not None
+        session = self.sessions.get(node_id)
+        if session is None:
+            session = self.sessions[node_id] = FetchSession(self._config.kafka.fetch_sessions)
+        epochs = {} if self.metadata is None else self.metadata.leader_epochs
+        by_tp = {r.tp: r for r in fetchable}
+        for attempt in (1, 2):
+            sreq = session.request({r.tp: (r.offset, r.max_bytes, epochs.get(r.tp, -1)) for r in fetchable})
+            forgotten: dict[str, list[int]] = {}
+            for tp in sreq.forgotten:
+                forgotten.setdefault(tp.topic, []).append(tp.partition)
+            request = KafkaFetchRequest(
+                # Tansu answers a fetch with max_wait 0 without any partition; 1 ms costs nothing
+                max_wait_time=max(max_wait_ms, 1),
+                min_bytes=min_bytes,
+                max_bytes=max_bytes,
+                isolation_level=READ_COMMITTED if self.read_committed else 0,
+                topics=self._ordered([by_tp[tp] for tp in sreq.send]),
+                leader_epochs=epochs,
+                session_id=sreq.session_id,
+                session_epoch=sreq.epoch,
+                forgotten=list(forgotten.items()),
+            )
+            try:
+                resp = await self._client.send(int(node_id), request)
+            except (KafkaError, OSError) as exc:
+                session.reset()
+                raise SourceError(f"{node_id}: {exc!r}", kind="transport", node_down=True) from exc
+            if resp.API_VERSION < 7:
+                session.enabled = False  # no sessions before Fetch v7
+            top_error = getattr(resp, "error_code", 0)
+            if not top_error:
+                session.answered(sreq, getattr(resp, "session_id", 0))
+                return resp, session, sreq
+            session.reset()
+            if top_error not in SESSION_ERRORS or attempt == 2:
+                raise SourceError(
+                    f"{node_id}: fetch refused: {for_code(top_error).__name__}", kind="kafka", node_down=False
+                )
+            log.info("kafka fetch session reset", node=node_id, error=for_code(top_error).__name__)
+        raise AssertionError("unreachable")
 
     async def _recheck(
         self, node_id: str, suspect: dict[TopicPartition, int], topic_ids: dict[TopicPartition, str | None]
