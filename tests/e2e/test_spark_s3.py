@@ -187,3 +187,22 @@ def test_staged_objects_and_void_claims_never_reach_the_table(
     )
     values = {r.value for r in s3_spark.read.parquet(str(cfg.spark.output_dir)).select("value").collect()}
     assert not any(v.startswith(b"lost") or v == b"orphan" for v in values)
+
+
+def test_json_mode_quarantines_with_the_objects_uri(
+    tmp_path: Path, seaweedfs: SeaweedFS, s3_spark: Any
+) -> None:
+    """value_format = "json" on an s3:// landing: good values become columns, a bad one goes to
+    the quarantine table with its reason and the s3:// URI of the file it came from."""
+    store = object_store(seaweedfs)
+    cfg = s3_config(tmp_path, store.location, seaweedfs.endpoint, value_format="json", value_schema="n INT")
+    values = [b'{"n": %d}' % i for i in range(5)] + [b"{not json"]
+    raw = fmt.encode_batch(values, timestamps=[T0] * len(values), base_offset=0)
+    rb = fmt.to_arrow(raw, fmt.scan(raw)[0])
+    rng = Publisher(store).publish("events", 0, pa.Table.from_batches([rb]), None)
+    assert job.run(cfg, once=True) == 0
+    good = s3_spark.read.parquet(str(cfg.spark.output_dir))
+    assert sorted(r.n for r in good.select("n").collect()) == list(range(5))
+    [bad] = s3_spark.read.parquet(str(cfg.spark.quarantine_dir)).collect()
+    assert bad.offset == 5 and bad.reason
+    assert bad.source_file == f"{store.location}/{rng.path}"
