@@ -208,8 +208,13 @@ class LandingStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.options = dict(options)
         self.max_files = int(self.options.get("maxFilesPerTrigger", "0")) or None
         self._given = objects  # tests hand their own client in
+        self._store: ObjectStore | None = None  # driver side: its chains keep their head hints
         self._chains: dict[str, list[FileRange]] = {}  # the last listing, for partitions()
         self._target: Offset | None = None  # availableNow: the heads when the query started
+
+    def __getstate__(self) -> dict[str, Any]:
+        # what executors need for read(): the options; clients and listings stay on the driver
+        return {**self.__dict__, "_given": None, "_store": None, "_chains": {}}
 
     def _objects(self) -> Objects:
         return self._given if self._given is not None else _s3(self.options)
@@ -217,8 +222,10 @@ class LandingStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def list_chains(self) -> dict[str, list[FileRange]]:
         """Every chain's visible files in chain order (module docstring)."""
         objects = self._objects()
+        if self._store is None:
+            self._store = ObjectStore(objects)
         chains: dict[str, list[FileRange]] = {}
-        for rng in ObjectStore(objects).manifest():
+        for rng in self._store.manifest():
             chains.setdefault(chain_id(rng.topic, rng.partition), []).append(rng)
         for k, files in chains.items():
             if objects.head(files[-1].path) is None:

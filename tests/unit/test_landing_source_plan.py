@@ -125,3 +125,16 @@ def test_config_check_accepts_an_s3_landing_with_the_spark_job(tmp_path: Path) -
     )
     cfg = load_daemon_config(path, {})
     assert cfg.landing.dir == "s3://lake/landing" and cfg.spark.max_files_per_trigger == 5
+
+
+def test_the_reader_pickles_without_its_driver_state() -> None:
+    """What Spark ships to executors for read(): the options only, not the driver's listing or
+    clients (a listing grows with the landing; a boto3 client does not pickle)."""
+    import pickle
+
+    from mqd.spark.landing_source import LandingStreamReader
+
+    reader = LandingStreamReader({"uri": "s3://b/p", "maxFilesPerTrigger": "7"})
+    reader._chains = {"t/0": [FileRange("x", "t", 0, 0, 0, 1, 0, 0)]}
+    copy = pickle.loads(pickle.dumps(reader))
+    assert copy.options == reader.options and copy.max_files == 7 and copy._chains == {}
