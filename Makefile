@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 PY     := $(BIN)/python
 
-.PHONY: install check-java test test-fast lint fmt demo bench chaos clean install-systemd screenshots
+.PHONY: install check-java test test-fast lint fmt demo bench chaos clean install-systemd screenshots docs
 
 install: check-java $(VENV)/.installed
 
@@ -34,6 +34,20 @@ lint: install
 fmt: install
 	$(BIN)/ruff check --fix $(LINT_PATHS)
 	$(BIN)/ruff format $(LINT_PATHS)
+
+# API reference from the docstrings into $(DOCS_DIR) (open its index.html); reStructuredText, so
+# roles such as :class: become links. Every module and subpackage of mqd is listed: the package's
+# own __all__ names only __version__, and pdoc follows it.
+# Private modules are left out (mqd/sources/kafka/_rbv2*.so is a ctypes library, not a module).
+DOC_MODULES := mqd $(addprefix mqd.,$(filter-out __init__,$(basename $(notdir $(wildcard mqd/*.py)))) \
+	$(notdir $(patsubst %/__init__.py,%,$(wildcard mqd/*/__init__.py))))
+
+DOCS_DIR ?= build/docs
+
+docs: install
+	rm -rf $(DOCS_DIR)
+	$(BIN)/pdoc --docformat restructuredtext -o $(DOCS_DIR) $(DOC_MODULES) '!.*\._[^.]*$$'
+	@echo "API reference: $(DOCS_DIR)/index.html"
 
 demo: install
 	$(PY) -m mqd_dev.demo

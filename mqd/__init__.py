@@ -2,6 +2,10 @@
 
 from importlib.metadata import PackageNotFoundError, version
 
+from mqd.log import library_default
+
+library_default()  # quiet unless the application configures logging (mqd/log.py)
+
 try:
     __version__ = version("mqd")
 except PackageNotFoundError:  # a source tree that was never installed

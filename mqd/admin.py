@@ -604,6 +604,9 @@ def render_summary(status: Mapping[str, Any]) -> str:
     ]
     for reason in health.get("reasons") or []:
         lines.append(f"  ! {reason}")
+    unmatched = _section(status, "subscription").get("unmatched_patterns") or []
+    if unmatched:
+        lines.append(f"  ! topic patterns match no topic yet: {', '.join(map(str, unmatched))}")
     if consumer:
         member = _first(consumer, "member_id", "client_id", default="?")
         gen = consumer.get("generation", "?")

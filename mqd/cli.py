@@ -6,6 +6,7 @@ Exit codes: 0 ok / healthy, 1 failure / degraded, 2 bad config or usage, 3 not r
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -72,6 +73,12 @@ def main() -> None:
     Exit codes: 0 ok/healthy, 1 failed/degraded, 2 bad config or usage, 3 not running.
     Every command takes --help, with examples.
     """
+    # As a library mqd logs nothing unless the application sets logging up (mqd/log.py); this command
+    # is that application: warnings reach stderr (run, broker and spark configure their own level)
+    if not logging.getLogger().handlers:
+        from mqd import log as mqdlog
+
+        mqdlog.configure("warning")
 
 
 # -- helpers ------------------------------------------------------------------------------------
@@ -609,7 +616,11 @@ def config() -> None:
 
 @config.command("check")
 @click.argument("files", nargs=-1, required=True, type=click.Path(path_type=Path))
-@click.option("--show", is_flag=True, help="Print the effective config (defaults and MQD_* applied) as JSON.")
+@click.option(
+    "--show",
+    is_flag=True,
+    help="Print the effective config (defaults and MQD_* applied) as JSON, durations and sizes with units.",
+)
 def config_check(files: tuple[Path, ...], show: bool) -> None:
     """Validate config files: a daemon file, a broker node file or a cluster layout (told by its keys).
 
@@ -621,7 +632,7 @@ def config_check(files: tuple[Path, ...], show: bool) -> None:
       mqd config check config/*.toml
       MQD_CONSUMER__GROUP=etl mqd config check --show /etc/mqd/mqd.toml
     """
-    from mqd.config import check_file
+    from mqd.config import check_file, shown
 
     failed = False
     for path in files:
@@ -633,7 +644,8 @@ def config_check(files: tuple[Path, ...], show: bool) -> None:
             continue
         click.echo(f"{path}: ok ({kind} config)")
         if show:
-            click.echo(json.dumps(_masked(model.model_dump(mode="json")), indent=2))  # type: ignore[attr-defined]
+            # durations and sizes in the units syntax, so what is shown can be pasted back
+            click.echo(json.dumps(_masked(shown(model)), indent=2))  # type: ignore[arg-type]
     sys.exit(EXIT_CONFIG if failed else EXIT_OK)
 
 
@@ -829,6 +841,14 @@ def broker_init(config_path: Path) -> None:
 @click.option("--batch", default=1000, show_default=True, type=int, help="Records per batch.")
 @click.option("--acks", default="all", type=click.Choice(["master", "all"]), show_default=True)
 @click.option("--token", envvar="MQD_TOKEN", default=None, help="Bearer token, if the cluster needs one.")
+@click.option(
+    "--retries",
+    default=3,
+    show_default=True,
+    type=int,
+    help="Attempts after the first for a batch whose partition fails (with backoff); a partition "
+    "that still fails is given up and its remaining records are counted as failed.",
+)
 def produce(
     bootstrap: str,
     topic: str,
@@ -839,14 +859,21 @@ def produce(
     batch: int,
     acks: str,
     token: str | None,
+    retries: int,
 ) -> None:
     """Produce test records to a topic.
+
+    On a terminal a progress line (sent, acked, failed, records/s) is refreshed every second; a
+    summary is printed at the end. A partition whose master is down does not stop the others.
 
     \b
     Example:
       mqd produce --topic events --count 100000 --size 100 --rate 50000
+
+    Exit codes: 0 every record acknowledged, 1 a broker failure or records not acknowledged (one line
+    per failed partition on stderr), 2 bad arguments.
     """
-    from mqd.producer import produce_cli
+    from mqd.produce_command import produce_cli
 
     sys.exit(
         produce_cli(
@@ -859,6 +886,7 @@ def produce(
             batch=batch,
             acks=acks,
             token=token,
+            retries=retries,
         )
     )
 
@@ -875,16 +903,183 @@ def spark(config_path: Path, once: bool, master: str | None) -> None:
       mqd spark --config config/mqd.toml --once
       mqd spark -c config/mqd.toml --master spark://spark-master:7077
 
-    Exit codes: 0 done or stopped, 1 a query failed, 2 invalid configuration, 75 no Spark session
+    Exit codes: 0 done or stopped, 1 a query failed, 2 invalid configuration or pyspark not installed
+    (pip install 'mqd[spark]'), 75 no Spark session
     (master unreachable or Spark failed to start; try again later).
     """
     cfg = _load(config_path)
+    from mqd.spark import pyspark_problem
+
+    missing = pyspark_problem()  # pyspark is the optional extra mqd[spark]
+    if missing is not None:
+        _die(missing, EXIT_CONFIG)
     from mqd import log as mqdlog
     from mqd.spark.job import run as run_job
 
     mqdlog.configure(cfg.log.level, cfg.log.format)
     rc = run_job(cfg, once=once, master=master)
     sys.exit(rc if isinstance(rc, int) else EXIT_OK)
+
+
+# -- offsets (deliberate replays and skips; mqd/offsets_reset.py) ---------------------------------
+
+
+@main.group()
+def offsets() -> None:
+    """Where the daemon resumes: show it, move it (the landing, not the broker commit, decides)."""
+
+
+def _offsets_run(config_path: Path, work: Any) -> None:
+    """Run ``work(tool)`` against the config's queue and landing; errors exit 1 (2: config)."""
+    import asyncio
+
+    from mqd.consumer.errors import ConsumerError
+    from mqd.offsets_reset import OffsetsTool, ResetError
+
+    cfg = _load(config_path)
+
+    async def go() -> None:
+        tool = OffsetsTool(cfg)
+        try:
+            await tool.start()
+            await work(tool)
+        finally:
+            await tool.stop()
+
+    try:
+        asyncio.run(go())
+    except (ResetError, ConsumerError) as exc:
+        _die(f"error: {exc}", EXIT_FAIL)
+
+
+@offsets.command("show")
+@_config_option
+@click.argument("partitions", nargs=-1, metavar="TOPIC[:PARTITION]...")
+def offsets_show(config_path: Path, partitions: tuple[str, ...]) -> None:
+    """Show each partition's landed position (where the daemon resumes), the broker-committed
+    offset, the log bounds and any reset not applied yet. Default: the config's topics.
+
+    \b
+    Example:
+      mqd offsets show --config config/mqd.toml events
+    """
+    from mqd.offsets_reset import parse_partitions, table
+    from mqd.topic_pattern import TopicSubscription
+
+    async def work(tool: Any) -> None:
+        known = tool.partitions_of()
+        # the config's topics, its re: patterns resolved; names not in the metadata are reported
+        names = partitions or TopicSubscription(_load(config_path).consumer.topics).resolve(known)
+        tps = parse_partitions(names, known)
+        click.echo(table(await tool.rows(tps), with_new=False))
+
+    _offsets_run(config_path, work)
+
+
+@offsets.command("reset")
+@_config_option
+@click.argument("partitions", nargs=-1, required=True, metavar="TOPIC[:PARTITION]...")
+@click.option(
+    "--to", "to", required=True, help="earliest | latest | an offset | an ISO datetime (UTC if no zone)."
+)
+@click.option("--dry-run", is_flag=True, help="Print the table of what would change; change nothing.")
+def offsets_reset_cmd(config_path: Path, partitions: tuple[str, ...], to: str, dry_run: bool) -> None:
+    """Move where the daemon resumes, per topic or TOPIC:PARTITION, with the daemon stopped.
+
+    The landing is the source of truth, so the reset is recorded in the landing (a broker-side
+    `kafka-consumer-groups --reset-offsets` is only warned about at start). A forward reset skips
+    offsets (logged and counted when the daemon applies it); a reset below what is landed is a
+    deliberate replay: the range lands once more, its rows marked by a replay id in the table's
+    incarnation column. Stop every daemon of the group first. Exit codes: 0 done, 1 refused or
+    failed, 2 invalid configuration.
+
+    \b
+    Examples:
+      mqd offsets reset -c config/mqd.toml events --to latest --dry-run
+      mqd offsets reset -c config/mqd.toml events:3 --to 150000
+      mqd offsets reset -c config/mqd.toml events --to 2026-11-24T08:00:00Z
+    """
+    import uuid
+
+    from mqd.offsets_reset import (
+        ResetError,
+        ResetRecord,
+        landing_root,
+        now_iso,
+        parse_partitions,
+        parse_target,
+        plan_row,
+        table,
+        write_reset,
+    )
+
+    try:
+        target = parse_target(to)
+    except ResetError as exc:
+        _die(f"error: {exc}", EXIT_CONFIG)
+    rt = _runtime(config_path)
+    if not dry_run and (pid := _running(rt)) is not None:
+        _die(
+            f"error: the daemon is running (pid {pid}); stop it first (`mqd stop`), and every other "
+            "daemon of its group: a running daemon would land past the reset",
+            EXIT_FAIL,
+        )
+    refused = False
+
+    async def work(tool: Any) -> None:
+        nonlocal refused
+        cfg = _load(config_path)
+        root = landing_root(cfg.landing.dir)
+        tps = parse_partitions(partitions, tool.partitions_of())
+        rows = await tool.rows(tps)
+        targets = await tool.targets(tps, target)
+        heads = await tool.heads(tps)
+        plan = []
+        for row in rows:
+            assert row.log_start is not None and row.log_end is not None
+            plan.append(
+                plan_row(
+                    row.tp,
+                    landed_next=row.landed_next,
+                    committed=row.committed,
+                    log_start=row.log_start,
+                    log_end=row.log_end,
+                    pending=row.pending,
+                    target=targets[row.tp],
+                    landed_incarnation=heads[row.tp][1],
+                    replaying=heads[row.tp][2],
+                )
+            )
+        click.echo(table(plan, with_new=True))
+        refused = any(p.action == "refused" for p in plan)
+        if dry_run:
+            click.echo("dry run: nothing changed")
+            return
+        if refused:
+            click.echo("nothing changed: a partition is refused (see NOTE)", err=True)
+            return
+        moved = 0
+        for p in plan:
+            if p.action not in ("move", "replay"):
+                continue
+            assert p.new is not None
+            replay = p.action == "replay" and p.landed_next is not None
+            rec = ResetRecord(
+                p.tp,
+                p.new,
+                p.landed_next,
+                heads[p.tp][1],
+                now_iso(),
+                # the replayed range lands under its own id: the landed files keep theirs
+                replay_id=uuid.uuid4().hex if replay else None,
+                replay_end=p.landed_next - 1 if replay and p.landed_next is not None else None,
+            )
+            write_reset(root, rec)
+            moved += 1
+        click.echo(f"recorded {moved} reset(s); the daemon applies them at its next start")
+
+    _offsets_run(config_path, work)
+    sys.exit(EXIT_FAIL if refused else EXIT_OK)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import socket
 import sys
 import tomllib
@@ -43,8 +44,11 @@ from pydantic import (
     model_validator,
 )
 
+from mqd import units
 from mqd.errors import MqdError
 from mqd.topic_name import check_topic_name
+from mqd.topic_pattern import check_topic_entry
+from mqd.units import Bytes, Millis, Seconds, jvm_memory
 
 MiB = 1024 * 1024
 # the one record-size limit's default (broker, producer, landing): measured, see mqd/record_size.py
@@ -148,8 +152,25 @@ def _host_port(value: str) -> str:
     return value
 
 
-# every float field takes this type: inf and NaN pass a plain float and then overflow where the
-# daemon turns seconds into milliseconds (OverflowError at `mqd run`, exit 1 instead of 2)
+_CONSUME_FROM_ALIASES = {"earliest": "first", "latest": "last"}
+
+
+def _consume_from_alias(value: Any) -> Any:
+    return _CONSUME_FROM_ALIASES.get(value, value) if isinstance(value, str) else value
+
+
+def _spark_seconds(value: Any) -> Any:
+    # a bare number is seconds, as for every float-seconds key; Spark reads "N seconds"
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return f"{value} seconds"
+    return value
+
+
+ConsumeFrom = Annotated[Literal["last", "first", "timestamp"], BeforeValidator(_consume_from_alias)]
+
+# every float field takes a finite type (mqd.units.Seconds is one): inf and NaN pass a plain float
+# and then overflow where the daemon turns seconds into milliseconds (OverflowError at `mqd run`,
+# exit 1 instead of 2)
 Float = FiniteFloat
 ConfigPath = Annotated[Path, BeforeValidator(_non_empty_path)]
 # str: an s3:// URI. str first: validation of text picks the first member that takes it
@@ -158,6 +179,7 @@ Token = Annotated[str, AfterValidator(_token)]
 HttpUrl = Annotated[str, AfterValidator(_http_url)]
 BootstrapAddress = Annotated[str, AfterValidator(_bootstrap_address)]
 TopicName = Annotated[str, AfterValidator(check_topic_name)]
+TopicEntry = Annotated[str, AfterValidator(check_topic_entry)]  # a name or a "re:" pattern
 
 
 class _Model(BaseModel):
@@ -248,29 +270,32 @@ class ClusterConfig(_Model):
 
 
 class StorageConfig(_Model):
-    segment_bytes: int = Field(default=256 * MiB, ge=4096)
-    retention_bytes: int = Field(default=-1, ge=-1)  # per partition; -1 keeps everything
-    retention_ms: int = Field(default=-1, ge=-1)  # by newest timestamp of a segment; -1 keeps
+    segment_bytes: Bytes = Field(default=256 * MiB, ge=4096)
+    retention_bytes: Bytes = Field(default=-1, ge=-1)  # per partition; -1 keeps everything
+    retention_ms: Millis = Field(default=-1, ge=-1)  # by newest timestamp of a segment; -1 keeps
     fsync: Literal["always", "interval", "never"] = "interval"
-    fsync_interval_ms: int = Field(default=1000, ge=1)
-    retention_check_interval_ms: int = Field(default=60_000, ge=100)
+    fsync_interval_ms: Millis = Field(default=1000, ge=1)
+    retention_check_interval_ms: Millis = Field(default=60_000, ge=100)
+    # the background CRC scrub of closed segments (broker/scrub.py) reads at most this many bytes a
+    # second per node, so it never starves fetches: 1 MiB/s checks 3.6 GB an hour; 0 turns it off
+    scrub_bytes_per_second: Bytes = Field(default=1 * MiB, ge=0)
 
 
 class BrokerLimits(_Model):
-    max_request_bytes: int = Field(default=64 * MiB, ge=1024)
+    max_request_bytes: Bytes = Field(default=64 * MiB, ge=1024)
     # largest record (key + value + headers) accepted, 413 record_too_large above (mqd/record_size.py)
-    max_record_bytes: int = Field(default=DEFAULT_MAX_RECORD_BYTES, ge=1)
-    max_fetch_bytes: int = Field(default=64 * MiB, ge=1024)
-    max_wait_ms: int = Field(default=30_000, ge=0)
+    max_record_bytes: Bytes = Field(default=DEFAULT_MAX_RECORD_BYTES, ge=1)
+    max_fetch_bytes: Bytes = Field(default=64 * MiB, ge=1024)
+    max_wait_ms: Millis = Field(default=30_000, ge=0)
     max_partitions_per_fetch: int = Field(default=10_000, ge=1)
     # a body not received whole this long after its headers is cut with 408 (one fd per stalled
     # sender otherwise lasts forever); 64 MiB takes ~5 s at 100 Mbit/s
-    body_timeout_ms: int = Field(default=10_000, ge=100, le=3_600_000)
+    body_timeout_ms: Millis = Field(default=10_000, ge=100, le=3_600_000)
     # fetches held at once on the node (each holds a task, a socket and its buffers); above it 429
     max_long_polls: int = Field(default=1000, ge=1)
     # a request's headers not received whole this long after the connection opened (or their first
     # byte on a kept-alive one) are cut with 408: a slow sender would hold its fd until keep-alive
-    header_timeout_ms: int = Field(default=20_000, ge=100, le=3_600_000)
+    header_timeout_ms: Millis = Field(default=20_000, ge=100, le=3_600_000)
 
 
 class BrokerConfig(_Model):
@@ -282,12 +307,12 @@ class BrokerConfig(_Model):
     host: str = "127.0.0.1"
     port: int | None = Field(default=None, ge=0, le=65535)  # default: the port of the node's url
     offset_check_in_slave: bool = False
-    slave_suggest_lag_bytes: int = Field(default=64 * MiB, ge=0)  # RocketMQ's "40% of RAM"
-    session_timeout_ms: int = Field(default=10_000, ge=100)
-    liveness_interval_ms: int = Field(default=1000, ge=50)
-    liveness_timeout_ms: int = Field(default=3000, ge=100)
-    replica_wait_ms: int = Field(default=1000, ge=0)  # replica long-poll
-    acks_all_timeout_ms: int = Field(default=10_000, ge=1)
+    slave_suggest_lag_bytes: Bytes = Field(default=64 * MiB, ge=0)  # RocketMQ's "40% of RAM"
+    session_timeout_ms: Millis = Field(default=10_000, ge=100)
+    liveness_interval_ms: Millis = Field(default=1000, ge=50)
+    liveness_timeout_ms: Millis = Field(default=3000, ge=100)
+    replica_wait_ms: Millis = Field(default=1000, ge=0)  # replica long-poll
+    acks_all_timeout_ms: Millis = Field(default=10_000, ge=1)
     auth_token: Token | None = Field(default=None, repr=False)
     tls_cert: ConfigPath | None = None
     tls_key: ConfigPath | None = None
@@ -348,39 +373,41 @@ class ConsumerConfig(_Model):
     # mqd: http(s) URLs of broker nodes; kafka: HOST:PORT bootstrap servers
     bootstrap: list[BootstrapAddress] = Field(default_factory=lambda: ["http://127.0.0.1:9400"], min_length=1)
     kafka: KafkaConfig = KafkaConfig()
-    topics: list[TopicName] = Field(default_factory=lambda: ["events"], min_length=1)
+    # names, or "re:<regex>" patterns matched against whole topic names (mqd/topic_pattern.py)
+    topics: list[TopicEntry] = Field(default_factory=lambda: ["events"], min_length=1)
     mode: Literal["cluster", "broadcast"] = "cluster"
-    consume_from: Literal["last", "first", "timestamp"] = "first"
+    # Kafka's words are aliases: earliest = first, latest = last (auto.offset.reset's habit)
+    consume_from: ConsumeFrom = "first"
     consume_timestamp_ms: int | None = None  # for consume_from = "timestamp"
     allocation: str = "averagely"
     on_offset_reset: Literal["broker", "earliest", "latest", "fail"] = "broker"
-    rebalance_interval: Float = Field(default=20.0, gt=0)
-    heartbeat_interval: Float = Field(default=3.0, gt=0)
-    session_timeout: Float = Field(default=10.0, gt=0, le=MAX_SESSION_TIMEOUT_S)
-    metadata_refresh_interval: Float = Field(default=30.0, gt=0)
-    commit_interval: Float = Field(default=5.0, gt=0)
+    rebalance_interval: Seconds = Field(default=20.0, gt=0)
+    heartbeat_interval: Seconds = Field(default=3.0, gt=0)
+    session_timeout: Seconds = Field(default=10.0, gt=0, le=MAX_SESSION_TIMEOUT_S)
+    metadata_refresh_interval: Seconds = Field(default=30.0, gt=0)
+    commit_interval: Seconds = Field(default=5.0, gt=0)
     # the log end of every owned partition is asked this often, whatever its state (true lag)
-    log_end_interval: Float = Field(default=5.0, gt=0)
+    log_end_interval: Seconds = Field(default=5.0, gt=0)
     # stuck: no landed progress for this many log-end polls while the log end grew
     stuck_intervals: int = Field(default=3, ge=1)
     max_queued_records: int = Field(default=1000, ge=1)
-    max_queued_bytes: int = Field(default=100 * MiB, ge=1)
+    max_queued_bytes: Bytes = Field(default=100 * MiB, ge=1)
     max_offset_span: int = Field(default=2000, ge=1)
-    flow_control_retry_ms: int = Field(default=50, ge=1)
+    flow_control_retry_ms: Millis = Field(default=50, ge=1)
     # daemon-wide budget; the daemon charges whole fetch answers until published. 80 MiB keeps
     # its peak RSS under 300 MB on any backlog (bench/memab.py, docs/architecture.md)
-    max_buffered_bytes: int = Field(default=80 * MiB, ge=1)
-    fetch_max_wait_ms: int = Field(default=500, ge=0)
-    fetch_min_bytes: int = Field(default=1, ge=0)
-    fetch_max_bytes: int = Field(default=32 * MiB, ge=1)
-    partition_max_bytes: int = Field(default=4 * MiB, ge=1)
-    request_timeout: Float = Field(default=30.0, gt=0)
-    error_backoff_ms: int = Field(default=100, ge=1)
-    error_backoff_max_ms: int = Field(default=5000, ge=1)
+    max_buffered_bytes: Bytes = Field(default=80 * MiB, ge=1)
+    fetch_max_wait_ms: Millis = Field(default=500, ge=0)
+    fetch_min_bytes: Bytes = Field(default=1, ge=0)
+    fetch_max_bytes: Bytes = Field(default=32 * MiB, ge=1)
+    partition_max_bytes: Bytes = Field(default=4 * MiB, ge=1)
+    request_timeout: Seconds = Field(default=30.0, gt=0)
+    error_backoff_ms: Millis = Field(default=100, ge=1)
+    error_backoff_max_ms: Millis = Field(default=5000, ge=1)
     check_crc: bool = True
     # a fetched record larger than this (key + value + headers) parks its partition instead of
     # landing a file the Spark job cannot read; the same limit as the broker's (mqd/record_size.py)
-    max_record_bytes: int = Field(default=DEFAULT_MAX_RECORD_BYTES, ge=1)
+    max_record_bytes: Bytes = Field(default=DEFAULT_MAX_RECORD_BYTES, ge=1)
     offset_file: ConfigPath = Path("state/offsets.json")  # broadcast mode
     auth_token: Token | None = Field(default=None, repr=False)
     tls_ca_file: ConfigPath | None = None  # CA bundle to verify brokers' certificates (default: system store)
@@ -432,13 +459,13 @@ class LandingS3Config(_Model):
 class LandingConfig(_Model):
     dir: LandingDir = Path("landing")  # a folder, or s3://bucket/prefix (object storage, issue 15)
     max_records: int = Field(default=500_000, ge=1)
-    max_bytes: int = Field(default=32 * MiB, ge=1)
-    max_age: Float = Field(default=5.0, gt=0)
+    max_bytes: Bytes = Field(default=32 * MiB, ge=1)
+    max_age: Seconds = Field(default=5.0, gt=0)
     compression: Literal["snappy", "zstd", "gzip", "lz4", "none"] = "snappy"
-    disk_retry_interval: Float = Field(default=1.0, gt=0)
+    disk_retry_interval: Seconds = Field(default=1.0, gt=0)
     # seconds an event time may be ahead of the publishing wall clock and still move the partition's
     # watermark (mqd/landing/watermark.py); files stamped further ahead land but are counted instead
-    max_event_ahead: Float = Field(default=3600.0, gt=0, le=10 * 365 * 86400)
+    max_event_ahead: Seconds = Field(default=3600.0, gt=0, le=10 * 365 * 86400)
     s3: LandingS3Config = Field(default_factory=LandingS3Config)
 
 
@@ -449,12 +476,15 @@ class SparkConfig(_Model):
     checkpoint_dir: ConfigPath = Path("warehouse/_checkpoints/events")
     quarantine_dir: ConfigPath = Path("warehouse/_quarantine/events")
     max_files_per_trigger: int = Field(default=1000, ge=1)
-    trigger_interval: str = "10 seconds"
+    # the duration syntax ("10s", "500ms") or Spark's own ("10 seconds"); Spark gets its own form
+    trigger_interval: Annotated[str, BeforeValidator(_spark_seconds)] = Field(
+        default="10s", validate_default=True
+    )
     value_format: Literal["raw", "json"] = "raw"
     value_schema: str = ""  # Spark DDL, for value_format = "json"
     partition_by: list[str] = Field(default_factory=lambda: ["topic", "dt"])  # after what it checks against
     shuffle_partitions: int = Field(default=4, ge=1)
-    driver_memory: str = "1g"
+    driver_memory: str = "1g"  # the JVM's "1g", "512m" (1024-based) or the size syntax ("2GiB")
     log_level: Literal["ALL", "TRACE", "DEBUG", "INFO", "WARN", "ERROR", "FATAL", "OFF"] = "WARN"  # log4j's
     ui: bool = False  # the Spark UI (bound to 127.0.0.1 for a local master), e.g. for the streaming unit
     ui_port: int = Field(default=4040, ge=1, le=65535)
@@ -476,6 +506,11 @@ class SparkConfig(_Model):
         from mqd.spark.static_checks import trigger_interval
 
         return trigger_interval(value)
+
+    @field_validator("driver_memory")
+    @classmethod
+    def _jvm_memory(cls, value: str) -> str:
+        return jvm_memory(value)
 
     @field_validator("partition_by")
     @classmethod
@@ -513,7 +548,7 @@ class DaemonSection(_Model):
     state_dir: ConfigPath = Path("state")
     pid_file: ConfigPath = Path("state/mqd.pid")
     log_file: ConfigPath = Path("state/mqd.log")
-    shutdown_timeout: Float = Field(default=30.0, gt=0)
+    shutdown_timeout: Seconds = Field(default=30.0, gt=0)
     watchdog: bool = True
 
 
@@ -580,6 +615,12 @@ def _format_errors(
                     shown = "<hidden>"
             if allowed:
                 msg += f"; allowed keys: {', '.join(allowed)}"
+        elif err["type"] == "literal_error":
+            choices = re.findall(r"'([^']*)'", str(err.get("ctx", {}).get("expected", "")))
+            msg = err["msg"]
+            close = get_close_matches(str(value), choices, n=1, cutoff=0.6) if isinstance(value, str) else []
+            if close:
+                msg += f" (did you mean {close[0]!r}?)"
         elif err["type"] == "missing":
             msg = "required key is missing"
             shown = ""
@@ -808,6 +849,31 @@ def load_broker_config(path: str | Path) -> tuple[BrokerConfig, ClusterConfig]:
     if cluster.node(cfg.node_id) is None:
         raise ConfigError(f"{path}: node_id: {cfg.node_id!r} is not a node of {cfg.cluster_file}")
     return cfg, cluster
+
+
+def shown(model: BaseModel) -> dict[str, Any]:
+    """``model`` as JSON data for people (``mqd config check --show``): every duration and size in
+    the units syntax (``"5s"``, ``"32MiB"``), which the loader reads back to the same value."""
+    out: dict[str, Any] = {}
+    for name, field in type(model).model_fields.items():
+        value = getattr(model, name)
+        funcs = {getattr(m, "func", None) for m in field.metadata}
+        if isinstance(value, BaseModel):
+            out[name] = shown(value)
+        elif isinstance(value, list) and value and isinstance(value[0], BaseModel):
+            out[name] = [shown(v) for v in value]
+        elif isinstance(value, int | float) and not isinstance(value, bool) and value >= 0:
+            if units.seconds_validator in funcs and float(value * 1000).is_integer():
+                out[name] = units.format_duration_ms(int(value * 1000))
+            elif units.millis_validator in funcs:
+                out[name] = units.format_duration_ms(int(value))
+            elif units.bytes_validator in funcs:
+                out[name] = units.format_size(int(value))
+            else:
+                out[name] = value
+        else:
+            out[name] = model.__pydantic_serializer__.to_python(model, mode="json", include={name})[name]
+    return out
 
 
 ConfigKind = Literal["daemon", "broker", "cluster"]

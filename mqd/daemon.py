@@ -38,6 +38,7 @@ from typing import Any
 import pyarrow as pa
 import structlog
 
+from mqd import offsets_reset
 from mqd.client import BrokerClient
 from mqd.config import MqdConfig
 from mqd.consumer import (
@@ -110,6 +111,10 @@ class Daemon:
         self._markers = 0
         self._marker_lock_timeouts = 0  # marker rounds skipped: the topic's marker lock was held
         self._consumer_started = False
+        self._reset_skipped = 0  # offsets skipped by applied `mqd offsets reset` records
+        self._reset_replayed = 0  # offsets landed again by applied replays
+        # partitions replaying a range (mqd offsets reset below the landed head): tagged on drain
+        self._replays: dict[TopicPartition, offsets_reset.Replay] = {}
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -134,6 +139,14 @@ class Daemon:
             await self.sink.close()
             await self._client.close()
             raise
+        cc = self._config.consumer
+        # until the first metadata answer nothing else is logged: say what start waits for
+        log.info(
+            "waiting for cluster metadata",
+            source=cc.source,
+            bootstrap=list(cc.bootstrap),
+            timeout_s=cc.request_timeout,
+        )
         try:
             await self.consumer.start()
         except BaseException:
@@ -289,7 +302,12 @@ class Daemon:
         for batch in self.consumer.fetched_batches(max_bytes=room):
             if not self.consumer.is_owned(batch.tp, batch.epoch):
                 continue  # revoked or re-seeked since it was fetched
-            self.sink.add(batch)
+            replay = self._replays.get(batch.tp) if self._replays else None
+            if replay is None:
+                self.sink.add(batch)
+            else:  # a deliberate replay: its range lands under the replay id
+                for piece in offsets_reset.retag(batch, replay):
+                    self.sink.add(piece)
 
     async def _publish_due(self) -> None:
         now = time.monotonic()
@@ -330,8 +348,13 @@ class Daemon:
             self.consumer.mark_consumed(tp, res.conflict.last_offset + 1)
         if res.conflict is not None and res.owned:
             last = res.conflict.last_offset
-            # resume after what is landed, in the log incarnation it was landed from
-            self.consumer.seek(tp, 0 if last is None else last + 1, res.conflict.incarnation)
+            # resume after what is landed, in the log incarnation it was landed from (a replay
+            # id is the landing's name for the replayed range: the broker knows the log's)
+            inc = res.conflict.incarnation
+            replay = self._replays.get(tp)
+            if replay is not None and inc == replay.replay_id:
+                inc = replay.incarnation
+            self.consumer.seek(tp, 0 if last is None else last + 1, inc)
         if res.error is not None:
             self._set_landing_error(res.error)
 
@@ -420,7 +443,7 @@ class Daemon:
             self._watermark_hour[tp] = hour
 
     async def _update_markers(self) -> None:
-        for topic in self._config.consumer.topics:
+        for topic in self.consumer.subscribed_topics():  # patterns resolved
             n = self.consumer.partition_count(topic)  # the consumer's metadata cache
             if not n:
                 continue
@@ -433,6 +456,7 @@ class Daemon:
 
     def on_partitions_revoked(self, tps: set[TopicPartition]) -> None:
         for tp in tps:
+            self._replays.pop(tp, None)  # a new owner's start hook takes the replay on
             dropped = self.sink.forget(tp)
             self._disk_paused.discard(tp)
             self._watermark_hour.pop(tp, None)
@@ -458,10 +482,69 @@ class Daemon:
             self._record_error("resume_position", exc)
             # retriable: the consumer retries the assignment; nothing is fetched without a position
             raise ConsumerError(f"{tp}: cannot read landing state: {exc}", retriable=True) from exc
+        position, incarnation = await self._apply_offsets_reset(tp, position, incarnation)
         if position is None:
             return None
         self.consumer.mark_consumed(tp, position)  # a lost or lagging broker commit catches up
         return StartPosition(position, incarnation)
+
+    async def _apply_offsets_reset(
+        self, tp: TopicPartition, position: int | None, incarnation: str | None
+    ) -> tuple[int | None, str | None]:
+        """A `mqd offsets reset` record for ``tp`` (mqd/offsets_reset.py) moves the start position
+        while the landed head is still the one it was decided against; a stale one is removed."""
+        landing = self._config.landing.dir
+        if isinstance(landing, str):  # object storage: resets are not recorded there (yet)
+            return position, incarnation
+        loop = asyncio.get_running_loop()
+        try:
+            rec = await loop.run_in_executor(None, offsets_reset.read_reset, landing, tp)
+        except offsets_reset.ResetError as exc:
+            self._record_error("offsets_reset", exc)
+            raise ConsumerError(f"{tp}: {exc}", retriable=True) from exc
+        if rec is None:
+            return position, incarnation
+        r = offsets_reset.resume(rec, position, incarnation)
+        if r.outcome == "cleared":
+            # landed past it: a replay that finished, or landings since (applying it now could
+            # move the partition back over them)
+            log.info(
+                "offsets reset record done",
+                tp=str(tp),
+                reset_to=rec.to_offset,
+                reset_landed=rec.landed_next,
+                landed=position,
+            )
+            self._replays.pop(tp, None)
+            await loop.run_in_executor(None, offsets_reset.clear_reset, landing, tp)
+            return position, incarnation
+        if r.replay is not None:
+            self._replays[tp] = r.replay
+        if r.outcome == "replaying":
+            log.warning(
+                "offsets reset: replay resumes",
+                tp=str(tp),
+                at=position,
+                replay_end=r.replay.end if r.replay else None,
+            )
+            return r.position, r.incarnation
+        self._reset_skipped += r.skipped
+        self._reset_replayed += r.replayed
+        log.warning(
+            "offsets reset applied",
+            tp=str(tp),
+            landed=position,
+            to_offset=r.position,
+            skipped_offsets=r.skipped,
+            skipped_range=(
+                f"{position}..{r.position - 1}" if r.skipped and position is not None and r.position else None
+            ),
+            replayed_offsets=r.replayed,
+            replayed_range=f"{r.position}..{r.replay.end}" if r.replay is not None else None,
+            replay_id=rec.replay_id,
+            made=rec.created,
+        )
+        return r.position, r.incarnation
 
     # -- operations ------------------------------------------------------------------------------
 
@@ -495,6 +578,8 @@ class Daemon:
             "commits": self._commits,
             "markers": self._markers,
             "marker_lock_timeouts": self._marker_lock_timeouts,
+            "reset_skipped_offsets": self._reset_skipped,
+            "reset_replayed_offsets": self._reset_replayed,
         }
 
     def health(self) -> tuple[str, list[str]]:
@@ -512,6 +597,9 @@ class Daemon:
             reasons.extend(f"{what}: {err}" for what, err in snap.errors.items() if err)
             if snap.totals.parked:
                 reasons.append(f"parked partitions: {', '.join(snap.totals.parked)}")
+        waiting = self.consumer.waiting_reason()
+        if waiting is not None:  # a start that is not up yet names its reason in `mqd status` too
+            reasons.append(f"no assignment yet: {waiting}")
         return ("ok" if not reasons else "degraded"), reasons
 
     def status(self) -> dict[str, Any]:
@@ -530,6 +618,11 @@ class Daemon:
                 "paused_for_disk": sorted(f"{t}/{p}" for t, p in self._disk_paused),
             },
             "user_paused": sorted(f"{t}/{p}" for t, p in self._user_paused),
+            # concrete topics (re: patterns resolved); a pattern matching nothing is a warning
+            "subscription": {
+                "topics": list(self.consumer.subscribed_topics()),
+                "unmatched_patterns": list(self.consumer.unmatched_patterns()),
+            },
             "stats": self.stats,
             "errors": list(self._errors),
         }

@@ -5,6 +5,14 @@ so every line has the same shape: ``timestamp``, ``level``, ``logger``, ``event`
 context. The pull path binds ``topic``/``partition``/``node`` with ``structlog.contextvars`` (or a
 bound logger); ``merge_contextvars`` puts them on every line logged inside that context, including
 lines from stdlib loggers.
+
+Used as a library (``import mqd.consumer`` in someone's application), mqd prints nothing by itself:
+``library_default`` (run when the ``mqd`` package is imported) sends structlog's events to stdlib
+loggers named ``mqd.*`` and gives ``mqd`` a NullHandler, the stdlib convention for libraries. The
+application decides: ``logging.basicConfig(level=logging.INFO)`` shows mqd's lines as ``event
+key=value ...`` through its own handlers, ``mqd.log.configure()`` (what the ``mqd`` command runs)
+gives mqd's JSON or console output. An application that configured structlog itself keeps its
+configuration, and mqd's lines follow it.
 """
 
 from __future__ import annotations
@@ -78,6 +86,41 @@ def _final_processors(fmt: str, colors: bool) -> list[Any]:
         structlog.processors.UnicodeDecoder(),
         structlog.processors.JSONRenderer(default=str),
     ]
+
+
+_pairs = structlog.processors.KeyValueRenderer(sort_keys=True)
+
+
+def _event_then_pairs(logger: Any, name: str, event_dict: Any) -> tuple[tuple[str], dict[str, Any]]:
+    """``event key=value ...``: the message a stdlib handler shows for a structlog event; an exception
+    goes to the stdlib record's exc_info, so the application's formatter prints its traceback."""
+    event = event_dict.pop("event", "")
+    exc_info = event_dict.pop("exc_info", None)
+    rest = _pairs(logger, name, event_dict)
+    return (f"{event} {rest}" if rest else str(event),), ({"exc_info": exc_info} if exc_info else {})
+
+
+def library_default() -> None:
+    """Quiet unless the application configures logging; a no-op once structlog is configured.
+
+    structlog's own default prints every level to stdout: a library must not. Events become stdlib
+    records (message ``event key=value ...``) filtered by the stdlib levels, and the NullHandler keeps
+    Python's last-resort handler from printing mqd's warnings on stderr when nothing is configured.
+    """
+    if structlog.is_configured():
+        return
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.stdlib.filter_by_level,
+            structlog.processors.StackInfoRenderer(),
+            _event_then_pairs,
+        ],
+        logger_factory=structlog.stdlib.LoggerFactory(),
+        wrapper_class=structlog.stdlib.BoundLogger,
+        cache_logger_on_first_use=False,
+    )
+    logging.getLogger("mqd").addHandler(logging.NullHandler())
 
 
 def configure(level: str = "info", fmt: str = "auto", stream: IO[Any] | None = None) -> str:

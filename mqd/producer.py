@@ -10,15 +10,13 @@ unknown partition, too large) are raised at once with ``retriable=False``. A rec
 ``max_record_bytes`` (the broker's limit, mqd/record_size.py) is refused before sending, with the
 broker's own error code ``record_too_large``.
 
-``produce_cli`` is the body of ``mqd produce``: synthetic records, optional keys, a token-bucket
-rate limit, a summary line at the end.
+``synthetic_values`` and ``TokenBucket`` make load for ``mqd produce`` (mqd/produce_command.py),
+the benchmark and the demo.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
-import sys
 import time
 import zlib
 from collections.abc import Sequence
@@ -31,7 +29,7 @@ from mqd import format as fmt
 from mqd import record_size
 from mqd.client import BrokerClient, BrokerError, ProduceResult
 from mqd.metadata import ClusterMetadata, MetadataError
-from mqd.topic_name import check_topic_name, topic_name_problem
+from mqd.topic_name import check_topic_name
 from mqd.topic_partition import TopicPartition
 
 __all__ = [
@@ -40,7 +38,6 @@ __all__ = [
     "Producer",
     "TokenBucket",
     "key_partition",
-    "produce_cli",
     "synthetic_values",
 ]
 
@@ -430,128 +427,3 @@ def synthetic_values(count: int, size: int, rng: np.random.Generator | int | Non
     offsets = (np.arange(count + 1, dtype=np.int64) * size).astype(np.int32)
     buffers = [None, pa.py_buffer(offsets.tobytes()), pa.py_buffer(data)]
     return pa.Array.from_buffers(pa.binary(), count, buffers)
-
-
-def _synthetic_keys(distinct: int) -> tuple[pa.Array, list[bytes]]:
-    names = [f"key-{i}".encode() for i in range(distinct)]
-    return pa.array(names, type=pa.binary()), names
-
-
-async def _produce_synthetic(
-    bootstrap: str,
-    topic: str,
-    count: int,
-    size: int,
-    rate: float,
-    keys: int,
-    batch: int,
-    acks: str,
-    token: str | None,
-    inflight: int = 8,
-) -> tuple[int, int, float]:
-    """Produce ``count`` records; returns (records, value bytes, seconds)."""
-    rng = np.random.default_rng(int.from_bytes(os.urandom(8), "little"))
-    bucket = TokenBucket(rate, burst=max(float(batch), rate / 10)) if rate > 0 else None
-    sem = asyncio.Semaphore(inflight)
-    errors: list[BaseException] = []
-    sent = 0
-    async with Producer(bootstrap, acks=acks, token=token) as producer:
-        n = producer.partitions_for(topic)
-        key_arr, key_names = _synthetic_keys(keys) if keys > 0 else (None, [])
-        key_parts = np.array([key_partition(k, n) for k in key_names], dtype=np.int64)
-        tasks: set[asyncio.Task[Any]] = set()
-
-        async def one(partition: int, values: pa.Array, k: pa.Array | None) -> None:
-            try:
-                await producer.send_batch(topic, partition, values, keys=k)
-            except BaseException as exc:
-                errors.append(exc)
-                raise
-            finally:
-                sem.release()
-
-        started = time.perf_counter()
-        rr = 0
-        pos = 0
-        while pos < count and not errors:
-            m = min(batch, count - pos)
-            values = synthetic_values(m, size, rng)
-            if bucket is not None:
-                await bucket.acquire(m)
-            if key_arr is None:
-                groups = [(rr % n, values, None)]
-                rr += 1
-            else:
-                key_ids = (np.arange(pos, pos + m, dtype=np.int64)) % keys
-                parts = key_parts[key_ids]
-                groups = []
-                for p in np.unique(parts):
-                    idx = pa.array(np.flatnonzero(parts == p))
-                    groups.append((int(p), values.take(idx), key_arr.take(pa.array(key_ids[idx.to_numpy()]))))
-            for p, v, k in groups:
-                await sem.acquire()
-                if errors:
-                    sem.release()
-                    break
-                t = asyncio.create_task(one(p, v, k))
-                tasks.add(t)
-                t.add_done_callback(tasks.discard)
-            pos += m
-            sent = pos
-        if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)
-        elapsed = time.perf_counter() - started
-    if errors:
-        raise errors[0]
-    return sent, sent * size, elapsed
-
-
-def produce_cli(
-    bootstrap: str,
-    topic: str,
-    count: int,
-    size: int,
-    rate: float,
-    keys: int,
-    batch: int,
-    acks: str,
-    token: str | None,
-) -> int:
-    """``mqd produce``: returns the process exit code (0 ok, 1 broker failure, 2 bad arguments)."""
-    problems = []
-    if count < 0:
-        problems.append("--count must be >= 0")
-    if size < 0:
-        problems.append("--size must be >= 0")
-    if rate < 0:
-        problems.append("--rate must be >= 0")
-    if keys < 0:
-        problems.append("--keys must be >= 0")
-    if batch < 1:
-        problems.append("--batch must be >= 1")
-    if acks not in _ACKS:
-        problems.append(f"--acks must be one of {_ACKS}")
-    topic_problem = topic_name_problem(topic)
-    if topic_problem is not None:  # a usage error (exit 2), found before connecting
-        problems.append(f"--topic: {topic_problem}")
-    if problems:
-        for p in problems:
-            print(f"error: {p}", file=sys.stderr)
-        return 2
-    try:
-        records, nbytes, seconds = asyncio.run(
-            _produce_synthetic(bootstrap, topic, count, size, rate, keys, batch, acks, token)
-        )
-    except (BrokerError, fmt.BatchError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
-    mb = nbytes / 1e6
-    rps = records / seconds if seconds > 0 else float("inf")
-    print(
-        f"produced {records} records ({mb:.1f} MB of values) to {topic} in {seconds:.2f}s: "
-        f"{rps:,.0f} records/s, {mb / seconds if seconds > 0 else 0:.1f} MB/s"
-    )
-    return 0

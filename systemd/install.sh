@@ -8,6 +8,8 @@
 #   MQD_BIN          the mqd executable [default: ./.venv/bin/mqd, else `command -v mqd`]
 #   DESTDIR          staging root for packaging [default: none]; no daemon-reload with it
 #   UNITDIR          [/etc/systemd/system]     CONFDIR  [/etc/mqd]
+#   DOCDIR           [/usr/share/doc/mqd]: README.md, docs/ and systemd/README.md are installed there,
+#                    and the units' Documentation= points at them (`systemctl help mqd`)
 #   SYSTEMD_VERSION  systemd version to target [default: `systemctl --version`]; >= 253 uses
 #                    Type=notify-reload (systemd sends SIGHUP itself), older Type=notify + ExecReload
 #   VERIFY=0         skip `systemd-analyze verify`
@@ -28,6 +30,7 @@ dry=0
 DESTDIR=${DESTDIR:-}
 UNITDIR=${UNITDIR:-/etc/systemd/system}
 CONFDIR=${CONFDIR:-/etc/mqd}
+DOCDIR=${DOCDIR:-/usr/share/doc/mqd}
 VERIFY=${VERIFY:-1}
 
 MQD_BIN=${MQD_BIN:-}
@@ -48,7 +51,7 @@ esac
 case "$MQD_BIN" in
     /home/*|/root/*|/run/user/*)
         echo "warning: $MQD_BIN is hidden from the services by ProtectHome=yes; install mqd" \
-             "system-wide (python3 -m venv /opt/mqd && /opt/mqd/bin/pip install .) and set MQD_BIN" >&2 ;;
+             "system-wide (python3 -m venv /opt/mqd && /opt/mqd/bin/pip install '.[spark]') and set MQD_BIN" >&2 ;;
     /tmp/*|/var/tmp/*)
         echo "warning: $MQD_BIN is hidden from the services by PrivateTmp=yes" >&2 ;;
 esac
@@ -67,7 +70,8 @@ trap 'rm -rf "$staging"' EXIT INT TERM
 
 units="mqd.service mqd-broker@.service mqd-spark.service mqd-spark-once.service mqd-spark.timer"
 for unit in $units; do
-    sed "s|@MQD@|$MQD_BIN|g" "$here/$unit" > "$staging/$unit"
+    # Documentation= names the default DOCDIR; another DOCDIR replaces it
+    sed -e "s|@MQD@|$MQD_BIN|g" -e "s|file:///usr/share/doc/mqd/|file://$DOCDIR/|g" "$here/$unit" > "$staging/$unit"
 done
 if [ "$SYSTEMD_VERSION" -ge 253 ]; then
     # systemd sends SIGHUP itself and waits for RELOADING=1 ... READY=1
@@ -111,6 +115,11 @@ run mkdir -p "$DESTDIR$UNITDIR" "$DESTDIR$CONFDIR"
 for unit in $units; do
     run install -m 0644 "$staging/$unit" "$DESTDIR$UNITDIR/$unit"
 done
+# what the units' Documentation= names, with the repository's layout so relative links still work
+docs="README.md systemd/README.md $(cd "$root" && find docs -type f ! -name '*.pyc' | sort)"
+for doc in $docs; do
+    run install -D -m 0644 "$root/$doc" "$DESTDIR$DOCDIR/$doc"
+done
 if [ -e "$DESTDIR$CONFDIR/mqd.toml" ]; then
     echo "keeping existing $DESTDIR$CONFDIR/mqd.toml"
 else
@@ -146,5 +155,5 @@ fi
 if [ -z "$DESTDIR" ] && [ "$dry" = 0 ] && [ -d /run/systemd/system ]; then
     systemctl daemon-reload
 fi
-echo "installed mqd units into $DESTDIR$UNITDIR (mqd: $MQD_BIN)"
+echo "installed mqd units into $DESTDIR$UNITDIR (mqd: $MQD_BIN), documentation into $DESTDIR$DOCDIR"
 echo "next: edit $CONFDIR/mqd.toml, then: systemctl enable --now mqd mqd-spark (or mqd mqd-spark.timer)"

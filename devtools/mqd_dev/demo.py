@@ -72,7 +72,7 @@ def _step(msg: str) -> None:
 
 def run(base: Path, records: int, timeout: float = 300.0) -> int:
     from mqd.config import load_daemon_config
-    from mqd.producer import produce_cli
+    from mqd.produce_command import produce_cli
 
     base.mkdir(parents=True, exist_ok=True)
     for name in _OWNED:

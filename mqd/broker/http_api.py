@@ -94,6 +94,7 @@ class BrokerApi:
         replica_auth: ReplicaAuth | None = None,
         writes_refused: Callable[[], str | None] = lambda: None,
         node_problems: Callable[[], list[str]] = list,
+        scrub_status: Callable[[], dict[str, int]] | None = None,
     ) -> None:
         self.config = config
         self.cluster = cluster
@@ -101,6 +102,7 @@ class BrokerApi:
         self.state = state
         self.storage = storage
         self.consumer_groups = consumer_groups
+        self._scrub_status = scrub_status
         self.stats = stats
         self.long_poll = long_poll
         self.replica_progress = replica_progress
@@ -269,6 +271,8 @@ class BrokerApi:
             {"topic": topic, "partition": partition, "first": first, "last": last}
             for topic, partition, first, last in fenced
         ]
+        if self._scrub_status is not None:
+            body["scrub"] = self._scrub_status()  # the segment scrub's counters (scrub.py)
         replication = self._replication_status()
         if replication is not None:
             body["replication"] = replication

@@ -9,6 +9,13 @@ slave's incarnation history (the records keep the names consumers saw them under
 agree with the slave's up to our end (replica_divergence.py); when it holds other records past the
 agreed point it is left as it is and the partition is reported.
 
+A batch the slave's copy holds damaged (its CRC fails: damage the slave's trusted index did not
+reveal) or has fenced does not end the copy: every intact batch before it is copied, exactly the
+damaged range is fenced here (:meth:`PartitionLog.append_fenced`, reported), and the copy goes on
+after it. Fenced ranges are then asked of every slave (fenced_repair.py); ranges fenced later, by
+the scrub (scrub.py), are asked for again when it fences them (:meth:`MasterRecovery.repair_soon`),
+with backoff while some remain.
+
 Whether the master may take writes without having consulted a slave depends on the node marker
 (:mod:`mqd.broker.node_marker`): with a marker the data dir is the node's own, so after a bounded wait
 (:data:`START_CONSULT_S`) it serves as before; without one (new or replaced dir) it refuses writes and
@@ -27,22 +34,25 @@ import structlog
 
 from mqd import format as fmt
 from mqd.backoff import Backoff
-from mqd.broker.fenced_repair import COPY_MAX_BYTES, repair_from
+from mqd.broker.fenced_repair import COPY_MAX_BYTES, read_range, repair_from
 from mqd.broker.incarnation import IncarnationEntry
 from mqd.broker.node_marker import read_marker, write_marker
 from mqd.broker.replica_client import ReplicaClient, ReplicaPeerError
 from mqd.broker.replica_divergence import agreed_end
+from mqd.broker.segment import find_intact_batch
 from mqd.broker.storage import PartitionLog, Storage, StorageError
 from mqd.client import BrokerError
 from mqd.config import NodeSpec
 from mqd.errors import MqdError
-from mqd.protocol import FetchAnswer, ProtocolError, Status
+from mqd.protocol import FetchAnswer, PartitionFetch, ProtocolError, Status
 
 log = structlog.get_logger(__name__)
 
 START_CONSULT_S = 2.0  # before listening, wait at most this long for a slave to answer
 PROBE_TIMEOUT_S = 1.0  # one round of asking the slaves for their log ends
 RETRY_MAX_S = 2.0
+REPAIR_RETRY_BASE_S = 1.0  # fenced ranges no slave could give yet: asked again with backoff
+REPAIR_RETRY_MAX_S = 30.0
 
 
 _SlaveLog = tuple[int, int, list[IncarnationEntry] | None]  # a slave's min, max offset and history
@@ -56,6 +66,8 @@ class RecoveryError(MqdError):
 class RecoveryResult:
     consulted: list[str] = field(default_factory=list)  # slaves that answered
     copied: dict[str, int] = field(default_factory=dict)  # "topic/partition" -> records copied back
+    # "topic/partition" -> ranges fenced because the slave's copy had them damaged or fenced
+    fenced: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
 
 
@@ -83,6 +95,29 @@ class MasterRecovery:
         self.writes_refused: str | None = None
         self.result: RecoveryResult | None = None
         self._task: asyncio.Task[None] | None = None
+        self._repair_task: asyncio.Task[None] | None = None
+        self._repair_wanted = asyncio.Event()
+        self.fenced_repaired = 0  # offsets of fenced ranges repaired at runtime (repair_soon)
+
+    async def good_copy(self, plog: PartitionLog, first: int, last: int) -> bytes | None:
+        """A slave's intact batches for exactly ``first..last`` (the scrub found ours damaged), or
+        None when no slave answers with them."""
+        if self.writes_refused is not None:
+            return None  # still recovering: the start-up attempt repairs
+        for slave in self._slaves:
+            try:
+                data = await read_range(self._client, slave, plog.topic, plog.partition, first, last)
+            except (BrokerError, ProtocolError, fmt.BatchError) as exc:
+                log.warning("slave cannot give a damaged range", slave=slave.id, first=first, error=str(exc))
+                continue
+            if data is not None:
+                return data
+        return None
+
+    def repair_soon(self) -> None:
+        """A range was fenced at runtime (scrub.py): ask the slaves for it, now and with backoff
+        while ranges remain fenced."""
+        self._repair_wanted.set()
 
     def _marked(self) -> bool:
         return read_marker(self._data_dir) is not None
@@ -90,6 +125,7 @@ class MasterRecovery:
     async def start(self) -> None:
         """Consult the slaves once (bounded); with no marker and no slave answering, refuse writes
         and keep trying in the background."""
+        self._repair_task = asyncio.create_task(self._repair_loop(), name="master-fenced-repair")
         marked = self._marked()
         if not marked:
             self.writes_refused = (
@@ -122,10 +158,40 @@ class MasterRecovery:
         self._task = asyncio.create_task(self._retry_loop(), name="master-recovery")
 
     async def stop(self) -> None:
-        task, self._task = self._task, None
-        if task is not None:
+        tasks = [t for t in (self._task, self._repair_task) if t is not None]
+        self._task = self._repair_task = None
+        for task in tasks:
             task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _repair_loop(self) -> None:
+        """Repairs ranges fenced after start from the slaves; backs off while some stay fenced
+        (no slave holds them whole, or none answers)."""
+        backoff = Backoff(REPAIR_RETRY_BASE_S, REPAIR_RETRY_MAX_S)
+        while True:
+            await self._repair_wanted.wait()
+            self._repair_wanted.clear()
+            left = True
+            if self.writes_refused is None:  # still recovering: that attempt repairs as well
+                try:
+                    left = await self._repair_all()
+                except Exception:
+                    log.exception("repair of fenced ranges failed", node=self.node_id)
+            if not left:
+                backoff.reset()
+                continue
+            await asyncio.sleep(backoff.next())
+            self._repair_wanted.set()
+
+    async def _repair_all(self) -> bool:
+        """One round over every slave; True while some partition still has fenced ranges."""
+        result = RecoveryResult()
+        for slave in self._slaves:
+            await self._repair_fenced(slave, result)
+        self.fenced_repaired += sum(result.copied.values())
+        return any(
+            plog.fenced_ranges() for t, p in self._partitions if (plog := self._storage.get(t, p)) is not None
+        )
 
     async def _retry_loop(self) -> None:
         backoff = Backoff(0.2, RETRY_MAX_S)
@@ -165,7 +231,7 @@ class MasterRecovery:
             try:
                 self._prepare(plog, slave_min, slave_max, slave_history)
                 prepared = True
-                copied = await self._copy(spec, topic, partition, slave_max)
+                copied = await self._copy(spec, topic, partition, slave_max, result)
             except (RecoveryError, StorageError, fmt.BatchError, BrokerError, ProtocolError) as exc:
                 if prepared:
                     self._new_incarnation(plog, "copy-back from a slave stopped before its log end")
@@ -290,33 +356,106 @@ class MasterRecovery:
                 key = f"{topic}/{partition}"
                 result.copied[key] = result.copied.get(key, 0) + sum(b - a + 1 for a, b in repaired)
 
-    async def _copy(self, slave: NodeSpec, topic: str, partition: int, slave_max: int) -> int:
+    async def _copy(
+        self, slave: NodeSpec, topic: str, partition: int, slave_max: int, result: RecoveryResult
+    ) -> int:
+        """Copy the slave's log from our end to ``slave_max``; returns the records appended. A
+        damaged batch in the slave's copy (CRC) or a range the slave has fenced is fenced here,
+        exactly, and the copy goes on after it: nothing intact is left behind."""
         plog = self._storage.get(topic, partition)
         assert plog is not None
-        start = plog.max_offset
+        copied = 0
         while plog.max_offset < slave_max:
-            answer: FetchAnswer = await self._client.fetch(
-                slave,
-                [
-                    {
-                        "topic": topic,
-                        "partition": partition,
-                        "offset": plog.max_offset,
-                        "max_bytes": COPY_MAX_BYTES,
-                    }
-                ],
-                max_wait_ms=0,
-                max_bytes=COPY_MAX_BYTES,
-            )
-            p = answer.partitions[0]
+            at = plog.max_offset
+            p = await self._fetch_one(slave, topic, partition, at, COPY_MAX_BYTES)
+            if p.status is Status.OFFSET_OVERFLOW_BADLY and at < p.max_offset:
+                # a slave answers so inside a range it has fenced itself (offset_check.py)
+                last = await self._slave_hole_last(slave, topic, partition, at, min(slave_max, p.max_offset))
+                self._fence_copy(plog, at, last, slave.id, "fenced on the slave", result)
+                continue
             if p.status is not Status.FOUND or len(p.data) == 0:
-                raise RecoveryError(f"slave answered {p.status} at offset {plog.max_offset}")
+                raise RecoveryError(f"slave answered {p.status} at offset {at}")
             data = bytes(p.data)
-            infos = fmt.validate(data)
-            if infos[0].base_offset != plog.max_offset:
+            infos, valid = fmt.scan_valid_prefix(data)
+            if infos and infos[0].base_offset < at:
                 raise RecoveryError(
-                    f"slave batch starts at {infos[0].base_offset}, our log ends at {plog.max_offset} "
-                    f"(the logs diverged)"
+                    f"slave batch starts at {infos[0].base_offset}, our log ends at {at} (the logs diverged)"
                 )
-            plog.append_replica(data, infos)
-        return plog.max_offset - start
+            expected = at
+            for n, info in enumerate(infos):
+                if info.base_offset != expected:  # the CRC does not cover it: a flipped base offset
+                    infos, valid = infos[:n], info.position
+                    break
+                expected = info.next_offset
+            if infos:
+                plog.append_replica(data[:valid], infos)
+                copied += sum(info.count for info in infos)
+            if valid == len(data):
+                continue
+            # a damaged batch at our log end: it reaches the next intact batch of the answer, or
+            # the answer's end (the slave sends whole batches by its index: next_offset is theirs)
+            damaged_at = plog.max_offset
+            after = find_intact_batch(data, data, valid + 8, damaged_at, p.next_offset)
+            end = after.base_offset if after is not None else p.next_offset
+            if end <= damaged_at:
+                raise RecoveryError(f"slave batch at offset {damaged_at} is damaged and its end is unknown")
+            self._fence_copy(plog, damaged_at, end - 1, slave.id, "damaged in the slave's copy (CRC)", result)
+        return copied
+
+    async def _fetch_one(
+        self, slave: NodeSpec, topic: str, partition: int, offset: int, max_bytes: int
+    ) -> PartitionFetch:
+        answer: FetchAnswer = await self._client.fetch(
+            slave,
+            [{"topic": topic, "partition": partition, "offset": offset, "max_bytes": max_bytes}],
+            max_wait_ms=0,
+            max_bytes=max_bytes,
+        )
+        return answer.partitions[0]
+
+    async def _slave_hole_last(
+        self, slave: NodeSpec, topic: str, partition: int, first: int, end: int
+    ) -> int:
+        """The last offset of the range the slave has fenced from ``first`` (it answers FOUND again
+        from the offset after it), found by doubling then bisecting; ``end - 1`` when it reaches the
+        slave's log end. The first FOUND offset after a hole is the base of the batch after it."""
+        missing, found = first, None
+        step = 1
+        while found is None:
+            probe = min(first + step, end - 1)
+            if probe <= missing:
+                return end - 1
+            p = await self._fetch_one(slave, topic, partition, probe, 1)
+            if p.status is Status.FOUND:
+                found = probe
+            elif p.status is Status.OFFSET_OVERFLOW_BADLY:
+                missing = probe
+                step *= 2
+            else:
+                raise RecoveryError(f"slave answered {p.status} at offset {probe}")
+        while found - missing > 1:
+            mid = (missing + found) // 2
+            p = await self._fetch_one(slave, topic, partition, mid, 1)
+            if p.status is Status.FOUND:
+                found = mid
+            else:
+                missing = mid
+        return found - 1
+
+    def _fence_copy(
+        self, plog: PartitionLog, first: int, last: int, slave_id: str, why: str, result: RecoveryResult
+    ) -> None:
+        """Continue our log with ``first..last`` fenced (the slave cannot give them intact)."""
+        plog.append_fenced(first, last)
+        key = f"{plog.topic}/{plog.partition}"
+        result.fenced.setdefault(key, []).append((first, last))
+        log.error(
+            "master recovery: range fenced, the copy-back goes on after it",
+            node=self.node_id,
+            slave=slave_id,
+            topic=plog.topic,
+            partition=plog.partition,
+            first_offset=first,
+            last_offset=last,
+            why=why,
+        )

@@ -20,6 +20,10 @@ segment) and records what lies between as a hole. A hole is an entry of the offs
 first offset at its first byte), so the batch before it ends where the hole begins and a lookup
 inside it lands on it; ``holes`` says which entries are holes. A segment with holes never writes
 index files: it is rescanned at every open, so the holes are found again from the bytes.
+
+A trusted index proves only the first and last batches, so a closed segment opened that way is
+``trusted`` until the background scrub (scrub.py) has checked every batch; a batch it finds damaged
+becomes a hole in place (:meth:`Segment.fence_entry`), exactly as a rescan would record it.
 """
 
 from __future__ import annotations
@@ -84,6 +88,7 @@ class Segment:
         "positions",
         "size",
         "start_byte",
+        "trusted",
         "ts_offsets",
         "ts_values",
     )
@@ -101,6 +106,7 @@ class Segment:
         self.ts_offsets = array("q")  # base offset of the batch where the max grew
         self.holes: list[Hole] = []  # in offset order; each also has an entry in offsets/positions
         self.dirty = False  # written since the last fsync
+        self.trusted = False  # opened from its index files: middle batches not CRC-checked yet
 
     @property
     def index_path(self) -> Path:
@@ -129,6 +135,16 @@ class Segment:
         self.positions.append(start)
         self.holes.append(Hole(first, last, start, end))
         self.next_offset = last + 1
+
+    def fence_entry(self, i: int) -> Hole:
+        """Make batch entry ``i`` a hole over its own bytes (damage found after open, scrub.py):
+        its offsets up to the next entry's are fenced, a read stops before it."""
+        first = self.offsets[i]
+        last = (self.offsets[i + 1] if i + 1 < len(self.offsets) else self.next_offset) - 1
+        hole = Hole(first, last, self.positions[i], self.batch_end(i))
+        at = next((k for k, h in enumerate(self.holes) if h.first > first), len(self.holes))
+        self.holes.insert(at, hole)
+        return hole
 
     def hole_at(self, offset: int) -> Hole | None:
         for hole in self.holes:
@@ -290,32 +306,35 @@ class Segment:
             pos += valid
             if pos >= self.size:
                 return pos
-            found = self._resync(mm, view, pos + _ALIGN, expected, next_base)
+            found = find_intact_batch(mm, view, pos + _ALIGN, expected, next_base)
             if found is None:
                 return pos
             self.add_hole(expected, found.base_offset - 1, pos, found.position)
             expected = found.base_offset
             pos = found.position
 
-    def _resync(
-        self, mm: mmap.mmap, view: memoryview, start: int, expected: int, next_base: int | None
-    ) -> BatchInfo | None:
-        """The first intact batch at or after byte ``start`` that may follow offset ``expected``
-        here (after a damaged range), or None."""
-        at = start
-        while True:
-            at = mm.find(MAGIC, at)
-            if at < 0:
-                return None
-            if at % _ALIGN:
-                at += _ALIGN - at % _ALIGN
-                continue
-            try:
-                info = read_header(view, at)
-                check_crc(view, info)
-            except BatchError:
-                at += _ALIGN
-                continue
-            if info.base_offset > expected and (next_base is None or info.next_offset <= next_base):
-                return info
+
+def find_intact_batch(
+    buf: mmap.mmap | bytes, view: memoryview | bytes, start: int, expected: int, next_base: int | None
+) -> BatchInfo | None:
+    """The first intact batch (magic at an 8-byte boundary, header and CRC) at or after byte
+    ``start`` of ``buf`` that may follow offset ``expected`` after a damaged range (its base is
+    above ``expected`` and, with ``next_base``, it ends by then), or None. ``view`` is ``buf`` as
+    read_header takes it. Used by the segment scan and by master recovery's copy-back."""
+    at = start
+    while True:
+        at = buf.find(MAGIC, at)
+        if at < 0:
+            return None
+        if at % _ALIGN:
+            at += _ALIGN - at % _ALIGN
+            continue
+        try:
+            info = read_header(view, at)
+            check_crc(view, info)
+        except BatchError:
             at += _ALIGN
+            continue
+        if info.base_offset > expected and (next_base is None or info.next_offset <= next_base):
+            return info
+        at += _ALIGN

@@ -10,7 +10,8 @@ from the slaves on a master (offsets_pull.py), liveness of the peers (cluster_st
 This file starts them in order (consumer groups and storage, then the master's first pull of its
 slaves' committed offsets, liveness, replication, then the listening socket) and stops them in the
 reverse order, and runs the periodic work: consumer-group expiry, client-stats pruning, fsync on an
-interval, retention, giving memory back after a burst of long polls (memory_trim.py).
+interval, retention, giving memory back after a burst of long polls (memory_trim.py), and the CRC
+scrub of closed segments (scrub.py), whose fenced ranges it hands to the repair path of its role.
 """
 
 from __future__ import annotations
@@ -41,7 +42,8 @@ from mqd.broker.replica_client import ReplicaClient
 from mqd.broker.replica_floor import ReplicaFloor
 from mqd.broker.replica_progress import ReplicaProgress
 from mqd.broker.replication import Replicator
-from mqd.broker.storage import Storage, StorageError
+from mqd.broker.scrub import SegmentScrubber
+from mqd.broker.storage import PartitionLog, Storage, StorageError
 from mqd.client import BrokerClient
 from mqd.config import BrokerConfig, ClusterConfig, ConfigError, load_broker_config
 from mqd.header_deadline import BoundedAppRunner
@@ -111,6 +113,12 @@ class BrokerNode:
                 on_append=self.long_poll.notify,  # wakes fetches held on a slave
                 wait_ms=config.replica_wait_ms,
             )
+        self.scrubber = SegmentScrubber(
+            self.storage,
+            config.storage.scrub_bytes_per_second,
+            on_fenced=self._on_scrub_fenced,
+            good_copy=self._recovery.good_copy if self._recovery is not None else None,
+        )
         self.api = BrokerApi(
             config=config,
             cluster=cluster,
@@ -124,6 +132,7 @@ class BrokerNode:
             replica_auth=self.replica_auth,
             writes_refused=self._writes_refused,
             node_problems=self._node_problems,
+            scrub_status=self.scrubber.status,
         )
         self._app = (
             self.api.app
@@ -200,6 +209,7 @@ class BrokerNode:
             self._tasks.append(asyncio.create_task(self._flush_loop(), name="fsync"))
         if self.config.storage.retention_bytes >= 0 or self.config.storage.retention_ms >= 0:
             self._tasks.append(asyncio.create_task(self._retention_loop(), name="retention"))
+        await self.scrubber.start()
         # handler_cancellation: a fetch held for a client that went away is cancelled at once, so
         # its waiter and in-flight count go with it instead of lasting until max_wait_ms
         # logger: a request aiohttp's parser refuses (URL over 8 KiB, ...) is a counted, rate-limited
@@ -252,6 +262,7 @@ class BrokerNode:
             await self._offsets_pull.stop()
         if self._recovery is not None:
             await self._recovery.stop()
+        await self.scrubber.stop()
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -273,6 +284,12 @@ class BrokerNode:
     def _on_liveness_change(self) -> None:
         # a slave going down shrinks the set acks=all waits for
         self.replica_progress.wake_all()
+
+    def _on_scrub_fenced(self, plog: PartitionLog, fenced: tuple[int, int]) -> None:
+        # a master asks its slaves at once; a slave's replicator asks its master between two
+        # fetch rounds whenever its log has fenced ranges (replication.py), so it needs no call
+        if self._recovery is not None:
+            self._recovery.repair_soon()
 
     def _replication_status(self) -> dict[str, Any] | None:
         return self._replicator.status() if self._replicator is not None else None

@@ -29,6 +29,11 @@ open after a crash (no ``.clean_shutdown`` marker, which a clean close writes) u
 was fsynced: records are served before they are flushed, and a crash may take them back without a
 torn byte (the file reverts to its last synced size).
 
+A trusted index proves only a segment's first and last batches: the background scrub
+(:mod:`mqd.broker.scrub`) reads every closed segment's batches through :meth:`PartitionLog.scrub_view`
+(a dup of the fd and a copy of the index, so it reads outside the lock) and fences a damaged one
+with :meth:`PartitionLog.fence_damaged`, the same hole, record and report as a fence found at open.
+
 Disk errors (ENOSPC, EROFS, EIO on a write, an fsync or a roll) are noted in the node's
 :class:`mqd.broker.disk_health.DiskHealth`, which ``/v1/health`` reports; while it knows a problem,
 appends are refused with it.
@@ -125,6 +130,19 @@ class ReadPlan:
         self.ranges = ranges  # (fd, file position, length), in log order
         self.size = sum(length for _, _, length in ranges)
         self.next_offset = next_offset
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ScrubView:
+    """A closed segment as the scrub reads it (:meth:`PartitionLog.scrub_view`): its own fd (a dup:
+    retention, repair or close may close the segment's meanwhile; the caller closes this one) and
+    every batch entry ``(first offset, last offset, start, end)`` in file order; holes (already
+    fenced) are left out."""
+
+    segment: Segment  # identity: fence_damaged acts only while this object is still in the log
+    fd: int
+    size: int
+    entries: list[tuple[int, int, int, int]]
 
 
 class PartitionLog:
@@ -304,6 +322,70 @@ class PartitionLog:
         except OSError as exc:
             raise self._disk_error(exc, "fenced-range record write") from exc
         self._fenced, self._fenced_firsts = ranges, [r[0] for r in ranges]
+
+    # -- scrub (scrub.py) --------------------------------------------------------------------------
+
+    def closed_segments(self) -> list[Segment]:
+        """Every segment but the active one, in offset order (what the scrub walks)."""
+        with self._lock:
+            return [] if self._closed else self._segments[:-1]
+
+    def is_closed_segment(self, seg: Segment) -> bool:
+        """``seg`` is still a closed segment of this log (not deleted, rewritten or made active)."""
+        with self._lock:
+            return not self._closed and any(s is seg for s in self._segments[:-1])
+
+    def scrub_view(self, seg: Segment) -> ScrubView | None:
+        """``seg``'s batches for a scrub outside the lock; None when it is no longer closed here."""
+        with self._lock:
+            if self._closed or not any(s is seg for s in self._segments[:-1]):
+                return None
+            holes = {h.first for h in seg.holes}
+            offsets, n = seg.offsets, len(seg.offsets)
+            entries = [
+                (
+                    offsets[i],
+                    (offsets[i + 1] if i + 1 < n else seg.next_offset) - 1,
+                    seg.positions[i],
+                    seg.batch_end(i),
+                )
+                for i in range(n)
+                if offsets[i] not in holes
+            ]
+            return ScrubView(seg, os.dup(seg.fd), seg.size, entries)
+
+    def fence_damaged(self, seg: Segment, offset: int, position: int, why: str) -> tuple[int, int] | None:
+        """Fence the batch entry at ``offset`` (file position ``position``) of closed segment ``seg``,
+        found damaged after open (scrub.py): it becomes a hole, ``fenced.json`` records it, an error
+        line names it, fetches there answer DATA_LOST. The segment's index files go (a segment with
+        holes is rescanned at open, which finds the damage again). Returns the fenced range, or None
+        when the segment or the entry is no longer what was read (deleted, repaired, truncated)."""
+        with self._lock:
+            if self._closed or not any(s is seg for s in self._segments[:-1]):
+                return None
+            i = seg.batch_index(offset)
+            if i < 0 or seg.offsets[i] != offset or seg.positions[i] != position or seg.hole_at(offset):
+                return None
+            hole = seg.fence_entry(i)
+            log.error(
+                "damaged batch in a closed log segment: fenced",
+                topic=self.topic,
+                partition=self.partition,
+                segment=seg.path.name,
+                first_offset=hole.first,
+                last_offset=hole.last,
+                byte_start=hole.start,
+                byte_end=hole.end,
+                why=why,
+            )
+            try:
+                seg.remove_indexes()
+            except OSError as exc:
+                # the hole holds in memory; a trusted index at the next open hides it until the
+                # scrub finds it again
+                self._disk.note_error(exc, "index removal")
+            self._refresh_fenced_locked()
+            return hole.first, hole.last
 
     def append_fenced(self, first: int, last: int) -> None:
         """Continue this log with a fenced range ``first..last`` and no bytes (slave side: the
@@ -544,6 +626,7 @@ class PartitionLog:
             # a gap before this segment (a segment file lost) is fenced by _refresh_fenced_locked
             seg = self._open_segment(path, base, start_byte)
             if not last and seg.load_indexes():
+                seg.trusted = True  # its middle batches are checked by the scrub (scrub.py)
                 self.segments_trusted += 1
                 self._append_segment(seg)
                 start_byte += seg.size
@@ -1173,4 +1256,4 @@ class Storage:
                 self._lock_fd = None
 
 
-__all__ = ["MAX_SEGMENT_BYTES", "PartitionLog", "ReadPlan", "Storage", "StorageError"]
+__all__ = ["MAX_SEGMENT_BYTES", "PartitionLog", "ReadPlan", "ScrubView", "Storage", "StorageError"]

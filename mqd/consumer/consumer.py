@@ -32,6 +32,7 @@ from mqd.consumer.snapshot import ConsumerSnapshot, Errors, PartitionSnapshot, T
 from mqd.consumer.source import GroupSettings, Membership, Source
 from mqd.consumer.subscription_state import SubscriptionState
 from mqd.topic_partition import TopicPartition
+from mqd.topic_pattern import subscription
 from mqd.waiting import wait_event
 
 log = structlog.get_logger("mqd.consumer")
@@ -64,11 +65,13 @@ def _tp(value: Any) -> TopicPartition:
     raise TypeError(f"expected a TopicPartition (topic, partition), got {value!r}")
 
 
-def _group_settings(cfg: ConsumerConfig) -> GroupSettings:
+def _group_settings(cfg: ConsumerConfig, topics: tuple[str, ...] | None = None) -> GroupSettings:
+    """``topics``: the concrete subscribed topics (default: the names of ``cfg.topics``; its
+    ``re:`` patterns are resolved against the metadata by the rebalance service)."""
     return GroupSettings(
         group=cfg.group,
         member_id=cfg.effective_client_id,
-        topics=tuple(cfg.topics),
+        topics=subscription(tuple(cfg.topics)).names if topics is None else topics,
         allocation=cfg.allocation,
         heartbeat_interval=cfg.heartbeat_interval,
         session_timeout=cfg.session_timeout,
@@ -147,6 +150,7 @@ class Consumer:
             lookup_offsets=self._fetch.lookup_offsets,
             start_position=start_position,
             listener=listener,
+            on_topics=self._topics_changed,
         )
         self._log_end = LogEndPoller(
             source=self._source,
@@ -164,6 +168,22 @@ class Consumer:
 
     def _request_rebalance(self) -> None:
         self._rebalance.request()
+
+    def _topics_changed(self, topics: tuple[str, ...]) -> None:
+        # the group sees concrete topics; a new one matching a pattern rebalances the group
+        self._membership.update(_group_settings(self._config, topics))
+
+    def subscribed_topics(self) -> tuple[str, ...]:
+        """The concrete topics subscribed now (``re:`` patterns resolved against the metadata)."""
+        return self._rebalance.topics(self._source.cluster)
+
+    def unmatched_patterns(self) -> tuple[str, ...]:
+        """The ``re:`` patterns of ``consumer.topics`` that match no topic (a warning, in status)."""
+        return self._rebalance.unmatched_patterns
+
+    def waiting_reason(self) -> str | None:
+        """Why no assignment can be made yet (no metadata, not a group member), or None."""
+        return self._rebalance.waiting
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -377,7 +397,7 @@ class Consumer:
         self._rebalance.config = config
         self._log_end.interval = config.log_end_interval
         self._log_end.stuck.stuck_intervals = config.stuck_intervals
-        self._membership.update(_group_settings(config))
+        self._membership.update(_group_settings(config, self._rebalance.topics(self._source.cluster)))
         if list(config.topics) != list(old.topics) or config.allocation != old.allocation:
             self._rebalance.request()
         self._fetch.wake()

@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import structlog
 
@@ -32,6 +32,7 @@ from mqd.consumer.offset_store import OffsetStore
 from mqd.consumer.source import Assignment, Cluster, Membership, Source
 from mqd.consumer.subscription_state import SubscriptionState
 from mqd.topic_partition import TopicPartition
+from mqd.topic_pattern import subscription
 from mqd.waiting import wait_event
 
 log = structlog.get_logger("mqd.consumer")
@@ -88,7 +89,10 @@ class RebalanceService:
         start_position: StartPositionHook | None = None,
         listener: RebalanceListener | None = None,
         jitter: float = 0.2,
+        on_topics: Callable[[tuple[str, ...]], None] | None = None,
     ) -> None:
+        """``on_topics``: called with the concrete subscribed topics whenever they change (the
+        membership subscribes to those, never to a pattern)."""
         self.config = config
         self._source = source
         self._membership = membership
@@ -108,6 +112,10 @@ class RebalanceService:
         self.last_error: str | None = None
         # partitions of this member's share still waiting for a start position (retried each round)
         self.unresolved: frozenset[TopicPartition] = frozenset()
+        self._on_topics = on_topics
+        self.resolved_topics: tuple[str, ...] = subscription(tuple(config.topics)).names
+        self.unmatched_patterns: tuple[str, ...] = ()  # patterns matching no topic (status)
+        self.waiting: str | None = None  # why no assignment can be made yet (logged once per reason)
         source.add_metadata_listener(self._on_metadata)
 
     def request(self) -> None:
@@ -126,8 +134,37 @@ class RebalanceService:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 
+    def topics(self, cluster: Cluster | None) -> tuple[str, ...]:
+        """The concrete subscribed topics: ``consumer.topics``' names, and the topics of
+        ``cluster`` its ``re:`` patterns match (mqd/topic_pattern.py)."""
+        sub = subscription(tuple(self.config.topics))
+        return sub.resolve(() if cluster is None else cluster.topics)
+
+    def _resolve(self, cluster: Cluster) -> tuple[str, ...]:
+        """``topics(cluster)``; a changed resolution of the patterns goes to the membership (the
+        group rebalances on it), a pattern matching nothing is a warning (once per change)."""
+        sub = subscription(tuple(self.config.topics))
+        topics = sub.resolve(cluster.topics)
+        unmatched = sub.unmatched(cluster.topics)
+        if unmatched != self.unmatched_patterns:
+            if unmatched:
+                log.warning("topic patterns match no topic", patterns=list(unmatched))
+            self.unmatched_patterns = unmatched
+        if topics != self.resolved_topics:
+            if sub.patterns:
+                log.info(
+                    "subscribed topics changed",
+                    before=list(self.resolved_topics),
+                    after=list(topics),
+                    patterns=list(sub.patterns),
+                )
+            self.resolved_topics = topics
+            if self._on_topics is not None:
+                self._on_topics(topics)
+        return topics
+
     def _on_metadata(self, cluster: Cluster) -> None:
-        tps = tuple(cluster.partitions_for(self.config.topics))
+        tps = tuple(cluster.partitions_for(self._resolve(cluster)))
         if self._known_tps is not None and tps != self._known_tps:
             log.info("subscribed partitions changed", before=len(self._known_tps), after=len(tps))
             self.request()
@@ -164,16 +201,20 @@ class RebalanceService:
         async with self._lock:
             cluster = self._source.cluster
             if cluster is None:
+                self._waiting_for("no cluster metadata yet", self._source.metadata_error)
                 return False
             cfg = self.config
-            all_tps = cluster.partitions_for(cfg.topics)
+            topics = self._resolve(cluster)
+            all_tps = cluster.partitions_for(topics)
             self._known_tps = tuple(all_tps)
-            missing = sorted(set(cfg.topics) - set(cluster.topics))
+            missing = sorted(set(subscription(tuple(cfg.topics)).names) - set(cluster.topics))
             if missing:
                 log.warning("subscribed topics not in the cluster metadata", topics=missing)
             assignment = self._membership.assignment(all_tps)
             if assignment is None:
+                self._waiting_for("not a member of the consumer group yet", self._membership.last_error)
                 return False
+            self._waiting_for(None, None)
             d = diff(frozenset(self._state.partitions), assignment)
             self.unresolved = d.added  # until _assign resolved them
             complete = True
@@ -197,6 +238,17 @@ class RebalanceService:
                 self.last_error = None
             return complete
 
+    def _waiting_for(self, reason: str | None, error: str | None) -> None:
+        """Log why no assignment can be made yet, once per reason (a start that is not up yet must
+        say why in the log, not only in a nested status field)."""
+        if reason == self.waiting:
+            return
+        if reason is None:
+            log.info("assignment possible again", was=self.waiting)
+        else:
+            log.warning("no assignment yet", reason=reason, error=error, group=self.config.group)
+        self.waiting = reason
+
     async def _revoke(self, tps: set[TopicPartition]) -> None:
         if self._listener is not None:
             try:
@@ -212,18 +264,49 @@ class RebalanceService:
         self._offsets.forget(tps)
 
     async def _assign(self, tps: set[TopicPartition]) -> bool:
+        """Assign ``tps``, each as soon as its start position is known. With a start-position hook
+        the answers come in one by one: a partition whose hook waits (its landing lock held by a
+        frozen process, up to the lock's bound) must not hold back the partitions assigned with it.
+        Returns False when some stay unresolved (the next round, backed off, retries them)."""
         ordered = sorted(tps)
+        self.unresolved = frozenset(ordered)
+        if self._hook is None:
+            return await self._assign_resolved(ordered, {}, {})
+        hook = self._hook
+        futures = {tp: asyncio.ensure_future(hook(tp)) for tp in ordered}
+        waiting: set[asyncio.Future[Any]] = set(futures.values())
+        complete = True
         try:
-            positions, failed = await self._start_positions(ordered)
+            while waiting:
+                done, waiting = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+                group = [tp for tp, f in futures.items() if f in done]
+                hooked, failed = self._hook_answers({tp: futures[tp] for tp in group})
+                if not await self._assign_resolved(group, hooked, failed):
+                    complete = False
+                if self.closed:
+                    return False
+        finally:
+            for f in waiting:
+                f.cancel()
+        return complete
+
+    async def _assign_resolved(
+        self,
+        tps: list[TopicPartition],
+        hooked: dict[TopicPartition, StartPosition],
+        failed: dict[TopicPartition, str],
+    ) -> bool:
+        """Resolve the rest of ``tps``'s start positions (offset store, consume_from) and assign
+        every partition that has one."""
+        try:
+            positions, failed = await self._start_positions(tps, hooked, failed)
         except ConsumerError as exc:
             self.last_error = str(exc)
-            log.warning(
-                "start positions unknown; assignment retried", partitions=len(ordered), error=str(exc)
-            )
+            log.warning("start positions unknown; assignment retried", partitions=len(tps), error=str(exc))
             return False
         if self.closed:
             return False
-        assigned = [tp for tp in ordered if tp in positions]
+        assigned = [tp for tp in tps if tp in positions]
         for tp in assigned:
             pos = positions[tp]
             self._state.assign(tp, pos.offset, self._choose_pull_node(tp), pos.incarnation)
@@ -232,33 +315,32 @@ class RebalanceService:
                 self._listener.on_partitions_assigned(set(assigned))
             except Exception:
                 log.exception("on_partitions_assigned failed")
-        self.unresolved = frozenset(tp for tp in ordered if tp not in positions)
+        self.unresolved = self.unresolved - frozenset(assigned)
         if failed:
             self.last_error = "; ".join(failed.values())
-            return False  # the next round (backed off) assigns the rest
+            return False
         return True
 
-    async def _hook_positions(
-        self, tps: list[TopicPartition]
+    @staticmethod
+    def _hook_answers(
+        answers: dict[TopicPartition, asyncio.Future[Any]],
     ) -> tuple[dict[TopicPartition, StartPosition], dict[TopicPartition, str]]:
-        """The hook's answers, all partitions at once: one slow partition (its landing lock held by
-        a frozen process) delays the others by at most its own bound, never one after another.
-        A partition the hook fails for is left out, logged and counted."""
-        assert self._hook is not None
-        hook = self._hook
-        answers = await asyncio.gather(*(hook(tp) for tp in tps), return_exceptions=True)
+        """The hook's finished answers: a start position, None (the hook has no opinion: the offset
+        store and consume_from decide), or a ConsumerError (left out, logged, counted, retried)."""
         out: dict[TopicPartition, StartPosition] = {}
         failed: dict[TopicPartition, str] = {}
-        for tp, ans in zip(tps, answers, strict=True):
-            if isinstance(ans, ConsumerError):
-                failed[tp] = f"{tp}: {ans}"
+        for tp, f in answers.items():
+            exc = f.exception()
+            if isinstance(exc, ConsumerError):
+                failed[tp] = f"{tp}: {exc}"
                 metrics.start_position_retries.inc()
                 log.warning(
-                    "start position not resolved; retried in the next round", tp=str(tp), error=str(ans)
+                    "start position not resolved; retried in the next round", tp=str(tp), error=str(exc)
                 )
                 continue
-            if isinstance(ans, BaseException):
-                raise ans
+            if exc is not None:
+                raise exc
+            ans = f.result()
             if ans is None:
                 continue
             pos = ans if isinstance(ans, StartPosition) else StartPosition(ans)
@@ -268,15 +350,18 @@ class RebalanceService:
         return out, failed
 
     async def _start_positions(
-        self, tps: list[TopicPartition]
+        self,
+        tps: list[TopicPartition],
+        hooked: dict[TopicPartition, StartPosition],
+        hook_failed: dict[TopicPartition, str],
     ) -> tuple[dict[TopicPartition, StartPosition], dict[TopicPartition, str]]:
-        """Start positions of ``tps``, and the partitions that could not be resolved (with why)."""
-        out: dict[TopicPartition, StartPosition] = {}
-        failed: dict[TopicPartition, str] = {}
-        source: dict[str, str] = {}
-        if self._hook is not None:
-            out, failed = await self._hook_positions(tps)
-            source.update((str(tp), "hook") for tp in out)
+        """Start positions of ``tps`` (the hook's answers first), and the partitions that could not
+        be resolved (with why)."""
+        out = dict(hooked)
+        failed = dict(hook_failed)
+        source: dict[str, str] = {str(tp): "hook" for tp in out}
+        if out:
+            await self._warn_committed_differs(out)
         rest = [tp for tp in tps if tp not in out and tp not in failed]
         durable: dict[TopicPartition, int] = {}  # positions the store must hold before any fetch
         if rest:
@@ -298,12 +383,59 @@ class RebalanceService:
             durable.update(found)
             out.update((tp, StartPosition(o)) for tp, o in found.items())
             source.update((str(tp), f"consume_from={cfg.consume_from}") for tp in found)
+            if cfg.consume_from != "first" and found:
+                await self._log_skipped(found)
         await self._make_durable(durable)
         log.info(
             "start positions",
             positions={str(tp): (out[tp].offset, out[tp].incarnation, source[str(tp)]) for tp in out},
         )
         return out, failed
+
+    async def _log_skipped(self, found: dict[TopicPartition, int]) -> None:
+        """A start away from the log start leaves existing records unlanded: say how many, per
+        partition, so a user who expected everything (Kafka Connect starts from earliest) sees it
+        in the first lines of the log, not in the table days later."""
+        try:
+            earliest = await self._lookup_offsets(sorted(found), "earliest", None)
+        except Exception as exc:  # only a log line depends on it; the assignment goes on
+            log.debug("log starts not looked up", error=str(exc))
+            return
+        skipped = {
+            str(tp): off - earliest[tp] for tp, off in sorted(found.items()) if off > earliest.get(tp, off)
+        }
+        if skipped:
+            log.warning(
+                "start skips existing records",
+                consume_from=self.config.consume_from,
+                records=sum(skipped.values()),
+                partitions=skipped,
+                hint='consume_from = "first" lands everything the log holds',
+            )
+
+    async def _warn_committed_differs(self, hooked: dict[TopicPartition, StartPosition]) -> None:
+        """The hook's position (the landing: the source of truth) wins over the offset store's. A
+        committed offset moved by a tool (``kafka-consumer-groups --reset-offsets``) would be
+        ignored without a word; say so, and how to move the position deliberately."""
+        if not hooked:
+            return
+        try:
+            stored = await self._offsets.load(sorted(hooked))
+        except ConsumerError as exc:
+            log.debug("committed offsets not compared with the landing", error=str(exc))
+            return
+        for tp, pos in sorted(hooked.items()):
+            committed = stored.get(tp)
+            if committed is not None and committed != pos.offset:
+                log.warning(
+                    "committed offset differs from the landed position; the landing wins",
+                    tp=str(tp),
+                    committed=committed,
+                    landed=pos.offset,
+                    hint="a commit behind after a crash is normal; to move where this partition "
+                    "resumes, stop the daemon and run `mqd offsets reset` (a broker-side reset of "
+                    "the group's offsets is not followed)",
+                )
 
     async def _make_durable(self, resolved: dict[TopicPartition, int]) -> None:
         """Commit start positions the store does not hold yet before they are fetched: "last" or a

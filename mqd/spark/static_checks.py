@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import re
 
+from mqd.units import spark_interval
+
 RAW_TIMESTAMP_COLUMN = "timestamp_raw_ms"  # the producer's timestamp when ``timestamp`` was clamped
 # the masters Spark 4 knows: SparkContext.createTaskScheduler plus its external cluster managers
 # (YARN, Kubernetes); Mesos is gone since Spark 4
@@ -31,8 +33,6 @@ _UNITS = {
     "millisecond": "millisecond",
     "microsecond": "microsecond",
 }
-_SHORT_UNITS = {"ms": "milliseconds", "s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
-_SHORT = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*(ms|s|m|h|d)")
 _PAIR = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s+([a-z]+)")
 
 
@@ -68,10 +68,10 @@ def spark_masters(master: str) -> list[tuple[str, int]]:
 def trigger_interval(text: str) -> str:
     """``text`` as the processing-time interval Spark reads ("10 seconds", "1 minute 30 seconds",
     also mqd's short form "500ms", "5s", "2m", "1h"). Raises ValueError naming what is wrong."""
-    t = text.strip().lower()
-    short = _SHORT.fullmatch(t)
+    short = spark_interval(text)  # mqd's one duration syntax (mqd/units.py)
     if short is not None:
-        return f"{short.group(1)} {_SHORT_UNITS[short.group(2)]}"
+        return short
+    t = text.strip().lower()
     body = t.removeprefix("interval").strip()
     pairs = _PAIR.findall(body)
     if not pairs or _PAIR.sub("", body).strip():

@@ -73,8 +73,10 @@ def test_masters_spark_refuses_are_refused(master: str) -> None:
         ("1.5 seconds", "1.5 seconds"),
         ("500ms", "500 milliseconds"),
         ("5s", "5 seconds"),
-        ("2m", "2 minutes"),
-        ("1h", "1 hours"),
+        ("2m", "120 seconds"),
+        ("1h", "3600 seconds"),
+        ("1.5s", "1500 milliseconds"),
+        ("1m30s", "90 seconds"),
     ],
 )
 def test_trigger_intervals_read_as_spark_reads_them(text: str, spark: str) -> None:

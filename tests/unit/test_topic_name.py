@@ -15,7 +15,7 @@ from mqd.admin import AdminError, parse_partition_spec
 from mqd.errors import MqdError
 from mqd.landing import layout, markers
 from mqd.landing.local_store import LocalStore, read_manifest
-from mqd.producer import produce_cli
+from mqd.produce_command import produce_cli
 from mqd.topic_name import MAX_LENGTH, InvalidTopicName, check_topic_name, topic_name_problem
 
 VALID = ["events", "a", "A.b-c_9", "..a", "a..", "-", "_", "x" * MAX_LENGTH]

@@ -19,7 +19,8 @@ from support.harness import Cluster
 from mqd import format as fmt
 from mqd.client import BrokerClient, BrokerError
 from mqd.metadata import TopicPartition
-from mqd.producer import Producer, TokenBucket, _parse_metadata, key_partition, produce_cli, synthetic_values
+from mqd.produce_command import produce_cli
+from mqd.producer import Producer, TokenBucket, _parse_metadata, key_partition, synthetic_values
 
 needs_broker = pytest.mark.skipif(
     importlib.util.find_spec("mqd.broker.server") is None, reason="mqd.broker.server not written yet"

@@ -50,7 +50,7 @@ def test_config_check_typo_wrong_type_missing_file_exit_2(tmp_path: Path) -> Non
     typo = tmp_path / "typo.toml"
     typo.write_text("[consumer]\nmax_queued_record = 10\n")
     wrong = tmp_path / "wrong.toml"
-    wrong.write_text('[landing]\nmax_age = "5s"\n')
+    wrong.write_text('[landing]\nmax_age = "5 parsecs"\n')  # "5s" is a duration (issue 17)
     code, out, err = _run(
         "config",
         "check",
@@ -63,7 +63,7 @@ def test_config_check_typo_wrong_type_missing_file_exit_2(tmp_path: Path) -> Non
     assert f"{typo}: invalid configuration" in err
     assert "consumer.max_queued_record: unknown key (did you mean 'max_queued_records'?)" in err
     assert f"{wrong}: invalid configuration" in err
-    assert "landing.max_age: Input should be a valid number" in err
+    assert "landing.max_age: not a duration; use '500ms', '5s'" in err
     assert f"{tmp_path / 'missing.toml'}: config file not found" in err
     assert "mqd.toml: ok" in out  # the good file is still checked
 

