@@ -126,6 +126,15 @@ class LandingSourceError(Exception):
     """The landing does not match the query's checkpoint, or a file cannot be read."""
 
 
+# Spark's wording for a file its reader failed on, so job.unreadable_file() names the file in the
+# log; kept off the raising line, which Spark's error repeats in its traceback
+_UNREADABLE = "Error while reading file {}. {}"
+
+
+def unreadable(uri: str, why: str) -> LandingSourceError:
+    return LandingSourceError(_UNREADABLE.format(uri, why))
+
+
 # -- the Arrow side --------------------------------------------------------------------------------
 
 
@@ -269,12 +278,11 @@ class LandingStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         uri = f"{objects.location}/{partition.path}"
         got = objects.get(partition.path)
         if got is None:
-            # Spark's wording for an unreadable file: job.unreadable_file() names it in the log
-            raise LandingSourceError(f"Error while reading file {uri}. The landed file is missing ")
+            raise unreadable(uri, "the landed file is missing")
         try:
             yield from file_batches(got[0], partition.path, uri)
         except (pa.ArrowException, OSError) as exc:
-            raise LandingSourceError(f"Error while reading file {uri}. {exc} ") from None
+            raise unreadable(uri, str(exc)) from None
 
     def commit(self, end: Offset) -> None:
         # the lifecycle's seam: every file of the chains below ``end`` is done for this query
@@ -323,4 +331,5 @@ __all__ = [
     "new_files",
     "plan_end",
     "stream",
+    "unreadable",
 ]

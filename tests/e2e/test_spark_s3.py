@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import structlog.testing
 from support.daemon import daemon_config, produce_numbered
 from support.seaweedfs import fresh_uri, object_store
 
@@ -206,3 +207,23 @@ def test_json_mode_quarantines_with_the_objects_uri(
     [bad] = s3_spark.read.parquet(str(cfg.spark.quarantine_dir)).collect()
     assert bad.offset == 5 and bad.reason
     assert bad.source_file == f"{store.location}/{rng.path}"
+
+
+def test_a_claimed_file_that_is_gone_fails_the_job_naming_it(
+    tmp_path: Path, seaweedfs: SeaweedFS, s3_spark: Any
+) -> None:
+    """A published file deleted behind the chain's back (not the head: nobody voids it) is not
+    skipped: the job exits 1 with spark_unreadable_file naming its s3:// URI, every run, and the
+    table gets none of the batch."""
+    store = object_store(seaweedfs)
+    cfg = s3_config(tmp_path, store.location, seaweedfs.endpoint)
+    pub = Publisher(store)
+    publish(pub, 0, 0, 3, T0)
+    gone = store.manifest()[0]
+    publish(pub, 0, 3, 3, T0)
+    store.objects.delete(gone.path)
+    with structlog.testing.capture_logs() as logs:
+        assert job.run(cfg, once=True) == 1
+    [failed] = [e for e in logs if e["event"] == "spark_unreadable_file"]
+    assert failed["file"] == f"{store.location}/{gone.path}"
+    assert not (cfg.spark.output_dir / "_spark_metadata" / "0").exists()
