@@ -10,6 +10,12 @@ that are not in the manifest at start. The sink is Spark's file sink, exactly on
 checkpoint and ``_spark_metadata`` log: read the output with Spark (or anything that honours that
 log).
 
+An ``s3://`` landing (``landing.dir = "s3://bucket/prefix"``) is read instead by mqd's Python data
+source (mqd/spark/landing_source.py: the files the claim chains name, through the store's own S3
+client, offsets per partition chain in the checkpoint), because the pip pyspark has no S3A jars;
+the rest of the job (clamping, JSON mode, names, exit codes) is the same. Its Python workers need
+mqd: on a local master they run this interpreter (``python_workers``).
+
 Timestamps: a landed record keeps its producer's ``timestamp`` (epoch ms, any int64). Spark's
 TIMESTAMP holds microseconds, and reading a millisecond value past that (a producer stamping
 nanoseconds) fails the whole file. So the job reads the column as BIGINT and writes ``timestamp``
