@@ -41,15 +41,18 @@ T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 @pytest.fixture(scope="module")
 def s3_spark(seaweedfs: SeaweedFS) -> Iterator[Any]:
     """A local[2] session whose Python workers (the data source's driver runner and its readers)
-    get the store's AWS variables: from the environment when this module starts the JVM, and from
-    spark.executorEnv when an earlier module did (workers inherit the JVM's environment)."""
-    from pyspark.sql import SparkSession
+    get the store's AWS variables. Workers inherit the JVM's environment: when this module starts
+    the JVM, os.environ is enough (as for ``mqd spark``); when an earlier module did, they come as
+    ``spark.executorEnv.*`` (read by the next SparkContext from the JVM's system properties)."""
+    from pyspark import SparkContext
 
     saved = {k: os.environ.get(k) for k in seaweedfs.env()}
     os.environ.update(seaweedfs.env())
     job.python_workers("local[2]")  # as job.run does before it starts a session
-    for k, v in seaweedfs.env().items():
-        SparkSession.builder.config(f"spark.executorEnv.{k}", v)
+    jvm = SparkContext._jvm
+    if jvm is not None:
+        for k, v in seaweedfs.env().items():
+            jvm.java.lang.System.setProperty(f"spark.executorEnv.{k}", v)
     session = job.build_session(MqdConfig(spark=SparkConfig(master="local[2]", shuffle_partitions=2)))
     try:
         yield session
