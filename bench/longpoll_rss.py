@@ -1,12 +1,19 @@
 """RSS of a broker node before, during and after rounds of many concurrent long polls.
 
-A measurement, not a test (no bound is asserted): one single-node cluster, then ``--rounds``
-rounds of ``--polls`` fetches held at once (one connection each, at the log end, ``--wait-ms``)
-that end by their max wait; the node's VmRSS is read from /proc before the first round, while the
-fetches are held, and ``--settle`` seconds after each round ended. Memory the node keeps after the
-polls end shows as ``after`` growing over ``before``.
+A measurement, not a test (no bound is asserted; tests/integration/broker/test_memory_returned.py
+asserts a bound at a smaller scale): one single-node cluster, then ``--rounds`` rounds of
+``--polls`` fetches held at once (one connection each, at the log end, ``--wait-ms``) that end by
+their max wait. The node's VmRSS is read from /proc before the first round, while all the fetches
+are held, and after each round once the node has given memory back (every pass of its "memory
+given back" log line) and ``--settle`` seconds passed. Memory the node keeps after the polls end
+shows as ``after`` growing over ``before``.
 
-    python -m bench.longpoll_rss --polls 2000 --rounds 3
+The held sample is taken only once the node reports every fetch held (``long_polls_held`` in
+/v1/stats): opening thousands of connections on a loaded machine can take longer than a fetch is
+held, and a sample taken by the clock alone would then see a fraction of them.
+
+    python -m bench.longpoll_rss --polls 5000 --rounds 3
+    python -m bench.longpoll_rss --env MALLOC_ARENA_MAX=2 --env PYTHONMALLOC=malloc
     python -m bench.longpoll_rss --tree /tmp/mqd-main --no-cap   # another checkout (keys it knows)
 """
 
@@ -18,12 +25,16 @@ import json
 import os
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
+from mqd.broker.memory_trim import TRIM_PASSES
 from mqd.testing import LocalCluster
+
+TRIM_LINE = "memory given back after a burst"  # mqd.broker.memory_trim's log line
 
 
 def rss_mib(pid: int) -> float:
@@ -33,32 +44,70 @@ def rss_mib(pid: int) -> float:
     raise RuntimeError(f"no VmRSS for pid {pid}")
 
 
-async def _held(session: aiohttp.ClientSession, url: str, offset: int, wait_ms: int) -> int:
-    body = {"partitions": [{"topic": "events", "partition": 0, "offset": offset}], "max_wait_ms": wait_ms}
+async def _held(session: aiohttp.ClientSession, url: str, wait_ms: int) -> int:
+    body = {"partitions": [{"topic": "events", "partition": 0, "offset": 0}], "max_wait_ms": wait_ms}
     async with session.post(url + "/v1/fetch", json=body) as resp:
         await resp.read()
         return resp.status
 
 
-async def _round(url: str, pid: int, polls: int, wait_ms: int) -> dict[str, Any]:
+async def _stats(session: aiohttp.ClientSession, url: str) -> dict[str, Any]:
+    async with session.get(url + "/v1/stats") as resp:
+        body: dict[str, Any] = await resp.json()
+        return body
+
+
+async def _until(check: Callable[[], Awaitable[bool]], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not await check():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} not within {timeout}s")
+        await asyncio.sleep(0.1)
+
+
+async def _round(cluster: LocalCluster, pid: int, args: argparse.Namespace, polls: int) -> dict[str, Any]:
+    url = cluster.url(cluster.master())
+    trims_before = cluster.log(cluster.master()).count(TRIM_LINE)
     connector = aiohttp.TCPConnector(limit=0, force_close=True)
-    timeout = aiohttp.ClientTimeout(total=wait_ms / 1000 + 60)
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-        tasks = [asyncio.create_task(_held(session, url, 0, wait_ms)) for _ in range(polls)]
+    timeout = aiohttp.ClientTimeout(total=args.wait_ms / 1000 + 120)
+    async with (
+        aiohttp.ClientSession(connector=connector, timeout=timeout) as session,
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as probe,
+    ):
+        started = time.monotonic()
+        tasks = [asyncio.create_task(_held(session, url, args.wait_ms)) for _ in range(polls)]
+
+        async def all_held() -> bool:
+            return int((await _stats(probe, url))["long_polls_held"]) >= polls
+
+        await _until(all_held, args.wait_ms / 1000, f"{polls} fetches held")
+        all_held_s = time.monotonic() - started
         held_rss = 0.0
-        deadline = time.monotonic() + wait_ms / 1000
-        while time.monotonic() < deadline - 0.5:  # RSS peak while they are held
+        for _ in range(5):
             held_rss = max(held_rss, rss_mib(pid))
-            await asyncio.sleep(0.2)
+            await asyncio.sleep(0.1)
         statuses = await asyncio.gather(*tasks)
+
+    async def trimmed() -> bool:
+        return cluster.log(cluster.master()).count(TRIM_LINE) >= trims_before + TRIM_PASSES
+
+    await _until(trimmed, 60, "the node's trims after the burst")
+    await asyncio.sleep(args.settle)
     counts: dict[str, int] = {}
     for s in statuses:
         counts[str(s)] = counts.get(str(s), 0) + 1
-    return {"held_rss_mib": round(held_rss, 1), "statuses": counts}
+    return {
+        "all_held_after_s": round(all_held_s, 1),
+        "held_rss_mib": round(held_rss, 1),
+        "after_mib": round(rss_mib(pid), 1),
+        "statuses": counts,
+    }
 
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
-    env = {"PYTHONPATH": args.tree} if args.tree else {}
+    env = dict(e.split("=", 1) for e in args.env)
+    if args.tree:
+        env["PYTHONPATH"] = args.tree
     settings: dict[str, Any] = {"limits": {"max_wait_ms": args.wait_ms}}
     if not args.no_cap:
         settings["limits"]["max_long_polls"] = args.polls
@@ -67,18 +116,19 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         with cluster:
             node = cluster.nodes[cluster.master()]
             assert node.pid is not None
-            url = cluster.url(cluster.master())
             await asyncio.sleep(args.settle)
+            if args.warmup:
+                # a first burst the size of the trim threshold: what the first requests create
+                # once (lazy imports, caches) is not memory the load keeps
+                await _round(cluster, node.pid, args, args.warmup)
             out: dict[str, Any] = {
                 "polls": args.polls,
+                "env": env,
                 "before_mib": round(rss_mib(node.pid), 1),
                 "rounds": [],
             }
             for _ in range(args.rounds):
-                r = await _round(url, node.pid, args.polls, args.wait_ms)
-                await asyncio.sleep(args.settle)
-                r["after_mib"] = round(rss_mib(node.pid), 1)
-                out["rounds"].append(r)
+                out["rounds"].append(await _round(cluster, node.pid, args, args.polls))
             return out
 
 
@@ -86,8 +136,10 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--polls", type=int, default=2000)
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--wait-ms", type=int, default=5000)
+    p.add_argument("--wait-ms", type=int, default=30000, help="held this long: all must be open at once")
+    p.add_argument("--warmup", type=int, default=0, help="polls of a first round before 'before'")
     p.add_argument("--settle", type=float, default=3.0, help="seconds before each RSS reading after a round")
+    p.add_argument("--env", action="append", default=[], help="NAME=VALUE for the node's environment")
     p.add_argument("--tree", help="run the node from this mqd checkout (PYTHONPATH)")
     p.add_argument("--no-cap", action="store_true", help="do not set limits.max_long_polls (older trees)")
     args = p.parse_args()

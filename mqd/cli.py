@@ -675,35 +675,36 @@ def landing() -> None:
     help="The landing directory [default: landing.dir of the config].",
 )
 def landing_migrate(config_path: Path, landing_dir: Path | None) -> None:
-    """Migrate a landing directory to this mqd's format (2: log incarnations), in place.
+    """Migrate a landing directory to this mqd's format (3: the claim chain), in place.
 
     Stop every daemon that publishes into the landing first (a daemon of the old format refuses a
-    migrated landing; this one refuses an unmigrated one). Files landed before keep their names
-    and get no incarnation (null in the table's incarnation column); each partition adopts the
-    first incarnation the broker answers, assuming no reused offsets, as before. Running it again
-    does nothing. Exit code 0 when the landing is in the current format afterwards, 1 otherwise.
+    migrated landing; this one refuses an unmigrated one). Each partition's published files become
+    its claim chain's archive and floor; data files keep their names and places. Files landed
+    before log incarnations (format 1) get no incarnation (null in the table's incarnation column).
+    Running it again does nothing; after a crash, running it again finishes it. Exit code 0 when
+    the landing is in the current format afterwards, 1 otherwise.
 
     \b
     Examples:
       mqd landing migrate -c /etc/mqd/mqd.toml
       mqd landing migrate --dir /data/landing
     """
-    from mqd.landing.layout import LandingCorrupt
-    from mqd.landing.local_store import migrate
+    from mqd.errors import MqdError
+    from mqd.landing.local_migration import migrate
 
     root = landing_dir if landing_dir is not None else _load(config_path).landing.dir
     if not Path(root).is_dir():
         _die(f"no landing directory at {root}", EXIT_FAIL)
     try:
         done = migrate(Path(root))
-    except (LandingCorrupt, OSError) as exc:
+    except (MqdError, OSError) as exc:  # LandingCorrupt, a format-2 daemon's lock still held, ...
         _die(f"migration of {root} failed: {exc}", EXIT_FAIL)
     if done.from_version == done.to_version:
         click.echo(f"{root}: already landing format {done.to_version}; nothing to do")
     else:
         click.echo(
             f"{root}: migrated from landing format {done.from_version} to {done.to_version} "
-            f"({done.states} partition state records rewritten)"
+            f"({done.states} partitions converted to a claim chain)"
         )
     sys.exit(EXIT_OK)
 
@@ -726,6 +727,9 @@ def broker(config_path: Path) -> None:
     Example:
       mqd broker --config config/single.toml
     """
+    from mqd.broker.memory_trim import exec_with_trimmable_allocator
+
+    exec_with_trimmable_allocator()  # before the heavy imports: the node's memory after load
     from mqd.broker.server import run_node
 
     try:

@@ -233,7 +233,6 @@ class BrokerClient:
         max_wait_ms: int = 500,
         min_bytes: int = 1,
         max_bytes: int = 32 * 1024 * 1024,
-        replica: str | None = None,
     ) -> FetchAnswer:
         """One request for many partitions: ``[{"topic", "partition", "offset", "max_bytes"}]``."""
         body: dict[str, Any] = {
@@ -243,12 +242,8 @@ class BrokerClient:
             "max_bytes": max_bytes,
             "partitions": partitions,
         }
-        path = "/v1/fetch"
-        if replica is not None:
-            body["node"] = replica
-            path = "/v1/replica/fetch"
         payload = await self._request(
-            "POST", url + path, json_body=body, raw=True, timeout=self._timeout + max_wait_ms / 1000
+            "POST", url + "/v1/fetch", json_body=body, raw=True, timeout=self._timeout + max_wait_ms / 1000
         )
         return decode_fetch_answer(payload)
 
@@ -298,13 +293,3 @@ class BrokerClient:
             "POST", f"{url}/v1/groups/{group}/offsets", json_body={"partitions": partitions or []}
         )
         return list(r["offsets"])
-
-    async def replica_offsets(
-        self, url: str, timeout: float | None = None
-    ) -> dict[str, list[dict[str, Any]]]:
-        """A node's committed offsets of every consumer group (slaves pull the master's; a master
-        pulls its slaves' to recover commits they took while it was down)."""
-        r = await self._request("GET", f"{url}/v1/replica/offsets", timeout=timeout)
-        if not isinstance(r, dict) or not isinstance(r.get("groups"), dict):
-            raise BrokerError(f"GET {url}/v1/replica/offsets: malformed answer", retriable=True)
-        return dict(r["groups"])

@@ -55,6 +55,7 @@ from mqd.landing import layout
 from mqd.landing.layout import LandingCorrupt, LandingError
 from mqd.landing.markers import IDLE_GRACE_MS
 from mqd.landing.sink import LandingSink, PublishResult
+from mqd.landing.store import CommitLockTimeout
 
 log = structlog.get_logger("mqd.daemon")
 
@@ -355,7 +356,9 @@ class Daemon:
             if replay is not None and inc == replay.replay_id:
                 inc = replay.incarnation
             self.consumer.seek(tp, 0 if last is None else last + 1, inc)
-        if res.error is not None:
+        if isinstance(res.error, CommitLockTimeout):
+            pass  # one partition's lock held (frozen holder): its batch is kept and retried, the rest go on
+        elif res.error is not None:
             self._set_landing_error(res.error)
 
     def _burst_done(self) -> bool:

@@ -168,6 +168,13 @@ start_position_retries = Counter(
     "unreadable); the others are assigned, these retried in the next rebalance round",
     registry=REGISTRY,
 )
+landing_lock_timeouts = Counter(
+    "mqd_landing_lock_timeouts",
+    "Landing writes given up because a partition's lock stayed held past its bound (a frozen "
+    "holder?); retried later",
+    ["operation"],
+    registry=REGISTRY,
+)
 landing_errors = Counter("mqd_landing_errors", "Landing write failures", ["kind"], registry=REGISTRY)
 event_time_ahead_records = Counter(
     "mqd_event_time_ahead_records",

@@ -77,6 +77,56 @@ class OffsetStore:
         raise NotImplementedError
 
 
+class CoordinatorOffsetStore(OffsetStore):
+    """Cluster mode: offsets committed on the consumer group's coordinator (the mqd broker's or
+    Kafka's). A subclass says how to read and write them on the wire; the bookkeeping (one commit
+    at a time, forward-only persisted copy, metrics, ``last_error``) is here."""
+
+    commit_errors: tuple[type[Exception], ...] = (ConsumerError,)  # what a failed commit raises
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._lock = asyncio.Lock()  # one commit at a time keeps them ordered
+
+    async def _read_committed(self, tps: list[TopicPartition]) -> Iterable[tuple[TopicPartition, int]]:
+        """The coordinator's committed offsets (-1: none) of ``tps``; raises a ConsumerError."""
+        raise NotImplementedError
+
+    async def _commit(self, offsets: dict[TopicPartition, int]) -> None:
+        """Commit ``offsets`` on the coordinator; raises one of ``commit_errors``."""
+        raise NotImplementedError
+
+    async def load(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+        if not tps:
+            return {}
+        wanted = set(tps)
+        out: dict[TopicPartition, int] = {}
+        for tp, offset in await self._read_committed(tps):
+            if tp in wanted and offset >= 0:
+                out[tp] = offset
+                self._persisted[tp] = max(offset, self._persisted.get(tp, -1))
+        return out
+
+    async def persist(self, tps: Iterable[TopicPartition] | None = None) -> int:
+        async with self._lock:
+            todo = self.pending(tps)
+            if not todo:
+                return 0
+            t0 = time.perf_counter()
+            try:
+                await self._commit(todo)
+            except self.commit_errors as exc:
+                metrics.commits.labels("error").inc()
+                self.last_error = str(exc)
+                raise ConsumerError(f"offset commit failed: {exc}", retriable=True) from exc
+            metrics.commit_latency.observe(time.perf_counter() - t0)
+            metrics.commits.labels("ok").inc()
+            self.last_error = None
+            for tp, off in todo.items():
+                self._persisted[tp] = max(off, self._persisted.get(tp, -1))
+            return len(todo)
+
+
 class LocalFileOffsetStore(OffsetStore):
     """Broadcast mode: ``{"version": 1, "offsets": {"topic": {"partition": offset}}}`` on local disk."""
 

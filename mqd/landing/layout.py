@@ -5,8 +5,15 @@ Layout (DESIGN.md §3)::
     <landing>/_format.json                                        the landing's format version
     <landing>/topic=<t>/dt=YYYY-MM-DD/hour=HH/part-<partition:05d>-<incarnation>-<first_offset:020d>.parquet
     <landing>/topic=<t>/dt=YYYY-MM-DD/hour=HH/_COMPLETE          completeness marker (JSON)
-    <landing>/_manifest/<t>/<partition:05d>/<YYYY-MM-DD>.jsonl    one line per published file
-    <landing>/_state/<t>/<partition:05d>.json|.lock               last published offset + incarnation
+    <landing>/_log/<t>/<partition:05d>/claims/<seq:020d>.json    the claim chain: one claim per file
+    <landing>/_log/<t>/<partition:05d>/floor.json                 its retention floor
+    <landing>/_manifest/<t>/<partition:05d>/<seq>-<seq>.jsonl     claims archived below the floor
+    <landing>/_staging/<t>/<partition:05d>/<token>.parquet        staged files (not yet claimed)
+    <landing>/_state/<t>/<partition:05d>.json                     the partition's idle watermark
+    <landing>/_state/<t>/_markers.json                            hours already marked complete
+
+The same on a local directory and on object storage (format 3, claim_chain.py); format 2's local
+layout (``_state`` records with the last offset under a flock, day manifests) is migrated.
 
 A data file holds one contiguous offset range of one (topic, partition, incarnation, hour). Its
 name is keyed by partition, log incarnation and first offset, so two publishers of the same records
@@ -51,8 +58,10 @@ STATE_DIR = "_state"
 MANIFEST_DIR = "_manifest"
 MARKER_NAME = "_COMPLETE"
 # the landing's format (layout, state records, names): 1 = before log incarnations, 2 = with them
+# (local: flock + link, object storage: the claim chain), 3 = the claim chain on every store
 FORMAT_FILE = "_format.json"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
+FORMAT_STORE = "claim-chain"  # the protocol named in the marker; format 2 with it = format 3's layout
 MIGRATE_COMMAND = "mqd landing migrate --config <file>"
 
 

@@ -1,8 +1,10 @@
-"""The object store: the landing's publication contract (store.py) on S3-compatible storage.
+"""The object store: the landing's publication contract (store.py) on object primitives
+(objects.py): S3-compatible storage (s3_objects.py) or a local directory (local_objects.py,
+local_store.py).
 
-Layout under the landing root (``s3://bucket/prefix``)::
+Layout under the landing root (``s3://bucket/prefix`` or a directory)::
 
-    topic=<t>/dt=YYYY-MM-DD/hour=HH/part-....parquet      visible data files (as the local store)
+    topic=<t>/dt=YYYY-MM-DD/hour=HH/part-....parquet      visible data files
     topic=<t>/dt=YYYY-MM-DD/hour=HH/_COMPLETE             completeness markers
     _staging/<t>/<partition:05d>/<uuid>.parquet[.reap]     staged files (+ the janitor's markers)
     _log/<t>/<partition:05d>/claims/<seq:020d>.json        the claim chain (claim_chain.py)
@@ -11,7 +13,8 @@ Layout under the landing root (``s3://bucket/prefix``)::
     _state/<t>/<partition:05d>.json                        idle watermark (If-Match updates)
     _state/<t>/_markers.json                               hours already marked complete
 
-``stage`` encodes the Parquet file locally (layout.write_parquet, as the local store) and uploads
+``stage`` encodes the Parquet file locally (layout.write_parquet; a local directory: in its scratch
+folder, on the same filesystem, so the upload is a link) and uploads
 it under ``_staging/`` (multipart when large; no condition needed: the key is fresh). ``commit``
 runs the claim chain. ``open`` refuses a store that ignores conditional writes (some emulators and
 proxies overwrite silently), since the chain's exactly-once rests on them.
@@ -19,23 +22,25 @@ proxies overwrite silently), since the chain's exactly-once rests on them.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import secrets
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import pyarrow as pa
 
+from mqd import fsutil
 from mqd.errors import MqdError
-from mqd.landing import layout, watermark
+from mqd.landing import layout, markers, watermark
 from mqd.landing.claim_chain import REAP_SUFFIX, Claim, PartitionChain, reap, staging_prefix
-from mqd.landing.layout import FileRange, LandingCorrupt, LandingFormatError
+from mqd.landing.layout import FileRange, LandingCorrupt, LandingError, LandingFormatError
 from mqd.landing.objects import Objects, PreconditionFailed
-from mqd.landing.store import STALE_AFTER_S, PartitionHead, StagedFile
+from mqd.landing.store import STALE_AFTER_S, CommitLockTimeout, PartitionHead, StagedFile
 from mqd.topic_name import check_topic_name
 
 _ATTEMPTS = 8
@@ -98,31 +103,57 @@ class ObjectStore:
         self._check_format()
 
     def _check_format(self) -> None:
-        body = json.dumps(
-            {"format": layout.FORMAT_VERSION, "store": "claim-chain", "created": layout.iso_now()}
-        ).encode()
-        try:
-            self.objects.put(layout.FORMAT_FILE, body, if_absent=True)
-            return
-        except PreconditionFailed:
-            pass
-        got = self.objects.get(layout.FORMAT_FILE)
+        """Create the format marker of a new landing; accept format 3 (and format 2 written by the
+        claim chain on object storage: the same layout); refuse anything else, naming the
+        migration command for the older local formats, so daemons of two formats never publish
+        into one landing."""
         where = f"{self.location}/{layout.FORMAT_FILE}"
+        got = self.objects.get(layout.FORMAT_FILE)
+        if got is None:
+            if self._has_landed():
+                raise LandingFormatError(
+                    f"{self.location}: landing format 1 (landed before log incarnations, no "
+                    f"{layout.FORMAT_FILE}); this mqd writes format {layout.FORMAT_VERSION}. Stop every "
+                    f"daemon of this landing, then migrate it: {layout.MIGRATE_COMMAND}"
+                )
+            body = json.dumps(
+                {"format": layout.FORMAT_VERSION, "store": layout.FORMAT_STORE, "created": layout.iso_now()}
+            ).encode()
+            try:
+                self.objects.put(layout.FORMAT_FILE, body, if_absent=True)
+                return
+            except PreconditionFailed:
+                got = self.objects.get(layout.FORMAT_FILE)  # another daemon created it first
         try:
             d = json.loads(got[0]) if got else {}
             version, store = int(d["format"]), d.get("store")
         except (ValueError, KeyError, TypeError):
             raise LandingCorrupt(f"{where}: unreadable landing format marker") from None
-        if version != layout.FORMAT_VERSION or store != "claim-chain":
+        if store == layout.FORMAT_STORE and version in (2, layout.FORMAT_VERSION):
+            return
+        if version > layout.FORMAT_VERSION:
             raise LandingFormatError(
-                f"{where}: landing format {version} ({store or 'local layout'}); this mqd lands "
-                f"format {layout.FORMAT_VERSION} with the claim chain on object storage"
+                f"{where}: landing format {version} was written by a newer mqd (this one writes "
+                f"format {layout.FORMAT_VERSION}); upgrade this daemon"
             )
+        raise LandingFormatError(
+            f"{where}: landing format {version} ({store or 'local layout'}); this mqd lands format "
+            f"{layout.FORMAT_VERSION} (the claim chain). Stop every daemon of this landing, then "
+            f"migrate it: {layout.MIGRATE_COMMAND}"
+        )
+
+    def _has_landed(self) -> bool:
+        """Something was landed here before any format marker existed (format 1)."""
+        for prefix in (f"{layout.STATE_DIR}/", f"{layout.MANIFEST_DIR}/", "_log/"):
+            # format 2's lock files alone are no landing (a daemon that never published)
+            if any(not o.key.endswith(".lock") for o in self.objects.list_objects(prefix)):
+                return True
+        return any(d.startswith("topic=") for d in self.objects.list_dirs(""))
 
     def _probe(self) -> None:
         key = f"_staging/_probe-{secrets.token_hex(8)}"
+        etag = self.objects.put(key, b"probe", if_absent=True)
         try:
-            etag = self.objects.put(key, b"probe", if_absent=True)
             try:
                 self.objects.put(key, b"overwrite", if_absent=True)
                 raise UnsafeObjectStore(
@@ -168,6 +199,9 @@ class ObjectStore:
         for m in markers:
             if m[: -len(REAP_SUFFIX)] not in staged and self.objects.head(m[: -len(REAP_SUFFIX)]) is None:
                 self.objects.delete(m)
+        remove_temp = getattr(self.objects, "remove_temp", None)  # a local directory's temp files
+        if remove_temp is not None:
+            removed += int(remove_temp(older_than_s))
         return removed
 
     def compact(self, topic: str, partition: int, keep: int) -> int:
@@ -178,10 +212,21 @@ class ObjectStore:
 
     def stage(self, records: pa.Table, rng: FileRange, compression: str) -> StagedFile:
         key = f"{staging_prefix(rng.topic, rng.partition)}{secrets.token_hex(16)}.parquet"
-        with tempfile.TemporaryDirectory(prefix="mqd-stage-") as tmp:
-            path = Path(tmp) / "staged.parquet"
-            size = layout.write_parquet(path, records, rng, compression)
-            self.objects.upload(key, path)
+        scratch: Path | None = getattr(self.objects, "scratch_dir", None)  # local: link, not copy
+        prepare = getattr(self.objects, "prepare", None)  # local: the visible folder, before the claim
+        if prepare is not None:
+            prepare(rng.path)
+        try:
+            if scratch is not None:
+                scratch.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryDirectory(prefix="mqd-stage-", dir=scratch) as tmp:
+                path = Path(tmp) / "staged.parquet"
+                size = layout.write_parquet(path, records, rng, compression)
+                self.objects.upload(key, path)
+        except OSError as exc:  # encoding it (local disk full, a folder that is a file): retriable
+            raise LandingError(
+                f"{rng.topic}/{rng.partition}: staging {rng.path}: {exc}", errno=exc.errno
+            ) from None
         return StagedFile(replace(rng, bytes=size, created=layout.iso_now()), key)
 
     def commit(
@@ -229,69 +274,34 @@ class ObjectStore:
         return PartitionHead(st.last_offset, wm, st.files, incarnation=st.incarnation)
 
     def advance_watermark(self, topic: str, partition: int, watermark_ms: int) -> None:
+        """fsutil.LockTimeout (retriable) when a local directory's swap lock stays held (a frozen
+        writer of this partition's record): the next idle round tries again."""
         key = self._state_key(topic, partition)
         body = json.dumps({"watermark_ms": watermark_ms, "updated": layout.iso_now()}).encode()
-        for _ in range(_ATTEMPTS):
-            cur, etag = self._idle_watermark(topic, partition)
-            if cur is not None and cur >= watermark_ms:
-                return
-            try:
-                if etag is None:
-                    self.objects.put(key, body, if_absent=True)
-                else:
-                    self.objects.put(key, body, if_match=etag)
-                return
-            except PreconditionFailed:
-                continue  # another daemon moved it: read again
+        with _lock_timeout_as_retry():
+            for _ in range(_ATTEMPTS):
+                cur, etag = self._idle_watermark(topic, partition)
+                if cur is not None and cur >= watermark_ms:
+                    return
+                try:
+                    if etag is None:
+                        self.objects.put(key, body, if_absent=True)
+                    else:
+                        self.objects.put(key, body, if_match=etag)
+                    return
+                except PreconditionFailed:
+                    continue  # another daemon moved it: read again
 
     def watermarks(self, topic: str, partitions: int) -> list[int | None]:
         return [self.head(topic, p).watermark_ms for p in range(partitions)]
 
-    def update_markers(self, topic: str, partitions: int) -> list[str]:
-        """``_COMPLETE`` (create-only) in every existing hour folder before the lowest watermark."""
-        marks = self.watermarks(topic, partitions)
-        if not marks or any(m is None for m in marks):
-            return []
-        low = min(m for m in marks if m is not None)
-        done_before = low // layout.HOUR_MS
-        progress = f"{layout.topic_state_dir(topic)}/_markers.json"
-        got = self.objects.get(progress)
-        start = int(json.loads(got[0])["complete_before_hour"]) if got else 0
-        if done_before <= start:
-            return []
-        created: list[str] = []
-        for day in self.objects.list_dirs(f"{layout.topic_dir(topic)}/"):
-            for hdir in self.objects.list_dirs(day):
-                try:
-                    h = layout.hour_of_dir(
-                        day.rstrip("/").rsplit("=", 1)[1], hdir.rstrip("/").rsplit("=", 1)[1]
-                    )
-                except (ValueError, IndexError):
-                    continue
-                if not start <= h < done_before:
-                    continue
-                body: dict[str, Any] = {
-                    "topic": topic,
-                    "partitions": partitions,
-                    "hour_start_ms": h * layout.HOUR_MS,
-                    "watermark_ms": low,
-                    "created": layout.iso_now(),
-                }
-                try:
-                    self.objects.put(f"{hdir}{layout.MARKER_NAME}", json.dumps(body).encode(), if_absent=True)
-                    created.append(f"{hdir}{layout.MARKER_NAME}")
-                except PreconditionFailed:
-                    pass
-        # progress only moves forward: a slower daemon's older value must not win
-        new = json.dumps({"complete_before_hour": done_before}).encode()
-        try:
-            if got is None:
-                self.objects.put(progress, new, if_absent=True)
-            else:
-                self.objects.put(progress, new, if_match=got[1])
-        except PreconditionFailed:
-            pass
-        return created
+    def update_markers(self, topic: str, partitions: int, now_ms: int | None = None) -> list[str]:
+        """``_COMPLETE`` (create-only) in every existing hour folder that became whole
+        (markers.py); ``now_ms``: the wall clock. fsutil.LockTimeout as ``advance_watermark``."""
+        with _lock_timeout_as_retry():
+            return markers.mark_complete_hours(
+                self.objects, topic, partitions, self.watermarks(topic, partitions), now_ms
+            )
 
     def _partitions(self, topic: str) -> list[int]:
         out: list[int] = []
@@ -325,6 +335,16 @@ class ObjectStore:
                     continue
                 out.append(info.key)
         return sorted(out)
+
+
+@contextlib.contextmanager
+def _lock_timeout_as_retry() -> Iterator[None]:
+    """A swap lock held past its bound (local directory) in a housekeeping write: the daemon
+    skips the round (fsutil.LockTimeout) instead of pausing the landing (a LandingError)."""
+    try:
+        yield
+    except CommitLockTimeout as exc:
+        raise fsutil.LockTimeout(str(exc)) from None
 
 
 def _value(prefix: str) -> str:

@@ -3,8 +3,8 @@
 Seven operations that every S3-compatible store has, with the two conditions the protocol relies
 on: ``put`` create-only (``If-None-Match: *``) and ``put`` if-match (``If-Match: <etag>``), both on
 single-part objects. Keys are '/'-separated and relative to the landing root. The S3 backend is
-s3_objects.py; the same interface can be put over a local directory (link for create-only, a lock
-for if-match) so that one protocol and one argument serve both stores.
+s3_objects.py; the local-directory backend is local_objects.py (link for create-only, a bounded
+swap lock for if-match), so that one protocol and one argument serve both stores.
 
 Errors: ``PreconditionFailed`` is a definite answer (the condition did not hold, nothing was
 written). ``ObjectStoreError`` is everything else: the request may or may not have taken effect

@@ -10,19 +10,20 @@ whose primitive is the single-part conditional PUT) fits as well as the local di
 ``stage``   encode the file and write it durably where no reader looks. No lock, no condition:
             any number of owners may stage the same range at once. Guarantees: when it returns,
             the bytes survive a crash; nothing is visible; the staged file belongs to this caller.
-            Local store: a hidden temp file in the target folder, fsynced. Object store: a PUT
-            (multipart is fine) under a ``_staging/`` prefix.
+            Both stores: the file under ``_staging/`` (object storage: a PUT, multipart is
+            fine; a local directory: encoded in a scratch folder, linked into place, fsynced).
 ``commit``  the conditional step, given the previous end the caller believes in
             (``expected_last``). Guarantees: either the staged file is visible under its final
             name, recorded in the manifest and the head, exactly once across every owner and
             process, and ``commit`` returns its range; or nothing of it becomes visible and
             ``PublishConflict`` says the landed end the caller must resume after. A crash at any
             point leaves one of the two outcomes, completed by whoever reads the head next.
-            Local store: flock, state check, ``pending`` intent, exclusive ``os.link``, manifest
-            append, state (local_store.py). Object store: a head check, then a single-part
-            create-only claim object per partition chain (``If-None-Match: *``, keyed by the next
-            offset, carrying a nonce to resolve lost responses) as the commit point and manifest
-            line, then promotion of the staged object to its visible name by server-side copy.
+            Both stores (landing format 3, claim_chain.py): a head check, then a single-part
+            create-only claim object per partition chain (``If-None-Match: *``; on a local
+            directory an exclusive ``os.link``), keyed by the next sequence number, carrying a
+            nonce to resolve lost responses, as the commit point and manifest line, then
+            promotion of the staged object to its visible name by server-side copy (a local
+            directory: a link). No lock is held across a publication on either store.
 ``discard`` forget a staged file that was not committed (conflict, error); idempotent.
 
 Everything else is read-side: the published head (resume position), the manifest, the visible
@@ -35,6 +36,7 @@ All methods block (file or network I/O): the sink calls them on its worker threa
 
 from __future__ import annotations
 
+import errno
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -42,7 +44,7 @@ from typing import Protocol
 import pyarrow as pa
 
 from mqd.errors import MqdError
-from mqd.landing.layout import FileRange
+from mqd.landing.layout import FileRange, LandingError
 
 STALE_AFTER_S = 3600.0  # a staged file this old belongs to no live publisher (a publication takes seconds)
 
@@ -71,6 +73,15 @@ class PublishConflict(MqdError):
         self.expected = expected
         self.last_offset = last_offset
         self.incarnation = incarnation  # of the landed last_offset: resume there under it
+
+
+class CommitLockTimeout(LandingError):
+    """A store with locks found the partition's publication lock held past its bound (a frozen
+    holder?): nothing was published; the publisher keeps its batch and tries again later, and
+    the daemon does not treat it as an unwritable landing. Retriable."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, errno=errno.ETIMEDOUT)
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,8 +137,7 @@ class LandingStore(Protocol):
         ...
 
     def head(self, topic: str, partition: int) -> PartitionHead:
-        """The partition's published head, with any half-done commit completed. A store with
-        locks bounds the wait for one (fsutil.LockTimeout, retriable)."""
+        """The partition's published head, with any half-done commit completed."""
         ...
 
     def advance_watermark(self, topic: str, partition: int, watermark_ms: int) -> None:
@@ -160,10 +170,10 @@ def open_store(
     endpoint_url: str | None = None,
     region: str | None = None,
 ) -> LandingStore:
-    """The store for ``landing.dir``: the local directory, or for an ``s3://bucket/prefix`` URI
-    the object store (object_store.py; ``endpoint_url``/``region`` select an S3-compatible store).
-    ``head_lock_timeout`` bounds how long reading a partition's head waits for a lock (a store
-    without locks ignores it); ``max_event_ahead_ms``: the watermark's bound
+    """The store for ``landing.dir``: the local directory (local_store.py: the object store over
+    local_objects.py), or for an ``s3://bucket/prefix`` URI the object store over S3
+    (``endpoint_url``/``region`` select an S3-compatible store). ``head_lock_timeout``: kept for
+    callers; the claim chain reads a head without a lock; ``max_event_ahead_ms``: the watermark's bound
     (landing.max_event_ahead, watermark.py; None: its default)."""
     from mqd.landing.watermark import DEFAULT_MAX_EVENT_AHEAD_MS
 
@@ -176,8 +186,4 @@ def open_store(
         return ObjectStore(objects, max_event_ahead_ms=ahead_ms)
     from mqd.landing.local_store import LocalStore
 
-    return LocalStore(
-        Path(location),
-        head_lock_timeout=head_lock_timeout,
-        max_event_ahead_ms=ahead_ms,
-    )
+    return LocalStore(Path(location), head_lock_timeout=head_lock_timeout, max_event_ahead_ms=ahead_ms)

@@ -81,7 +81,7 @@ def test_landing_never_builds_a_path_from_an_invalid_name(tmp_path: Path, name: 
         lambda: layout.hour_dir(name, 0),
         lambda: layout.topic_state_dir(name),
         lambda: layout.topic_manifest_dir(name),
-        lambda: store.state(name, 0),
+        lambda: store.head(name, 0),
         lambda: store.advance_watermark(name, 0, 1),
         lambda: markers.read_watermarks(tmp_path / "landing", name, 1),
         lambda: markers.update_markers(tmp_path / "landing", name, 1),

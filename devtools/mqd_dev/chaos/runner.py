@@ -36,7 +36,8 @@ import pyarrow as pa
 import structlog
 
 from mqd.client import BrokerClient, BrokerError
-from mqd.landing import layout
+from mqd.errors import MqdError
+from mqd.landing.store import open_store
 from mqd.testing import ProcessError, daemon_section, to_toml
 from mqd.waiting import wait_until
 from mqd_dev.chaos import check, node_data
@@ -535,13 +536,13 @@ class ChaosRun:
     # -- progress ----------------------------------------------------------------------------------
 
     def landed_end(self) -> dict[int, int]:
-        """Per partition, the offset after the last published one (from the landing state files)."""
+        """Per partition, the offset after the last published one (the store's head)."""
         out: dict[int, int] = {}
+        store = open_store(self.landing)
         for p in range(self.opts.partitions):
-            path = self.landing / layout.STATE_DIR / self.topic / f"{p:05d}.json"
             try:
-                last = json.loads(path.read_text()).get("last_offset")
-            except (OSError, ValueError):
+                last = store.head(self.topic, p).last_offset
+            except (MqdError, OSError):
                 last = None
             out[p] = 0 if last is None else int(last) + 1
         return out

@@ -37,11 +37,10 @@ from aiokafka.protocol.group import (
     SyncGroupRequest,
 )
 
-from mqd import metrics
 from mqd.backoff import Backoff
 from mqd.consumer.allocation import Strategy, get_strategy
 from mqd.consumer.errors import ConsumerError
-from mqd.consumer.offset_store import OffsetStore
+from mqd.consumer.offset_store import CoordinatorOffsetStore
 from mqd.consumer.source import Assignment, Cluster, GroupSettings
 from mqd.topic_partition import TopicPartition
 from mqd.waiting import wait_event
@@ -301,18 +300,17 @@ class KafkaGroup:
             self.last_success = time.monotonic()
 
 
-class KafkaOffsetStore(OffsetStore):
+class KafkaOffsetStore(CoordinatorOffsetStore):
     """Cluster mode: offsets committed on the group's coordinator with its generation and member id."""
+
+    commit_errors = (ConsumerError, KafkaError, OSError, TimeoutError)
 
     def __init__(self, group: KafkaGroup, settings: GroupSettings) -> None:
         super().__init__()
         self._group = group
         self._name = settings.group
-        self._lock = asyncio.Lock()  # one commit at a time keeps them ordered
 
-    async def load(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
-        if not tps:
-            return {}
+    async def _read_committed(self, tps: list[TopicPartition]) -> list[tuple[TopicPartition, int]]:
         by_topic: dict[str, list[int]] = {}
         for tp in tps:
             by_topic.setdefault(tp.topic, []).append(tp.partition)
@@ -320,8 +318,7 @@ class KafkaOffsetStore(OffsetStore):
             resp = await self._group.send(OffsetFetchRequest(self._name, sorted(by_topic.items())))
         except (KafkaError, OSError, TimeoutError) as exc:
             raise ConsumerError(f"cannot read committed offsets: {exc!r}", retriable=True) from exc
-        wanted = set(tps)
-        out: dict[TopicPartition, int] = {}
+        out = []
         for topic, parts in resp.topics:
             for partition, offset, _meta, error_code in parts:
                 tp = TopicPartition(topic, partition)
@@ -329,39 +326,21 @@ class KafkaOffsetStore(OffsetStore):
                     raise ConsumerError(
                         f"{tp}: committed offset: {for_code(error_code).__name__}", retriable=True
                     )
-                if tp in wanted and offset >= 0:
-                    out[tp] = offset
-                    self._persisted[tp] = max(offset, self._persisted.get(tp, -1))
+                out.append((tp, offset))
         return out
 
-    async def persist(self, tps: Iterable[TopicPartition] | None = None) -> int:
-        async with self._lock:
-            todo = self.pending(tps)
-            if not todo:
-                return 0
-            by_topic: dict[str, list[tuple[int, int, str]]] = {}
-            for tp, off in todo.items():
-                by_topic.setdefault(tp.topic, []).append((tp.partition, off, ""))
-            g = self._group
-            generation = g.generation if g.generation is not None else -1
-            t0 = time.perf_counter()
-            try:
-                resp = await g.send(
-                    OffsetCommitRequest(self._name, generation, g.member_id, -1, sorted(by_topic.items()))
-                )
-                codes = {c for _t, parts in resp.topics for _p, c in parts if c}
-                if codes:
-                    raise ConsumerError(
-                        "offset commit refused: " + ", ".join(sorted(for_code(c).__name__ for c in codes)),
-                        retriable=True,
-                    )
-            except (ConsumerError, KafkaError, OSError, TimeoutError) as exc:
-                metrics.commits.labels("error").inc()
-                self.last_error = str(exc)
-                raise ConsumerError(f"offset commit failed: {exc}", retriable=True) from exc
-            metrics.commit_latency.observe(time.perf_counter() - t0)
-            metrics.commits.labels("ok").inc()
-            self.last_error = None
-            for tp, off in todo.items():
-                self._persisted[tp] = max(off, self._persisted.get(tp, -1))
-            return len(todo)
+    async def _commit(self, offsets: dict[TopicPartition, int]) -> None:
+        by_topic: dict[str, list[tuple[int, int, str]]] = {}
+        for tp, off in offsets.items():
+            by_topic.setdefault(tp.topic, []).append((tp.partition, off, ""))
+        g = self._group
+        generation = g.generation if g.generation is not None else -1
+        resp = await g.send(
+            OffsetCommitRequest(self._name, generation, g.member_id, -1, sorted(by_topic.items()))
+        )
+        codes = {c for _t, parts in resp.topics for _p, c in parts if c}
+        if codes:
+            raise ConsumerError(
+                "offset commit refused: " + ", ".join(sorted(for_code(c).__name__ for c in codes)),
+                retriable=True,
+            )

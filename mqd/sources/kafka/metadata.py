@@ -11,7 +11,6 @@ replicas (KIP-392 preferred read replicas are followed only to those); a partiti
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import random
 import time
 from collections.abc import Callable
@@ -21,12 +20,11 @@ import structlog
 from aiokafka.client import AIOKafkaClient
 from aiokafka.errors import KafkaError
 
-from mqd.backoff import Backoff
 from mqd.consumer.errors import ConsumerError
+from mqd.consumer.metadata_refresh import MetadataRefresh
 from mqd.consumer.source import Cluster, Node, PartitionRoute
 from mqd.sources.kafka.protocol_ext import MetadataRequest, split_metadata
 from mqd.topic_partition import TopicPartition
-from mqd.waiting import wait_event
 
 log = structlog.get_logger("mqd.sources.kafka.metadata")
 
@@ -53,8 +51,10 @@ def to_cluster(resp: Any) -> Cluster:
     return Cluster(nodes=nodes, partitions=partitions, topics=topics)
 
 
-class KafkaMetadata:
+class KafkaMetadata(MetadataRefresh[Cluster]):
     """The current Cluster of one AIOKafkaClient's cluster."""
+
+    task_name = "mqd-kafka-metadata"
 
     def __init__(
         self,
@@ -65,50 +65,20 @@ class KafkaMetadata:
         request_timeout: float,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        super().__init__(
+            refresh_interval=refresh_interval,
+            error_backoff=error_backoff,
+            request_timeout=request_timeout,
+            clock=clock,
+            log=log,
+        )
         self._client = client
-        self._interval = refresh_interval
-        self._timeout = request_timeout
-        self._base_backoff = error_backoff
-        self._backoff = Backoff(error_backoff, 5.0)
-        self._clock = clock
-        self.current: Cluster | None = None
-        self.last_error: str | None = None
-        self.refreshes = 0
         # Metadata v10+ (protocol_ext): topic -> topic id, partition -> leader epoch; empty before
         self.topic_ids: dict[str, str] = {}
         self.leader_epochs: dict[TopicPartition, int] = {}
-        self._listeners: list[Callable[[Cluster], None]] = []
-        self._wake = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
 
-    def add_listener(self, fn: Callable[[Cluster], None]) -> None:
-        self._listeners.append(fn)
-
-    def request_refresh(self) -> None:
-        self._wake.set()
-
-    async def start(self, timeout: float) -> None:
-        """First refresh (retried until ``timeout``), then the background loop."""
-        deadline = self._clock() + timeout
-        backoff = Backoff(self._base_backoff, 2.0)
-        while True:
-            try:
-                await self.refresh()
-                break
-            except ConsumerError as exc:
-                delay = backoff.next()
-                if self._clock() + delay > deadline:
-                    raise ConsumerError(f"no Kafka broker answered metadata: {exc}", retriable=True) from exc
-                await asyncio.sleep(delay)
-        if self._task is None:
-            self._task = asyncio.create_task(self._run(), name="mqd-kafka-metadata")
-
-    async def stop(self) -> None:
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+    def _start_failed(self, exc: ConsumerError) -> str:
+        return f"no Kafka broker answered metadata: {exc}"
 
     async def refresh(self) -> Cluster:
         """Ask the known brokers (in random order), then the bootstrap servers; raises ConsumerError."""
@@ -141,27 +111,4 @@ class KafkaMetadata:
         resp, self.topic_ids, self.leader_epochs = split_metadata(resp)
         if resp.brokers:
             self._client.cluster.update_metadata(resp)
-        cluster = to_cluster(resp)
-        self.current = cluster
-        self.last_error = None
-        self.refreshes += 1
-        for fn in self._listeners:
-            try:
-                fn(cluster)
-            except Exception:
-                log.exception("metadata listener failed")
-        return cluster
-
-    async def _run(self) -> None:
-        while self._task is not None:
-            await wait_event(self._wake, self._interval)
-            self._wake.clear()
-            try:
-                await self.refresh()
-            except ConsumerError as exc:
-                log.warning("kafka metadata refresh failed", error=str(exc))
-                await asyncio.sleep(self._backoff.next())
-                self._wake.set()
-            else:
-                self._backoff.reset()
-            await asyncio.sleep(0.05)  # never more often than every 50 ms, however many ask
+        return self._publish(to_cluster(resp))

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,11 +23,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support.harness import Cluster
+from support.storage_node import StorageNode, flip_byte
 
 from mqd import format as fmt
-from mqd.broker.storage import FENCED_FILE, PartitionLog, Storage
+from mqd.broker.storage import FENCED_FILE, PartitionLog
 from mqd.client import BrokerClient
-from mqd.config import StorageConfig
 
 TOPIC = "events"
 PER_BATCH = 2
@@ -35,42 +35,6 @@ PER_BATCH = 2
 
 def _batch(i: int) -> bytes:
     return fmt.encode_batch([bytes([i % 256]) * 100] * PER_BATCH, timestamps=[1_000 + i] * PER_BATCH)
-
-
-class Node:
-    """One partition log over a data dir, reopenable like a restart."""
-
-    def __init__(self, root: Path, **cfg: Any) -> None:
-        self.root = root
-        self.config = StorageConfig(segment_bytes=4096, fsync="never", **cfg)
-        self.storage: Storage | None = None
-
-    @property
-    def folder(self) -> Path:
-        return self.root / "logs" / f"{TOPIC}-0"
-
-    def segments(self) -> list[Path]:
-        return sorted(self.folder.glob("*.log"))
-
-    def open(self) -> PartitionLog:
-        self.close()
-        self.storage = Storage(self.root, self.config)
-        self.storage.open([(TOPIC, 0)])
-        plog = self.storage.get(TOPIC, 0)
-        assert plog is not None
-        return plog
-
-    def close(self) -> None:
-        if self.storage is not None:
-            self.storage.close()
-            self.storage = None
-
-
-@pytest.fixture
-def node(tmp_path: Path) -> Iterator[Node]:
-    n = Node(tmp_path)
-    yield n
-    n.close()
 
 
 def _fill(plog: PartitionLog, batches: int) -> dict[int, bytes]:
@@ -103,33 +67,25 @@ def _records(plog: PartitionLog) -> dict[int, bytes]:
     return out
 
 
-def _flip(path: Path, at: int) -> None:
-    with open(path, "r+b") as fh:
-        fh.seek(at)
-        b = fh.read(1)
-        fh.seek(at)
-        fh.write(bytes([b[0] ^ 0x5A]))
-
-
 def _batch_positions(path: Path) -> list[fmt.BatchInfo]:
     return fmt.scan(path.read_bytes())
 
 
-def test_flipped_byte_in_an_old_closed_segment_keeps_everything_else(node: Node) -> None:
+def test_flipped_byte_in_an_old_closed_segment_keeps_everything_else(storage_node: StorageNode) -> None:
     """A flipped byte in a middle batch of the second (closed, trusted-index) segment: exactly that
     batch's offsets are fenced, every other record of every segment reads back, the log end and the
     incarnation stay, and a restart finds the same fence."""
-    plog = node.open()
+    plog = storage_node.open()
     values = _fill(plog, 60)
     incarnation, end, segments = plog.incarnation, plog.max_offset, plog.segment_count
     assert segments >= 5
-    node.close()
-    second = node.segments()[1]
+    storage_node.close()
+    second = storage_node.segments()[1]
     infos = _batch_positions(second)
     victim = infos[3]
     second.with_suffix(".index").unlink()  # the index would be trusted: its first and last batch are fine
-    _flip(second, victim.position + victim.length - 9)
-    plog = node.open()
+    flip_byte(second, victim.position + victim.length - 9)
+    plog = storage_node.open()
     lost = (victim.base_offset, victim.base_offset + PER_BATCH - 1)
     assert plog.fenced_ranges() == [lost]
     assert plog.fenced_at(lost[0]) == lost and plog.fenced_at(lost[0] - 1) is None
@@ -141,9 +97,9 @@ def test_flipped_byte_in_an_old_closed_segment_keeps_everything_else(node: Node)
     # a read from before the hole stops at it
     before = plog.read(lost[0] - PER_BATCH, 10**9)
     assert fmt.scan(before)[-1].next_offset == lost[0]
-    recorded = json.loads((node.folder / FENCED_FILE).read_text())
+    recorded = json.loads((storage_node.folder / FENCED_FILE).read_text())
     assert recorded["fenced"] == [{"first": lost[0], "last": lost[1]}]
-    plog = node.open()
+    plog = storage_node.open()
     assert plog.fenced_ranges() == [lost] and _records(plog) == got
     # appends go on at the old end
     batch = _batch(99)
@@ -151,14 +107,14 @@ def test_flipped_byte_in_an_old_closed_segment_keeps_everything_else(node: Node)
 
 
 @pytest.mark.parametrize("how", ["cut_mid_batch", "cut_at_batch", "cut_to_nothing", "file_lost"])
-def test_closed_segment_cut_short_or_lost_is_fenced(node: Node, how: str) -> None:
+def test_closed_segment_cut_short_or_lost_is_fenced(storage_node: StorageNode, how: str) -> None:
     """A closed segment cut short (mid-batch, at a batch boundary, to 0 bytes) or deleted: the
     offsets it no longer holds are fenced up to the next segment's base, nothing else is lost."""
-    plog = node.open()
+    plog = storage_node.open()
     values = _fill(plog, 60)
     end = plog.max_offset
-    node.close()
-    segs = node.segments()
+    storage_node.close()
+    segs = storage_node.segments()
     third, fourth_base = segs[2], int(segs[3].stem)
     infos = _batch_positions(third)
     if how == "cut_mid_batch":
@@ -175,18 +131,18 @@ def test_closed_segment_cut_short_or_lost_is_fenced(node: Node, how: str) -> Non
     else:
         with open(third, "r+b") as fh:
             fh.truncate(keep)
-    plog = node.open()
+    plog = storage_node.open()
     lost = (lost_first, fourth_base - 1)
     assert plog.fenced_ranges() == [lost]
     assert plog.max_offset == end
     assert _records(plog) == {o: v for o, v in values.items() if not lost[0] <= o <= lost[1]}
-    assert node.open().fenced_ranges() == [lost]
+    assert storage_node.open().fenced_ranges() == [lost]
 
 
 def test_truncation_and_retention_drop_the_fences_they_pass(tmp_path: Path) -> None:
     """A truncation into a fenced range ends the log at its first offset and the fence goes; size
     retention deleting the damaged segment drops its fence (and the record says so)."""
-    n = Node(tmp_path, retention_bytes=4 * 4096)
+    n = StorageNode(tmp_path, retention_bytes=4 * 4096)
     try:
         plog = n.open()
         _fill(plog, 60)
@@ -194,7 +150,7 @@ def test_truncation_and_retention_drop_the_fences_they_pass(tmp_path: Path) -> N
         second = n.segments()[1]
         victim = _batch_positions(second)[2]
         second.with_suffix(".index").unlink()
-        _flip(second, victim.position + 60)
+        flip_byte(second, victim.position + 60)
         plog = n.open()
         assert plog.fenced_ranges() == [(victim.base_offset, victim.base_offset + 1)]
         _fill(plog, 40)
@@ -206,31 +162,31 @@ def test_truncation_and_retention_drop_the_fences_they_pass(tmp_path: Path) -> N
         n.close()
 
 
-def test_truncate_into_a_hole(node: Node) -> None:
+def test_truncate_into_a_hole(storage_node: StorageNode) -> None:
     """truncate_to an offset inside a fenced range cuts at the range's first offset; no fence stays."""
-    plog = node.open()
+    plog = storage_node.open()
     _fill(plog, 60)
-    node.close()
-    second = node.segments()[1]
+    storage_node.close()
+    second = storage_node.segments()[1]
     victim = _batch_positions(second)[2]
     second.with_suffix(".index").unlink()
-    _flip(second, victim.position + 60)
-    plog = node.open()
+    flip_byte(second, victim.position + 60)
+    plog = storage_node.open()
     before = plog.incarnation
     plog.truncate_to(victim.base_offset + 1)
     assert plog.max_offset == victim.base_offset and plog.fenced_ranges() == []
     assert plog.incarnation != before and plog.diverged_at(before) == victim.base_offset
-    assert node.open().max_offset == victim.base_offset
+    assert storage_node.open().max_offset == victim.base_offset
 
 
-def test_slave_continues_with_its_masters_hole(node: Node) -> None:
+def test_slave_continues_with_its_masters_hole(storage_node: StorageNode) -> None:
     """append_fenced continues the log with a fenced range and no bytes; appends go on after it;
     it survives restarts, at the log end and once batches follow it, also after a roll."""
-    plog = node.open()
+    plog = storage_node.open()
     values = _fill(plog, 3)
     plog.append_fenced(6, 9)
     assert plog.max_offset == 10 and plog.fenced_ranges() == [(6, 9)]
-    plog = node.open()
+    plog = storage_node.open()
     assert plog.max_offset == 10 and plog.fenced_ranges() == [(6, 9)]
     more = _batch(7)
     infos = fmt.validate(more)
@@ -240,27 +196,27 @@ def test_slave_continues_with_its_masters_hole(node: Node) -> None:
     assert infos[0].count == PER_BATCH
     for _ in range(40):  # roll into later segments
         _fill(plog, 1)
-    plog = node.open()
+    plog = storage_node.open()
     assert plog.fenced_ranges() == [(6, 9)]
     got = _records(plog)
     assert all(got[o] == v for o, v in values.items()) and 10 in got and 6 not in got
 
 
-def test_repair_a_hole_in_a_segment_and_a_gap(node: Node) -> None:
+def test_repair_a_hole_in_a_segment_and_a_gap(storage_node: StorageNode) -> None:
     """repair_fenced with the replica's intact batches rewrites the damaged segment or fills the
     lost segment's gap: every record reads back, nothing is fenced, also after a restart."""
-    plog = node.open()
+    plog = storage_node.open()
     values = _fill(plog, 60)
     good = plog.read(0, 10**9)
-    node.close()
-    segs = node.segments()
+    storage_node.close()
+    segs = storage_node.segments()
     second, lost_file = segs[1], segs[3]
     victim = _batch_positions(second)[2]
     gap = (int(lost_file.stem), int(segs[4].stem) - 1)
     second.with_suffix(".index").unlink()
-    _flip(second, victim.position + 60)
+    flip_byte(second, victim.position + 60)
     lost_file.unlink()
-    plog = node.open()
+    plog = storage_node.open()
     hole = (victim.base_offset, victim.base_offset + 1)
     assert plog.fenced_ranges() == [hole, gap]
     replica = {info.base_offset: good[info.position : info.position + info.length] for info in fmt.scan(good)}
@@ -277,7 +233,7 @@ def test_repair_a_hole_in_a_segment_and_a_gap(node: Node) -> None:
     assert plog.fenced_ranges() == []
     assert _records(plog) == values
     assert plog.read(0, 10**9) == good
-    plog = node.open()
+    plog = storage_node.open()
     assert plog.fenced_ranges() == [] and _records(plog) == values
 
 
@@ -311,7 +267,7 @@ async def test_broker_answers_data_lost_and_reports_the_hole(cluster_factory: Ca
     second = sorted(folder.glob("*.log"))[1]
     victim = _batch_positions(second)[1]
     second.with_suffix(".index").unlink()
-    _flip(second, victim.position + 60)
+    flip_byte(second, victim.position + 60)
     cluster.start_node(node_id)
     lost = (victim.base_offset, victim.base_offset + PER_BATCH - 1)
     client = BrokerClient(request_timeout=10.0)
@@ -341,40 +297,42 @@ async def test_broker_answers_data_lost_and_reports_the_hole(cluster_factory: Ca
     assert stats["fenced"] == [{"topic": TOPIC, "partition": 0, "first": lost[0], "last": lost[1]}]
 
 
-def test_damage_inside_the_active_segment_with_intact_batches_after_is_fenced(node: Node) -> None:
+def test_damage_inside_the_active_segment_with_intact_batches_after_is_fenced(
+    storage_node: StorageNode,
+) -> None:
     """A flipped byte in a middle batch of the active segment, intact batches after it: not a torn
     tail, so nothing is cut (no new incarnation); the batch is fenced and the rest is served."""
-    plog = node.open()
+    plog = storage_node.open()
     values = _fill(plog, 8)
     assert plog.segment_count == 1
     incarnation, end = plog.incarnation, plog.max_offset
-    node.close()
-    active = node.segments()[-1]
+    storage_node.close()
+    active = storage_node.segments()[-1]
     victim = _batch_positions(active)[3]
-    _flip(active, victim.position + 60)
-    plog = node.open()
+    flip_byte(active, victim.position + 60)
+    plog = storage_node.open()
     lost = (victim.base_offset, victim.base_offset + PER_BATCH - 1)
     assert plog.fenced_ranges() == [lost] and plog.max_offset == end
     assert plog.incarnation == incarnation and len(plog.history) == 1
     assert _records(plog) == {o: v for o, v in values.items() if not lost[0] <= o <= lost[1]}
 
 
-def test_flipped_bit_in_a_base_offset_does_not_renumber_records(node: Node) -> None:
+def test_flipped_bit_in_a_base_offset_does_not_renumber_records(storage_node: StorageNode) -> None:
     """The CRC does not cover a batch's base offset: a flipped high bit there makes the batch look
     like it sits far ahead. It is treated as damage (fenced), not as a jump that would renumber
     its records and everything after, nor as a torn tail that would cut the rest."""
-    plog = node.open()
+    plog = storage_node.open()
     values = _fill(plog, 8)
     end = plog.max_offset
-    node.close()
-    active = node.segments()[-1]
+    storage_node.close()
+    active = storage_node.segments()[-1]
     victim = _batch_positions(active)[3]
     with open(active, "r+b") as fh:
         fh.seek(victim.position + 8 + 5)  # byte 5 of the little-endian base offset: + 2**40
         b = fh.read(1)
         fh.seek(victim.position + 8 + 5)
         fh.write(bytes([b[0] ^ 1]))
-    plog = node.open()
+    plog = storage_node.open()
     lost = (victim.base_offset, victim.base_offset + PER_BATCH - 1)
     assert plog.fenced_ranges() == [lost] and plog.max_offset == end
     assert _records(plog) == {o: v for o, v in values.items() if not lost[0] <= o <= lost[1]}
@@ -390,13 +348,13 @@ def test_any_single_flipped_byte_loses_exactly_its_batch(
     record reads back. In a closed segment or mid-active-segment the batch is fenced and the log
     end stays; as the last batch of the active segment it is a torn tail, cut, with a new
     incarnation at its base."""
-    node = Node(tmp_path_factory.mktemp("flip"))
+    storage_node = StorageNode(tmp_path_factory.mktemp("flip"))
     try:
-        plog = node.open()
+        plog = storage_node.open()
         values = _fill(plog, data.draw(st.integers(min_value=2, max_value=40), label="batches"))
         end, before = plog.max_offset, plog.incarnation
-        node.close()
-        segs = node.segments()
+        storage_node.close()
+        segs = storage_node.segments()
         si = data.draw(st.integers(min_value=0, max_value=len(segs) - 1), label="segment")
         infos = _batch_positions(segs[si])
         bi = data.draw(st.integers(min_value=0, max_value=len(infos) - 1), label="batch")
@@ -408,7 +366,7 @@ def test_any_single_flipped_byte_loses_exactly_its_batch(
             b = fh.read(1)
             fh.seek(victim.position + at)
             fh.write(bytes([b[0] ^ data.draw(st.integers(min_value=1, max_value=255), label="xor")]))
-        plog = node.open()
+        plog = storage_node.open()
         lost = (victim.base_offset, victim.next_offset - 1)
         torn_tail = si == len(segs) - 1 and bi == len(infos) - 1
         if torn_tail:
@@ -419,4 +377,4 @@ def test_any_single_flipped_byte_loses_exactly_its_batch(
             assert plog.incarnation == before
         assert _records(plog) == {o: v for o, v in values.items() if not lost[0] <= o <= lost[1]}
     finally:
-        node.close()
+        storage_node.close()

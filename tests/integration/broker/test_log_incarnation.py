@@ -10,15 +10,16 @@ malformed incarnation is a 400.
 from __future__ import annotations
 
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from support.harness import Cluster
+from support.storage_node import StorageNode
 
 from mqd import format as fmt
 from mqd.broker.incarnation import HISTORY_FILE, IncarnationEntry, is_valid_id, new_id
-from mqd.broker.storage import PartitionLog, Storage
+from mqd.broker.storage import PartitionLog
 from mqd.client import BrokerClient, BrokerError
 from mqd.config import StorageConfig
 
@@ -34,107 +35,74 @@ def _append(plog: PartitionLog, count: int = 2, tag: int = 0) -> tuple[int, int]
     return plog.append(batch, fmt.validate(batch))
 
 
-class Node:
-    """One Storage over a data dir, reopenable like a restart."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.config = StorageConfig(segment_bytes=4096, fsync="never")
-        self.storage: Storage | None = None
-
-    @property
-    def folder(self) -> Path:
-        return self.root / "logs" / f"{TOPIC}-0"
-
-    def open(self) -> PartitionLog:
-        self.close()
-        self.storage = Storage(self.root, self.config)
-        self.storage.open([(TOPIC, 0)])
-        plog = self.storage.get(TOPIC, 0)
-        assert plog is not None
-        return plog
-
-    def close(self) -> None:
-        if self.storage is not None:
-            self.storage.close()
-            self.storage = None
-
-
-@pytest.fixture
-def node(tmp_path: Path) -> Iterator[Node]:
-    n = Node(tmp_path)
-    yield n
-    n.close()
-
-
-def test_fresh_log_and_restart(node: Node) -> None:
+def test_fresh_log_and_restart(storage_node: StorageNode) -> None:
     """A log created empty has one incarnation at base 0; a restart keeps it, with its records."""
-    plog = node.open()
+    plog = storage_node.open()
     assert is_valid_id(plog.incarnation) and [e.base for e in plog.history] == [0]
     first = plog.incarnation
     for i in range(30):
         _append(plog, tag=i)
-    plog = node.open()
+    plog = storage_node.open()
     assert plog.incarnation == first and len(plog.history) == 1 and plog.max_offset == 60
 
 
-def test_recreated_folder_is_a_new_incarnation(node: Node) -> None:
+def test_recreated_folder_is_a_new_incarnation(storage_node: StorageNode) -> None:
     """A partition folder removed and recreated (a topic recreated, a disk replaced) gets a new
     incarnation at 0: its offsets name other records than before."""
-    plog = node.open()
+    plog = storage_node.open()
     _append(plog)
     before = plog.incarnation
-    node.close()
-    shutil.rmtree(node.folder)
-    plog = node.open()
+    storage_node.close()
+    shutil.rmtree(storage_node.folder)
+    plog = storage_node.open()
     assert plog.incarnation != before and [e.base for e in plog.history] == [0]
     assert plog.diverged_at(before) == 0
 
 
-def test_log_files_gone_under_a_history_is_a_new_incarnation(node: Node) -> None:
+def test_log_files_gone_under_a_history_is_a_new_incarnation(storage_node: StorageNode) -> None:
     """Segment files deleted while the history file stays: a new incarnation at 0, the old one
     diverged at 0."""
-    plog = node.open()
+    plog = storage_node.open()
     _append(plog)
     before = plog.incarnation
-    node.close()
-    for p in node.folder.glob("*.log"):
+    storage_node.close()
+    for p in storage_node.folder.glob("*.log"):
         p.unlink()
-    plog = node.open()
+    plog = storage_node.open()
     assert plog.incarnation != before and plog.max_offset == 0
     assert plog.diverged_at(before) == 0
 
 
-def test_recovery_cut_begins_a_new_incarnation_at_the_cut(node: Node) -> None:
+def test_recovery_cut_begins_a_new_incarnation_at_the_cut(storage_node: StorageNode) -> None:
     """A torn tail of the active segment is cut on open and that cut is a new incarnation whose
     base is the cut offset; the earlier one diverged exactly there."""
-    plog = node.open()
+    plog = storage_node.open()
     for i in range(5):
         _append(plog, count=3, tag=i)
     assert plog.segment_count == 1
     before = plog.incarnation
-    node.close()
-    active = sorted(node.folder.glob("*.log"))[-1]
+    storage_node.close()
+    active = sorted(storage_node.folder.glob("*.log"))[-1]
     size = active.stat().st_size
     with open(active, "r+b") as fh:  # flip a byte of the last batch
         fh.seek(size - 9)
         b = fh.read(1)
         fh.seek(size - 9)
         fh.write(bytes([b[0] ^ 0xFF]))
-    plog = node.open()
+    plog = storage_node.open()
     assert plog.max_offset == 12
     assert plog.incarnation != before
     assert [(e.id, e.base) for e in plog.history] == [(before, 0), (plog.incarnation, 12)]
     assert plog.diverged_at(before) == 12
     # and the next restart keeps the new one
     after = plog.incarnation
-    assert node.open().incarnation == after
+    assert storage_node.open().incarnation == after
 
 
-def test_truncations_begin_new_incarnations_or_adopt(node: Node) -> None:
+def test_truncations_begin_new_incarnations_or_adopt(storage_node: StorageNode) -> None:
     """truncate_to and truncate_fully_and_start_at begin an incarnation at the new log end; with a
     master's history they adopt it instead; a truncation that cuts nothing changes nothing."""
-    plog = node.open()
+    plog = storage_node.open()
     for i in range(10):
         _append(plog, count=2, tag=i)
     a = plog.incarnation
@@ -149,22 +117,22 @@ def test_truncations_begin_new_incarnations_or_adopt(node: Node) -> None:
     assert plog.history[-1].base == 500 and plog.min_offset == 500
     plog.adopt_history(master)
     assert plog.incarnation == master[-1].id
-    restarted = node.open()
+    restarted = storage_node.open()
     assert restarted.history == master
 
 
-def test_log_written_before_incarnations_gets_one_at_its_start(node: Node) -> None:
+def test_log_written_before_incarnations_gets_one_at_its_start(storage_node: StorageNode) -> None:
     """An existing log without a history file (written before this change) keeps every offset
     valid under one incarnation whose base is the log start."""
-    plog = node.open()
+    plog = storage_node.open()
     for i in range(40):
         _append(plog, count=2, tag=i)
     plog.truncate_fully_and_start_at(1000)  # so that the log start is not 0
     for i in range(3):
         _append(plog, tag=i)
-    node.close()
-    (node.folder / HISTORY_FILE).unlink()
-    plog = node.open()
+    storage_node.close()
+    (storage_node.folder / HISTORY_FILE).unlink()
+    plog = storage_node.open()
     assert [e.base for e in plog.history] == [1000] and plog.max_offset == 1006
 
 
@@ -224,19 +192,19 @@ async def _fetch_after_cut(client: BrokerClient, url: str, first: str) -> None:
         assert err.value.status == 400 and "incarnation" in str(err.value), bad
 
 
-def test_unreadable_history_is_set_aside_and_a_new_incarnation_begins(node: Node) -> None:
+def test_unreadable_history_is_set_aside_and_a_new_incarnation_begins(storage_node: StorageNode) -> None:
     """A damaged incarnation.json does not stop the node: it is kept as incarnation.json.damaged and
     the log begins a new incarnation at its start (a consumer's old id then diverged at 0)."""
-    plog = node.open()
+    plog = storage_node.open()
     for i in range(3):
         _append(plog, tag=i)
     before = plog.incarnation
-    node.close()
-    (node.folder / HISTORY_FILE).write_text("{not json")
-    plog = node.open()
+    storage_node.close()
+    (storage_node.folder / HISTORY_FILE).write_text("{not json")
+    plog = storage_node.open()
     assert plog.incarnation != before and [e.base for e in plog.history] == [0]
     assert plog.diverged_at(before) == 0 and plog.max_offset == 6
-    assert (node.folder / (HISTORY_FILE + ".damaged")).read_text() == "{not json"
+    assert (storage_node.folder / (HISTORY_FILE + ".damaged")).read_text() == "{not json"
 
 
 @pytest.mark.parametrize("fsync", ["interval", "never", "always"])
@@ -247,20 +215,20 @@ def test_unclean_restart_begins_a_new_incarnation_unless_every_append_was_synced
     have lost served records from its tail without a torn byte (a file reverted to its last synced
     size): it begins a new incarnation at its end. With fsync = always, or after a clean close,
     the incarnation stays."""
-    node = Node(tmp_path)
-    node.config = StorageConfig(segment_bytes=4096, fsync=fsync)  # type: ignore[arg-type]
+    storage_node = StorageNode(tmp_path)
+    storage_node.config = StorageConfig(segment_bytes=4096, fsync=fsync)  # type: ignore[arg-type]
     try:
-        plog = node.open()
+        plog = storage_node.open()
         _append(plog)
         first = plog.incarnation
-        plog = node.open()  # a clean close in between
+        plog = storage_node.open()  # a clean close in between
         assert plog.incarnation == first
-        node.close()
-        (node.root / "logs" / ".clean_shutdown").unlink()  # what a crash leaves: no marker
-        plog = node.open()
+        storage_node.close()
+        (storage_node.root / "logs" / ".clean_shutdown").unlink()  # what a crash leaves: no marker
+        plog = storage_node.open()
         if fsync == "always":
             assert plog.incarnation == first
         else:
             assert plog.incarnation != first and plog.diverged_at(first) == plog.max_offset == 2
     finally:
-        node.close()
+        storage_node.close()

@@ -19,14 +19,13 @@ from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp import web
 from support.harness import Cluster, records_of
-from support.replica import replica_client
+from support.replica import FakeMaster, fetched_replica, replica_client
 
 from mqd import format as fmt
 from mqd.broker.replica_auth import HEADER_NODE, HEADER_NONCE
 from mqd.client import BrokerClient, BrokerError
-from mqd.protocol import decode_fetch_answer, encode_fetch_answer
+from mqd.protocol import decode_fetch_answer
 
 TOKEN = "client-token-everyone-has"
 TOPIC = "events"
@@ -123,59 +122,6 @@ async def test_a_replayed_replica_request_is_refused(cluster_factory: Callable[.
             assert "replayed" in (await resp.json())["reason"]
 
 
-class _FakeMaster:
-    """A process at the master's address that does not know the master's secret: it records what
-    the slave sends and answers every replica fetch with "the log is empty" (which made a slave on
-    main truncate to 0) and every offsets pull with an empty snapshot."""
-
-    def __init__(self) -> None:
-        self.requests: list[tuple[str, dict[str, str], bytes]] = []
-        self._runner: web.AppRunner | None = None
-
-    async def _fetch(self, request: web.Request) -> web.StreamResponse:
-        body = await request.read()
-        self.requests.append((request.path, dict(request.headers), body))
-        asked = json.loads(body)["partitions"]
-        entries = [
-            {
-                "topic": p["topic"],
-                "partition": p["partition"],
-                "status": "OFFSET_OVERFLOW_BADLY",
-                "next_offset": 0,
-                "min_offset": 0,
-                "max_offset": 0,
-                "suggest": None,
-            }
-            for p in asked
-        ]
-        parts = encode_fetch_answer("broker-a-0", entries, [b""] * len(entries))
-        return web.Response(
-            body=b"".join(parts),
-            content_type="application/x-mqd-fetch",
-            headers={HEADER_NODE: "broker-a-0", "X-Mqd-Replica-Signature": "0" * 64},
-        )
-
-    async def _offsets(self, request: web.Request) -> web.Response:
-        self.requests.append((request.path, dict(request.headers), await request.read()))
-        return web.json_response({"groups": {}})
-
-    async def _health(self, request: web.Request) -> web.Response:
-        return web.json_response({"status": "ok"})
-
-    async def start(self, port: int) -> None:
-        app = web.Application()
-        app.router.add_post("/v1/replica/fetch", self._fetch)
-        app.router.add_get("/v1/replica/offsets", self._offsets)
-        app.router.add_get("/v1/health", self._health)
-        self._runner = web.AppRunner(app)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, "127.0.0.1", port).start()
-
-    async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-
-
 async def test_a_fake_master_is_refused_and_learns_no_secret(
     cluster_factory: Callable[..., Cluster],
 ) -> None:
@@ -191,11 +137,11 @@ async def test_a_fake_master_is_refused_and_learns_no_secret(
     before = fetch_all_with_token(cluster, slave)
     assert len(before) == 100
     await asyncio.to_thread(cluster.kill, master)
-    fake = _FakeMaster()
+    fake = FakeMaster(master)
     await fake.start(cluster.nodes[master].port)
     try:
         deadline = time.monotonic() + 15
-        while sum(1 for path, _, _ in fake.requests if path == "/v1/replica/fetch") < 3:
+        while fetched_replica(fake) < 3:
             assert time.monotonic() < deadline, "the slave never called the fake master"
             await asyncio.sleep(0.05)
         stats = cluster.get_json(slave, "/v1/stats")

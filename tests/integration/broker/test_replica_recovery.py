@@ -15,11 +15,11 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
 from support.harness import Cluster, fetch_all
+from support.storage_node import flip_byte
 
 from mqd import format as fmt
 from mqd.client import BrokerClient, BrokerError
@@ -145,14 +145,6 @@ async def test_slave_refuses_to_truncate_below_what_it_reported(
     assert "replication parked" in cluster.log(slave)
 
 
-def _flip(path: Path, at: int) -> None:
-    with open(path, "r+b") as fh:
-        fh.seek(at)
-        b = fh.read(1)
-        fh.seek(at)
-        fh.write(bytes([b[0] ^ 0x5A]))
-
-
 async def test_master_repairs_a_damaged_batch_from_its_slave(cluster_factory: Callable[..., Cluster]) -> None:
     """One flipped byte in a batch of an old closed segment of the master: at restart the batch is
     fenced (storage), then the master copies that exact range back from its slave before it
@@ -171,7 +163,7 @@ async def test_master_repairs_a_damaged_batch_from_its_slave(cluster_factory: Ca
     second = sorted(folder.glob("*.log"))[1]
     victim = fmt.scan(second.read_bytes())[1]
     second.with_suffix(".index").unlink()  # rescanned at open, so the damage is found
-    _flip(second, victim.position + 60)
+    flip_byte(second, victim.position + 60)
     cluster.start_node(master)
     assert fetch_all(murl, TOPIC, 0) == acked
     health = cluster.health(master)
@@ -218,7 +210,7 @@ async def test_partial_copy_back_never_reuses_offsets_under_the_landed_incarnati
     folder = cluster.nodes[slave].data_dir / "logs" / f"{TOPIC}-0"
     second = sorted(folder.glob("*.log"))[1]
     victim = fmt.scan(second.read_bytes())[1]
-    _flip(second, victim.position + 60)
+    flip_byte(second, victim.position + 60)
     cluster.start_node(slave)
     _replace_data_dir(cluster, master)
     cluster.start_node(master)
@@ -248,7 +240,7 @@ async def test_slave_repairs_a_damaged_batch_from_its_master(cluster_factory: Ca
         second = sorted(folder.glob("*.log"))[1]
         victim = fmt.scan(second.read_bytes())[1]
         second.with_suffix(".index").unlink()  # rescanned at open, so the damage is found
-        _flip(second, victim.position + 60)
+        flip_byte(second, victim.position + 60)
         for i in range(60, 80):
             await client.produce(murl, TOPIC, 0, fmt.encode_batch([b"r-%d-%d" % (i, j) for j in range(5)]))
     acked = fetch_all(murl, TOPIC, 0)

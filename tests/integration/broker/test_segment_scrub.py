@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 from support.harness import Cluster
+from support.storage_node import flip_byte
 
 from mqd import format as fmt
 from mqd.broker.scrub import SegmentScrubber
@@ -47,14 +48,6 @@ def _get(url: str, path: str) -> dict[str, Any]:
         return data
 
 
-def _flip(path: Path, at: int) -> None:
-    with open(path, "r+b") as fh:
-        fh.seek(at)
-        b = fh.read(1)
-        fh.seek(at)
-        fh.write(bytes([b[0] ^ 0x5A]))
-
-
 def _flip_middle_batch(cluster: Cluster, node_id: str) -> tuple[int, int]:
     """On a stopped node: flip a byte in the middle of a middle batch of the second segment, a
     closed one whose index files stay (trusted at the next start: its first and last batches are
@@ -65,7 +58,7 @@ def _flip_middle_batch(cluster: Cluster, node_id: str) -> tuple[int, int]:
     infos = fmt.scan(second.read_bytes())
     assert len(infos) >= 3
     victim = infos[len(infos) // 2]
-    _flip(second, victim.position + victim.length // 2)
+    flip_byte(second, victim.position + victim.length // 2)
     return victim.base_offset, victim.next_offset - 1
 
 

@@ -31,6 +31,7 @@ from mqd.landing import (
     read_manifest,
     update_markers,
 )
+from mqd.landing.local_objects import LocalObjects
 from mqd.landing.markers import read_watermarks
 from mqd.waiting import wait_until
 
@@ -158,7 +159,7 @@ def _race(root: str, rounds: int, out: Any) -> None:
 
 
 def test_conditional_publication_across_processes(tmp_path: Path) -> None:
-    """Two processes racing to publish the same partition (flock + exclusive link) leave a dense,
+    """Two processes racing to publish the same partition (the claim chain) leave a dense,
     duplicate-free offset sequence, and every win is counted once."""
     root = tmp_path / "landing"
     LocalStore(root).open()
@@ -178,8 +179,9 @@ def test_conditional_publication_across_processes(tmp_path: Path) -> None:
 
 
 async def test_resume_position_survives_restart_and_lost_state(tmp_path: Path) -> None:
-    """A new sink resumes after the last published offset; the position is rebuilt from the
-    manifest when the state file is lost, and from the files' metadata when both are lost."""
+    """A new sink resumes after the last published offset, read from the claim chain; losing the
+    idle-watermark record changes nothing but the idle part of the watermark (the chain's head
+    carries the published one)."""
     s = LandingSink(cfg(tmp_path))
     await s.start()
     tp = TopicPartition("events", 2)
@@ -191,39 +193,52 @@ async def test_resume_position_survives_restart_and_lost_state(tmp_path: Path) -
     await s.close()
     root = tmp_path / "landing"
     state_file = root / "_state/events/00002.json"
-    for lose in ([], [state_file], [state_file, *root.glob("_manifest/events/00002/*.jsonl")]):
+    for lose in ([], [state_file]):
         for f in lose:
-            f.unlink()
+            f.unlink(missing_ok=True)
         s2 = LandingSink(cfg(tmp_path))
         await s2.start()
         assert await s2.resume_position(tp) == 15
         await s2.close()
-    assert len(read_manifest(root)) == 2  # rebuilt from the files
-    assert json.loads(state_file.read_bytes())["watermark_ms"] == T0 + 3 * HOUR
+    assert len(read_manifest(root)) == 2
+    assert read_watermarks(root, "events", 3)[2] == T0 + 3 * HOUR
+
+
+class _Crash(BaseException):
+    """The publishing process died here."""
+
+
+class _CrashOnCopy(LocalObjects):
+    """A directory whose server-side copy (the promotion of a claimed file) never happens: the
+    process dies right after its claim."""
+
+    def copy(self, src: str, dst: str) -> bool:
+        raise _Crash(f"{src} -> {dst}")
 
 
 def test_half_done_publication_is_completed(tmp_path: Path) -> None:
-    """A process that died after linking a file but before recording it: the next publisher of the
-    partition finds the intent, keeps the file, and records it once in state and manifest."""
+    """A process that died after claiming a range but before promoting its file: the next reader
+    of the partition's head promotes the staged file, and the range is in the manifest once."""
     root = tmp_path / "landing"
     pub = Publisher(LocalStore(root))
     pub.store.open()
     rb = fetched("events", 0, 0, 10).records
     pub.publish("events", 0, pa.Table.from_batches([rb]), None)
-    before = json.loads((root / "_state/events/00000.json").read_bytes())
-    rng = pub.publish("events", 0, pa.Table.from_batches([fetched("events", 0, 10, 10).records]), 9)
-    # rewind state and manifest to the moment right after the link of the second file
-    before["pending"] = rng.to_json()
-    (root / "_state/events/00000.json").write_text(json.dumps(before))
-    [mpath] = root.glob("_manifest/events/00000/*.jsonl")
-    mpath.write_bytes(mpath.read_bytes().splitlines(keepends=True)[0] + b'{"path": "torn')
-    assert pub.store.head("events", 0).last_offset == 19
+    dying = LocalStore(root)
+    dying.objects = _CrashOnCopy(root)
+    with pytest.raises(_Crash):
+        Publisher(dying).publish("events", 0, pa.Table.from_batches([fetched("events", 0, 10, 5).records]), 9)
+    second = "topic=events/dt=2026-01-01/hour=00/part-00000-00000000000000000010.parquet"  # 10..14
+    assert second not in pub.store.visible_files()
+    fresh = LocalStore(root)
+    assert fresh.head("events", 0).last_offset == 14
+    assert second in fresh.visible_files()
     assert [r.path for r in read_manifest(root)] == [
         "topic=events/dt=2026-01-01/hour=00/part-00000-00000000000000000000.parquet",
-        rng.path,
+        second,
     ]
     with pytest.raises(PublishConflict):
-        pub.publish("events", 0, pa.Table.from_batches([rb]), 9)
+        Publisher(fresh).publish("events", 0, pa.Table.from_batches([rb]), 9)
 
 
 async def test_micro_batch_cut_by_records_bytes_and_age(tmp_path: Path) -> None:
@@ -361,18 +376,23 @@ async def test_absurd_timestamps_are_filed_not_fatal(tmp_path: Path) -> None:
 
 
 async def test_stale_temp_files_are_removed_at_start(tmp_path: Path) -> None:
-    """Temp files a killed publisher left behind are deleted at start once they are old; a fresh
-    one (a live publisher elsewhere) is kept."""
+    """Temp files a killed writer left behind (next to an object, or a half-encoded scratch file)
+    are deleted at start once they are old; fresh ones (a live publisher elsewhere) are kept."""
+    LocalStore(tmp_path / "landing").open()
     hour = tmp_path / "landing/topic=events/dt=2026-01-01/hour=00"
+    scratch = tmp_path / "landing/_staging/.scratch/mqd-stage-x"
     hour.mkdir(parents=True)
-    old, fresh = hour / ".part-00000-x.parquet.1.ab.tmp", hour / ".part-00001-x.parquet.2.cd.tmp"
-    for f in (old, fresh):
+    scratch.mkdir(parents=True)
+    old, fresh = hour / ".part-00000-x.parquet.ab.tmp", hour / ".part-00001-x.parquet.cd.tmp"
+    old_scratch = scratch / "staged.parquet"
+    for f in (old, fresh, old_scratch):
         f.write_bytes(b"partial")
     os.utime(old, (0, 0))
+    os.utime(old_scratch, (0, 0))
     s = LandingSink(cfg(tmp_path))
     await s.start()
     await s.close()
-    assert not old.exists() and fresh.exists()
+    assert not old.exists() and not old_scratch.exists() and fresh.exists()
 
 
 async def test_age_counts_from_fetch_time(tmp_path: Path) -> None:

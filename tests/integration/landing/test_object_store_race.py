@@ -1,4 +1,5 @@
-"""The claim chain under races and faults, judged from a reader's view (SeaweedFS, two gateways).
+"""The claim chain under races and faults, judged from a reader's view (SeaweedFS, two gateways;
+and a local directory shared by two stores, the same protocol on LocalObjects).
 
 Each trial: two publishers (one per gateway, each its own ObjectStore as two daemons would have)
 land offsets 0..N-1 of one partition in files of random sizes, each resuming from the head and
@@ -17,9 +18,11 @@ condition, the nonce read-back after an uncertain claim) the same trials find du
 from __future__ import annotations
 
 import io
+import itertools
 import random
 import threading
 from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +37,7 @@ from support.seaweedfs import fresh_uri
 from mqd import format as fmt
 from mqd.landing import layout
 from mqd.landing.layout import LandingCorrupt, LandingError
+from mqd.landing.local_objects import LocalObjects
 from mqd.landing.object_store import ObjectStore
 from mqd.landing.objects import ObjectInfo, Objects, ObjectStoreError, PreconditionFailed
 from mqd.landing.publisher import file_range
@@ -208,19 +212,43 @@ def read_offsets(store: ObjectStore, keys: list[str]) -> list[int]:
     return out
 
 
-def trial(server: SeaweedFS, partition: int, seed: int, skip: frozenset[str], lost: float) -> Verdict:
-    uri = fresh_uri(server)  # a landing per trial: the janitor's listing stays short
+Landing = Callable[[int], Objects]  # one landing: its objects as seen through gateway 0 or 1
+
+
+def s3_landings(server: SeaweedFS) -> Callable[[], Landing]:
+    """A fresh landing per trial on SeaweedFS (the janitor's listing stays short), two gateways."""
+
+    def new() -> Landing:
+        uri = fresh_uri(server)
+        return lambda gw: objects_at(server, uri, gw)
+
+    return new
+
+
+def local_landings(base: Path) -> Callable[[], Landing]:
+    """A fresh local directory per trial; each "gateway" its own LocalObjects on it (two daemons
+    sharing a POSIX directory)."""
+    count = itertools.count()
+
+    def new() -> Landing:
+        root = base / f"landing-{next(count)}"
+        return lambda _gw: LocalObjects(root)
+
+    return new
+
+
+def trial(landing: Landing, partition: int, seed: int, skip: frozenset[str], lost: float) -> Verdict:
     verdict = Verdict(partition)
     rnd = random.Random(seed)
     with_janitor = rnd.random() < JANITOR
     pubs = [
         ObjectStore(
-            Faulty(objects_at(server, uri, gw), random.Random(rnd.random()), lost=lost, crash=P_CRASH),
+            Faulty(landing(gw), random.Random(rnd.random()), lost=lost, crash=P_CRASH),
             unsafe_skip=skip,
         )
         for gw in (0, 1)
     ]
-    janitor = ObjectStore(objects_at(server, uri, 1)) if with_janitor else None
+    janitor = ObjectStore(landing(1)) if with_janitor else None
     stop = threading.Event()
     threads = [
         threading.Thread(
@@ -236,7 +264,7 @@ def trial(server: SeaweedFS, partition: int, seed: int, skip: frozenset[str], lo
         t.join(timeout=120)
     stop.set()
     threads[-1].join(timeout=60)
-    clean = ObjectStore(objects_at(server, uri, 0))
+    clean = ObjectStore(landing(0))
     try:
         publish(clean, partition, random.Random(seed), None, verdict.errors)  # no faults: it finishes
         prefix = f"{layout.topic_dir(TOPIC)}/"
@@ -255,13 +283,13 @@ def trial(server: SeaweedFS, partition: int, seed: int, skip: frozenset[str], lo
 
 
 def run_trials(
-    server: SeaweedFS, trials: int, skip: frozenset[str], *, lost: float, stop_at_first: bool
+    landings: Callable[[], Landing], trials: int, skip: frozenset[str], *, lost: float, stop_at_first: bool
 ) -> list[Verdict]:
     bad: list[Verdict] = []
     with ThreadPoolExecutor(PARALLEL) as pool:
         for start in range(0, trials, PARALLEL):
             batch = range(start, min(start + PARALLEL, trials))
-            for v in pool.map(lambda i: trial(server, i, 1000 + i, skip, lost), batch):
+            for v in pool.map(lambda i: trial(landings(), i, 1000 + i, skip, lost), batch):
                 if v.bad:
                     bad.append(v)
             if stop_at_first and any(v.duplicates or v.losses for v in bad):
@@ -273,7 +301,7 @@ def run_trials(
 @pytest.mark.timeout(1800)  # ~100 store requests a trial: 3-5 min alone on two cores, more when shared
 def test_two_publishers_with_crashes_and_lost_responses_land_exactly_once(seaweedfs: SeaweedFS) -> None:
     """1,000 trials (see the module docstring): no duplicate, no loss, the manifest matches."""
-    bad = run_trials(seaweedfs, 1000, frozenset(), lost=P_LOST, stop_at_first=False)
+    bad = run_trials(s3_landings(seaweedfs), 1000, frozenset(), lost=P_LOST, stop_at_first=False)
     assert bad == []
 
 
@@ -283,5 +311,33 @@ def test_two_publishers_with_crashes_and_lost_responses_land_exactly_once(seawee
 def test_each_protocol_step_is_needed(seaweedfs: SeaweedFS, skip: str) -> None:
     """The same trials with one step removed find duplicates or losses in the reader's view
     (stops at the first; other trials may end in LandingCorrupt: a name already taken)."""
-    bad = run_trials(seaweedfs, 600, frozenset({skip}), lost=P_LOST_UNSAFE, stop_at_first=True)
+    bad = run_trials(s3_landings(seaweedfs), 600, frozenset({skip}), lost=P_LOST_UNSAFE, stop_at_first=True)
+    assert any(v.duplicates or v.losses for v in bad), f"no anomaly without {skip}"
+
+
+# The same protocol on a local directory (LocalObjects: link for create-only, a bounded swap
+# lock for If-Match, link for copy): the same trials, the same reader's check.
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)  # ~1 min alone on two cores
+def test_two_publishers_on_a_local_directory_land_exactly_once(tmp_path: Path) -> None:
+    """1,000 trials on a local directory: no duplicate, no loss, the manifest matches."""
+    bad = run_trials(local_landings(tmp_path), 1000, frozenset(), lost=P_LOST, stop_at_first=False)
+    assert bad == []
+
+
+@pytest.mark.timeout(300)
+def test_two_publishers_on_a_local_directory_smoke(tmp_path: Path) -> None:
+    """120 of those trials, in the default run."""
+    bad = run_trials(local_landings(tmp_path), 120, frozenset(), lost=P_LOST, stop_at_first=False)
+    assert bad == []
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("skip", ["head_check", "claim_condition", "readback"])
+def test_each_protocol_step_is_needed_on_a_local_directory(tmp_path: Path, skip: str) -> None:
+    """On a local directory too, removing one step finds duplicates or losses."""
+    bad = run_trials(local_landings(tmp_path), 600, frozenset({skip}), lost=P_LOST_UNSAFE, stop_at_first=True)
     assert any(v.duplicates or v.losses for v in bad), f"no anomaly without {skip}"
