@@ -1,6 +1,6 @@
 """Pause and revoke with a fetch in flight, against a real broker (Tansu on 127.0.0.1): the
 answer of a long poll sent before the partition was paused or revoked is dropped by the callback's
-re-check (for a pause: counted in mqd_stale_responses), and the records are fetched again by
+re-check (counted in mqd_stale_responses), and the records are fetched again by
 whoever owns the partition next: none lost, none duplicated in the landing."""
 
 from __future__ import annotations
@@ -84,9 +84,9 @@ async def test_revoke_with_fetches_in_flight_loses_and_duplicates_nothing(
     tansu: Tansu, tmp_path: Path
 ) -> None:
     """A lands alone with a 3 s long poll in flight; B joins the group while records keep coming,
-    so partitions are revoked from A while its fetch waits (an in-flight answer of a revoked
-    partition is discarded on arrival) and B fetches them from the landed position: every record
-    lands exactly once."""
+    so partitions are revoked from A while its fetch waits: that answer's results for them are
+    dropped on arrival (counted as "revoked") and B fetches them from the landed position: every
+    record lands exactly once."""
     partitions = 4
     tansu.create_topic("events", partitions)
     landing = tmp_path / "landing"
@@ -111,17 +111,24 @@ async def test_revoke_with_fetches_in_flight_loses_and_duplicates_nothing(
     stop = asyncio.Event()
     run_a = asyncio.create_task(a.run(stop.wait()))
     run_b: asyncio.Task[None] | None = None
+    revoked = stale("revoked")
     try:
         await asyncio.to_thread(produce, tansu.bootstrap, chunks[0])
         await wait_until(lambda: a.stats["records_published"] == 2000, 30, "a landed the first chunk")
         await wait_until(lambda: in_flight(a), 10, "a long poll in flight")
         assert all(p.in_flight for p in a.consumer.snapshot().partitions)
         run_b = asyncio.create_task(b.run(stop.wait()))
-        for chunk in chunks[1:]:
-            await asyncio.to_thread(produce, tansu.bootstrap, chunk)
+        await asyncio.to_thread(produce, tansu.bootstrap, chunks[1])
         await wait_until(
             lambda: 0 < len(b.consumer.assignment()) < partitions, 30, "the group split the partitions"
         )
+        await wait_until(
+            lambda: stale("revoked") > revoked,
+            2 * LONG_POLL_MS / 1000 + 10,
+            "the in-flight answer of a revoked partition dropped",
+        )
+        for chunk in chunks[2:]:
+            await asyncio.to_thread(produce, tansu.bootstrap, chunk)
         total = sum(len(c) for c in chunks)
         await wait_until(
             lambda: a.stats["records_published"] + b.stats["records_published"] >= total, 60, "all landed"
@@ -131,6 +138,7 @@ async def test_revoke_with_fetches_in_flight_loses_and_duplicates_nothing(
         await asyncio.wait_for(run_a, 30)
         if run_b is not None:
             await asyncio.wait_for(run_b, 30)
+    assert b.stats["records_published"] > 0, "b never landed anything"
     got = landed_rows(landing)
     for p in range(partitions):
         assert sorted(r[0] for r in got[p]) == list(range(2000)), f"partition {p}: lost or duplicated"
