@@ -10,6 +10,12 @@ that are not in the manifest at start. The sink is Spark's file sink, exactly on
 checkpoint and ``_spark_metadata`` log: read the output with Spark (or anything that honours that
 log).
 
+An ``s3://`` landing (``landing.dir = "s3://bucket/prefix"``) is read instead by mqd's Python data
+source (mqd/spark/landing_source.py: the files the claim chains name, through the store's own S3
+client, offsets per partition chain in the checkpoint), because the pip pyspark has no S3A jars;
+the rest of the job (clamping, JSON mode, names, exit codes) is the same. Its Python workers need
+mqd: on a local master they run this interpreter (``python_workers``).
+
 Timestamps: a landed record keeps its producer's ``timestamp`` (epoch ms, any int64). Spark's
 TIMESTAMP holds microseconds, and reading a millisecond value past that (a producer stamping
 nanoseconds) fails the whole file. So the job reads the column as BIGINT and writes ``timestamp``
@@ -36,8 +42,10 @@ created (mqd/spark/session.py).
 
 from __future__ import annotations
 
+import os
 import re
 import signal
+import sys
 import threading
 from pathlib import Path
 from types import FrameType
@@ -93,6 +101,24 @@ def unlisted_files(landing: Path) -> list[Path]:
     return sorted(landing / rel for rel in store.visible_files() if rel not in known)
 
 
+def python_workers(master: str) -> None:
+    """An ``s3://`` landing is read by Python code in Spark's Python workers (landing_source), which
+    need mqd and its dependencies: on a local master, this interpreter (Spark's default is the
+    ``python3`` on PATH). A cluster's workers are the operator's (PYSPARK_PYTHON). Read when the
+    SparkContext starts."""
+    if master.startswith("local"):
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+
+
+def unlisted_objects(config: MqdConfig) -> list[str]:
+    """``unlisted_files`` of an ``s3://`` landing: visible objects no claim names (URIs). The
+    job's source never reads them (it reads what the claim chains name)."""
+    s3 = config.landing.s3
+    store = open_store(str(config.landing.dir), endpoint_url=s3.endpoint_url, region=s3.region)
+    known = {r.path for r in store.manifest()}
+    return [f"{store.location}/{k}" for k in store.visible_files() if k not in known]
+
+
 def query_name(config: MqdConfig, quarantine: bool = False) -> str:
     """The query's one name, in Spark and in the logs: ``mqd-<table>`` (the output directory's
     name), stable across runs and restarts."""
@@ -100,23 +126,40 @@ def query_name(config: MqdConfig, quarantine: bool = False) -> str:
     return f"mqd-{table}-quarantine" if quarantine else f"mqd-{table}"
 
 
+def is_object_landing(config: MqdConfig) -> bool:
+    """``landing.dir`` is an ``s3://`` URI: the job reads it through mqd.spark.landing_source."""
+    return isinstance(config.landing.dir, str) and config.landing.dir.startswith("s3://")
+
+
 def _source(spark: Any, config: MqdConfig) -> Any:
-    """The landing as a stream, ``timestamp`` clamped to Spark's range (module docstring)."""
+    """The landing as a stream, ``timestamp`` clamped to Spark's range (module docstring). An
+    ``s3://`` landing also carries the file of each row (landing_source.SOURCE_FILE_COLUMN)."""
     from pyspark.sql import functions as F
 
-    df = (
-        spark.readStream.schema(source_ddl())
-        .option("maxFilesPerTrigger", config.spark.max_files_per_trigger)
-        .option("pathGlobFilter", "*.parquet")
-        .option("ignoreCorruptFiles", "false")
-        .parquet(str(config.landing.dir))
-    )
+    extra: list[Any] = []
+    if is_object_landing(config):
+        from mqd.spark import landing_source
+
+        s3 = config.landing.s3
+        df = landing_source.stream(
+            spark, str(config.landing.dir), s3.endpoint_url, s3.region, config.spark.max_files_per_trigger
+        )
+        extra = [F.col(landing_source.SOURCE_FILE_COLUMN)]
+    else:
+        df = (
+            spark.readStream.schema(source_ddl())
+            .option("maxFilesPerTrigger", config.spark.max_files_per_trigger)
+            .option("pathGlobFilter", "*.parquet")
+            .option("ignoreCorruptFiles", "false")
+            .parquet(str(config.landing.dir))
+        )
     raw = F.col("timestamp")
     # not least/greatest: they skip nulls, and a foreign file's rows have a null timestamp
     clamped = F.when(raw < MIN_TS_MS, MIN_TS_MS).when(raw > MAX_TS_MS, MAX_TS_MS).otherwise(raw)
     return df.select(
         *[F.timestamp_millis(clamped).alias(c) if c == "timestamp" else F.col(c) for c in _LANDING_COLUMNS],
         F.when((raw < MIN_TS_MS) | (raw > MAX_TS_MS), raw).alias(RAW_TIMESTAMP_COLUMN),
+        *extra,
     )
 
 
@@ -136,7 +179,7 @@ def _queries(spark: Any, config: MqdConfig) -> list[tuple[str, Any, Path, Path, 
         return [
             (
                 query_name(config),
-                df.where(~foreign),
+                df.where(~foreign).select(*output_columns()),
                 Path(sc.output_dir),
                 checkpoint / "main",
                 sc.partition_by,
@@ -175,10 +218,16 @@ def _queries(spark: Any, config: MqdConfig) -> list[tuple[str, Any, Path, Path, 
     if clash:
         raise SparkJobError(f"spark.value_schema fields clash with landing columns: {sorted(clash)}")
     _check_partitioning(sc.partition_by, good.columns)
+    if is_object_landing(config):
+        from mqd.spark.landing_source import SOURCE_FILE_COLUMN
+
+        source_file = F.col(SOURCE_FILE_COLUMN)
+    else:
+        source_file = F.col("_metadata.file_path")
     bad = checked.where(F.col("_reason").isNotNull()).select(
         *output_columns(),
         F.col("_reason").alias("reason"),
-        F.col("_metadata.file_path").alias("source_file"),
+        source_file.alias("source_file"),
         F.current_timestamp().alias("quarantined_at"),
     )
     qparts = [c for c in sc.partition_by if c in _LANDING_COLUMNS]
@@ -210,20 +259,36 @@ def run(config: MqdConfig, *, once: bool, master: str | None = None) -> int:
     if problem is not None:  # --master bypasses the config's check
         log.error("spark_master_invalid", master=url, error=problem)
         return 2
-    landing = Path(config.landing.dir)
-    if not landing.is_dir():
-        log.error("landing_dir_missing", dir=str(landing))
-        return 2
-    stray = unlisted_files(landing)
-    if stray:
-        log.warning(
-            "landing_unlisted_files",
-            count=len(stray),
-            files=[str(p) for p in stray[:50]],
-            note="not in the manifest: Spark reads them if they are valid Parquet with the "
-            "landing schema; a corrupt one fails the job",
-        )
+    if is_object_landing(config):
+        try:
+            stray_keys = unlisted_objects(config)
+        except MqdError as exc:
+            log.error("landing_unreadable", dir=str(config.landing.dir), error=str(exc))
+            return 1
+        if stray_keys:
+            log.warning(
+                "landing_unlisted_files",
+                count=len(stray_keys),
+                files=stray_keys[:50],
+                note="not in the manifest: the job reads only files the claim chains name",
+            )
+    else:
+        landing = Path(config.landing.dir)
+        if not landing.is_dir():
+            log.error("landing_dir_missing", dir=str(landing))
+            return 2
+        stray = unlisted_files(landing)
+        if stray:
+            log.warning(
+                "landing_unlisted_files",
+                count=len(stray),
+                files=[str(p) for p in stray[:50]],
+                note="not in the manifest: Spark reads them if they are valid Parquet with the "
+                "landing schema; a corrupt one fails the job",
+            )
     had_session = _session_running()
+    if is_object_landing(config):
+        python_workers(url)
     try:
         spark = open_session(config, master)
     except SessionError as exc:
@@ -340,10 +405,13 @@ __all__ = [
     "RAW_TIMESTAMP_COLUMN",
     "SparkJobError",
     "build_session",
+    "is_object_landing",
     "output_columns",
+    "python_workers",
     "query_name",
     "run",
     "source_ddl",
     "unlisted_files",
+    "unlisted_objects",
     "unreadable_file",
 ]
