@@ -440,6 +440,34 @@ def run_scale(shape: Shape, workdir: Path, args: argparse.Namespace) -> dict[str
 
 
 # ---------------------------------------------------------------------------------------------
+# start-up: the import floor beside mqd's spawn to first fetch
+
+IMPORTS = {
+    "interpreter": "pass",
+    "floor: uvloop + aiohttp + pydantic + structlog": "import uvloop, aiohttp, pydantic, structlog",
+    "pyarrow + numpy": "import pyarrow, pyarrow.parquet, numpy",
+    "mqd run's modules": "import mqd.cli, mqd.runner, mqd.daemon",
+}
+
+
+def import_times(repeat: int = 5) -> dict[str, float]:
+    """Spawn-to-exit seconds of ``python -c "import ..."``, the best of ``repeat`` (the floor any
+    daemon on these libraries pays before its first fetch)."""
+    import subprocess
+    import sys
+
+    out: dict[str, float] = {}
+    for name, stmt in IMPORTS.items():
+        best = float("inf")
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            subprocess.run([sys.executable, "-c", stmt], check=True, cwd="/")
+            best = min(best, time.perf_counter() - t0)
+        out[name] = round(best, 3)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
 # report
 
 
@@ -534,6 +562,14 @@ def markdown(result: dict[str, Any]) -> str:
                 f"{i['nodes_fetched']} nodes fetched); spawn to first fetch {i['spawn_to_first_fetch_s']} s "
                 f"(load {i['load']}).",
             ]
+    imports = result.get("import_times")
+    if imports:
+        lines += [
+            "",
+            f"Start-up (best of 5 spawns to exit, load {result.get('import_load')}): "
+            + "; ".join(f"{k} {v:.2f} s" for k, v in imports.items())
+            + ".",
+        ]
     v = m["versions"]
     lines += ["", "Versions: " + ", ".join(f"{k} {val}" for k, val in v.items() if val)]
     return "\n".join(lines) + "\n"
@@ -553,6 +589,9 @@ def main(args: argparse.Namespace) -> int:
         "machine": common.machine_facts(),
         "shapes": [],
     }
+    result["import_load"] = load()
+    result["import_times"] = import_times(2 if args.quick else 5)
+    log(f"start-up: {result['import_times']}")
     base = args.workdir or Path(tempfile.mkdtemp(prefix="mqd-shapes-"))
     stem = "shapes-quick" if args.quick else "shapes"
     try:
