@@ -46,6 +46,7 @@ from urllib.parse import unquote, urlparse
 
 import structlog
 
+from mqd.errors import MqdError
 from mqd.landing import layout
 from mqd.landing.layout import FileRange, LandingCorrupt
 from mqd.landing.object_store import ObjectStore
@@ -113,6 +114,14 @@ class CleanResult:
     queries: tuple[str, ...] = ()
 
 
+class LifecycleConflict(MqdError):
+    """Another query (another checkpoint) is registered under this name: recording under it would
+    let one query's progress release the other's files. Not retriable: rename a table or
+    deregister the old query."""
+
+    retriable = False
+
+
 def _query_key(name: str) -> str:
     if not _QUERY_NAME.match(name):
         raise ValueError(f"not a query name: {name!r}")
@@ -124,15 +133,25 @@ def _query_key(name: str) -> str:
 
 def register(store: ObjectStore, query: str, checkpoint: str = "") -> None:
     """Register ``query`` (create-only: an existing record and its progress are kept). From now
-    on the cleaner deletes nothing this query has not committed."""
+    on the cleaner deletes nothing this query has not committed. LifecycleConflict when the name
+    is registered with another checkpoint (two tables of one name reading one landing)."""
     from mqd.landing.objects import PreconditionFailed
 
+    key = _query_key(query)
     rec = QueryRecord(query, checkpoint=checkpoint, updated=layout.iso_now())
     try:
-        store.objects.put(_query_key(query), rec.to_bytes(), if_absent=True)
+        store.objects.put(key, rec.to_bytes(), if_absent=True)
         log.info("lifecycle query registered", query=query, landing=store.location)
+        return
     except PreconditionFailed:
         pass
+    got = store.objects.get(key)
+    old = QueryRecord.from_bytes(got[0], f"{store.location}/{key}") if got else None
+    if old is not None and old.checkpoint and checkpoint and old.checkpoint != checkpoint:
+        raise LifecycleConflict(
+            f"{store.location}/{key}: query {query} is registered with checkpoint {old.checkpoint}, "
+            f"not {checkpoint}; give the table another name or `mqd landing clean --deregister {query}`"
+        )
 
 
 def deregister(store: ObjectStore, query: str) -> bool:

@@ -272,6 +272,8 @@ class _Recorder:
         for name, ckpt in self.queries:
             try:
                 lifecycle.register(self.store, name, str(ckpt))
+            except lifecycle.LifecycleConflict:
+                raise  # running would let the other query's progress release this one's files
             except (MqdError, OSError) as exc:
                 _log.warning("lifecycle_register_failed", query=name, error=str(exc))
 
@@ -372,7 +374,11 @@ def run(config: MqdConfig, *, once: bool, master: str | None = None) -> int:
             log.error("spark_job_config", error=str(exc))
             return 2
         recorder = _Recorder(config, [(name, ckpt) for name, _df, _out, ckpt, _parts in plan])
-        recorder.register()  # before any query runs: from now on each holds its files back
+        try:
+            recorder.register()  # before any query runs: from now on each holds its files back
+        except MqdError as exc:
+            log.error("lifecycle_query_name_taken", error=str(exc))
+            return 2
         for name, df, out, ckpt, parts in plan:
             writer = (
                 df.writeStream.format("parquet")

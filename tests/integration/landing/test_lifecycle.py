@@ -136,3 +136,15 @@ def test_retention_expires_uncommitted_files_with_a_counter(store: ObjectStore) 
     got = lifecycle.Cleaner(store, retention_ms=3_600_000).clean(now_ms=now)
     assert got.expired == 2  # the old newest and fresh[0]; fresh[1] is the chain's newest now
     assert present(store, fresh) == [False, True]
+
+
+def test_a_name_registered_with_another_checkpoint_is_refused(store: ObjectStore) -> None:
+    """Two queries of one name (two tables called alike) with different checkpoints: the second
+    registration is refused, so one query's progress can never release the other's files; the
+    same checkpoint registers again (a restart) and keeps its progress."""
+    lifecycle.register(store, "mqd-events", "/a/ckpt/main")
+    lifecycle.record_committed(store, "mqd-events", {"t/0": 2}, 1, "/a/ckpt/main")
+    with pytest.raises(lifecycle.LifecycleConflict, match="/a/ckpt/main"):
+        lifecycle.register(store, "mqd-events", "/b/ckpt/main")
+    lifecycle.register(store, "mqd-events", "/a/ckpt/main")
+    assert lifecycle.records(store)["mqd-events"].committed == {"t/0": 2}
