@@ -342,6 +342,7 @@ def main(argv: list[str] | None = None, *, emit: Callable[[str], None] = log) ->
     server = SeaweedFS(workdir / "seaweedfs", bucket="bench")
     try:
         server.start()
+        os.environ.update(server.env())  # boto3's standard chain, as a deployment's daemon reads it
         if "publish" not in args.skip:
             result["publish"] = publish_part(server, workdir, args.runs, files)
         if "e2e" not in args.skip:
