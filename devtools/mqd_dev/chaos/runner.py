@@ -54,7 +54,7 @@ from mqd_dev.chaos.load import ProduceLoad
 from mqd_dev.chaos.lock_freeze import freeze_in_lock
 from mqd_dev.chaos.procs import ChaosCluster, DaemonProc
 from mqd_dev.chaos.proxy import Faults
-from mqd_dev.chaos.publish_kill import assigned_partitions, kill_before_publish
+from mqd_dev.chaos.publish_kill import kill_before_publish, resolved_partitions
 from mqd_dev.chaos.s3_landing import NOT_ON_S3, S3Landing
 
 log = structlog.get_logger("mqd.chaos")
@@ -311,8 +311,8 @@ class ChaosRun:
             d.start()
 
         def resolved() -> bool:
-            got = [assigned_partitions(d.log_path, starts[d.name]) or [] for d in self.daemons]
-            return set(parts) <= {p for g in got for p in g}
+            got = [resolved_partitions(d.log_path, starts[d.name]) for d in self.daemons]
+            return set(parts) <= set().union(*got)
 
         await wait_until(resolved, 60, "the daemons' first start positions")
         self.load.resume(parts)
