@@ -352,6 +352,8 @@ class KafkaConfig(_Model):
     client_id: str = Field(default="", max_length=1024)  # default: consumer.client_id's
     # static membership (KIP-345): a restart under the same id keeps its partitions; "" = dynamic
     group_instance_id: str = Field(default="", max_length=249)
+    # incremental fetch sessions (KIP-227, Fetch v7+) where the broker grants one; false: full requests
+    fetch_sessions: bool = True
 
     @model_validator(mode="after")
     def _complete(self) -> Self:

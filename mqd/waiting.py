@@ -27,6 +27,16 @@ async def wait_event(event: asyncio.Event, timeout: float | None) -> bool:
     return event.is_set()
 
 
+async def cancel_and_wait(task: asyncio.Task[object] | None) -> None:
+    """Cancel a background task and wait until it has finished (a stop() must not return while
+    the task still runs); None is nothing to do."""
+    if task is None:
+        return
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
 # Two overloads so mypy infers T from a sync and from an async condition alike (one signature with
 # ``T | Awaitable[T]`` leaves T unsolved for an async one). ``T | None`` -> ``T``: None is falsy, so
 # a condition that answers "not yet" with None never has it returned.

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from support.harness import Cluster
+from support.kafka import tansu as tansu  # a real Kafka-protocol broker (the Kafka source's tests)
 from support.seaweedfs import seaweedfs as seaweedfs  # the session's S3 endpoint (object-store tests)
 from support.storage_node import storage_node as storage_node  # a broker Storage without a process
 

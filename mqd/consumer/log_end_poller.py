@@ -27,6 +27,7 @@ from mqd.consumer.errors import ConsumerError
 from mqd.consumer.source import Source
 from mqd.consumer.subscription_state import SubscriptionState
 from mqd.topic_partition import TopicPartition
+from mqd.waiting import cancel_and_wait
 
 log = structlog.get_logger("mqd.consumer.log_end")
 
@@ -115,10 +116,7 @@ class LogEndPoller:
 
     async def stop(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(task)
         for tp in list(self._labelled):
             self._unlabel(tp)
         metrics.stuck_partitions.set(0)

@@ -11,7 +11,6 @@ read) and how a failed start reads.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Callable
 from typing import Generic, TypeVar
@@ -20,7 +19,7 @@ import structlog
 
 from mqd.backoff import Backoff
 from mqd.consumer.errors import ConsumerError
-from mqd.waiting import wait_event
+from mqd.waiting import cancel_and_wait, wait_event
 
 M = TypeVar("M")
 
@@ -87,10 +86,7 @@ class MetadataRefresh(Generic[M]):
 
     async def stop(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(task)
 
     def _publish(self, md: M) -> M:
         """``md`` becomes the current metadata; every listener hears of it."""

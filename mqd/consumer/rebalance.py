@@ -17,7 +17,6 @@ they are assigned, the failed one is logged, counted and retried in the next rou
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -33,7 +32,7 @@ from mqd.consumer.source import Assignment, Cluster, Membership, Source
 from mqd.consumer.subscription_state import SubscriptionState
 from mqd.topic_partition import TopicPartition
 from mqd.topic_pattern import subscription
-from mqd.waiting import wait_event
+from mqd.waiting import cancel_and_wait, wait_event
 
 log = structlog.get_logger("mqd.consumer")
 
@@ -129,10 +128,7 @@ class RebalanceService:
     async def stop(self) -> None:
         self.closed = True
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(task)
 
     def topics(self, cluster: Cluster | None) -> tuple[str, ...]:
         """The concrete subscribed topics: ``consumer.topics``' names, and the topics of

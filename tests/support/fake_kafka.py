@@ -1,11 +1,23 @@
-"""A scripted Kafka broker on 127.0.0.1, built only from aiokafka's own protocol structs, for the
-paths Tansu cannot show: aborted-transaction lists, partition error codes (OFFSET_OUT_OF_RANGE,
-NOT_LEADER_OR_FOLLOWER) and malformed record batches served as is.
+"""A scripted Kafka broker on 127.0.0.1, built only from protocol structs (aiokafka's, and mqd's
+own in mqd.sources.kafka.protocol_ext where aiokafka's stop), for the paths Tansu cannot show:
+aborted-transaction lists, partition error codes (OFFSET_OUT_OF_RANGE, NOT_LEADER_OR_FOLLOWER),
+malformed record batches served as is, leader epochs and OffsetsForLeaderEpoch (truncation).
 
-It speaks ApiVersions v0, Metadata v1, Fetch v4 and ListOffsets v2 (what it advertises, so the
-client negotiates those), one node, one topic. Each partition's log is a list of raw record batches
-(bytes, served whole from the first batch that holds the requested offset); the test changes
-``errors``, ``aborted`` and ``log_start`` at any time. Every Fetch is recorded in ``fetches``.
+It speaks ApiVersions v0, Metadata v1 and v10 (topic id, leader epochs), Fetch v4, ListOffsets v2
+and OffsetsForLeaderEpoch v3 (what it advertises, so the client negotiates those; ``legacy=True``
+advertises Metadata v1 only and no OffsetsForLeaderEpoch), one node, one topic. Each partition's
+log is a list of raw record batches (bytes, served whole from the first batch that holds the
+requested offset), each stamped with its partition leader epoch; the end offset of an epoch is
+computed from the log as a broker does (the first offset of a later epoch, else the log end). The
+test changes ``logs``, ``errors``, ``aborted``, ``log_start``, ``leader_epoch`` and ``topic_id`` at
+any time. Every Fetch is recorded in ``fetches``, every OffsetsForLeaderEpoch in ``epoch_checks``.
+
+With ``sessions=True`` it also speaks Fetch v7 with incremental fetch sessions (KIP-227) as Kafka's
+broker keeps them: a full request (id 0, epoch 0) creates one; an incremental request (its id, the
+next epoch) updates the partitions it lists, drops ``forgotten_topics_data`` and is answered only for
+partitions with records, new bounds or an error; an unknown id answers FETCH_SESSION_ID_NOT_FOUND, a
+wrong epoch INVALID_FETCH_SESSION_EPOCH. Every v7 request is recorded in ``session_requests``;
+``sessions_dropped()`` forgets every session (a broker restart or eviction).
 """
 
 from __future__ import annotations
@@ -17,32 +29,44 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from io import BytesIO
 from typing import Any
+from uuid import uuid4
 
 import crc32c
 from aiokafka.protocol.admin import ApiVersionResponse_v0
-from aiokafka.protocol.fetch import FetchRequest_v4, FetchResponse_v4
-from aiokafka.protocol.metadata import MetadataResponse_v1
+from aiokafka.protocol.fetch import FetchRequest_v4, FetchRequest_v7, FetchResponse_v4, FetchResponse_v7
+from aiokafka.protocol.metadata import MetadataResponse_v1, MetadataResponse_v5
 from aiokafka.protocol.offset import OffsetRequest_v2, OffsetResponse_v2
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
+
+from mqd.sources.kafka.protocol_ext import (
+    MetadataResponse_v10,
+    OffsetsForLeaderEpochRequest_v3,
+    OffsetsForLeaderEpochResponse_v3,
+)
 
 API_VERSIONS = 18
 METADATA = 3
 FETCH = 1
 LIST_OFFSETS = 2
+OFFSETS_FOR_LEADER_EPOCH = 23
 NODE_ID = 1
 OFFSET_OUT_OF_RANGE = 1
 Header = tuple[str, bytes | None]
 Rec = tuple[bytes | None, bytes | None, list[Header]]
 
 
-def build(base: int, recs: list[Rec], codec: int = 0, *, txn: bool = False, pid: int = -1) -> bytes:
-    """One v2 record batch from aiokafka's own builder, at ``base``."""
+def build(
+    base: int, recs: list[Rec], codec: int = 0, *, txn: bool = False, pid: int = -1, epoch: int = 0
+) -> bytes:
+    """One v2 record batch from aiokafka's own builder, at ``base``, written in leader ``epoch``
+    (the partition leader epoch is outside the CRC, as the broker stamps it)."""
     seq = 0 if pid >= 0 else -1
     b = DefaultRecordBatchBuilder(2, codec, int(txn), pid, seq, seq, 2**30)
     for i, (k, v, h) in enumerate(recs):
         b.append(i, 1_700_000_000_000 + i, k, v, h)
     buf = b.build()
     struct.pack_into(">q", buf, 0, base)
+    struct.pack_into(">i", buf, 12, epoch)
     return bytes(buf)
 
 
@@ -73,6 +97,10 @@ def batch_bounds(batch: bytes) -> tuple[int, int]:
     return base, base + last_delta + 1
 
 
+def batch_epoch(batch: bytes) -> int:
+    return int(struct.unpack_from(">i", batch, 12)[0])
+
+
 @dataclass
 class FakeKafka:
     topic: str
@@ -82,12 +110,29 @@ class FakeKafka:
     aborted: dict[int, list[tuple[int, int]]] = field(default_factory=dict)  # (producer id, first offset)
     log_start: dict[int, int] = field(default_factory=dict)
     fetches: list[dict[int, int]] = field(default_factory=list)  # partition -> offset, per request
+    topic_id: str = field(default_factory=lambda: uuid4().hex)
+    leader_epoch: dict[int, int] = field(default_factory=dict)  # partition -> epoch (default 0)
+    epoch_checks: list[dict[int, int]] = field(default_factory=list)  # partition -> epoch asked
+    legacy: bool = False  # Metadata v1 only, no OffsetsForLeaderEpoch
+    sessions: bool = False  # Fetch v7 with incremental fetch sessions
+    # (session id, epoch, partitions listed, partitions forgotten) per v7 request
+    session_requests: list[tuple[int, int, list[int], list[int]]] = field(default_factory=list)
+    # session id -> (next epoch, partition -> fetch offset, partition -> last answered high watermark)
+    _sessions: dict[int, tuple[int, dict[int, int], dict[int, int]]] = field(default_factory=dict)
     port: int = 0
     _server: asyncio.Server | None = None
 
     def high(self, p: int) -> int:
         log = self.logs[p]
         return batch_bounds(log[-1])[1] if log else self.log_start.get(p, 0)
+
+    def epoch_end(self, p: int, epoch: int) -> tuple[int, int]:
+        """(the largest epoch <= ``epoch`` in the log, its end offset), as Kafka answers it."""
+        later = [batch_bounds(b)[0] for b in self.logs[p] if batch_epoch(b) > epoch]
+        known = [batch_epoch(b) for b in self.logs[p] if batch_epoch(b) <= epoch]
+        if not known:
+            return -1, -1
+        return max(known), (later[0] if later else self.high(p))
 
     async def start(self) -> FakeKafka:
         self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
@@ -110,11 +155,15 @@ class FakeKafka:
             while True:
                 size = struct.unpack(">i", await reader.readexactly(4))[0]
                 data = BytesIO(await reader.readexactly(size))
-                api_key, _version, correlation = struct.unpack(">hhi", data.read(8))
+                api_key, version, correlation = struct.unpack(">hhi", data.read(8))
                 (n,) = struct.unpack(">h", data.read(2))
                 data.read(max(n, 0))  # client id
-                body = (await self._answer(api_key, data)).encode()
-                writer.write(struct.pack(">ii", len(body) + 4, correlation) + body)
+                flexible = api_key == METADATA and version >= 9
+                if flexible:
+                    data.read(1)  # the request header's (empty) tagged fields
+                body = (await self._answer(api_key, version, data)).encode()
+                head = struct.pack(">i", correlation) + (b"\x00" if flexible else b"")
+                writer.write(struct.pack(">i", len(head) + len(body)) + head + body)
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
             # a client gone, or the server stopping: this connection ends
@@ -122,16 +171,46 @@ class FakeKafka:
         finally:
             writer.close()
 
-    async def _answer(self, api_key: int, data: BytesIO) -> Any:
+    async def _answer(self, api_key: int, version: int, data: BytesIO) -> Any:
         if api_key == API_VERSIONS:
             versions = [(API_VERSIONS, 0, 0), (METADATA, 1, 1), (FETCH, 4, 4), (LIST_OFFSETS, 2, 2)]
+            if self.sessions:
+                versions[2] = (FETCH, 4, 7)
+            if not self.legacy:
+                versions[1] = (METADATA, 1, 10)
+                versions.append((OFFSETS_FOR_LEADER_EPOCH, 3, 3))
             return ApiVersionResponse_v0(0, versions)
+        if api_key == METADATA and version >= 10:
+            parts10: list[tuple[Any, ...]] = [
+                (0, p, NODE_ID, self.leader_epoch.get(p, 0), [NODE_ID], [NODE_ID], [], {})
+                for p in range(self.partitions)
+            ]
+            topics: list[tuple[Any, ...]] = [(0, self.topic, self.topic_id, False, parts10, -(2**31), {})]
+            return MetadataResponse_v10(
+                0, [(NODE_ID, "127.0.0.1", self.port, None, {})], None, NODE_ID, topics, -(2**31), {}
+            )
+        if api_key == OFFSETS_FOR_LEADER_EPOCH:
+            oreq = OffsetsForLeaderEpochRequest_v3.decode(data)
+            answer = []
+            for topic, oparts in oreq.topics:
+                self.epoch_checks.append({p: epoch for p, _current, epoch in oparts})
+                answer.append((topic, [(0, p, *self.epoch_end(p, epoch)) for p, _current, epoch in oparts]))
+            return OffsetsForLeaderEpochResponse_v3(0, answer)
+        if api_key == METADATA and version >= 5:  # aiokafka's own (bootstrap) asks v5
+            parts5: list[tuple[Any, ...]] = [
+                (0, p, NODE_ID, [NODE_ID], [NODE_ID], []) for p in range(self.partitions)
+            ]
+            return MetadataResponse_v5(
+                0, [(NODE_ID, "127.0.0.1", self.port, None)], None, NODE_ID, [(0, self.topic, False, parts5)]
+            )
         if api_key == METADATA:
             parts = [(0, p, NODE_ID, [NODE_ID], [NODE_ID]) for p in range(self.partitions)]
             return MetadataResponse_v1(
                 [(NODE_ID, "127.0.0.1", self.port, None)], NODE_ID, [(0, self.topic, False, parts)]
             )
         if api_key == FETCH:
+            if version >= 7:
+                return await self._fetch_in_session(FetchRequest_v7.decode(data))
             return await self._fetch(FetchRequest_v4.decode(data))
         if api_key == LIST_OFFSETS:
             req = OffsetRequest_v2.decode(data)
@@ -144,6 +223,56 @@ class FakeKafka:
                 out.append((topic, rows))
             return OffsetResponse_v2(0, out)
         raise ConnectionError(f"fake broker: API {api_key} not scripted")
+
+    def sessions_dropped(self) -> None:
+        self._sessions.clear()
+
+    def _partition_answer(
+        self, p: int, offset: int
+    ) -> tuple[int, int, int, int, list[tuple[int, int]], bytes]:
+        err = self.errors.get(p, 0)
+        if not err and not self.log_start.get(p, 0) <= offset <= self.high(p):
+            err = OFFSET_OUT_OF_RANGE
+        if err:
+            return (p, err, -1, -1, [], b"")
+        data = b"".join(b for b in self.logs[p] if batch_bounds(b)[1] > offset)
+        high = self.high(p)
+        return (p, 0, high, high, self.aborted.get(p, []), data)
+
+    async def _fetch_in_session(self, req: Any) -> Any:
+        listed = {p: off for _topic, parts in req.topics for p, off, _start, _max in parts}
+        gone = [p for _topic, parts in req.forgotten_topics_data for p in parts]
+        self.session_requests.append((req.session_id, req.session_epoch, list(listed), gone))
+        sid, epoch = req.session_id, req.session_epoch
+        if sid == 0:  # full: epoch 0 creates a session, -1 none
+            asked, highs = listed, dict[int, int]()
+            if epoch == 0:
+                sid = max(self._sessions, default=0) + 1
+                self._sessions[sid] = (1, dict(listed), highs)
+        else:
+            if sid not in self._sessions:
+                return FetchResponse_v7(0, 70, 0, [])
+            expected, asked, highs = self._sessions[sid]
+            if epoch != expected:
+                return FetchResponse_v7(0, 71, 0, [])
+            for p in gone:
+                asked.pop(p, None)
+                highs.pop(p, None)
+            asked.update(listed)
+            self._sessions[sid] = (expected + 1, asked, highs)
+        self.fetches.append(dict(asked))
+        rows = [self._partition_answer(p, off) for p, off in asked.items()]
+        if req.session_id != 0:  # incremental: only what is new
+            rows = [r for r in rows if r[1] or r[5] or highs.get(r[0]) != r[2]]
+        for r in rows:
+            highs[r[0]] = r[2]
+        if not any(r[5] for r in rows):
+            await asyncio.sleep(min(req.max_wait_time, 200) / 1000)  # a long poll, shortened
+        out = [
+            (p, err, high, lso, self.log_start.get(p, 0) if err == 0 else -1, aborted, data)
+            for p, err, high, lso, aborted, data in rows
+        ]
+        return FetchResponse_v7(0, 0, sid, [(self.topic, out)] if out else [])
 
     async def _fetch(self, req: Any) -> Any:
         asked = {p: off for _topic, parts in req.topics for p, off, _max in parts}

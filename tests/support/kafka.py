@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pyarrow.parquet as pq
+import pytest
 
 from mqd.config import AdminConfig, ConsumerConfig, DaemonSection, LandingConfig, MqdConfig
+from mqd.testing.tansu import Tansu
 from support.consumer import FAST
 
 CODECS = ("none", "gzip", "snappy", "lz4", "zstd")
@@ -111,3 +113,13 @@ def landed_rows(
         for p, o, k, v, h in zip(*(t.column(c).to_pylist() for c in t.column_names), strict=True):
             out[p].append((o, k, v, [(e["key"], e["value"]) for e in h or []]))
     return out
+
+
+@pytest.fixture
+def tansu(tmp_path: Path) -> Iterator[Tansu]:
+    """A real Tansu broker (Kafka protocol, memory storage) on 127.0.0.1, stopped after the test."""
+    broker = Tansu(tmp_path / "tansu").start()
+    try:
+        yield broker
+    finally:
+        broker.stop()

@@ -43,7 +43,7 @@ from mqd.consumer.errors import ConsumerError
 from mqd.consumer.offset_store import CoordinatorOffsetStore
 from mqd.consumer.source import Assignment, Cluster, GroupSettings
 from mqd.topic_partition import TopicPartition
-from mqd.waiting import wait_event
+from mqd.waiting import cancel_and_wait, wait_event
 
 log = structlog.get_logger("mqd.sources.kafka.group")
 
@@ -103,10 +103,7 @@ class KafkaGroup:
 
     async def stop(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(task)
         client = self._client_of()
         # every member leaves: the others rebalance now, not after a session timeout
         if self.member_id and client is not None and self.coordinator_id is not None:

@@ -19,11 +19,11 @@ from typing import Any
 import structlog
 from aiokafka.client import AIOKafkaClient
 from aiokafka.errors import KafkaError
-from aiokafka.protocol.metadata import MetadataRequest
 
 from mqd.consumer.errors import ConsumerError
 from mqd.consumer.metadata_refresh import MetadataRefresh
 from mqd.consumer.source import Cluster, Node, PartitionRoute
+from mqd.sources.kafka.protocol_ext import MetadataRequest, split_metadata
 from mqd.topic_partition import TopicPartition
 
 log = structlog.get_logger("mqd.sources.kafka.metadata")
@@ -73,6 +73,9 @@ class KafkaMetadata(MetadataRefresh[Cluster]):
             log=log,
         )
         self._client = client
+        # Metadata v10+ (protocol_ext): topic -> topic id, partition -> leader epoch; empty before
+        self.topic_ids: dict[str, str] = {}
+        self.leader_epochs: dict[TopicPartition, int] = {}
 
     def _start_failed(self, exc: ConsumerError) -> str:
         return f"no Kafka broker answered metadata: {exc}"
@@ -105,6 +108,7 @@ class KafkaMetadata(MetadataRefresh[Cluster]):
         return self._apply(resp)
 
     def _apply(self, resp: Any) -> Cluster:
+        resp, self.topic_ids, self.leader_epochs = split_metadata(resp)
         if resp.brokers:
             self._client.cluster.update_metadata(resp)
         return self._publish(to_cluster(resp))

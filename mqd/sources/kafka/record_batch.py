@@ -303,3 +303,27 @@ def _to_arrow(
     entries = pa.StructArray.from_arrays([hkeys, hvals], fields=list(HEADERS_TYPE.value_type))
     headers = pa.Array.from_buffers(HEADERS_TYPE, n, [None, buf(c.h_off)], children=[entries])
     return pa.RecordBatch.from_arrays([offsets, ts, key, value, headers], schema=RECORD_SCHEMA)
+
+
+_EPOCH_HEAD = struct.Struct(">qiib")  # baseOffset batchLength partitionLeaderEpoch magic
+
+
+def leader_epochs(data: bytes | memoryview) -> list[tuple[int, int]]:
+    """(base offset, partition leader epoch) where the epoch changes between the complete v2 batches
+    of ``data`` (a Fetch answer's records), first batch included; one header read per batch, no
+    decoding. Batches without an epoch (-1, old producers' logs) and anything not v2 end the walk."""
+    out: list[tuple[int, int]] = []
+    pos, end = 0, len(data)
+    while pos + HEADER_SIZE <= end:
+        base, length, epoch, magic = _EPOCH_HEAD.unpack_from(data, pos)
+        if (
+            magic != 2
+            or epoch < 0
+            or length < HEADER_SIZE - LOG_OVERHEAD
+            or pos + LOG_OVERHEAD + length > end
+        ):
+            break
+        if not out or out[-1][1] != epoch:
+            out.append((base, epoch))
+        pos += LOG_OVERHEAD + length
+    return out

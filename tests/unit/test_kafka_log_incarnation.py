@@ -1,0 +1,49 @@
+"""The Kafka source's incarnation rule (mqd.sources.kafka.log_incarnation), pure logic."""
+
+from __future__ import annotations
+
+from mqd.landing.layout import check_incarnation
+from mqd.sources.kafka.log_incarnation import LogIncarnations, derived
+from mqd.topic_partition import TopicPartition
+
+TP = TopicPartition("t", 0)
+A, B = "0" * 31 + "a", "0" * 31 + "b"
+
+
+def test_the_topic_id_until_a_truncation_then_a_derived_id_the_landing_accepts() -> None:
+    """No truncation seen: the incarnation is the topic id; after one it is a derived 32-hex id that
+    the landing stores, and a request naming the old one is told where the logs diverged."""
+    incs = LogIncarnations()
+    assert incs.check(TP, None, A) == (A, None)
+    incs.saw_batches(TP, [(0, 0), (5, 1)])
+    assert (incs.epoch_at(TP, 5), incs.epoch_at(TP, 6), incs.epoch_at(TP, 0)) == (0, 1, None)
+    new = incs.truncated(TP, 1, 8)
+    assert new == derived(A, A, 1, 8) and check_incarnation(new) == new
+    assert incs.check(TP, new, A) == (new, None)
+    assert incs.check(TP, A, A) == (new, 8)
+
+
+def test_a_derived_id_of_the_same_topic_is_adopted_after_a_restart() -> None:
+    """A fresh process (no history) asked for a derived id of this topic adopts it (the truncation
+    happened before it started); a derived id of another topic, or another topic id, is another
+    log: diverged at 0."""
+    before = derived(A, A, 3, 100)
+    incs = LogIncarnations()
+    assert incs.check(TP, before, A) == (before, None)
+    other = LogIncarnations()
+    assert other.check(TP, derived(B, B, 3, 100), A) == (A, 0)
+    assert other.check(TP, B, A) == (A, 0)
+
+
+def test_a_recreated_topic_and_leader_epochs() -> None:
+    """A new topic id replaces the partition's log (diverged at 0 for the old id); a higher leader
+    epoch in metadata marks a fetched partition for an epoch check, a first sighting does not."""
+    incs = LogIncarnations()
+    incs.check(TP, None, A)
+    incs.leader_epochs({TP: 2})
+    assert not incs.pending
+    incs.leader_epochs({TP: 3})
+    assert incs.pending == {TP}
+    assert incs.check(TP, A, B) == (B, 0)
+    assert not incs.pending
+    assert incs.check(TP, None, None) == (None, None)
