@@ -66,7 +66,7 @@ def main() -> None:
     \b
     Daemon:      run, start, stop, status, top, reload, pause, resume
     Config:      config check
-    Landing:     landing migrate
+    Landing:     landing migrate, landing clean
     Cluster:     broker, broker-credentials, broker-init, produce
     Spark:       spark
     \b
@@ -706,6 +706,61 @@ def landing_migrate(config_path: Path, landing_dir: Path | None) -> None:
             f"{root}: migrated from landing format {done.from_version} to {done.to_version} "
             f"({done.states} partitions converted to a claim chain)"
         )
+    sys.exit(EXIT_OK)
+
+
+@landing.command("clean")
+@_config_option
+@click.option(
+    "--deregister", "deregister_query", default=None, metavar="QUERY", help="Remove a query's record."
+)
+@click.option("--list", "list_only", is_flag=True, help="List the registered queries; delete nothing.")
+def landing_clean(config_path: Path, deregister_query: str | None, list_only: bool) -> None:
+    """Delete (or archive) the landed files every registered Spark query has committed.
+
+    The Spark job registers its queries in the landing (_lifecycle/queries/) and records what each
+    has committed by its checkpoint; a file goes only once every registered query committed it
+    (a stopped query holds everything back; with no query registered nothing goes), the newest
+    file of each partition stays. Then each partition's claim chain is compacted.
+    landing.lifecycle.archive_dir moves files there instead; landing.lifecycle.retention also
+    deletes older files no matter what (data loss, counted). --deregister QUERY removes a query
+    that will not run again (its files stop being held back). Exit code 0, 1 on a store error.
+
+    \b
+    Examples:
+      mqd landing clean -c /etc/mqd/mqd.toml
+      mqd landing clean -c /etc/mqd/mqd.toml --list
+      mqd landing clean -c /etc/mqd/mqd.toml --deregister mqd-events-quarantine
+    """
+    from mqd.errors import MqdError
+    from mqd.landing import lifecycle
+    from mqd.landing.object_store import ObjectStore
+    from mqd.landing.store import open_store
+
+    config = _load(config_path)
+    lc, s3 = config.landing.lifecycle, config.landing.s3
+    try:
+        store = open_store(str(config.landing.dir), endpoint_url=s3.endpoint_url, region=s3.region)
+        assert isinstance(store, ObjectStore)  # both stores are (local_store.py)
+        if deregister_query is not None:
+            if not lifecycle.deregister(store, deregister_query):
+                _die(f"{deregister_query}: no such registered query", EXIT_FAIL)
+            click.echo(f"{deregister_query}: deregistered")
+            sys.exit(EXIT_OK)
+        if list_only:
+            for row in lifecycle.describe(lifecycle.records(store).values()):
+                click.echo(json.dumps(row))
+            sys.exit(EXIT_OK)
+        result = lifecycle.Cleaner(
+            store, archive_dir=lc.archive_dir, retention_ms=int(lc.retention * 1000) or None
+        ).clean()
+    except (MqdError, OSError, ValueError) as exc:
+        _die(f"cleaning {config.landing.dir} failed: {exc}", EXIT_FAIL)
+    click.echo(
+        f"{store.location}: {result.deleted} deleted, {result.archived} archived, {result.expired} "
+        f"expired by retention, {result.compacted} claims compacted; queries: "
+        f"{', '.join(result.queries) or 'none registered (nothing deleted)'}"
+    )
     sys.exit(EXIT_OK)
 
 

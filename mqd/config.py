@@ -458,6 +458,25 @@ class LandingS3Config(_Model):
     region: str | None = None  # None: from the AWS profile or AWS_REGION
 
 
+def _archive_dir(value: str) -> str:
+    if not value.startswith("_") or ".." in value.split("/"):
+        raise ValueError(
+            "landing.lifecycle.archive_dir is a folder of the landing starting with '_' (Spark skips it)"
+        )
+    return value.strip("/")
+
+
+class LandingLifecycleConfig(_Model):
+    """Deleting landed files every Spark query has committed (mqd/landing/lifecycle.py)."""
+
+    # seconds between the daemon's cleans; 0: the daemon does not clean (``mqd landing clean`` does)
+    interval: Seconds = Field(default=0.0, ge=0)
+    # move committed files under this landing folder instead of deleting them
+    archive_dir: Annotated[str, AfterValidator(_archive_dir)] | None = None
+    # DATA LOSS: also delete files older than this that not every query has committed (0: never)
+    retention: Seconds = Field(default=0.0, ge=0)
+
+
 class LandingConfig(_Model):
     dir: LandingDir = Path("landing")  # a folder, or s3://bucket/prefix (object storage, issue 15)
     max_records: int = Field(default=500_000, ge=1)
@@ -469,6 +488,7 @@ class LandingConfig(_Model):
     # watermark (mqd/landing/watermark.py); files stamped further ahead land but are counted instead
     max_event_ahead: Seconds = Field(default=3600.0, gt=0, le=10 * 365 * 86400)
     s3: LandingS3Config = Field(default_factory=LandingS3Config)
+    lifecycle: LandingLifecycleConfig = Field(default_factory=LandingLifecycleConfig)
 
 
 class SparkConfig(_Model):

@@ -107,6 +107,8 @@ class Daemon:
         self._errors: deque[dict[str, Any]] = deque(maxlen=20)
         self._next_housekeeping = 0.0
         self._next_markers = 0.0
+        self._next_clean = 0.0  # landing.lifecycle.interval (mqd/landing/lifecycle.py)
+        self._cleaner: Any = None
         self._watermark_hour: dict[TopicPartition, int] = {}
         self._commits = 0
         self._markers = 0
@@ -419,6 +421,10 @@ class Daemon:
             if now >= self._next_markers or force:
                 self._next_markers = now + _MARKER_INTERVAL
                 await self._update_markers()
+            interval = self._config.landing.lifecycle.interval
+            if interval > 0 and now >= self._next_clean:
+                self._next_clean = now + interval
+                await self._clean_landing()
         except LandingError as exc:
             self._set_landing_error(exc)
         except LockTimeout as exc:
@@ -427,6 +433,23 @@ class Daemon:
             log.warning("completeness markers skipped: lock held; retried later", error=str(exc))
         except (OSError, LandingCorrupt) as exc:
             self._record_error("housekeeping", exc)
+
+    async def _clean_landing(self) -> None:
+        """Delete what every registered Spark query committed (mqd/landing/lifecycle.py). A failure
+        is recorded and retried next interval; it never pauses the landing."""
+        from mqd.landing.lifecycle import Cleaner
+        from mqd.landing.object_store import ObjectStore
+
+        lc = self._config.landing.lifecycle
+        if self._cleaner is None and isinstance(self.sink.store, ObjectStore):
+            retention_ms = int(lc.retention * 1000) or None
+            self._cleaner = Cleaner(self.sink.store, archive_dir=lc.archive_dir, retention_ms=retention_ms)
+        if self._cleaner is None:
+            return
+        try:
+            await self.sink.run_blocking(self._cleaner.clean)
+        except (LandingError, LandingCorrupt, OSError) as exc:
+            self._record_error("lifecycle", exc)
 
     async def _idle_watermarks(self) -> None:
         """A partition at its log end with nothing buffered vouches for event times up to now
@@ -583,6 +606,11 @@ class Daemon:
             "marker_lock_timeouts": self._marker_lock_timeouts,
             "reset_skipped_offsets": self._reset_skipped,
             "reset_replayed_offsets": self._reset_replayed,
+            # landing.lifecycle: files removed as committed by every query, and expired unread
+            "lifecycle_files_deleted": 0
+            if self._cleaner is None
+            else self._cleaner.deleted + self._cleaner.archived,
+            "lifecycle_files_expired": 0 if self._cleaner is None else self._cleaner.expired,
         }
 
     def health(self) -> tuple[str, list[str]]:

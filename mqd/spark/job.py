@@ -33,6 +33,11 @@ stateless); files written before a change lack the new columns, so read the tabl
 value is not valid JSON for that schema go, with the reason, to a quarantine table written by a
 second query over the same source with its own checkpoint.
 
+Lifecycle: the job registers each query in the landing (mqd/landing/lifecycle.py) before it
+starts, and rewrites the query's record from its checkpoint after batches commit (every
+``RECORD_INTERVAL_S`` while running, and once at the end), so the cleaner deletes only what every
+query has committed. The checkpoint must be a local (or mounted) directory for this.
+
 Names and exit codes: the query is ``mqd-<table>`` (the output directory's name; its quarantine
 query ``mqd-<table>-quarantine``), the same in Spark and in every log line of the job. The job
 exits 0 when done (``--once``) or stopped, 1 when a query failed, 2 on a bad configuration (also
@@ -61,6 +66,8 @@ from mqd.spark.session import EXIT_SESSION, SessionError, build_session, open_se
 from mqd.spark.static_checks import RAW_TIMESTAMP_COLUMN, master_problem, partition_problem
 
 _log = structlog.get_logger("mqd.spark")
+
+RECORD_INTERVAL_S = 5.0  # between lifecycle records of a running query (cheap when no batch committed)
 
 CORRUPT_COLUMN = "_mqd_corrupt_record"
 LANDING_DDL = landing_ddl()  # derived from the Arrow schema (mqd.landing.schema)
@@ -243,6 +250,54 @@ def _queries(spark: Any, config: MqdConfig) -> list[tuple[str, Any, Path, Path, 
     ]
 
 
+def _landing_store(config: MqdConfig) -> Any:
+    s3 = config.landing.s3
+    return open_store(str(config.landing.dir), endpoint_url=s3.endpoint_url, region=s3.region)
+
+
+class _Recorder:
+    """Keeps each query's lifecycle record (mqd/landing/lifecycle.py) in step with its checkpoint.
+    A failure to write a record is logged, never fails the job: a stale record only holds files
+    back longer."""
+
+    def __init__(self, config: MqdConfig, queries: list[tuple[str, Path]]) -> None:
+        self.store = _landing_store(config)
+        self.root = None if is_object_landing(config) else Path(config.landing.dir)
+        self.queries = queries
+        self._batch: dict[str, int | None] = {}
+
+    def register(self) -> None:
+        from mqd.landing import lifecycle
+
+        for name, ckpt in self.queries:
+            try:
+                lifecycle.register(self.store, name, str(ckpt))
+            except lifecycle.LifecycleConflict:
+                raise  # running would let the other query's progress release this one's files
+            except (MqdError, OSError) as exc:
+                _log.warning("lifecycle_register_failed", query=name, error=str(exc))
+
+    def record(self) -> None:
+        from mqd.landing import lifecycle
+
+        for name, ckpt in self.queries:
+            try:
+                batch = lifecycle.last_committed_batch(ckpt)
+                if batch is None or self._batch.get(name) == batch:
+                    continue
+                batch, committed = lifecycle.checkpoint_committed(
+                    self.store, ckpt, file_source_root=self.root
+                )
+                lifecycle.record_committed(self.store, name, committed, batch, str(ckpt))
+                self._batch[name] = batch
+            except (MqdError, OSError, ValueError) as exc:
+                _log.warning("lifecycle_record_failed", query=name, error=str(exc))
+
+    def run(self, stopping: threading.Event) -> None:
+        while not stopping.wait(RECORD_INTERVAL_S):
+            self.record()
+
+
 def _check_partitioning(partition_by: list[str], columns: list[str]) -> None:
     problem = partition_problem(partition_by, columns)
     if problem is not None:
@@ -318,6 +373,12 @@ def run(config: MqdConfig, *, once: bool, master: str | None = None) -> int:
         except SparkJobError as exc:
             log.error("spark_job_config", error=str(exc))
             return 2
+        recorder = _Recorder(config, [(name, ckpt) for name, _df, _out, ckpt, _parts in plan])
+        try:
+            recorder.register()  # before any query runs: from now on each holds its files back
+        except MqdError as exc:
+            log.error("lifecycle_query_name_taken", error=str(exc))
+            return 2
         for name, df, out, ckpt, parts in plan:
             writer = (
                 df.writeStream.format("parquet")
@@ -335,11 +396,14 @@ def run(config: MqdConfig, *, once: bool, master: str | None = None) -> int:
             )
             started.append(writer.start())
             log.info("spark_query_started", query=name, output=str(out), checkpoint=str(ckpt), once=once)
+        if not once:
+            threading.Thread(target=recorder.run, args=(stopping,), name="mqd-lifecycle", daemon=True).start()
         for q in started:
             q.awaitTermination()
             if q.exception() is not None and not stopping.is_set():
                 _log_failure(log, q.name, str(q.exception()))
                 return 1
+        recorder.record()
         for q in started:
             progress = q.lastProgress or {}
             log.info(
@@ -355,6 +419,7 @@ def run(config: MqdConfig, *, once: bool, master: str | None = None) -> int:
         _log_failure(log, None, str(exc))
         return 1
     finally:
+        stopping.set()  # ends the lifecycle recorder thread
         for q in started:
             if q.isActive:
                 q.stop()

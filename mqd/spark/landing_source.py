@@ -21,8 +21,10 @@ the daemon), so what Spark reads is decided by the claim chain, never by a listi
   ``_spark_metadata`` log does the rest, as with the file source). ``maxFilesPerTrigger`` is the
   default read limit, spread round-robin over the chains; ``availableNow`` reads up to the heads
   seen when the query started.
-- ``commit`` does nothing yet: it is where the landing's lifecycle (deleting files every query has
-  committed) will learn that this query is done with offsets up to ``end``.
+- ``commit`` does nothing: the landing's lifecycle (mqd/landing/lifecycle.py) learns what the query
+  committed from its checkpoint instead (the offset of the last batch in ``commits/``), the same way
+  for this source and Spark's file source, and under the query's name, which this reader does not
+  know. Deleting a committed file does not move these offsets: the manifest keeps listing it.
 
 Reading the manifest resolves a half-done publication at a chain's head (claim_chain.py: every
 reader of the head does, which may copy a staged object or void a claim), so the job needs the same
@@ -285,7 +287,7 @@ class LandingStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             raise unreadable(uri, str(exc)) from None
 
     def commit(self, end: Offset) -> None:
-        # the lifecycle's seam: every file of the chains below ``end`` is done for this query
+        # the lifecycle reads the committed offsets from the checkpoint (module docstring)
         pass
 
 

@@ -78,7 +78,7 @@ def test_every_float_field_refuses_inf_and_nan(tmp_path: Path) -> None:
     keys = _float_fields(MqdConfig)
     assert "consumer.session_timeout" in keys and "landing.max_age" in keys
     for key in keys:
-        section, name = key.split(".")
+        section, name = key.rsplit(".", 1)
         for value in ("inf", "nan"):
             msg = _error(_write(tmp_path, f"[{section}]\n{name} = {value}\n"))
             assert key in msg, (key, msg)
