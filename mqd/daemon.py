@@ -380,7 +380,10 @@ class Daemon:
         self._landing_error = str(exc)
         self._next_disk_retry = time.monotonic() + self._config.landing.disk_retry_interval
         if first:
-            log.error("landing directory unwritable; fetching paused until it recovers", error=str(exc))
+            log.error(
+                "landing unwritable (directory or object store); fetching paused until it recovers",
+                error=str(exc),
+            )
             self._record_error("landing", exc)
         self._pause_for_disk(self.consumer.assignment() if self.state != "starting" else ())
 

@@ -8,6 +8,7 @@
 - ``node_data``: broker data faults: master data-dir loss, damaged closed segments, a recreated topic
 - ``lock_freeze``: a daemon frozen while it holds a landing lock (found through /proc/locks)
 - ``publish_kill``: a fresh daemon killed after its first fetch, before its first publication
+- ``s3_landing``: ``--landing s3``: SeaweedFS with two gateways, the gateway faults, the store's view
 - ``check``: ledger vs landing files and Spark table (by payload id), ledger vs broker log, replicas
 - ``runner``: the seeded rounds, recovery times, the end check and the summary
 """

@@ -52,6 +52,12 @@ def _parser() -> argparse.ArgumentParser:
         help="comma-separated fault kinds or groups to draw from: kind names, categories "
         f"({', '.join(CATEGORIES)}), classic, safety, all (default)",
     )
+    p.add_argument(
+        "--landing",
+        choices=("local", "s3"),
+        default="local",
+        help="local: a directory (a tmpfs as root); s3: s3:// on a SeaweedFS the run starts on 127.0.0.1",
+    )
     p.add_argument("--no-spark", action="store_true", help="skip the Spark job and the table check")
     p.add_argument("--no-unshare", action="store_true", help="do not re-execute in a mount namespace")
     p.add_argument("--keep", action="store_true", help="keep the work directory")
@@ -92,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
             produce_interval=args.produce_interval,
             spark=not args.no_spark,
             kinds=expand_kinds(args.kinds),
+            landing=args.landing,
         )
         options.validate()
     except ValueError as exc:

@@ -30,7 +30,8 @@ from mqd import format as fmt
 from mqd.client import BrokerClient
 from mqd_dev.chaos.load import Ack, record_value
 
-_COLUMNS = ["partition", "offset", "value"]
+COPY_COLUMNS = ["partition", "offset", "value"]
+COPY_SCHEMA = pa.schema([("partition", pa.int32()), ("offset", pa.int64()), ("value", pa.binary())])
 
 
 @dataclass
@@ -285,9 +286,8 @@ def _data_files(root: Path) -> list[Path]:
 
 
 def read_parquet_files(paths: Iterable[Path]) -> pa.Table:
-    schema = pa.schema([("partition", pa.int32()), ("offset", pa.int64()), ("value", pa.binary())])
-    tables = [pq.read_table(p, columns=_COLUMNS).select(_COLUMNS).cast(schema) for p in paths]
-    return pa.concat_tables(tables) if tables else schema.empty_table()
+    tables = [pq.read_table(p, columns=COPY_COLUMNS).select(COPY_COLUMNS).cast(COPY_SCHEMA) for p in paths]
+    return pa.concat_tables(tables) if tables else COPY_SCHEMA.empty_table()
 
 
 def read_landing(landing: Path, topic: str) -> pa.Table:

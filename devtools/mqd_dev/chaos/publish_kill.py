@@ -15,21 +15,21 @@ import asyncio
 import json
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from mqd_dev.chaos.procs import DaemonProc
 
 
-def assigned_partitions(log_path: Path, start: int) -> list[int] | None:
-    """Partitions of the first ``start positions`` line with a non-empty assignment after byte
-    ``start`` of the daemon's JSON log; None until there is one."""
+def _position_lines(log_path: Path, start: int) -> Iterator[list[int]]:
+    """The partitions of every ``start positions`` line with a non-empty assignment after byte
+    ``start`` of the daemon's JSON log, in log order."""
     try:
         with open(log_path, "rb") as fh:
             fh.seek(start)
             text = fh.read().decode(errors="replace")
     except OSError:
-        return None
+        return
     for line in text.splitlines():
         if '"start positions"' not in line:
             continue
@@ -40,8 +40,20 @@ def assigned_partitions(log_path: Path, start: int) -> list[int] | None:
         positions = rec.get("positions") if isinstance(rec, dict) else None
         if isinstance(positions, dict) and positions:
             # keys are str(TopicPartition): "<topic>/<partition>"
-            return sorted(int(str(k).rsplit("/", 1)[1]) for k in positions)
-    return None
+            yield sorted(int(str(k).rsplit("/", 1)[1]) for k in positions)
+
+
+def assigned_partitions(log_path: Path, start: int) -> list[int] | None:
+    """Partitions of the first ``start positions`` line with a non-empty assignment after byte
+    ``start`` of the daemon's JSON log; None until there is one."""
+    return next(_position_lines(log_path, start), None)
+
+
+def resolved_partitions(log_path: Path, start: int) -> set[int]:
+    """Every partition the daemon resolved a start position for after byte ``start``: one
+    assignment may be resolved in several ``start positions`` lines (a partition whose position
+    was already known comes first, alone), so the first line alone may not be the whole of it."""
+    return {p for parts in _position_lines(log_path, start) for p in parts}
 
 
 async def kill_before_publish(

@@ -13,6 +13,12 @@ ones of issue 12 live in their own modules: ``node_data`` (master data-dir loss,
 truncated closed segment, a topic recreated under the daemons), ``lock_freeze`` (a daemon frozen
 while it holds a landing lock) and ``publish_kill`` (a fresh daemon killed before it publishes).
 
+``--landing s3`` (issue 15): the daemons land into ``s3://landing/chaos`` on a SeaweedFS the run
+starts on 127.0.0.1 with two gateways, odd daemons publishing through the second (``s3_landing``);
+the landing-disk kinds and ``lock_freeze`` need a local directory and are not drawn, the ``store``
+kinds (``gateway_freeze``, ``gateway_kill``) hit the second gateway, and the end check reads the
+landing through the store (visible files, manifest) and the Spark table through ``mqd spark --once``.
+
 Determinism: the schedule (kinds, targets, hold times) comes from ``random.Random(seed)`` and
 nothing else; what the faults hit inside a process depends on timing, which is not seeded.
 """
@@ -21,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import random
 import shutil
 import signal
@@ -47,7 +54,8 @@ from mqd_dev.chaos.load import ProduceLoad
 from mqd_dev.chaos.lock_freeze import freeze_in_lock
 from mqd_dev.chaos.procs import ChaosCluster, DaemonProc
 from mqd_dev.chaos.proxy import Faults
-from mqd_dev.chaos.publish_kill import assigned_partitions, kill_before_publish
+from mqd_dev.chaos.publish_kill import kill_before_publish, resolved_partitions
+from mqd_dev.chaos.s3_landing import NOT_ON_S3, S3Landing
 
 log = structlog.get_logger("mqd.chaos")
 
@@ -65,7 +73,10 @@ CATEGORIES: dict[str, tuple[str, ...]] = {
     ),
     "disk": ("landing_readonly", "landing_full"),
     "network": ("net_corrupt", "net_truncate", "net_reset", "net_slow", "net_hang"),
+    # object-store landings only (s3_landing): the second S3 gateway frozen or killed
+    "store": ("gateway_freeze", "gateway_kill"),
 }
+STORE_KINDS: tuple[str, ...] = CATEGORIES["store"]
 ALL_KINDS: tuple[str, ...] = tuple(k for kinds in CATEGORIES.values() for k in kinds)
 # the data-safety kinds of issue 12, and the kinds before them (whose seeded plans stay as they were
 # when only these are chosen)
@@ -135,6 +146,7 @@ class ChaosOptions:
     # lock_freeze lasts this long at least: the session expires (session_timeout), the next
     # rebalance (2 s) hands the frozen daemon's partitions over, their first publication follows
     lock_freeze_hold: float = 10.0
+    landing: str = "local"  # "local" (a directory, tmpfs when root) or "s3" (SeaweedFS, s3_landing)
 
     def validate(self) -> None:
         unknown = set(self.kinds) - set(ALL_KINDS)
@@ -142,6 +154,8 @@ class ChaosOptions:
             raise ValueError(f"unknown fault kinds {sorted(unknown)}; known: {', '.join(ALL_KINDS)}")
         if self.rounds < 0 or self.daemons < 1 or self.partitions < 1 or self.faults_per_round < 1:
             raise ValueError("rounds >= 0, daemons >= 1, partitions >= 1, faults_per_round >= 1")
+        if self.landing not in ("local", "s3"):
+            raise ValueError(f"landing is local or s3, not {self.landing!r}")
         if not 0 < self.hold_min <= self.hold_max:
             raise ValueError("need 0 < hold_min <= hold_max")
 
@@ -188,7 +202,8 @@ class ChaosRun:
         )
         self.landing = self.root / "landing"
         self.disk = LandingDisk(self.landing, options.landing_tmpfs_mb)
-        env = self.cluster.env
+        self.s3 = S3Landing(self.root) if options.landing == "s3" else None
+        env = self.cluster.env if self.s3 is None else {**self.cluster.env, **self.s3.env()}
         self.daemons = [self._daemon(f"d{i}", env) for i in range(options.daemons)]
         self.extra = self._daemon(f"d{options.daemons}", env)  # joins and leaves (daemon_churn)
         self.client = BrokerClient(request_timeout=5.0)
@@ -236,7 +251,13 @@ class ChaosRun:
                 "fetch_max_wait_ms": 300,
                 "error_backoff_max_ms": 1000,
             },
-            "landing": {"dir": str(self.landing), "max_age": 0.5, "disk_retry_interval": 0.5},
+            "landing": {
+                "dir": str(self.landing) if self.s3 is None else self.s3.uri,
+                "max_age": 0.5,
+                "disk_retry_interval": 0.5,
+            },
+            # daemon i publishes through gateway i % 2 (s3_landing); to_toml writes [landing.s3]
+            "landing.s3": self.s3.s3_section(int(d.name[1:])) if self.s3 is not None else None,
             "spark": {
                 "master": "local[2]",
                 "output_dir": str(warehouse / "events"),
@@ -253,7 +274,11 @@ class ChaosRun:
 
     async def _setup(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
-        self.disk.setup()
+        if self.s3 is not None:
+            await asyncio.to_thread(self.s3.start)
+            self.disk.reason = "not applicable on S3"
+        else:
+            self.disk.setup()
         if not self.disk.available:
             log.warning("chaos.disk_faults_unavailable", reason=self.disk.reason)
         await self.cluster.start()
@@ -286,8 +311,8 @@ class ChaosRun:
             d.start()
 
         def resolved() -> bool:
-            got = [assigned_partitions(d.log_path, starts[d.name]) or [] for d in self.daemons]
-            return set(parts) <= {p for g in got for p in g}
+            got = [resolved_partitions(d.log_path, starts[d.name]) for d in self.daemons]
+            return set(parts) <= set().union(*got)
 
         await wait_until(resolved, 60, "the daemons' first start positions")
         self.load.resume(parts)
@@ -335,6 +360,9 @@ class ChaosRun:
                 ok = []
             if not self.opts.slaves:
                 ok = [k for k in ok if k != "slave_kill"]
+            # a local landing has no gateway; an object store has no disk, mount or flock to fault
+            skip = STORE_KINDS if self.s3 is None else NOT_ON_S3
+            ok = [k for k in ok if k not in skip]
             if ok:
                 out[cat] = ok
         return out
@@ -411,8 +439,30 @@ class ChaosRun:
                 await self.disk.drain()
         elif kind in SAFETY_KINDS:
             await self._safety_fault(kind, hold, rec)
+        elif kind in STORE_KINDS:
+            await self._store_fault(kind, hold, rec)
         else:
             raise ValueError(f"unknown fault kind {kind!r}")
+
+    async def _store_fault(self, kind: str, hold: float, rec: RoundRecord) -> None:
+        """An object-store landing's gateway fault: the second gateway (s3_landing) frozen or
+        killed for ``hold`` seconds; the daemons publishing through it must lose nothing."""
+        s3 = self.s3
+        if s3 is None:
+            raise ValueError(f"{kind} needs --landing s3")
+        url = s3.server.endpoints[-1]
+        if kind == "gateway_freeze":
+            rec.notes.append(f"SIGSTOP S3 gateway {url} for {hold}s")
+            s3.freeze_gateway()
+            try:
+                await asyncio.sleep(hold)
+            finally:
+                s3.thaw_gateway()
+        else:
+            rec.notes.append(f"SIGKILL S3 gateway {url}, restarted after {hold}s")
+            await asyncio.to_thread(s3.kill_gateway)
+            await asyncio.sleep(hold)
+            await asyncio.to_thread(s3.restart_gateway)
 
     async def _safety_fault(self, kind: str, hold: float, rec: RoundRecord) -> None:
         """The data-safety kinds (issue 12): each a function of node_data, lock_freeze or
@@ -538,7 +588,7 @@ class ChaosRun:
     def landed_end(self) -> dict[int, int]:
         """Per partition, the offset after the last published one (the store's head)."""
         out: dict[int, int] = {}
-        store = open_store(self.landing)
+        store = self.s3.store if self.s3 is not None else open_store(self.landing)
         for p in range(self.opts.partitions):
             try:
                 last = store.head(self.topic, p).last_offset
@@ -636,15 +686,20 @@ class ChaosRun:
         # acks of a generation the run deleted itself (topic_recreate) are not expected in the log
         current = [a for a in self.load.acks if max(a.generation, 0) == self.load.generation[a.partition]]
         log_check = check.check_log(log_tables, current)
-        landing = await asyncio.to_thread(check.read_landing, self.landing, self.topic)
+        if self.s3 is not None:  # through the store, as the Spark job reads it
+            landing = await asyncio.to_thread(self.s3.read_landing, self.topic)
+            incarnations = await asyncio.to_thread(self.s3.incarnations, self.topic)
+            for problem in await asyncio.to_thread(self.s3.manifest_vs_visible, self.topic):
+                self.failures.append(f"object-store landing: {problem}")
+        else:
+            landing = await asyncio.to_thread(check.read_landing, self.landing, self.topic)
+            incarnations = await asyncio.to_thread(check.landing_incarnations, self.landing, self.topic)
         landed = await asyncio.to_thread(check.check_payloads, ledger, landing)
         out: dict[str, Any] = {
             "log": log_check.to_json(),
             "landing": landed.to_json(),
             "landing_vs_log": check.compare(log_tables, landing).to_json(),
-            "landing_incarnations": await asyncio.to_thread(
-                check.landing_incarnations, self.landing, self.topic
-            ),
+            "landing_incarnations": incarnations,
         }
         out["log"]["damaged"] = damaged
         if damaged:
@@ -714,9 +769,10 @@ class ChaosRun:
         argv = [sys.executable, "-m", "mqd.cli", "spark", "--config", config, "--once"]
         spark_log = self.root / "spark.log"
         started = time.monotonic()
+        env = {**os.environ, **(self.s3.env() if self.s3 is not None else {})}
         with open(spark_log, "ab") as fh:
             proc = await asyncio.create_subprocess_exec(
-                *argv, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=self.root
+                *argv, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=self.root, env=env
             )
             try:
                 code = await asyncio.wait_for(proc.wait(), self.opts.spark_timeout)
@@ -778,6 +834,8 @@ class ChaosRun:
             await d.stop_async(signal.SIGKILL)
         await self.cluster.stop()
         await self.client.close()
+        if self.s3 is not None:
+            await asyncio.to_thread(self.s3.stop)
         if self.failures and self.disk.available:  # the tmpfs dies with the run: keep a copy to look at
             await asyncio.to_thread(
                 shutil.copytree,
@@ -792,6 +850,8 @@ class ChaosRun:
         for d in [*self.daemons, self.extra]:
             d.kill_now()
         self.cluster.kill_all_now()
+        if self.s3 is not None:
+            self.s3.stop()
         self.disk.teardown()
 
     def summary(self, result: dict[str, Any]) -> dict[str, Any]:
@@ -813,6 +873,7 @@ class ChaosRun:
             "rounds": len(self.rounds),
             "faults": {k: self.faults.get(k, 0) for k in sorted(self.opts.kinds)},
             "proxy_injected": dict(sorted(injected.items())),
+            "landing": self.s3.summary() if self.s3 is not None else str(self.landing),
             "disk_faults": self.disk.reason if self.disk.available else f"unavailable: {self.disk.reason}",
             "records": {
                 "acknowledged": self.load.acknowledged,
@@ -862,6 +923,7 @@ def format_summary(s: dict[str, Any]) -> str:
         f"{s['duration_s']}s",
         "faults: " + ", ".join(f"{k} {v}" for k, v in s["faults"].items()),
         "proxy injected: " + (", ".join(f"{k} {v}" for k, v in s["proxy_injected"].items()) or "none"),
+        f"landing: {s.get('landing')}",
         f"disk faults: {s['disk_faults']}",
         f"records (producer ledger): acknowledged {r['acknowledged']} "
         f"({r.get('expected_in_landing')} expected in the landing), in log {r['in_log']} "
