@@ -39,7 +39,8 @@ import numpy as np
 import pyarrow as pa
 
 from bench import common
-from bench.common import MB, RESULTS, WatchedProcess, Workload, empty_headers, machine_facts, write_json
+from bench.alt_consumer import empty_headers
+from bench.common import MB, RESULTS, WatchedProcess, Workload, machine_facts, write_json
 from bench.pipeline import TOPIC, daemon_argv, produce_workload, wait_replicated
 from mqd.format import RECORD_SCHEMA
 from mqd.landing.publisher import Publisher
