@@ -7,49 +7,13 @@ seam: the publication contract), ``local_store`` (its local-directory implementa
 (completeness markers).
 """
 
-from __future__ import annotations
-
-import importlib
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from mqd.landing.layout import FileRange, LandingCorrupt, LandingError
-    from mqd.landing.local_store import LocalStore, PartitionState, read_manifest
-    from mqd.landing.markers import update_markers
-    from mqd.landing.publisher import Publisher
-    from mqd.landing.schema import LANDING_SCHEMA
-    from mqd.landing.sink import LandingSink, PublishResult, PublishStats
-    from mqd.landing.store import LandingStore, PartitionHead, PublishConflict, StagedFile, open_store
-
-# The names are imported on first use (PEP 562): importing one submodule (layout, for a reader of
-# the files) must not load the sink, the config and the store with it (start-up time, issue 16).
-_HOME = {
-    "FileRange": "layout",
-    "LandingCorrupt": "layout",
-    "LandingError": "layout",
-    "LocalStore": "local_store",
-    "PartitionState": "local_store",
-    "read_manifest": "local_store",
-    "update_markers": "markers",
-    "Publisher": "publisher",
-    "LANDING_SCHEMA": "schema",
-    "LandingSink": "sink",
-    "PublishResult": "sink",
-    "PublishStats": "sink",
-    "LandingStore": "store",
-    "PartitionHead": "store",
-    "PublishConflict": "store",
-    "StagedFile": "store",
-    "open_store": "store",
-}
-
-
-def __getattr__(name: str) -> Any:
-    home = _HOME.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{home}"), name)
-
+from mqd.landing.layout import FileRange, LandingCorrupt, LandingError
+from mqd.landing.local_store import LocalStore, PartitionState, read_manifest
+from mqd.landing.markers import update_markers
+from mqd.landing.publisher import Publisher
+from mqd.landing.schema import LANDING_SCHEMA
+from mqd.landing.sink import LandingSink, PublishResult, PublishStats
+from mqd.landing.store import LandingStore, PartitionHead, PublishConflict, StagedFile, open_store
 
 __all__ = [
     "LANDING_SCHEMA",
