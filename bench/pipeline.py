@@ -668,7 +668,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--shape",
         action="append",
         default=None,
-        help="a shape of bench/shapes.py (main, wide, kib, hot, latency, scale); repeat for several; "
+        help="a shape of bench/shapes.py (main, wide, kib, hot, kafka, latency, scale); repeat for several; "
         "default: all of them",
     )
     ap.add_argument(

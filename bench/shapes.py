@@ -29,11 +29,12 @@ import os
 import shutil
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench import alt_kafka, common
+from bench import alt_kafka, common, kafka_shape
 from bench import pipeline as pl
 from bench.common import WatchedProcess, Workload, check_exact, process_cpu_seconds
 from mqd.landing.layout import parse_file_name
@@ -52,7 +53,7 @@ NODE_SETTINGS = {"log_level": "warning", "liveness_interval_ms": 500, "liveness_
 @dataclass(frozen=True, slots=True)
 class Shape:
     name: str
-    kind: str  # "throughput", "latency" or "scale"
+    kind: str  # "throughput", "kafka", "latency" or "scale"
     what: str
     records: int = 0
     size: int = 100
@@ -67,6 +68,7 @@ SHAPES: dict[str, Shape] = {
         Shape("wide", "throughput", "100 B x 48 partitions", 6_000_000, partitions=48),
         Shape("kib", "throughput", "1 KiB x 12 partitions", 1_200_000, size=1024),
         Shape("hot", "throughput", "100 B x 12 partitions, one holds 90 %", 6_000_000, hot=0.9),
+        Shape("kafka", "kafka", "100 B x 12 partitions, every pipeline reads Tansu", 6_000_000),
         Shape("latency", "latency", "fixed produce rate, 12 partitions, max_age 1 s"),
         Shape("scale", "scale", "100 B x 1,000 partitions", 2_000_000, partitions=1000),
     )
@@ -233,7 +235,34 @@ def summarize(runs: list[dict[str, Any]], records: int, ceiling: dict[str, Any] 
     return out
 
 
-def run_throughput(shape: Shape, workdir: Path, args: argparse.Namespace) -> dict[str, Any]:
+def interleave(
+    pipelines: list[str], rounds: int, run_one: Callable[[str, int], dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """``rounds`` rounds, each running every pipeline once, the order rotated from round to round
+    (a load burst from elsewhere hits every pipeline alike); each run logged with the load before it."""
+    runs: list[dict[str, Any]] = []
+    for r in range(rounds):
+        k = r % len(pipelines)
+        for name in pipelines[k:] + pipelines[:k]:
+            before = load()
+            res = run_one(name, r)
+            res.update(round=r, load=before)
+            runs.append(res)
+            if "error" in res:
+                log(f"  round {r} {name}: {res['error']}")
+            else:
+                log(
+                    f"  round {r} {name}: {res['records_per_s_whole_process']:,} records/s whole "
+                    f"process, {res['records_per_s']:,} steady, CPU {res['cpu_s']} s "
+                    f"+ brokers {res['broker_cpu_s']} s, exact {res['exact']}"
+                    + (f" ({res['inexact']})" if res.get("inexact") else "")
+                    + f", load {before}"
+                )
+    return runs
+
+
+def prelude(shape: Shape, workdir: Path, args: argparse.Namespace) -> tuple[Workload, dict[str, Any]]:
+    """The shape's workload (sized down by --quick) and its result's head, with the sink ceiling."""
     records = max(shape.records // (100 if args.quick else 1), shape.partitions * 10)
     work = Workload(records, shape.size, shape.partitions, 1000, hot=shape.hot)
     result: dict[str, Any] = {
@@ -252,6 +281,12 @@ def run_throughput(shape: Shape, workdir: Path, args: argparse.Namespace) -> dic
         )
         shutil.rmtree(workdir / "ceiling", ignore_errors=True)
         log(f"  sink ceiling: {result['sink_ceiling']['records_per_s']:,} records/s")
+    return work, result
+
+
+def run_throughput(shape: Shape, workdir: Path, args: argparse.Namespace) -> dict[str, Any]:
+    work, result = prelude(shape, workdir, args)
+    records = work.records
     clients = [c for c in alt_kafka.CLIENTS if c in args.pipelines]
     why_not = alt_kafka.tansu_available() if clients else None
     if why_not:
@@ -275,44 +310,113 @@ def run_throughput(shape: Shape, workdir: Path, args: argparse.Namespace) -> dic
                 tansu.create_topic(TOPIC, shape.partitions)
                 result["produce_tansu"] = alt_kafka.produce(tansu.bootstrap, TOPIC, work)
                 log(f"  produced into tansu: {result['produce_tansu']['records_per_s']:,} records/s")
-            for r in range(args.rounds):
-                k = r % len(pipelines)
-                for name in pipelines[k:] + pipelines[:k]:
-                    before = load()
-                    if name == "mqd":
-                        res = run_mqd(cluster, work, workdir, f"{shape.name}-{r}", timeout=args.timeout)
-                    else:
-                        assert tansu is not None
-                        res = alt_kafka.consume(
-                            name,
-                            tansu,
-                            TOPIC,
-                            work,
-                            workdir,
-                            max_records=MAX_RECORDS,
-                            max_bytes=MAX_BYTES,
-                            max_age=MAX_AGE,
-                            compression=COMPRESSION,
-                            timeout=args.timeout,
-                        )
-                    res.update(round=r, load=before)
-                    runs.append(res)
-                    if "error" in res:
-                        log(f"  round {r} {name}: {res['error']}")
-                    else:
-                        log(
-                            f"  round {r} {name}: {res['records_per_s_whole_process']:,} records/s whole "
-                            f"process, {res['records_per_s']:,} steady, CPU {res['cpu_s']} s "
-                            f"+ brokers {res['broker_cpu_s']} s, exact {res['exact']}"
-                            + (f" ({res['inexact']})" if res.get("inexact") else "")
-                            + f", load {before}"
-                        )
+
+            def one(name: str, r: int) -> dict[str, Any]:
+                if name == "mqd":
+                    return run_mqd(cluster, work, workdir, f"{shape.name}-{r}", timeout=args.timeout)
+                assert tansu is not None
+                return alt_kafka.consume(
+                    name,
+                    tansu,
+                    TOPIC,
+                    work,
+                    workdir,
+                    max_records=MAX_RECORDS,
+                    max_bytes=MAX_BYTES,
+                    max_age=MAX_AGE,
+                    compression=COMPRESSION,
+                    timeout=args.timeout,
+                )
+
+            runs = interleave(pipelines, args.rounds, one)
         finally:
             if tansu is not None:
                 tansu.stop()
     result["runs"] = runs
     result["summary"] = summarize(runs, records, result.get("sink_ceiling"))
     return result
+
+
+# ---------------------------------------------------------------------------------------------
+# kafka: mqd's Kafka source against the Kafka clients, all on the same Tansu
+
+
+def run_kafka(shape: Shape, workdir: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """mqd (``consumer.source = "kafka"``), confluent-kafka and aiokafka read the same records from
+    one Tansu, interleaved; then an idle daemon of the last mqd run's group gives the RSS baseline."""
+    work, result = prelude(shape, workdir, args)
+    clients = [c for c in alt_kafka.CLIENTS if c in args.pipelines]
+    why_not = alt_kafka.tansu_available()
+    if why_not:
+        result["skipped"] = why_not
+        return result
+    pipelines = (["mqd"] if "mqd" in args.pipelines else []) + clients
+    landing: dict[str, Any] = {
+        "max_records": MAX_RECORDS,
+        "max_bytes": MAX_BYTES,
+        "max_age": MAX_AGE,
+        "compression": COMPRESSION,
+    }
+    tansu = Tansu(workdir / "tansu")
+    tansu.start()
+    try:
+        tansu.create_topic(TOPIC, shape.partitions)
+        result["produce_tansu"] = alt_kafka.produce(tansu.bootstrap, TOPIC, work)
+        log(f"  produced into tansu: {result['produce_tansu']['records_per_s']:,} records/s")
+
+        def one(name: str, r: int) -> dict[str, Any]:
+            if name == "mqd":
+                return kafka_shape.run_mqd(
+                    tansu, TOPIC, work, workdir, f"{shape.name}-{r}", timeout=args.timeout,
+                    file_sizes=file_sizes, **landing,
+                )  # fmt: skip
+            return alt_kafka.consume(name, tansu, TOPIC, work, workdir, timeout=args.timeout, **landing)
+
+        runs = interleave(pipelines, args.rounds, one)
+        groups = [r["group"] for r in runs if r["name"] == "mqd" and r.get("exact")]
+        idle = None
+        if groups:
+            idle = kafka_shape.idle_rss(
+                tansu, TOPIC, workdir, groups[-1], timeout=args.timeout, seconds=2.0 if args.quick else 10.0,
+                **landing,
+            )  # fmt: skip
+            log(f"  idle daemon (nothing to fetch): RSS {idle['rss_mb']} MB")
+        if "mqd" in pipelines:
+            result["cluster_mode"] = kafka_shape.cluster_join_startup(
+                tansu, TOPIC, workdir, timeout=args.timeout, **landing
+            )
+            log(f"  cluster mode, a fresh group: {result['cluster_mode']}")
+    finally:
+        tansu.stop()
+    result["runs"] = runs
+    result["summary"] = summarize(runs, work.records, result.get("sink_ceiling"))
+    result["kafka"] = kafka_summary(runs, idle)
+    k = result["kafka"]
+    log(
+        f"  fetch requests {_s(k['fetch_requests'])} per run to {_s(k['leader_nodes_fetched'])} leader "
+        f"node(s), {_s(k['partitions_per_request'], '.2f')} partitions per request; RSS above idle "
+        f"{_s(k.get('rss_above_idle_mb'), '.1f')} MB (budget {k['budget_mb']} MB)"
+    )
+    return result
+
+
+def kafka_summary(runs: list[dict[str, Any]], idle: dict[str, Any] | None) -> dict[str, Any]:
+    """mqd's fetch and memory figures over its runs (medians [min-max])."""
+    ok = [r for r in runs if r["name"] == "mqd" and "error" not in r]
+    out: dict[str, Any] = {
+        "fetch_requests": spread([sum(r["fetch_requests_per_node"].values()) for r in ok]),
+        "leader_nodes_fetched": spread([r["leader_nodes_fetched"] for r in ok]),
+        "partitions_per_request": spread(
+            [r["partitions_per_request"] for r in ok if r["partitions_per_request"]], 2
+        ),
+        "budget_mb": round(kafka_shape.MAX_BUFFERED_BYTES / 2**20, 1),
+        "idle": idle,
+    }
+    if idle:
+        above = [r["peak_rss_mb"] - idle["rss_mb"] for r in ok]
+        out["rss_above_idle_mb"] = spread(above, 1)
+        out["rss_above_idle_within_budget"] = bool(above) and max(above) <= out["budget_mb"]
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -541,6 +645,22 @@ def markdown(result: dict[str, Any]) -> str:
                 f"{_s(mq.get('spawn_to_first_fetch_s'), '.2f')} s."
             )
     for s in result["shapes"]:
+        k = s.get("kafka")
+        if k:
+            idle = k.get("idle") or {}
+            lines += [
+                "",
+                f"kafka (mqd's Kafka source on Tansu): {_s(k['fetch_requests'])} fetch requests per run to "
+                f"{_s(k['leader_nodes_fetched'])} leader node(s) (one in flight per node: requests per "
+                f"round = leader nodes), {_s(k['partitions_per_request'], '.2f')} partitions per request; "
+                f"peak RSS above the idle daemon's ({idle.get('rss_mb', '-')} MB): "
+                f"{_s(k.get('rss_above_idle_mb'), '.1f')} MB against a byte budget "
+                f"(consumer.max_buffered_bytes) of {k['budget_mb']} MB. mqd runs in broadcast mode (every "
+                "partition assigned, offsets in its file), as the clients assign every partition without "
+                "a group; in cluster mode a fresh group's spawn to first fetch is "
+                f"{(s.get('cluster_mode') or {}).get('spawn_to_first_fetch_s', '-')} s, of which the "
+                f"broker's join wait {(s.get('cluster_mode') or {}).get('group_join_s', '-')} s.",
+            ]
         if s.get("shape") == "latency":
             lines += ["", f"Latency (max_age {s['max_age_s']} s), produce to file visible:", ""]
             for r in s["rates"]:
@@ -602,6 +722,8 @@ def main(args: argparse.Namespace) -> int:
             try:
                 if shape.kind == "throughput":
                     result["shapes"].append(run_throughput(shape, wd, args))
+                elif shape.kind == "kafka":
+                    result["shapes"].append(run_kafka(shape, wd, args))
                 elif shape.kind == "latency":
                     result["shapes"].append(run_latency_shape(shape, wd, args))
                 else:
