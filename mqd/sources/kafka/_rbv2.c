@@ -42,17 +42,30 @@ static inline int rd(const uint8_t **pp, const uint8_t *end, int64_t *out) {
         if ((n) < 0 || (n) > rend - p) { where[0] = s; where[1] = i; return E_LENGTH; } \
     } while (0)
 
-/* totals: [0] keys bytes, [1] values bytes, [2] headers, [3] header key bytes, [4] header value
- * bytes, [5] null keys, [6] null values, [7] null header values, [8] records */
-int rbv2_scan(int32_t nseg, const uint64_t *ptrs, const int64_t *lens, const int32_t *counts,
-              const int32_t *last_delta, int64_t *totals, int64_t *where) {
-    memset(totals, 0, 9 * sizeof(int64_t));
+/* The segment table: one row of SEG_COLS int64 per records section. */
+#define SEG_COLS 7
+#define S_PTR 0        /* address of the section (kept alive by the caller) */
+#define S_LEN 1
+#define S_COUNT 2      /* recordsCount of the batch header */
+#define S_LAST_DELTA 3 /* lastOffsetDelta */
+#define S_BASE_OFFSET 4
+#define S_BASE_TS 5
+#define S_FIXED_TS 6   /* LogAppendTime: the batch's maxTimestamp; else INT64_MIN */
+
+/* out: [0] keys bytes, [1] values bytes, [2] headers, [3] header key bytes, [4] header value
+ * bytes, [5] null keys, [6] null values, [7] null header values, [8] records; on an error
+ * [9] the segment and [10] the record where it was found. */
+int rbv2_scan(int32_t nseg, const int64_t *seg, int64_t *totals) {
+    int64_t *where = totals + 9;
+    memset(totals, 0, 11 * sizeof(int64_t));
     for (int32_t s = 0; s < nseg; s++) {
-        const uint8_t *p = (const uint8_t *)(uintptr_t)ptrs[s];
-        const uint8_t *end = p + lens[s];
+        const int64_t *row = seg + (int64_t)s * SEG_COLS;
+        const uint8_t *p = (const uint8_t *)(uintptr_t)row[S_PTR];
+        const uint8_t *end = p + row[S_LEN];
+        const int64_t count = row[S_COUNT];
         int64_t prev = -1;
-        int32_t i;
-        for (i = 0; i < counts[s]; i++) {
+        int64_t i;
+        for (i = 0; i < count; i++) {
             const uint8_t *rend = end;
             int64_t len, tsd, offd, kl, vl, hc, hkl, hvl;
             RD(len);
@@ -62,7 +75,7 @@ int rbv2_scan(int32_t nseg, const uint64_t *ptrs, const int64_t *lens, const int
             p++; /* record attributes */
             RD(tsd);
             RD(offd);
-            if (offd <= prev || offd > last_delta[s]) { where[0] = s; where[1] = i; return E_OFFSET; }
+            if (offd <= prev || offd > row[S_LAST_DELTA]) { where[0] = s; where[1] = i; return E_OFFSET; }
             prev = offd;
             RD(kl);
             if (kl < -1) { where[0] = s; where[1] = i; return E_LENGTH; }
@@ -85,24 +98,42 @@ int rbv2_scan(int32_t nseg, const uint64_t *ptrs, const int64_t *lens, const int
             if (p != rend) { where[0] = s; where[1] = i; return E_TRAILING; }
         }
         if (p != end) { where[0] = s; where[1] = i; return E_TRAILING; }
-        totals[8] += counts[s];
+        totals[8] += count;
     }
     return 0;
 }
 
-/* Only after rbv2_scan accepted the same segments: no bounds checks left here. */
-int rbv2_fill(int32_t nseg, const uint64_t *ptrs, const int32_t *counts, const int64_t *base_offset,
-              const int64_t *base_ts, const int64_t *fixed_ts, int64_t *off_out, int64_t *ts_out,
-              int32_t *k_off, uint8_t *k_data, uint8_t *k_valid, int32_t *v_off, uint8_t *v_data,
-              uint8_t *v_valid, int32_t *h_off, int32_t *hk_off, uint8_t *hk_data, int32_t *hv_off,
-              uint8_t *hv_data, uint8_t *hv_valid) {
+/* Only after rbv2_scan accepted the same segments: no bounds checks left here. out holds the
+ * addresses of the output buffers, in the order of the O_ names below. */
+enum {
+    O_OFFSET, O_TS, O_K_OFF, O_K_DATA, O_K_VALID, O_V_OFF, O_V_DATA, O_V_VALID,
+    O_H_OFF, O_HK_OFF, O_HK_DATA, O_HV_OFF, O_HV_DATA, O_HV_VALID, O_COUNT
+};
+int rbv2_fill(int32_t nseg, const int64_t *seg, const uint64_t *out) {
+    int64_t *off_out = (int64_t *)(uintptr_t)out[O_OFFSET];
+    int64_t *ts_out = (int64_t *)(uintptr_t)out[O_TS];
+    int32_t *k_off = (int32_t *)(uintptr_t)out[O_K_OFF];
+    uint8_t *k_data = (uint8_t *)(uintptr_t)out[O_K_DATA];
+    uint8_t *k_valid = (uint8_t *)(uintptr_t)out[O_K_VALID];
+    int32_t *v_off = (int32_t *)(uintptr_t)out[O_V_OFF];
+    uint8_t *v_data = (uint8_t *)(uintptr_t)out[O_V_DATA];
+    uint8_t *v_valid = (uint8_t *)(uintptr_t)out[O_V_VALID];
+    int32_t *h_off = (int32_t *)(uintptr_t)out[O_H_OFF];
+    int32_t *hk_off = (int32_t *)(uintptr_t)out[O_HK_OFF];
+    uint8_t *hk_data = (uint8_t *)(uintptr_t)out[O_HK_DATA];
+    int32_t *hv_off = (int32_t *)(uintptr_t)out[O_HV_OFF];
+    uint8_t *hv_data = (uint8_t *)(uintptr_t)out[O_HV_DATA];
+    uint8_t *hv_valid = (uint8_t *)(uintptr_t)out[O_HV_VALID];
     int64_t r = 0, h = 0;
     int32_t ko = 0, vo = 0, hko = 0, hvo = 0;
     k_off[0] = v_off[0] = h_off[0] = hk_off[0] = hv_off[0] = 0;
-    int64_t where[2];
+    int64_t where[2]; /* written by RD on a bad varint, which the scan has excluded */
+    (void)where;
     for (int32_t s = 0; s < nseg; s++) {
-        const uint8_t *p = (const uint8_t *)(uintptr_t)ptrs[s];
-        for (int32_t i = 0; i < counts[s]; i++, r++) {
+        const int64_t *row = seg + (int64_t)s * SEG_COLS;
+        const uint8_t *p = (const uint8_t *)(uintptr_t)row[S_PTR];
+        const int64_t fixed_ts = row[S_FIXED_TS], base_ts = row[S_BASE_TS], base_offset = row[S_BASE_OFFSET];
+        for (int64_t i = 0; i < row[S_COUNT]; i++, r++) {
             const uint8_t *rend = p + 10; /* varints were checked by the scan */
             int64_t len, tsd, offd, kl, vl, hc, hkl, hvl;
             RD(len);
@@ -110,8 +141,8 @@ int rbv2_fill(int32_t nseg, const uint64_t *ptrs, const int32_t *counts, const i
             p++;
             RD(tsd);
             RD(offd);
-            off_out[r] = base_offset[s] + offd;
-            ts_out[r] = fixed_ts[s] != INT64_MIN ? fixed_ts[s] : base_ts[s] + tsd;
+            off_out[r] = base_offset + offd;
+            ts_out[r] = fixed_ts != INT64_MIN ? fixed_ts : base_ts + tsd;
             RD(kl);
             if (kl >= 0) {
                 memcpy(k_data + ko, p, (size_t)kl);

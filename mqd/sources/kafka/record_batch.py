@@ -144,8 +144,7 @@ def decode_partition(
     wire = 0
     error: str | None = None
     keep: list[object] = []  # decompressed sections: alive until the kernel copied them
-    ptrs: list[int] = []
-    rows: list[tuple[int, int, int, int, int, int]] = []
+    rows: list[tuple[int, int, int, int, int, int, int]] = []  # records_kernel's segment table
     seg_start_next: list[int | None] = []  # next_offset before each segment (a kernel error cuts there)
     txns = sorted(aborted or (), key=lambda a: a.first_offset)
     ti = 0
@@ -203,8 +202,7 @@ def decode_partition(
                     keep.append(arr)
                     addr, n = (arr.ctypes.data if len(arr) else 0), len(arr)
                 fixed = max_ts if attrs & TIMESTAMP_LOG_APPEND else NO_TS
-                ptrs.append(addr)
-                rows.append((n, count, last_delta, base, base_ts, fixed))
+                rows.append((addr, n, count, last_delta, base, base_ts, fixed))
                 seg_start_next.append(next_offset)
         except (RecordBatchError, IndexError, struct.error) as exc:
             error = f"{tp}: record batch at offset {base}: {exc}"
@@ -221,13 +219,13 @@ def decode_partition(
     records: pa.RecordBatch | None = None
     if rows:
         try:
-            records = _to_arrow(ptrs, rows, compiled)
+            records = _to_arrow(rows, compiled)
         except KernelError as exc:
             bad = exc.segment
-            error = f"{tp}: record batch at offset {rows[bad][3]}: {exc}"
+            error = f"{tp}: record batch at offset {rows[bad][records_kernel.S_BASE_OFFSET]}: {exc}"
             next_offset = seg_start_next[bad]
             wire = 0  # unknown split: charge nothing rather than wrongly; the budget pins the body
-            records = _to_arrow(ptrs[:bad], rows[:bad], compiled) if bad else None
+            records = _to_arrow(rows[:bad], compiled) if bad else None
     del keep
     if next_offset is None or next_offset <= start:
         return Decoded([], error)
@@ -267,19 +265,8 @@ def _check_header_keys(hkeys: pa.Array, c: records_kernel.Columns, seg: Segments
         raise KernelError(-6, s, r - int(starts[s])) from None
 
 
-def _to_arrow(
-    ptrs: list[int], rows: list[tuple[int, int, int, int, int, int]], compiled: bool | None
-) -> pa.RecordBatch:
-    cols_in = np.array(rows, dtype=np.int64).reshape(-1, 6)
-    seg = Segments(
-        ptrs=np.array(ptrs, dtype=np.uint64),
-        lens=np.ascontiguousarray(cols_in[:, 0]),
-        counts=cols_in[:, 1].astype(np.int32),
-        last_delta=cols_in[:, 2].astype(np.int32),
-        base_offset=np.ascontiguousarray(cols_in[:, 3]),
-        base_ts=np.ascontiguousarray(cols_in[:, 4]),
-        fixed_ts=np.ascontiguousarray(cols_in[:, 5]),
-    )
+def _to_arrow(rows: list[tuple[int, int, int, int, int, int, int]], compiled: bool | None) -> pa.RecordBatch:
+    seg = Segments.of(rows)
     c = records_kernel.decode(seg, compiled=compiled)
     n, nh = len(c.offset), len(c.hv_valid)
     buf = pa.py_buffer

@@ -36,22 +36,56 @@ class KernelError(ValueError):
         self.record = record
 
 
+# the columns of the segment table (one row per records section; _rbv2.c's S_ names)
+S_PTR, S_LEN, S_COUNT, S_LAST_DELTA, S_BASE_OFFSET, S_BASE_TS, S_FIXED_TS = range(7)
+SEG_COLS = 7
+
+
 @dataclass(slots=True)
 class Segments:
-    """The records sections to decode: one entry per batch (arrays of equal length)."""
+    """The records sections to decode: ``table`` has one row of SEG_COLS int64 per batch (the
+    address of its records section, kept alive by the caller; its length, recordsCount,
+    lastOffsetDelta, baseOffset, baseTimestamp; and for LogAppendTime batches the maxTimestamp,
+    else NO_TS). One array, so the kernel call passes one pointer for all of it."""
 
-    ptrs: npt.NDArray[np.uint64]  # address of each records section (kept alive by the caller)
-    lens: npt.NDArray[np.int64]
-    counts: npt.NDArray[np.int32]
-    last_delta: npt.NDArray[np.int32]
-    base_offset: npt.NDArray[np.int64]
-    base_ts: npt.NDArray[np.int64]
-    fixed_ts: npt.NDArray[np.int64]  # LogAppendTime batches: the batch's maxTimestamp; else NO_TS
+    table: npt.NDArray[np.int64]
+
+    @classmethod
+    def of(cls, rows: list[tuple[int, int, int, int, int, int, int]]) -> Segments:
+        return cls(np.array(rows, dtype=np.int64).reshape(-1, SEG_COLS))
+
+    @property
+    def counts(self) -> npt.NDArray[np.int64]:
+        return self.table[:, S_COUNT]
+
+    def __len__(self) -> int:
+        return len(self.table)
+
+
+# output buffers in _rbv2.c's O_ order: (name, item type, length from (records, headers, totals))
+_LAYOUT: tuple[tuple[str, type[np.generic], int], ...] = (
+    ("offset", np.int64, 0),
+    ("ts", np.int64, 0),
+    ("k_off", np.int32, 1),
+    ("k_data", np.uint8, 2),
+    ("k_valid", np.uint8, 0),
+    ("v_off", np.int32, 1),
+    ("v_data", np.uint8, 3),
+    ("v_valid", np.uint8, 0),
+    ("h_off", np.int32, 1),
+    ("hk_off", np.int32, 5),
+    ("hk_data", np.uint8, 6),
+    ("hv_off", np.int32, 5),
+    ("hv_data", np.uint8, 7),
+    ("hv_valid", np.uint8, 4),
+)
+_ALIGN = 64  # Arrow's preferred buffer alignment
 
 
 @dataclass(slots=True)
 class Columns:
-    """Output buffers; validity arrays are one byte per entry (1 = present)."""
+    """Output buffers, views into one allocation; validity arrays are one byte per entry
+    (1 = present)."""
 
     offset: npt.NDArray[np.int64]
     ts: npt.NDArray[np.int64]
@@ -70,19 +104,47 @@ class Columns:
     null_keys: int
     null_values: int
     null_header_values: int
+    addresses: npt.NDArray[np.uint64]  # of the buffers above, in their order (rbv2_fill's ``out``)
 
     @classmethod
     def allocate(cls, t: list[int]) -> Columns:
+        """One allocation for every buffer (one address to ask numpy for, not fourteen: at small
+        answers the per-call cost is what counts), each buffer 64-byte aligned."""
         n, h = t[8], t[2]
-        e = np.empty
+        lengths = (n, n + 1, t[0], t[1], h, h + 1, t[3], t[4])  # indexed by _LAYOUT's third field
+        sizes = [lengths[k] * np.dtype(dt).itemsize for _, dt, k in _LAYOUT]
+        starts = []
+        pos = 0
+        for size in sizes:
+            starts.append(pos)
+            pos += -(-size // _ALIGN) * _ALIGN
+        arena = np.empty(pos + _ALIGN, np.uint8)
+        base = arena.ctypes.data
+        skew = -base % _ALIGN
+        views = [
+            arena[skew + o : skew + o + size].view(dt)
+            for o, size, (_, dt, _) in zip(starts, sizes, _LAYOUT, strict=True)
+        ]
+        addresses = np.array([base + skew + o for o in starts], dtype=np.uint64)
+        (
+            o,
+            ts,
+            k_off,
+            k_data,
+            k_valid,
+            v_off,
+            v_data,
+            v_valid,
+            h_off,
+            hk_off,
+            hk_data,
+            hv_off,
+            hv_data,
+            hv_valid,
+        ) = views
         return cls(
-            e(n, np.int64), e(n, np.int64),
-            e(n + 1, np.int32), e(t[0], np.uint8), e(n, np.uint8),
-            e(n + 1, np.int32), e(t[1], np.uint8), e(n, np.uint8),
-            e(n + 1, np.int32),
-            e(h + 1, np.int32), e(t[3], np.uint8),
-            e(h + 1, np.int32), e(t[4], np.uint8), e(h, np.uint8),
-            t[5], t[6], t[7],
+            o, ts, k_off, k_data, k_valid, v_off, v_data, v_valid, h_off,
+            hk_off, hk_data, hv_off, hv_data, hv_valid, t[5], t[6], t[7], addresses,
         )  # fmt: skip
 
 
@@ -93,7 +155,9 @@ def _load() -> ctypes.CDLL | None:
         except OSError:
             continue
         lib.rbv2_scan.restype = ctypes.c_int
+        lib.rbv2_scan.argtypes = [ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p]
         lib.rbv2_fill.restype = ctypes.c_int
+        lib.rbv2_fill.argtypes = [ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p]
         return lib
     return None
 
@@ -103,49 +167,37 @@ COMPILED = _LIB is not None
 _MAX_OFFSET = 2**31 - 1  # Arrow binary/list offsets are int32
 
 
-def _p(a: npt.NDArray[np.generic]) -> ctypes.c_void_p:
-    return ctypes.c_void_p(a.ctypes.data)
-
-
 def decode(seg: Segments, *, compiled: bool | None = None) -> Columns:
     """Decode every segment; raises KernelError naming the first bad segment and record."""
     use_c = COMPILED if compiled is None else compiled and COMPILED
-    nseg = len(seg.ptrs)
-    totals = np.zeros(9, np.int64)
-    where = np.zeros(2, np.int64)
+    nseg = len(seg)
+    table = np.ascontiguousarray(seg.table, dtype=np.int64)
+    totals = np.zeros(11, np.int64)  # the 9 totals, then where an error was found
     if use_c:
         assert _LIB is not None
-        rc = _LIB.rbv2_scan(
-            ctypes.c_int32(nseg), _p(seg.ptrs), _p(seg.lens), _p(seg.counts), _p(seg.last_delta),
-            _p(totals), _p(where),
-        )  # fmt: skip
+        rc = _LIB.rbv2_scan(nseg, table.ctypes.data, totals.ctypes.data)
         if rc:
-            raise KernelError(rc, int(where[0]), int(where[1]))
+            raise KernelError(rc, int(totals[9]), int(totals[10]))
     else:
-        _py_scan(seg, totals)
-    t = [int(x) for x in totals]
+        _py_scan(table, totals)
+    t = totals[:9].tolist()
     if max(t[0], t[1], t[3], t[4], t[2]) > _MAX_OFFSET:
         raise KernelError(-2, 0, 0)  # the caller fetches smaller answers; never reached at 2 GiB limits
     cols = Columns.allocate(t)
     if use_c:
         assert _LIB is not None
-        _LIB.rbv2_fill(
-            ctypes.c_int32(nseg), _p(seg.ptrs), _p(seg.counts), _p(seg.base_offset), _p(seg.base_ts),
-            _p(seg.fixed_ts), _p(cols.offset), _p(cols.ts), _p(cols.k_off), _p(cols.k_data),
-            _p(cols.k_valid), _p(cols.v_off), _p(cols.v_data), _p(cols.v_valid), _p(cols.h_off),
-            _p(cols.hk_off), _p(cols.hk_data), _p(cols.hv_off), _p(cols.hv_data), _p(cols.hv_valid),
-        )  # fmt: skip
+        _LIB.rbv2_fill(nseg, table.ctypes.data, cols.addresses.ctypes.data)
     else:
-        _py_fill(seg, cols)
+        _py_fill(table, cols)
     return cols
 
 
 # -- the pure fallback (same passes, same errors) --------------------------------------------------
 
 
-def _view(seg: Segments, s: int) -> memoryview:
-    n = int(seg.lens[s])
-    return memoryview((ctypes.c_ubyte * n).from_address(int(seg.ptrs[s]))).cast("B")
+def _view(table: npt.NDArray[np.int64], s: int) -> memoryview:
+    n = int(table[s, S_LEN])
+    return memoryview((ctypes.c_ubyte * n).from_address(int(table[s, S_PTR]))).cast("B")
 
 
 def _varint(buf: memoryview, p: int, end: int, s: int, i: int) -> tuple[int, int]:
@@ -162,17 +214,18 @@ def _varint(buf: memoryview, p: int, end: int, s: int, i: int) -> tuple[int, int
     raise KernelError(-1, s, i)
 
 
-def _py_scan(seg: Segments, totals: npt.NDArray[np.int64]) -> None:
+def _py_scan(table: npt.NDArray[np.int64], totals: npt.NDArray[np.int64]) -> None:
     t = [0] * 9
-    for s in range(len(seg.ptrs)):
-        buf = _view(seg, s)
+    for s in range(len(table)):
+        buf = _view(table, s)
+        last_delta = int(table[s, S_LAST_DELTA])
         p, end, prev, i = 0, len(buf), -1, 0
 
         def need(n: int, rend: int, p: int) -> None:
             if n < 0 or n > rend - p:
                 raise KernelError(-2, s, i)  # noqa: B023 (used at once)
 
-        for i in range(int(seg.counts[s])):
+        for i in range(int(table[s, S_COUNT])):
             ln, p = _varint(buf, p, end, s, i)
             need(ln, end, p)
             if ln < 1:
@@ -181,7 +234,7 @@ def _py_scan(seg: Segments, totals: npt.NDArray[np.int64]) -> None:
             p += 1
             _, p = _varint(buf, p, rend, s, i)
             od, p = _varint(buf, p, rend, s, i)
-            if od <= prev or od > int(seg.last_delta[s]):
+            if od <= prev or od > last_delta:
                 raise KernelError(-3, s, i)
             prev = od
             for k, nulls in ((0, 5), (1, 6)):
@@ -215,25 +268,26 @@ def _py_scan(seg: Segments, totals: npt.NDArray[np.int64]) -> None:
                 raise KernelError(-4, s, i)
         if p != end:
             raise KernelError(-4, s, i)
-        t[8] += int(seg.counts[s])
-    totals[:] = t
+        t[8] += int(table[s, S_COUNT])
+    totals[:9] = t
 
 
-def _py_fill(seg: Segments, c: Columns) -> None:
+def _py_fill(table: npt.NDArray[np.int64], c: Columns) -> None:
     r = h = ko = vo = hko = hvo = 0
     c.k_off[0] = c.v_off[0] = c.h_off[0] = c.hk_off[0] = c.hv_off[0] = 0
-    for s in range(len(seg.ptrs)):
-        buf = _view(seg, s)
+    for s in range(len(table)):
+        buf = _view(table, s)
         p, end = 0, len(buf)
-        fixed = int(seg.fixed_ts[s])
-        for _ in range(int(seg.counts[s])):
+        fixed = int(table[s, S_FIXED_TS])
+        base_offset, base_ts = int(table[s, S_BASE_OFFSET]), int(table[s, S_BASE_TS])
+        for _ in range(int(table[s, S_COUNT])):
             ln, p = _varint(buf, p, end, s, 0)
             rend = p + ln
             p += 1
             tsd, p = _varint(buf, p, end, s, 0)
             od, p = _varint(buf, p, end, s, 0)
-            c.offset[r] = int(seg.base_offset[s]) + od
-            c.ts[r] = fixed if fixed != NO_TS else int(seg.base_ts[s]) + tsd
+            c.offset[r] = base_offset + od
+            c.ts[r] = fixed if fixed != NO_TS else base_ts + tsd
             ln, p = _varint(buf, p, end, s, 0)
             c.k_valid[r] = ln >= 0
             if ln >= 0:
