@@ -100,4 +100,6 @@ def test_kafka_summary_measures_rss_above_idle_against_the_budget(
     assert out["rss_above_idle_within_budget"] is True
     over = shapes.kafka_summary([_run(270.0, 300, 12.0)], {"rss_mb": 180.0})
     assert over["rss_above_idle_within_budget"] is False
+    assert over["budget_with_landing_mb"] == 112.0  # 80 MiB + landing.max_bytes 32 MiB
+    assert over["rss_above_idle_within_budget_with_landing"] is True
     assert "rss_above_idle_mb" not in shapes.kafka_summary(runs, None)
