@@ -119,6 +119,13 @@ class LogIncarnations:
             epoch = e
         return epoch
 
+    def forget_epochs(self, tp: TopicPartition) -> None:
+        """Drop the epochs seen for ``tp`` (its positions are no longer validated until new batches
+        are fetched)."""
+        part = self._parts.get(tp)
+        if part is not None:
+            part.epochs = []
+
     def leader_epochs(self, epochs: dict[TopicPartition, int]) -> None:
         """Leader epochs from Metadata: a higher one means a leader change; check for truncation."""
         for tp, epoch in epochs.items():
@@ -126,6 +133,25 @@ class LogIncarnations:
             self._leader_epochs[tp] = epoch
             if old is not None and epoch > old and tp in self._parts:
                 self.pending.add(tp)
+
+    def divergence(
+        self, tp: TopicPartition, asked: int, epoch: int, end_offset: int, position: int
+    ) -> int | None:
+        """Where the leader's log diverged from ours, given its answer for our epoch ``asked`` (the
+        epoch of the record before ``position``): (``epoch``, ``end_offset``), the largest epoch it
+        knows up to ``asked`` and where that ends (OffsetsForLeaderEpoch, or a Fetch v12+
+        diverging_epoch). None: not before ``position``. An end below the position is the cut. An
+        older epoch that ends at or after the position means the leader never had our epoch: its
+        records there were written in another epoch, so ours differ from the first offset we saw of
+        ``asked`` on (the landed record's offset when only the landing told it: an upper bound)."""
+        if 0 <= end_offset < position:
+            return end_offset
+        if 0 <= epoch < asked:
+            part = self._parts.get(tp)
+            first = next((f for f, e in part.epochs if e == asked), None) if part else None
+            if first is not None and first < position:
+                return first
+        return None
 
     def truncated(self, tp: TopicPartition, epoch: int, end_offset: int) -> str:
         """The log diverged at ``end_offset``: a new incarnation from there on (returned)."""
