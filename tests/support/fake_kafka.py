@@ -121,6 +121,7 @@ class FakeKafka:
     leader_epoch: dict[int, int] = field(default_factory=dict)  # partition -> epoch (default 0)
     epoch_checks: list[dict[int, int]] = field(default_factory=list)  # partition -> epoch asked
     legacy: bool = False  # Metadata v1 only, no OffsetsForLeaderEpoch
+    offsets_for_leader_epoch: bool = True  # advertise OffsetsForLeaderEpoch (unless legacy)
     sessions: bool = False  # Fetch v7 with incremental fetch sessions
     # the highest Fetch version: 4, 7 (sessions), 12 (diverging epoch) or 13 (topic ids)
     fetch_version: int = 4
@@ -190,7 +191,8 @@ class FakeKafka:
                 versions[2] = (FETCH, 4, self.fetch_version)
             if not self.legacy:
                 versions[1] = (METADATA, 1, 10)
-                versions.append((OFFSETS_FOR_LEADER_EPOCH, 3, 3))
+                if self.offsets_for_leader_epoch:
+                    versions.append((OFFSETS_FOR_LEADER_EPOCH, 3, 3))
             return ApiVersionResponse_v0(0, versions)
         if api_key == METADATA and version >= 10:
             parts10: list[tuple[Any, ...]] = [

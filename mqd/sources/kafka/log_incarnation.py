@@ -25,9 +25,21 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 
+from mqd.consumer.source import LandedEpoch
 from mqd.topic_partition import TopicPartition
 
 _MAX_EPOCHS = 16  # epoch changes kept per partition (a seek further back loses validation only)
+
+
+def epoch_before(transitions: list[tuple[int, int]], position: int) -> int | None:
+    """The epoch of the record before ``position`` among (first offset, epoch) transitions in
+    offset order (None: before the first)."""
+    epoch = None
+    for first, e in transitions:
+        if first >= position:
+            break
+        epoch = e
+    return epoch
 
 
 def _h(text: str) -> str:
@@ -110,14 +122,25 @@ class LogIncarnations:
     def epoch_at(self, tp: TopicPartition, position: int) -> int | None:
         """The leader epoch of the record before ``position`` (None: not seen)."""
         part = self._parts.get(tp)
-        if part is None:
-            return None
-        epoch = None
-        for first, e in part.epochs:
-            if first >= position:
-                break
-            epoch = e
-        return epoch
+        return None if part is None else epoch_before(part.epochs, position)
+
+    def landed(self, tp: TopicPartition, position: int, requested: str | None, landed: LandedEpoch) -> bool:
+        """A position right after the last landed record (``landed``, from the landing) in the
+        incarnation it was landed in, with no epoch seen yet in this process (a restart): that
+        record's epoch becomes the position's, and the partition waits for validation, so a log
+        truncated while no daemon ran is found before anything after it is fetched. True if so."""
+        part = self._parts.get(tp)
+        if (
+            part is None
+            or part.epochs
+            or position != landed.offset + 1
+            or requested != part.current
+            or landed.incarnation != part.current
+        ):
+            return False
+        part.epochs = [(landed.offset, landed.leader_epoch)]
+        self.pending.add(tp)
+        return True
 
     def forget_epochs(self, tp: TopicPartition) -> None:
         """Drop the epochs seen for ``tp`` (its positions are no longer validated until new batches

@@ -56,7 +56,7 @@ from mqd.consumer.source import (
 )
 from mqd.sources.kafka.fetch_session import SESSION_ERRORS, FetchSession, SessionRequest
 from mqd.sources.kafka.group import KafkaGroup, KafkaOffsetStore
-from mqd.sources.kafka.log_incarnation import LogIncarnations
+from mqd.sources.kafka.log_incarnation import LogIncarnations, epoch_before
 from mqd.sources.kafka.metadata import KafkaMetadata
 from mqd.sources.kafka.protocol_ext import FetchRequest as KafkaFetchRequest
 from mqd.sources.kafka.protocol_ext import OffsetsForLeaderEpochRequest, epoch_end_offsets, fetched_partitions
@@ -81,6 +81,24 @@ _HEAD_BYTES = 64  # what the budget charges per answer besides the records
 
 def _no_data(_start: int, _check_crc: bool) -> Decoded:
     return Decoded([])
+
+
+def _decode(
+    records: bytes,
+    start: int,
+    check_crc: bool,
+    *,
+    tp: TopicPartition,
+    aborted: list[AbortedTxn] | None,
+    epochs: list[tuple[int, int]],
+) -> Decoded:
+    """decode_partition, each batch stamped with the leader epoch of its last record (the landing
+    keeps it so a restart can validate the landed position, KIP-320)."""
+    decoded = decode_partition(records, start, check_crc, tp=tp, aborted=aborted)
+    if not epochs:
+        return decoded
+    batches = [replace(d, leader_epoch=epoch_before(epochs, d.next_offset)) for d in decoded.batches]
+    return Decoded(batches, decoded.error)
 
 
 def _changed(tp: TopicPartition, incarnation: str | None, diverged_at: int, why: str) -> PartitionResult:
@@ -229,8 +247,17 @@ class KafkaSource:
             current[r.tp] = inc
             if diverged is not None:
                 early.append(_changed(r.tp, inc, diverged, "the topic was recreated (new topic id)"))
-            else:
-                fetchable.append(r)
+                continue
+            if r.landed is not None and self.incarnations.landed(r.tp, r.offset, r.incarnation, r.landed):
+                log.info(
+                    "kafka landed position to validate against the log",
+                    topic=r.tp.topic,
+                    partition=r.tp.partition,
+                    landed_offset=r.landed.offset,
+                    leader_epoch=r.landed.leader_epoch,
+                    incarnation=inc,
+                )
+            fetchable.append(r)
         pending = {r.tp: r.offset for r in fetchable if r.tp in self.incarnations.pending}
         if pending:
             checked = await self._check_epochs(node_id, pending)
@@ -290,9 +317,10 @@ class KafkaSource:
                 if self.read_committed:
                     aborted = [AbortedTxn(pid, first) for pid, first in part.aborted]
                 status, error = FetchStatus.FOUND, None
-                decode = functools.partial(decode_partition, records, tp=tp, aborted=aborted)
+                transitions = leader_epochs(records)
+                decode = functools.partial(_decode, records, tp=tp, aborted=aborted, epochs=transitions)
                 if current[tp] is not None:
-                    self.incarnations.saw_batches(tp, leader_epochs(records))
+                    self.incarnations.saw_batches(tp, transitions)
             elif offset > highwater >= 0:
                 # Kafka answers OFFSET_OUT_OF_RANGE here; Tansu answers nothing, forever
                 status, decode, error = FetchStatus.OFFSET_OVERFLOW_BADLY, _no_data, "beyond the log end"
