@@ -46,14 +46,14 @@ async def run_until(d: Daemon, published: int) -> tuple[int, int]:
 
 
 @pytest.mark.parametrize(
-    "how",
+    ("fetch_version", "epoch_api"),
     [
-        pytest.param({}, id="offsets-for-leader-epoch"),
-        pytest.param({"fetch_version": 12, "offsets_for_leader_epoch": False}, id="fetch-v12-diverging"),
+        pytest.param(4, True, id="offsets-for-leader-epoch"),
+        pytest.param(12, False, id="fetch-v12-diverging"),
     ],
 )
 async def test_a_log_truncated_while_the_daemon_was_down_lands_the_new_records(
-    how: dict[str, object], tmp_path: Path, caplog: pytest.LogCaptureFixture
+    fetch_version: int, epoch_api: bool, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """a0-a9 land in leader epoch 0 (the head keeps epoch 0); the daemon stops. A new leader
     (epoch 1) kept only 0-4 and wrote t5-t11 (longer than the landed end). The restarted daemon
@@ -61,7 +61,7 @@ async def test_a_log_truncated_while_the_daemon_was_down_lands_the_new_records(
     or the v12 Fetch's diverging epoch where the broker has no OffsetsForLeaderEpoch), finds the cut
     at 5 and lands t5-t11 under a new incarnation: the 5 reused offsets counted and logged, nothing
     cut at the landed floor, a0-a9 kept."""
-    fake = await FakeKafka(T, 1, **how).start()
+    fake = await FakeKafka(T, 1, fetch_version=fetch_version, offsets_for_leader_epoch=epoch_api).start()
     try:
         fake.logs[0] = [
             values(0, *[b"a%d" % i for i in range(5)]),
