@@ -121,8 +121,13 @@ def unlisted_objects(config: MqdConfig) -> list[str]:
     """``unlisted_files`` of an ``s3://`` landing: visible objects no claim names (URIs). The
     job's source never reads them (it reads what the claim chains name)."""
     s3 = config.landing.s3
+    from mqd.landing.chain_reader import ChainReader
+    from mqd.landing.object_store import ObjectStore
+
     store = open_store(str(config.landing.dir), endpoint_url=s3.endpoint_url, region=s3.region)
-    known = {r.path for r in store.manifest()}
+    assert isinstance(store, ObjectStore)
+    views = ChainReader(store.objects).refresh().values()  # read-only: the job may hold read-only keys
+    known = {r.path for v in views for r in (*v.files, *([v.pending] if v.pending else []))}
     return [f"{store.location}/{k}" for k in store.visible_files() if k not in known]
 
 

@@ -6,7 +6,6 @@ reading the manifest costs O(claims) (counted through the Objects layer)."""
 
 from __future__ import annotations
 
-import secrets
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -15,11 +14,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pytest
+from support.half_claims import claim_unpromoted
 
 from mqd import format as fmt
 from mqd.landing import layout, lifecycle
 from mqd.landing.chain_reader import ChainReader
-from mqd.landing.claim_chain import ChainState, Claim
 from mqd.landing.layout import FileRange
 from mqd.landing.local_store import LocalStore
 from mqd.landing.object_store import ObjectStore
@@ -145,30 +144,6 @@ def publish(store: ObjectStore, partition: int, files: int) -> None:
         last = rng.last_offset
 
 
-def claim_unpromoted(store: ObjectStore, partition: int, *, lose_staged: bool) -> tuple[FileRange, str]:
-    """A publisher that claimed a staged file and stopped before promoting it (``lose_staged``:
-    and the janitor then took the staged bytes). Returns the claimed range and the staged key."""
-    last = store.head("t", partition).last_offset
-    records = _records(0 if last is None else last + 1, 3, b"half")
-    rng = file_range("t", partition, records, None)
-    staged = store.stage(layout.landing_table("t", partition, records, None), rng, "snappy")
-    chain = store.chain("t", partition)
-    seq, st = chain.head()
-    claim = Claim(
-        seq=seq + 1,
-        nonce=secrets.token_hex(16),
-        prev=st,
-        state=ChainState(rng.last_offset, None, st.files + 1, st.watermark_ms),
-        range=staged.range,
-        staged=staged.location,
-        created=layout.iso_now(),
-    )
-    store.objects.put(chain.claim_key(claim.seq), claim.to_bytes(), if_absent=True)
-    if lose_staged:
-        store.objects.delete(staged.location)
-    return staged.range, staged.location
-
-
 def by_chain(store: ObjectStore) -> dict[tuple[str, int], list[FileRange]]:
     out: dict[tuple[str, int], list[FileRange]] = {}
     for r in store.manifest():
@@ -182,8 +157,8 @@ def test_a_half_promoted_head_is_not_shown_and_not_fixed_by_the_reader(store: Ob
     once a writer resolves the heads, the reader shows exactly the manifest."""
     publish(store, 0, 3)
     publish(store, 1, 2)
-    half, staged = claim_unpromoted(store, 0, lose_staged=False)
-    lost, _ = claim_unpromoted(store, 1, lose_staged=True)
+    half, staged = claim_unpromoted(store, "t", 0, lose_staged=False)
+    lost, _ = claim_unpromoted(store, "t", 1, lose_staged=True)
     reader = ChainReader(ReadOnlyObjects(store.objects))
     views = reader.refresh()
     assert [len(views[("t", 0)].files), len(views[("t", 1)].files)] == [3, 2]
@@ -205,7 +180,7 @@ def test_the_reader_catches_up_through_archives_after_compaction(store: ObjectSt
     publish(store, 0, 4)
     reader = ChainReader(ReadOnlyObjects(store.objects))
     assert len(reader.files()[("t", 0)]) == 4
-    claim_unpromoted(store, 0, lose_staged=True)
+    claim_unpromoted(store, "t", 0, lose_staged=True)
     publish(store, 0, 6)  # voids the lost claim first
     assert store.compact("t", 0, 2) > 0
     assert reader.refresh()[("t", 0)].floor == store.chain("t", 0).floor()[0].seq
@@ -261,7 +236,7 @@ def test_the_s3_source_reads_through_the_reader(store: ObjectStore) -> None:
     from mqd.spark.landing_source import LandingStreamReader
 
     publish(store, 0, 5)
-    half, _ = claim_unpromoted(store, 0, lose_staged=False)
+    half, _ = claim_unpromoted(store, "t", 0, lose_staged=False)
     counting = CountingObjects(ReadOnlyObjects(store.objects))
     src = LandingStreamReader({"uri": store.location}, objects=counting)
     assert src.heads() == {"t/0": 5}
