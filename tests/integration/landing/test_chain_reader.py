@@ -6,6 +6,7 @@ reading the manifest costs O(claims) (counted through the Objects layer)."""
 
 from __future__ import annotations
 
+import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -14,6 +15,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from support.half_claims import claim_unpromoted
 
 from mqd import format as fmt
@@ -249,3 +252,42 @@ def test_the_s3_source_reads_through_the_reader(store: ObjectStore) -> None:
         half.path,
         by_chain(store)[("t", 0)][-1].path,
     ]
+
+
+OPS = ("publish", "half", "lose", "compact", "read", "resolve")
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.sampled_from(OPS), st.integers(0, 1), st.integers(1, 3)), max_size=30))
+def test_what_a_reader_shows_only_grows_and_meets_the_manifest(ops: list[tuple[str, int, int]]) -> None:
+    """Random publications, half-done and lost claims, compactions and head resolutions on a local
+    landing, with a read-only reader reading in between: each chain's file list only ever grows
+    (the s3 source's counts are stable positions), and right after a writer resolved the heads it
+    equals the manifest exactly."""
+    with tempfile.TemporaryDirectory() as tmp:
+        store = LocalStore(Path(tmp) / "landing")
+        store.open()
+        reader = ChainReader(ReadOnlyObjects(store.objects))
+        seen: dict[tuple[str, int], list[FileRange]] = {}
+
+        def read() -> dict[tuple[str, int], list[FileRange]]:
+            now = {k: list(v) for k, v in reader.files().items()}
+            for k, old in seen.items():
+                assert now[k][: len(old)] == old, f"{k}: a position changed"
+            seen.update(now)
+            return now
+
+        for op, partition, n in ops:
+            if op == "publish":
+                publish(store, partition, n)
+            elif op in ("half", "lose"):
+                claim_unpromoted(store, "t", partition, n, lose_staged=op == "lose")
+            elif op == "compact":
+                store.compact("t", partition, n)
+            elif op == "read":
+                read()
+            else:
+                truth = by_chain(store)  # resolves every head (a writer)
+                assert {k: v for k, v in read().items() if v} == truth
+        truth = by_chain(store)
+        assert {k: v for k, v in read().items() if v} == truth  # (a chain of voids only: no files)
