@@ -281,11 +281,16 @@ def manifest_chains(store: ObjectStore, reader: ChainReader | None = None) -> di
 
 
 def checkpoint_committed(
-    store: ObjectStore, checkpoint: Path, *, file_source_root: Path | None
+    store: ObjectStore,
+    checkpoint: Path,
+    *,
+    file_source_root: Path | None,
+    reader: ChainReader | None = None,
 ) -> tuple[int | None, dict[str, int]]:
     """(last committed batch, committed counts) of a query's checkpoint: from its source log
     (Spark's file source on the local landing ``file_source_root``) or from its offset log (the
-    s3 source). (None, {}) before the first committed batch."""
+    s3 source). (None, {}) before the first committed batch. ``reader``: one kept across calls
+    reads only the claims that are new since the last call."""
     batch = last_committed_batch(checkpoint)
     if batch is None:
         return None, {}
@@ -296,7 +301,7 @@ def checkpoint_committed(
         rel = relative_path(uri, file_source_root)
         if rel is not None:
             done.add(rel)
-    return batch, prefix_counts(manifest_chains(store), done)
+    return batch, prefix_counts(manifest_chains(store, reader), done)
 
 
 # -- the cleaner ------------------------------------------------------------------------------------
