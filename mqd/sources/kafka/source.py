@@ -122,6 +122,7 @@ class KafkaSource:
         self.incarnations = LogIncarnations()
         self.sessions: dict[str, FetchSession] = {}  # node id -> its incremental fetch session
         self.epoch_checks = 0  # OffsetsForLeaderEpoch requests sent
+        self.fetch_version: int | None = None  # of the last Fetch answer (status, tests)
         self._epoch_checks_supported = True
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -403,6 +404,7 @@ class KafkaSource:
             except (KafkaError, OSError) as exc:
                 session.reset()
                 raise SourceError(f"{node_id}: {exc!r}", kind="transport", node_down=True) from exc
+            self.fetch_version = resp.API_VERSION
             if resp.API_VERSION < 7:
                 session.enabled = False  # no sessions before Fetch v7
             top_error = getattr(resp, "error_code", 0)
