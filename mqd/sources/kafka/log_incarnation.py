@@ -17,7 +17,8 @@ topic ids (Metadata below v10, or the zero UUID) the incarnation is None, as bef
 
 Per partition this also keeps the leader epochs seen in fetched batches (where the epoch changes,
 a short list), so the epoch of a position is known for OffsetsForLeaderEpoch, and which partitions
-wait for that validation (a higher leader epoch in Metadata, a fenced or unknown leader epoch).
+wait for that validation (a higher leader epoch in Metadata, a fenced or unknown leader epoch, or
+a restart whose landed record's epoch, kept by the landing, must be checked against the log).
 """
 
 from __future__ import annotations

@@ -25,7 +25,16 @@ offset beyond the log end is reported as such (a truncated log looks exactly lik
 offset below the position is a truncation (INCARNATION_CHANGED, ``diverged_at`` = that end offset),
 one at or above it is a leader change only. Before an out-of-range or unknown-topic answer is passed
 on, the metadata is read again: a new topic id makes it INCARNATION_CHANGED with ``diverged_at`` 0.
-A broker without OffsetsForLeaderEpoch (Tansu) gets no truncation check, said once in the log.
+A broker without OffsetsForLeaderEpoch (Tansu) gets no separate truncation check, said once in the log.
+
+Fetch v12+ carries the epoch of the record before each position (KIP-320 in the fetch path): an
+answer's diverging_epoch is judged by the same rule at once. v13 names topics by id where every topic
+of the request has one (Tansu 0.6 advertises up to v17, so it gets v13): a recreated topic answers
+UNKNOWN_TOPIC_ID / INCONSISTENT_TOPIC_ID and is rechecked as above before any record of the new log
+is read under the old id. Decoded batches carry the leader epoch of their last record, which the
+landing keeps (FileRange.leader_epoch); after a restart the request's ``landed`` (the head's record
+and epoch) gives the position its epoch, so a log truncated while no daemon ran is found before
+anything after the landed end is fetched.
 """
 
 from __future__ import annotations
