@@ -86,3 +86,32 @@ async def test_a_log_truncated_while_the_daemon_was_down_lands_the_new_records(
     assert (head.last_offset, head.incarnation, head.leader_epoch) == (11, new, 1)
     errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
     assert any("reused_offsets=5" in m and new in m for m in errors), errors
+
+
+@pytest.mark.parametrize(
+    ("fetch_version", "epoch_api"),
+    [
+        pytest.param(4, True, id="offsets-for-leader-epoch"),
+        pytest.param(12, False, id="fetch-v12-diverging"),
+    ],
+)
+async def test_a_restart_on_a_log_that_only_changed_leader_goes_on(
+    fetch_version: int, epoch_api: bool, tmp_path: Path
+) -> None:
+    """a0-a9 land in epoch 0; while the daemon is down a new leader (epoch 1) keeps all of them and
+    appends b10-b11. The restart validates epoch 0 (its end, 10, is not below the position 10): the
+    same incarnation, nothing reused, b10-b11 land after a0-a9."""
+    fake = await FakeKafka(T, 1, fetch_version=fetch_version, offsets_for_leader_epoch=epoch_api).start()
+    try:
+        fake.logs[0] = [values(0, *[b"a%d" % i for i in range(10)])]
+        config = kafka_daemon_config(fake.bootstrap, tmp_path, max_age=0.2)
+        await run_until(Daemon(config), 10)
+        fake.logs[0].append(values(10, b"b10", b"b11", epoch=1))
+        fake.leader_epoch[0] = 1
+        assert await run_until(Daemon(config), 2) == (0, 0)
+        assert fake.epoch_checks == ([{0: 0}] if epoch_api else [])
+    finally:
+        await fake.stop()
+    inc = fake.topic_id
+    want = [(o, inc, b"a%d" % o) for o in range(10)] + [(10, inc, b"b10"), (11, inc, b"b11")]
+    assert landed(tmp_path / "landing") == want
