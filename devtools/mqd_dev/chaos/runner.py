@@ -1032,6 +1032,9 @@ def format_summary(s: dict[str, Any]) -> str:
         "daemon log: "
         + (", ".join(f"{k} {v}" for k, v in s.get("daemon_log_events", {}).items()) or "quiet"),
     ]
+    lines.extend(
+        f"the source lost acknowledged records (not mqd): {x}" for x in r.get("lost_by_source") or []
+    )
     lines.extend(f"set-up: {n}" for n in s.get("setup_notes", []))
     lines.extend(f"FAILURE: {f}" for f in s["failures"])
     return "\n".join(lines)
