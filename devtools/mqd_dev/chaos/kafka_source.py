@@ -251,6 +251,11 @@ class KafkaLoad:
             self._stop.clear()
             self._task = asyncio.create_task(self._run())
 
+    @property
+    def next_seq(self) -> dict[int, int]:
+        """The payload sequence number each partition's next record gets."""
+        return dict(self._seq)
+
     def drain_reports(self) -> None:
         """Serve the delivery reports that arrived (before the run changes the generation)."""
         if self._producer is not None:
@@ -418,6 +423,8 @@ class KafkaChaosRun:
         self.dead_incarnations: dict[int, set[str | None]] = {p: set() for p in range(options.partitions)}
         self.lost_by_source: set[bytes] = set()  # acknowledged payloads Tansu's log did not hold
         self.log_tables: dict[int, pa.Table] = {}
+        # (round, the next payload sequence number per partition at its start): whom a loss is near
+        self._round_seqs: list[tuple[int, dict[int, int]]] = []
         self._supervisor: asyncio.Task[None] | None = None
         self._started = 0.0
 
@@ -607,6 +614,7 @@ class KafkaChaosRun:
         kinds, hold = self._plan_round()
         rec = RoundRecord(number, kinds, hold)
         self.rounds.append(rec)
+        self._round_seqs.append((number, dict(self.load.next_seq)))
         log.info("chaos.round", round=number, kinds=kinds, hold_s=hold)
         self.faults.update(kinds)
         results = await asyncio.gather(*(self._fault(k, hold, rec) for k in kinds), return_exceptions=True)
@@ -680,9 +688,10 @@ class KafkaChaosRun:
         log_check.acked_missing = len(lost)
         by_partition = Counter(a.partition for a in lost)
         log_check.examples = [
-            f"partition {p}: {n} acknowledged records not in the log, e.g. "
-            f"{next(record_value(a.partition, a.first_seq) for a in lost if a.partition == p)!r}"
+            f"partition {p}: {n} acknowledged records not in the log, from "
+            f"{record_value(p, first)!r} (produced during {self._round_of(p, first)})"
             for p, n in sorted(by_partition.items())
+            for first in [min(a.first_seq for a in lost if a.partition == p)]
         ]
         self.lost_by_source = {record_value(a.partition, a.first_seq) for a in lost}
         if lost:
@@ -718,6 +727,13 @@ class KafkaChaosRun:
         else:
             out["table"] = {"skipped": "--no-spark"}
         return out
+
+    def _round_of(self, partition: int, seq: int) -> str:
+        """The round during which payload ``seq`` of ``partition`` was produced, with its kinds."""
+        number = max((n for n, seqs in self._round_seqs if seqs[partition] <= seq), default=0)
+        if number == 0:
+            return "the set-up"
+        return f"round {number}: {', '.join(self.rounds[number - 1].kinds)}"
 
     # -- the run -----------------------------------------------------------------------------------
 
