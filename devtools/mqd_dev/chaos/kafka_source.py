@@ -70,7 +70,7 @@ _KAFKA_NET_FAULTS: dict[str, Faults] = {
 # delivery errors that say the broker lost the idempotent producer's state (a memory Tansu restarted)
 _STATE_LOST = frozenset({"UNKNOWN_PRODUCER_ID", "OUT_OF_ORDER_SEQUENCE_NUMBER"})
 # the Kafka source's log events the summary counts at any level: they show a fault took effect
-_SHOWN = frozenset({"kafka group joined", "kafka group left", "log incarnation changed", "rebalanced"})
+_SHOWN = frozenset({"consumer group joined", "left the group", "kafka fetch session reset"})
 
 
 class TansuBroker:
