@@ -19,6 +19,11 @@ the landing-disk kinds and ``lock_freeze`` need a local directory and are not dr
 kinds (``gateway_freeze``, ``gateway_kill``) hit the second gateway, and the end check reads the
 landing through the store (visible files, manifest) and the Spark table through ``mqd spark --once``.
 
+``--source kafka`` (issue 14): kafka_source.py runs the same rounds and end check against a Tansu
+broker the daemons read with ``consumer.source = "kafka"``, drawing ``KAFKA_CATEGORIES``; what both
+runs share is here as module functions (``landed_end``, ``caught_up``, ``stop_clean``,
+``daemon_events``, ``spark_check``, ``format_summary``).
+
 Determinism: the schedule (kinds, targets, hold times) comes from ``random.Random(seed)`` and
 nothing else; what the faults hit inside a process depends on timing, which is not seeded.
 """
