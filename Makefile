@@ -66,7 +66,7 @@ bench: install $(VENV)/.bench-installed
 
 # KINDS=...: only these fault kinds (names, categories, classic, safety; see --help)
 chaos: install
-	$(PY) -m mqd_dev.chaos --rounds 20 $(if $(KINDS),--kinds $(KINDS)) $(if $(LANDING),--landing $(LANDING))
+	$(PY) -m mqd_dev.chaos --rounds 20 $(if $(KINDS),--kinds $(KINDS)) $(if $(LANDING),--landing $(LANDING)) $(if $(SOURCE),--source $(SOURCE))
 
 # the README's pictures of the views (docs/img/): a real daemon under load, its status page in headless
 # chromium (apt-get install chromium) and one `mqd top` screen; not part of the tests

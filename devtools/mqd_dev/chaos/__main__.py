@@ -19,7 +19,14 @@ import time
 from pathlib import Path
 
 from mqd import log as mqdlog
-from mqd_dev.chaos.runner import CATEGORIES, ChaosOptions, expand_kinds, format_summary, run_chaos
+from mqd_dev.chaos.runner import (
+    CATEGORIES,
+    KAFKA_KINDS,
+    ChaosOptions,
+    expand_kinds,
+    format_summary,
+    run_chaos,
+)
 
 _NS_ENV = "MQD_CHAOS_MOUNT_NS"
 
@@ -50,13 +57,27 @@ def _parser() -> argparse.ArgumentParser:
         "--kinds",
         default="all",
         help="comma-separated fault kinds or groups to draw from: kind names, categories "
-        f"({', '.join(CATEGORIES)}), classic, safety, all (default)",
+        f"({', '.join(CATEGORIES)}), classic, safety, all (default); with --source kafka: "
+        f"{', '.join(KAFKA_KINDS)}, their categories, all",
     )
     p.add_argument(
         "--landing",
         choices=("local", "s3"),
         default="local",
         help="local: a directory (a tmpfs as root); s3: s3:// on a SeaweedFS the run starts on 127.0.0.1",
+    )
+    p.add_argument(
+        "--source",
+        choices=("mqd", "kafka"),
+        default="mqd",
+        help="mqd: mqd brokers; kafka: a Tansu (Kafka protocol) read with consumer.source = kafka",
+    )
+    p.add_argument(
+        "--kafka-storage",
+        choices=("s3", "memory"),
+        default="s3",
+        help="--source kafka: Tansu's storage, s3 (a SeaweedFS the run starts; a restart keeps the "
+        "data) or memory (a restart loses it)",
     )
     p.add_argument("--no-spark", action="store_true", help="skip the Spark job and the table check")
     p.add_argument("--no-unshare", action="store_true", help="do not re-execute in a mount namespace")
@@ -97,8 +118,10 @@ def main(argv: list[str] | None = None) -> int:
             batch_records=args.batch_records,
             produce_interval=args.produce_interval,
             spark=not args.no_spark,
-            kinds=expand_kinds(args.kinds),
+            kinds=expand_kinds(args.kinds, args.source),
             landing=args.landing,
+            source=args.source,
+            kafka_storage=args.kafka_storage,
         )
         options.validate()
     except ValueError as exc:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import urllib.parse
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -165,6 +165,9 @@ class PayloadCheck:
     moved: int = 0  # acknowledged, but in the copy at another partition or offset
     unacknowledged: int = 0  # distinct ids in the copy that no ack names (written, answer lost)
     foreign: int = 0  # rows whose value is no payload of this partition (damaged or alien)
+    # acknowledged into a source log that was destroyed before any daemon fetched them (a Kafka
+    # broker with memory storage restarted): gone from the source, so not counted as lost
+    gone_with_source: int = 0
     examples: list[str] = field(default_factory=list)
 
     @property
@@ -182,9 +185,15 @@ def payload_partition(value: bytes) -> int | None:
     return int(value[1:6]) if value[8:].isdigit() else None
 
 
-def check_payloads(ledger: pa.Table, copy: pa.Table) -> PayloadCheck:
+def check_payloads(ledger: pa.Table, copy: pa.Table, lossy: Collection[tuple[int, int]] = ()) -> PayloadCheck:
     """``ledger`` as ``ledger.read_ledger`` gives it; ``copy`` has columns partition, offset, value.
-    Acknowledgements of generation -1 (before the daemons' start position) are not expected."""
+    Acknowledgements of generation -1 (before the daemons' start position) are not expected.
+
+    ``lossy`` names (partition, generation) pairs whose source log was destroyed under the daemons
+    (a Kafka broker with memory storage restarted): a daemon lands a log in offset order, so what
+    landed of such a generation must be a prefix of what was acknowledged into it; acknowledged
+    records past the last landed one went with the source (``gone_with_source``), and a hole below
+    it is a loss."""
     expected = pc.greater_equal(ledger.column("generation"), 0)
     res = PayloadCheck(acknowledged=int(pc.sum(expected).as_py() or 0), rows=copy.num_rows)
     before_start = set(ledger.filter(pc.invert(expected)).column("payload").to_pylist())
@@ -207,12 +216,32 @@ def check_payloads(ledger: pa.Table, copy: pa.Table) -> PayloadCheck:
             continue
         seen[value] = seen.get(value, 0) + 1
         where = acked.get(value)
-        if where is not None and where != (partition, offset):
+        # offset -1: acknowledged without an offset (a Kafka producer's retried batch): any will do
+        if where is not None and where != (partition, offset) and where != (partition, -1):
             moved.add(value)
     res.distinct = len(seen)
     res.duplicates = sum(n - 1 for n in seen.values())
     res.moved = len(moved)
     lost = [v for v in acked if v not in seen and v not in before_start]
+    if lossy and lost:
+        generation_of = dict(
+            zip(ledger.column("payload").to_pylist(), ledger.column("generation").to_pylist(), strict=True)
+        )
+        landed_max: dict[tuple[int, int], int] = {}
+        for v in seen:
+            where = acked.get(v)
+            if where is not None:
+                key = (where[0], generation_of[v])
+                landed_max[key] = max(landed_max.get(key, -1), where[1])
+        gone = {
+            v
+            for v in lost
+            if (acked[v][0], generation_of[v]) in lossy
+            # offset -1: acknowledged without one, its place in the destroyed log unknown
+            and (acked[v][1] < 0 or acked[v][1] > landed_max.get((acked[v][0], generation_of[v]), -1))
+        }
+        res.gone_with_source = len(gone)
+        lost = [v for v in lost if v not in gone]
     res.lost = len(lost)
     res.unacknowledged = sum(1 for v in seen if v not in acked)
     if lost:

@@ -9,7 +9,9 @@ log incarnation may reuse. ``generation`` counts the times the chaos run itself 
 partition's log (``topic_recreate``): acknowledgements of an older generation are no longer
 expected in the broker log, but still in the landing and the table. Generation -1 marks records
 acknowledged before the daemons' first start with ``consume_from = "last"`` (the
-``kill_before_publish`` set-up): in the log, and not expected in the landing.
+``kill_before_publish`` set-up): in the log, and not expected in the landing. Offset -1 marks a
+record a Kafka producer saw acknowledged without an offset (kafka_source.py): expected at any offset
+of its partition.
 """
 
 from __future__ import annotations

@@ -19,6 +19,11 @@ the landing-disk kinds and ``lock_freeze`` need a local directory and are not dr
 kinds (``gateway_freeze``, ``gateway_kill``) hit the second gateway, and the end check reads the
 landing through the store (visible files, manifest) and the Spark table through ``mqd spark --once``.
 
+``--source kafka`` (issue 14): kafka_source.py runs the same rounds and end check against a Tansu
+broker the daemons read with ``consumer.source = "kafka"``, drawing ``KAFKA_CATEGORIES``; what both
+runs share is here as module functions (``landed_end``, ``caught_up``, ``stop_clean``,
+``daemon_events``, ``spark_check``, ``format_summary``).
+
 Determinism: the schedule (kinds, targets, hold times) comes from ``random.Random(seed)`` and
 nothing else; what the faults hit inside a process depends on timing, which is not seeded.
 """
@@ -35,16 +40,17 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable, Collection
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import structlog
 
 from mqd.client import BrokerClient, BrokerError
 from mqd.errors import MqdError
-from mqd.landing.store import open_store
+from mqd.landing.store import LandingStore, open_store
 from mqd.testing import ProcessError, daemon_section, to_toml
 from mqd.waiting import wait_until
 from mqd_dev.chaos import check, node_data
@@ -56,6 +62,9 @@ from mqd_dev.chaos.procs import ChaosCluster, DaemonProc
 from mqd_dev.chaos.proxy import Faults
 from mqd_dev.chaos.publish_kill import kill_before_publish, resolved_partitions
 from mqd_dev.chaos.s3_landing import NOT_ON_S3, S3Landing
+
+if TYPE_CHECKING:
+    from mqd_dev.chaos.kafka_source import KafkaChaosRun
 
 log = structlog.get_logger("mqd.chaos")
 
@@ -89,18 +98,42 @@ SAFETY_KINDS: tuple[str, ...] = (
     "kill_before_publish",
 )
 CLASSIC_KINDS: tuple[str, ...] = tuple(k for k in ALL_KINDS if k not in SAFETY_KINDS)
+# a Kafka source (kafka_source.py): the daemons' faults, the network to Tansu (net_cut: every
+# connection reset), Tansu itself; the mqd broker's storage faults and the landing disk are not drawn
+KAFKA_CATEGORIES: dict[str, tuple[str, ...]] = {
+    "daemon": ("daemon_kill", "daemon_freeze", "daemon_churn", "daemon_restart"),
+    "broker": ("tansu_kill", "tansu_freeze"),
+    "network": ("net_reset", "net_truncate", "net_slow", "net_hang", "net_cut"),
+}
+KAFKA_KINDS: tuple[str, ...] = tuple(k for kinds in KAFKA_CATEGORIES.values() for k in kinds)
+SOURCES = ("mqd", "kafka")
 _FREEZES = ("daemon_freeze", "lock_freeze")
-
-
-def expand_kinds(spec: str) -> tuple[str, ...]:
-    """``--kinds``: comma-separated kind names, category names (``broker``), ``classic``, ``safety``
-    or ``all``; unknown names are kept, for ``ChaosOptions.validate`` to refuse them by name."""
-    aliases: dict[str, tuple[str, ...]] = {
-        **CATEGORIES,
-        "all": ALL_KINDS,
-        "classic": CLASSIC_KINDS,
-        "safety": SAFETY_KINDS,
+# daemon log events the summary counts whatever their level: they show a fault took effect
+_SHOWN_EVENTS = frozenset(
+    {
+        "pull node switched",
+        "publish_conflict",
+        "rebalanced",
+        "revoked partition: unpublished records dropped",
+        "group session expired; releasing partitions",
     }
+)
+
+
+def expand_kinds(spec: str, source: str = "mqd") -> tuple[str, ...]:
+    """``--kinds``: comma-separated kind names, category names (``broker``), ``classic``, ``safety``
+    or ``all`` (a Kafka source: its own kinds and categories, ``all``); unknown names are kept, for
+    ``ChaosOptions.validate`` to refuse them by name."""
+    aliases: dict[str, tuple[str, ...]] = (
+        {**KAFKA_CATEGORIES, "all": KAFKA_KINDS}
+        if source == "kafka"
+        else {
+            **CATEGORIES,
+            "all": ALL_KINDS,
+            "classic": CLASSIC_KINDS,
+            "safety": SAFETY_KINDS,
+        }
+    )
     out: list[str] = []
     for name in (n.strip() for n in spec.split(",")):
         for kind in aliases.get(name, (name,) if name else ()):
@@ -147,11 +180,20 @@ class ChaosOptions:
     # rebalance (2 s) hands the frozen daemon's partitions over, their first publication follows
     lock_freeze_hold: float = 10.0
     landing: str = "local"  # "local" (a directory, tmpfs when root) or "s3" (SeaweedFS, s3_landing)
+    source: str = "mqd"  # "mqd" (mqd brokers) or "kafka" (a Tansu, kafka_source.py)
+    kafka_storage: str = "s3"  # a Kafka source's Tansu storage: "s3" (SeaweedFS) or "memory"
 
     def validate(self) -> None:
-        unknown = set(self.kinds) - set(ALL_KINDS)
+        if self.source not in SOURCES:
+            raise ValueError(f"source is mqd or kafka, not {self.source!r}")
+        known = KAFKA_KINDS if self.source == "kafka" else ALL_KINDS
+        unknown = set(self.kinds) - set(known)
         if unknown:
-            raise ValueError(f"unknown fault kinds {sorted(unknown)}; known: {', '.join(ALL_KINDS)}")
+            raise ValueError(f"unknown fault kinds {sorted(unknown)}; known: {', '.join(known)}")
+        if self.source == "kafka" and self.landing != "local":
+            raise ValueError("a Kafka source runs with a local landing only")
+        if self.kafka_storage not in ("s3", "memory"):
+            raise ValueError(f"kafka_storage is s3 or memory, not {self.kafka_storage!r}")
         if self.rounds < 0 or self.daemons < 1 or self.partitions < 1 or self.faults_per_round < 1:
             raise ValueError("rounds >= 0, daemons >= 1, partitions >= 1, faults_per_round >= 1")
         if self.landing not in ("local", "s3"):
@@ -538,80 +580,22 @@ class ChaosRun:
             )
 
     async def _stop_clean(self, d: DaemonProc) -> int | None:
-        """SIGTERM ``d`` once it has started, and check that it drained and exited 0. Started
-        first: a SIGTERM while the interpreter still imports (before the daemon installs its
-        handlers) kills it with -15, which says nothing about how a daemon stops."""
-
-        if d.running:
-            try:
-                await wait_until(d.started, 30.0, f"{d.name} to start", interval=0.1)
-            except TimeoutError:
-                log.warning("chaos.daemon_not_started", daemon=d.name)
-        code = await d.stop_async(signal.SIGTERM, timeout=20.0)
-        self._check_clean_exit(d, code)
-        return code
-
-    def _check_clean_exit(self, d: DaemonProc, code: int | None) -> None:
-        """A daemon told to stop (SIGTERM) must drain, commit and exit 0."""
-        if code not in (0, None):
-            self.failures.append(f"daemon {d.name} exited with {code} on SIGTERM:\n{d.tail(20)[-2000:]}")
+        return await stop_clean(d, self.failures)
 
     def _daemon_events(self) -> dict[str, int]:
-        """Warnings and errors the daemons logged, and the events that show a fault took effect."""
-        shown = {
-            "pull node switched",
-            "publish_conflict",
-            "rebalanced",
-            "revoked partition: unpublished records dropped",
-            "group session expired; releasing partitions",
-        }
-        counts: Counter[str] = Counter()
-        for d in [*self.daemons, self.extra]:
-            try:
-                lines = d.log_path.read_text(errors="replace").splitlines()
-            except OSError:
-                continue
-            for line in lines:
-                try:
-                    rec = json.loads(line)
-                except ValueError:
-                    continue
-                if not isinstance(rec, dict):
-                    continue
-                event = (str(rec.get("event", "")).splitlines() or [""])[0][:80]
-                if rec.get("level") in ("warning", "error") or event in shown:
-                    counts[event] += 1
-        return dict(counts.most_common(20))
+        return daemon_events([*self.daemons, self.extra])
 
     # -- progress ----------------------------------------------------------------------------------
 
     def landed_end(self) -> dict[int, int]:
         """Per partition, the offset after the last published one (the store's head)."""
-        out: dict[int, int] = {}
         store = self.s3.store if self.s3 is not None else open_store(self.landing)
-        for p in range(self.opts.partitions):
-            try:
-                last = store.head(self.topic, p).last_offset
-            except (MqdError, OSError):
-                last = None
-            out[p] = 0 if last is None else int(last) + 1
-        return out
+        return landed_end(store, self.topic, self.opts.partitions)
 
     async def _caught_up(
         self, target: dict[int, int], timeout: float, what: str, *, beyond: bool = False
     ) -> float:
-        """Wait until every partition has landed up to ``target``; with ``beyond``, also until some
-        partition has landed past it (records produced after the fault: the pipeline flows again)."""
-        started = time.monotonic()
-
-        async def done() -> bool:
-            landed = self.landed_end()
-            if not all(landed[p] >= end for p, end in target.items()):
-                return False
-            return not beyond or any(landed[p] > end for p, end in target.items())
-
-        await wait_until(done, timeout, what, interval=0.1)
-        return time.monotonic() - started
+        return await caught_up(self.landed_end, target, timeout, what, beyond=beyond)
 
     async def _round(self, number: int) -> RoundRecord:
         kinds, hold = self._plan_round()
@@ -765,37 +749,17 @@ class ChaosRun:
         return out
 
     async def _spark(self, ledger: pa.Table, log_tables: dict[int, Any]) -> dict[str, Any]:
-        config = str(self.daemons[0].config_path)
-        argv = [sys.executable, "-m", "mqd.cli", "spark", "--config", config, "--once"]
-        spark_log = self.root / "spark.log"
-        started = time.monotonic()
         env = {**os.environ, **(self.s3.env() if self.s3 is not None else {})}
-        with open(spark_log, "ab") as fh:
-            proc = await asyncio.create_subprocess_exec(
-                *argv, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=self.root, env=env
-            )
-            try:
-                code = await asyncio.wait_for(proc.wait(), self.opts.spark_timeout)
-            except TimeoutError:
-                proc.kill()
-                await proc.wait()
-                self.failures.append(f"mqd spark --once did not finish in {self.opts.spark_timeout}s")
-                return {"error": "timeout"}
-        if code != 0:
-            tail = spark_log.read_text(errors="replace")[-3000:]
-            self.failures.append(f"mqd spark --once exited with {code}:\n{tail}")
-            return {"error": f"exit {code}"}
-        output = self.root / "warehouse" / "events"
-        table = await asyncio.to_thread(check.read_table_output, output, self.topic)
-        res = await asyncio.to_thread(check.check_payloads, ledger, table)
-        if not res.ok:
-            self.failures.append(f"table vs the producer's ledger: {res.examples}")
-        return {
-            **res.to_json(),
-            "mismatched": res.moved + res.foreign,
-            "vs_log": check.compare(log_tables, table).to_json(),
-            "spark_s": round(time.monotonic() - started, 1),
-        }
+        return await spark_check(
+            self.daemons[0].config_path,
+            self.topic,
+            self.root,
+            env,
+            ledger,
+            log_tables,
+            self.opts.spark_timeout,
+            self.failures,
+        )
 
     # -- the run -----------------------------------------------------------------------------------
 
@@ -907,6 +871,123 @@ class ChaosRun:
         }
 
 
+async def stop_clean(d: DaemonProc, failures: list[str]) -> int | None:
+    """SIGTERM ``d`` once it has started, and check that it drained and exited 0 (a failure in
+    ``failures`` if not). Started first: a SIGTERM while the interpreter still imports (before the
+    daemon installs its handlers) kills it with -15, which says nothing about how a daemon stops."""
+    if d.running:
+        try:
+            await wait_until(d.started, 30.0, f"{d.name} to start", interval=0.1)
+        except TimeoutError:
+            log.warning("chaos.daemon_not_started", daemon=d.name)
+    code = await d.stop_async(signal.SIGTERM, timeout=20.0)
+    if code not in (0, None):  # a daemon told to stop must drain, commit and exit 0
+        failures.append(f"daemon {d.name} exited with {code} on SIGTERM:\n{d.tail(20)[-2000:]}")
+    return code
+
+
+def daemon_events(daemons: list[DaemonProc], shown: frozenset[str] = frozenset()) -> dict[str, int]:
+    """Warnings and errors the daemons logged, and the events that show a fault took effect
+    (``_SHOWN_EVENTS`` and ``shown``)."""
+    counts: Counter[str] = Counter()
+    for d in daemons:
+        try:
+            lines = d.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if not isinstance(rec, dict):
+                continue
+            event = (str(rec.get("event", "")).splitlines() or [""])[0][:80]
+            if rec.get("level") in ("warning", "error") or event in _SHOWN_EVENTS or event in shown:
+                counts[event] += 1
+    return dict(counts.most_common(20))
+
+
+def landed_end(store: LandingStore, topic: str, partitions: int) -> dict[int, int]:
+    """Per partition, the offset after the last published one (the store's head)."""
+    out: dict[int, int] = {}
+    for p in range(partitions):
+        try:
+            last = store.head(topic, p).last_offset
+        except (MqdError, OSError):
+            last = None
+        out[p] = 0 if last is None else int(last) + 1
+    return out
+
+
+async def caught_up(
+    landed: Callable[[], dict[int, int]],
+    target: dict[int, int],
+    timeout: float,
+    what: str,
+    *,
+    beyond: bool = False,
+) -> float:
+    """Wait until every partition has landed up to ``target``; with ``beyond``, also until some
+    partition has landed past it (records produced after the fault: the pipeline flows again).
+    Returns the seconds it took."""
+    started = time.monotonic()
+
+    async def done() -> bool:
+        now = landed()
+        if not all(now[p] >= end for p, end in target.items()):
+            return False
+        return not beyond or any(now[p] > end for p, end in target.items())
+
+    await wait_until(done, timeout, what, interval=0.1)
+    return time.monotonic() - started
+
+
+async def spark_check(
+    config: Path,
+    topic: str,
+    root: Path,
+    env: dict[str, str],
+    ledger: pa.Table,
+    log_tables: dict[int, Any],
+    timeout: float,
+    failures: list[str],
+    *,
+    lossy: Collection[tuple[int, int]] = (),
+) -> dict[str, Any]:
+    """Run ``mqd spark --once`` with the daemons' config and check the table it committed against
+    the producer's ledger (``check.check_payloads``, ``lossy`` as there) and the source log."""
+    argv = [sys.executable, "-m", "mqd.cli", "spark", "--config", str(config), "--once"]
+    spark_log = root / "spark.log"
+    started = time.monotonic()
+    with open(spark_log, "ab") as fh:
+        proc = await asyncio.create_subprocess_exec(
+            *argv, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=root, env=env
+        )
+        try:
+            code = await asyncio.wait_for(proc.wait(), timeout)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+            failures.append(f"mqd spark --once did not finish in {timeout}s")
+            return {"error": "timeout"}
+    if code != 0:
+        tail = spark_log.read_text(errors="replace")[-3000:]
+        failures.append(f"mqd spark --once exited with {code}:\n{tail}")
+        return {"error": f"exit {code}"}
+    output = root / "warehouse" / "events"
+    table = await asyncio.to_thread(check.read_table_output, output, topic)
+    res = await asyncio.to_thread(check.check_payloads, ledger, table, lossy)
+    if not res.ok:
+        failures.append(f"table vs the producer's ledger: {res.examples}")
+    return {
+        **res.to_json(),
+        "mismatched": res.moved + res.foreign,
+        "vs_log": check.compare(log_tables, table).to_json(),
+        "spark_s": round(time.monotonic() - started, 1),
+    }
+
+
 def format_summary(s: dict[str, Any]) -> str:
     r = s["records"]
     t = s.get("table") or {}
@@ -921,6 +1002,7 @@ def format_summary(s: dict[str, Any]) -> str:
     lines = [
         f"chaos {'PASSED' if s['ok'] else 'FAILED'}: seed {s['seed']}, {s['rounds']} rounds, "
         f"{s['duration_s']}s",
+        f"source: {s.get('source', 'mqd brokers')}",
         "faults: " + ", ".join(f"{k} {v}" for k, v in s["faults"].items()),
         "proxy injected: " + (", ".join(f"{k} {v}" for k, v in s["proxy_injected"].items()) or "none"),
         f"landing: {s.get('landing')}",
@@ -930,7 +1012,10 @@ def format_summary(s: dict[str, Any]) -> str:
         f"({r['unacknowledged_written']} written but not acknowledged), "
         f"landed distinct {r['landed_distinct']} ({r['unacknowledged_landed']} not acknowledged)",
         f"landing: lost {r['losses']}, duplicated {r['duplicates']}, at another offset {r['moved']}, "
-        f"foreign {r['foreign']}; acknowledged missing from the log {r['acked_missing_from_log']}",
+        f"foreign {r['foreign']}; acknowledged missing from the log {r['acked_missing_from_log']}"
+        + (
+            f"; gone with a destroyed source log {r['gone_with_source']}" if r.get("gone_with_source") else ""
+        ),
         table,
         "replicas: "
         + (
@@ -952,13 +1037,22 @@ def format_summary(s: dict[str, Any]) -> str:
         "daemon log: "
         + (", ".join(f"{k} {v}" for k, v in s.get("daemon_log_events", {}).items()) or "quiet"),
     ]
+    lines.extend(
+        f"the source lost acknowledged records (not mqd): {x}" for x in r.get("lost_by_source") or []
+    )
     lines.extend(f"set-up: {n}" for n in s.get("setup_notes", []))
     lines.extend(f"FAILURE: {f}" for f in s["failures"])
     return "\n".join(lines)
 
 
 async def run_chaos(options: ChaosOptions) -> dict[str, Any]:
-    chaos = ChaosRun(options)
+    chaos: ChaosRun | KafkaChaosRun
+    if options.source == "kafka":
+        from mqd_dev.chaos.kafka_source import KafkaChaosRun  # imports this module
+
+        chaos = KafkaChaosRun(options)
+    else:
+        chaos = ChaosRun(options)
     try:
         return await chaos.run()
     finally:

@@ -39,7 +39,9 @@ anything after the landed end is fetched.
 
 from __future__ import annotations
 
+import asyncio
 import functools
+import time
 from collections.abc import Callable, Coroutine
 from dataclasses import replace
 from typing import Any
@@ -50,6 +52,7 @@ from aiokafka.errors import IncompatibleBrokerVersion, KafkaError, for_code
 from aiokafka.helpers import create_ssl_context
 from aiokafka.protocol.offset import OffsetRequest
 
+from mqd.backoff import Backoff
 from mqd.config import ConsumerConfig
 from mqd.consumer.errors import ConsumerError
 from mqd.consumer.source import (
@@ -163,13 +166,20 @@ class KafkaSource:
             return
         cfg = self._config
         self._client = client = self._make_client()
-        try:
-            await client.bootstrap()
-        except (KafkaError, OSError) as exc:
-            await self.stop()
-            raise ConsumerError(
-                f"cannot reach any Kafka bootstrap server {cfg.bootstrap}: {exc}", retriable=True
-            ) from exc
+        deadline = time.monotonic() + timeout
+        backoff = Backoff(cfg.error_backoff_ms / 1000, 2.0)
+        while True:  # retried until ``timeout``, as the seam says (a broker restarting comes back)
+            try:
+                await client.bootstrap()
+                break
+            except (KafkaError, OSError) as exc:
+                delay = backoff.next()
+                if time.monotonic() + delay > deadline:
+                    await self.stop()
+                    raise ConsumerError(
+                        f"cannot reach any Kafka bootstrap server {cfg.bootstrap}: {exc}", retriable=True
+                    ) from exc
+                await asyncio.sleep(delay)
         self.metadata = KafkaMetadata(
             client,
             refresh_interval=cfg.metadata_refresh_interval,
