@@ -20,6 +20,10 @@ from typing import Any
 from mqd.landing.objects import ObjectInfo, ObjectStoreError, PreconditionFailed
 
 MULTIPART_THRESHOLD = 64 * 1024 * 1024  # staged files below this go up in one request
+# a streamed staged file (open_upload) goes up in parts of this size as it is written: S3's
+# minimum part is 5 MiB (the last excepted); larger parts mean fewer requests, more memory per
+# open file (one part buffered per partition being written)
+PART_BYTES = 8 * 1024 * 1024
 
 
 def parse_s3_uri(uri: str) -> tuple[str, str]:
@@ -116,6 +120,11 @@ class S3Objects:
         except (ClientError, BotoCoreError, OSError) as exc:
             raise self._error(exc, f"upload {key}") from None
 
+    def open_upload(self, key: str) -> S3Upload:
+        """A streamed, unconditional write of the fresh key ``key`` (a staged file): parts of
+        ``PART_BYTES`` go up as they fill (multipart), or one PUT when the object stays smaller."""
+        return S3Upload(self, key)
+
     def get(self, key: str) -> tuple[bytes, str] | None:
         from botocore.exceptions import BotoCoreError
 
@@ -189,6 +198,88 @@ class S3Objects:
         except _S3Answer as ans:
             if ans.status != 404:
                 raise self._error(ans.exc, f"delete {key}") from None
+
+
+class S3Upload:
+    """One object written as a stream (S3Objects.open_upload): a file-like ``write`` (what
+    pyarrow's writer calls), ``complete`` and ``abort``. Not thread-safe: one writer thread.
+    Multipart is unconditional, which is fine for a staged key: it is fresh, and only a claim
+    (a single-part conditional PUT) ever makes it count."""
+
+    def __init__(self, objects: S3Objects, key: str) -> None:
+        self._objects = objects
+        self._key = objects._key(key)
+        self.key = key
+        self._buf = bytearray()
+        self._upload_id: str | None = None
+        self._parts: list[dict[str, Any]] = []
+        self.size = 0
+        self.closed = False
+
+    def _send_part(self) -> None:
+        c = self._objects.client
+        if self._upload_id is None:
+            r = self._call("create multipart", c.create_multipart_upload, Key=self._key)
+            self._upload_id = str(r["UploadId"])
+        n = len(self._parts) + 1
+        r = self._call(
+            "upload part",
+            c.upload_part,
+            Key=self._key,
+            UploadId=self._upload_id,
+            PartNumber=n,
+            Body=bytes(self._buf),
+        )
+        self._parts.append({"PartNumber": n, "ETag": r["ETag"]})
+        self._buf.clear()
+
+    def _call(self, what: str, fn: Any, **kwargs: Any) -> Any:
+        try:
+            return self._objects._call(f"{what} {self.key}", fn, **kwargs)
+        except _S3Answer as ans:
+            raise self._objects._error(ans.exc, f"{what} {self.key}") from None
+
+    def write(self, data: Any) -> int:
+        n = len(memoryview(data).cast("B"))
+        self._buf += data
+        self.size += n
+        if len(self._buf) >= PART_BYTES:
+            self._send_part()
+        return n
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.closed = True  # pyarrow closes its file object; complete() or abort() ends the upload
+
+    def complete(self) -> int:
+        c = self._objects.client
+        if self._upload_id is None:
+            self._call("put", c.put_object, Key=self._key, Body=bytes(self._buf))
+        else:
+            if self._buf:
+                self._send_part()
+            self._call(
+                "complete multipart",
+                c.complete_multipart_upload,
+                Key=self._key,
+                UploadId=self._upload_id,
+                MultipartUpload={"Parts": self._parts},
+            )
+        self._buf = bytearray()
+        return self.size
+
+    def abort(self) -> None:
+        self._buf = bytearray()
+        upload_id, self._upload_id = self._upload_id, None
+        if upload_id is not None:
+            try:
+                self._objects.client.abort_multipart_upload(
+                    Bucket=self._objects.bucket, Key=self._key, UploadId=upload_id
+                )
+            except Exception:  # the janitor (or a bucket lifecycle rule) ends it
+                pass
 
 
 class _S3Answer(Exception):
