@@ -27,6 +27,7 @@ import contextlib
 import json
 import os
 import secrets
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -232,9 +233,10 @@ class ObjectStore:
             prepare(rng.path)
         try:
             scratch: Path | None = getattr(self.objects, "scratch_dir", None)  # local: link, not copy
-            if scratch is not None:
+            open_upload = getattr(self.objects, "open_upload", None)  # S3: streamed parts
+            if scratch is not None or open_upload is None:  # else: a temp file, uploaded whole
                 return self._local_stage(scratch, key, rng, compression)
-            upload: Upload = self.objects.open_upload(key)  # type: ignore[attr-defined]
+            upload: Upload = open_upload(key)
             try:
                 return _Staging(
                     rng,
@@ -250,9 +252,12 @@ class ObjectStore:
         except OSError as exc:
             raise _staging_error(rng, exc) from None
 
-    def _local_stage(self, scratch: Path, key: str, rng: FileRange, compression: str) -> ParquetStage:
-        scratch.mkdir(parents=True, exist_ok=True)
-        path = scratch / f"{key.rsplit('/', 1)[1]}"
+    def _local_stage(self, scratch: Path | None, key: str, rng: FileRange, compression: str) -> ParquetStage:
+        """Encode into a local file (the scratch folder, or the system's temp folder for objects
+        that can only upload a whole file), uploaded by ``finish``."""
+        folder = scratch if scratch is not None else Path(tempfile.gettempdir())
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"mqd-stage-{key.rsplit('/', 1)[1]}"
 
         def done() -> int:
             try:
