@@ -13,9 +13,10 @@ and recognises its own nonce.
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from mqd.landing.objects import ObjectInfo, ObjectStoreError, PreconditionFailed
 
@@ -204,17 +205,34 @@ class S3Upload:
     """One object written as a stream (S3Objects.open_upload): a file-like ``write`` (what
     pyarrow's writer calls), ``complete`` and ``abort``. Not thread-safe: one writer thread.
     Multipart is unconditional, which is fine for a staged key: it is fresh, and only a claim
-    (a single-part conditional PUT) ever makes it count."""
+    (a single-part conditional PUT) ever makes it count.
+
+    The part being filled waits in an unnamed local temp file, not in memory: a daemon may have
+    an open file on every partition, and only a part being sent (one per landing worker) is read
+    into memory, so the process's memory stays within the consumer's byte budget plus a part per
+    worker."""
 
     def __init__(self, objects: S3Objects, key: str) -> None:
         self._objects = objects
         self._key = objects._key(key)
         self.key = key
-        self._buf = bytearray()
+        self._buf: IO[bytes] | None = None
+        self._buffered = 0
         self._upload_id: str | None = None
         self._parts: list[dict[str, Any]] = []
         self.size = 0
         self.closed = False
+
+    def _take(self) -> bytes:
+        """The buffered bytes (read into memory to be sent), the buffer emptied."""
+        if self._buf is None:
+            return b""
+        self._buf.seek(0)
+        data = self._buf.read()
+        self._buf.seek(0)
+        self._buf.truncate()
+        self._buffered = 0
+        return data
 
     def _send_part(self) -> None:
         c = self._objects.client
@@ -228,10 +246,9 @@ class S3Upload:
             Key=self._key,
             UploadId=self._upload_id,
             PartNumber=n,
-            Body=bytes(self._buf),
+            Body=self._take(),
         )
         self._parts.append({"PartNumber": n, "ETag": r["ETag"]})
-        self._buf.clear()
 
     def _call(self, what: str, fn: Any, **kwargs: Any) -> Any:
         try:
@@ -241,9 +258,12 @@ class S3Upload:
 
     def write(self, data: Any) -> int:
         n = len(memoryview(data).cast("B"))
-        self._buf += data
+        if self._buf is None:
+            self._buf = tempfile.TemporaryFile(prefix="mqd-part-")  # closed by complete() or abort()
+        self._buf.write(data)
+        self._buffered += n
         self.size += n
-        if len(self._buf) >= PART_BYTES:
+        if self._buffered >= PART_BYTES:
             self._send_part()
         return n
 
@@ -255,23 +275,30 @@ class S3Upload:
 
     def complete(self) -> int:
         c = self._objects.client
-        if self._upload_id is None:
-            self._call("put", c.put_object, Key=self._key, Body=bytes(self._buf))
-        else:
-            if self._buf:
-                self._send_part()
-            self._call(
-                "complete multipart",
-                c.complete_multipart_upload,
-                Key=self._key,
-                UploadId=self._upload_id,
-                MultipartUpload={"Parts": self._parts},
-            )
-        self._buf = bytearray()
+        try:
+            if self._upload_id is None:
+                self._call("put", c.put_object, Key=self._key, Body=self._take())
+            else:
+                if self._buffered:
+                    self._send_part()
+                self._call(
+                    "complete multipart",
+                    c.complete_multipart_upload,
+                    Key=self._key,
+                    UploadId=self._upload_id,
+                    MultipartUpload={"Parts": self._parts},
+                )
+        finally:
+            self._close_buffer()
         return self.size
 
+    def _close_buffer(self) -> None:
+        buf, self._buf = self._buf, None
+        if buf is not None:
+            buf.close()
+
     def abort(self) -> None:
-        self._buf = bytearray()
+        self._close_buffer()
         upload_id, self._upload_id = self._upload_id, None
         if upload_id is not None:
             try:
