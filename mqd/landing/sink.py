@@ -403,6 +403,7 @@ class LandingSink:
         batches = [] if buf is None else buf.batches
         incarnations = [] if buf is None else buf.incarnations
         since = f.since if f is not None else (buf.since if buf is not None else time.monotonic())
+        lead = self.batches.publish_lead  # the age cut's lead when this one was cut
         t0 = time.monotonic()
         try:
             outcome: PublishOutcome = await self.run_blocking(
@@ -444,7 +445,9 @@ class LandingSink:
         if outcome.published:
             metrics.publish_latency.observe(end - t0)
         if outcome.published and outcome.error is None and outcome.conflict is None and finish:
-            self.batches.observe_publish(end - due_at)  # includes the wait for a worker
+            # from the moment the age cut was due, not from when the loop got to it: the lead then
+            # also covers a loop busy decoding when the cut fell due (and the wait for a worker)
+            self.batches.observe_publish(end - min(due_at, since + self._config.max_age - lead))
         for rng in outcome.published:
             self.stats.files += 1
             self.stats.records += rng.count
