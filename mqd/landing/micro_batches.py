@@ -256,8 +256,8 @@ class MicroBatches:
 
     def due(self, busy: Container[TP], now: float | None = None) -> list[TP]:
         """Partitions to publish now (``busy`` ones excepted): a file due by age (finished) or a
-        buffer due as a row group (at ``row_group_bytes``, or its file reaching ``max_records``
-        or ``max_bytes``; the publisher commits a file that reaches them)."""
+        buffer due as a row group (at ``row_group_bytes``, or its file reaching ``max_records``;
+        the publisher commits a file that reaches max_records or max_bytes)."""
         now = time.monotonic() if now is None else now
         cfg = self.config
         rg = self.row_group_bytes
@@ -268,11 +268,10 @@ class MicroBatches:
             b, f = self._buffers.get(tp), self.files.get(tp)
             if self.age_due(tp, now):
                 out.append(tp)
-            elif b is not None and (
-                b.nbytes >= rg
-                or b.records + (f.records if f else 0) >= cfg.max_records
-                or b.nbytes + (f.nbytes if f else 0) >= cfg.max_bytes
-            ):
+            elif b is not None and (b.nbytes >= rg or b.records + (f.records if f else 0) >= cfg.max_records):
+                # not "file bytes + buffer bytes >= max_bytes": the file counts Arrow bytes, a
+                # buffer wire bytes, and a file just short of max_bytes would take a tiny row
+                # group per turn; the next row group (at most max_bytes) commits it instead
                 out.append(tp)
         # the buffers hold at most max_bytes (plus a batch), publications in flight included: cut
         # the biggest buffers that can be cut. Busy ones count too: a partition being published
@@ -310,9 +309,7 @@ class MicroBatches:
         """Seconds until the oldest buffer or open file that is not busy reaches its age cut
         (None when there is no such partition)."""
         idle = [
-            since
-            for tp in self._partitions()
-            if tp not in busy and (since := self._since(tp)) is not None
+            since for tp in self._partitions() if tp not in busy and (since := self._since(tp)) is not None
         ]
         if not idle:
             return None
