@@ -42,6 +42,9 @@ _DEV_GAIN = 0.25  # weight of a new sample in its mean deviation (TCP's RTTVAR g
 # a buffer this big goes into its partition's open file as a row group: bounds the memory a
 # partition holds without a pressure cut, and gives readers row groups of a few MB
 ROW_GROUP_BYTES = 8 * 1024 * 1024
+# open files hold a file descriptor each (a shell's default limit is 1024): past this many, the
+# oldest are finished early, as if due by age
+MAX_OPEN_FILES = 512
 
 TP = tuple[str, int]  # mqd.consumer.TopicPartition is a NamedTuple of these
 
@@ -99,6 +102,7 @@ class MicroBatches:
         self.config = config
         self._buffers: dict[TP, MicroBatch] = {}
         self.files: dict[TP, FileProgress] = {}  # open files, kept by the sink
+        self._early: set[TP] = set()  # the oldest open files past MAX_OPEN_FILES (due() sets it)
         self._expected: dict[TP, int | None] = {}
         self._expected_inc: dict[TP, str | None] = {}
         self.inflight_bytes = 0  # bytes of micro-batches taken and being published (kept by the sink)
@@ -233,6 +237,8 @@ class MicroBatches:
         """``tp``'s file is to be finished now: its oldest record reached the age cut."""
         since = self._since(tp)
         now = time.monotonic() if now is None else now
+        if since is not None and tp in self._early and tp in self.files:
+            return True
         return since is not None and now - since >= self.config.max_age - self.publish_lead
 
     # -- the cut policy --------------------------------------------------------------------------
@@ -262,6 +268,10 @@ class MicroBatches:
         cfg = self.config
         rg = self.row_group_bytes
         out: list[TP] = []
+        self._early = set()
+        if len(self.files) > MAX_OPEN_FILES:
+            by_age = sorted(self.files, key=lambda tp: self.files[tp].since)
+            self._early = set(by_age[: len(self.files) - MAX_OPEN_FILES])
         for tp in self._partitions():
             if tp in busy:
                 continue

@@ -11,6 +11,7 @@ import pyarrow as pa
 import pytest
 
 from mqd.config import LandingConfig
+from mqd.landing import micro_batches
 from mqd.landing.micro_batches import FileProgress, MicroBatches
 
 
@@ -48,3 +49,14 @@ def test_open_file_age_row_groups_and_pending() -> None:
     assert mb.pending() == {tp: 60} and mb.pending_bytes == 1000
     assert mb.due({tp}, now=110.0) == [] and mb.next_due_in({tp}) is None
     assert mb.drop(tp) == 60 and mb.pending() == {}
+
+
+def test_past_the_open_file_limit_the_oldest_are_finished(monkeypatch: pytest.MonkeyPatch) -> None:
+    """More open files than MAX_OPEN_FILES (each holds a file descriptor): the oldest are due and
+    finished as if by age, the rest stay open."""
+    monkeypatch.setattr(micro_batches, "MAX_OPEN_FILES", 2)
+    mb = MicroBatches(LandingConfig(dir=Path("unused"), max_age=60.0))
+    for p, since in enumerate([30.0, 10.0, 20.0, 40.0]):
+        mb.files[("t", p)] = FileProgress(records=1, nbytes=1, since=since)
+    assert sorted(mb.due(set(), now=50.0)) == [("t", 1), ("t", 2)]
+    assert mb.age_due(("t", 1), now=50.0) and not mb.age_due(("t", 0), now=50.0)
