@@ -202,6 +202,9 @@ class ObjectStore:
         for m in markers:
             if m[: -len(REAP_SUFFIX)] not in staged and self.objects.head(m[: -len(REAP_SUFFIX)]) is None:
                 self.objects.delete(m)
+        stale_uploads = getattr(self.objects, "remove_stale_uploads", None)  # S3: open staged files
+        if stale_uploads is not None:
+            removed += int(stale_uploads("_staging/", older_than_s))
         remove_temp = getattr(self.objects, "remove_temp", None)  # a local directory's temp files
         if remove_temp is not None:
             removed += int(remove_temp(older_than_s))

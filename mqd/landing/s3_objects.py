@@ -14,6 +14,7 @@ and recognises its own nonce.
 from __future__ import annotations
 
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -125,6 +126,37 @@ class S3Objects:
         """A streamed, unconditional write of the fresh key ``key`` (a staged file): parts of
         ``PART_BYTES`` go up as they fill (multipart), or one PUT when the object stays smaller."""
         return S3Upload(self, key)
+
+    def remove_stale_uploads(self, prefix: str, older_than_s: float) -> int:
+        """Abort multipart uploads under ``prefix`` started more than ``older_than_s`` ago (open
+        staged files of a crashed daemon: no listing shows them, but they cost storage); returns
+        how many. Age only decides cost: a live upload's loss fails its publication (retried)."""
+        cutoff = time.time() - older_than_s
+        removed = 0
+        kwargs: dict[str, Any] = {"Prefix": self._key(prefix)}
+        while True:
+            try:
+                r = self._call(f"list uploads {prefix}", self.client.list_multipart_uploads, **kwargs)
+            except _S3Answer as ans:
+                raise self._error(ans.exc, f"list uploads {prefix}") from None
+            for u in r.get("Uploads", []):
+                if u["Initiated"].timestamp() >= cutoff:
+                    continue
+                try:
+                    self._call(
+                        f"abort upload {u['Key']}",
+                        self.client.abort_multipart_upload,
+                        Key=u["Key"],
+                        UploadId=u["UploadId"],
+                    )
+                    removed += 1
+                except _S3Answer as ans:
+                    if ans.status != 404:
+                        raise self._error(ans.exc, f"abort upload {u['Key']}") from None
+            if not r.get("IsTruncated"):
+                return removed
+            kwargs["KeyMarker"] = r.get("NextKeyMarker", "")
+            kwargs["UploadIdMarker"] = r.get("NextUploadIdMarker", "")
 
     def get(self, key: str) -> tuple[bytes, str] | None:
         from botocore.exceptions import BotoCoreError

@@ -24,7 +24,7 @@ from mqd.landing.layout import LandingError
 from mqd.landing.local_store import LocalStore
 from mqd.landing.object_store import ObjectStore
 from mqd.landing.publisher import Publisher, file_range
-from mqd.landing.s3_objects import PART_BYTES
+from mqd.landing.s3_objects import PART_BYTES, S3Objects
 from mqd.landing.sink import LandingSink
 from mqd.testing.seaweedfs import SeaweedFS
 from mqd.waiting import wait_until
@@ -245,3 +245,17 @@ def test_a_dropped_partition_aborts_its_open_file(tmp_path: Path, revoke_while_b
             await sink.close()
 
     asyncio.run(run())
+
+
+def test_the_janitor_aborts_stale_multipart_uploads(seaweedfs: SeaweedFS) -> None:
+    """An open staged file of a crashed daemon (a multipart upload never completed, which no
+    listing shows) is aborted by remove_stale once it is older than the age, not before."""
+    store = object_store(seaweedfs)
+    objects = store.objects
+    assert isinstance(objects, S3Objects)
+    upload = objects.open_upload("_staging/t/00000/crashed.parquet")
+    upload.write(b"x" * PART_BYTES)  # one part sent: the multipart upload exists
+    assert store.remove_stale(older_than_s=3600) == 0
+    assert store.remove_stale(older_than_s=0) == 1
+    uploads = objects.client.list_multipart_uploads(Bucket=objects.bucket, Prefix=objects._key("_staging/"))
+    assert not uploads.get("Uploads")
