@@ -259,3 +259,32 @@ def test_the_janitor_aborts_stale_multipart_uploads(seaweedfs: SeaweedFS) -> Non
     assert store.remove_stale(older_than_s=0) == 1
     uploads = objects.client.list_multipart_uploads(Bucket=objects.bucket, Prefix=objects._key("_staging/"))
     assert not uploads.get("Uploads")
+
+
+def test_the_sink_turns_a_lost_open_file_into_a_reseek(tmp_path: Path) -> None:
+    """A commit error after the open file took row groups of an earlier publication: the sink
+    drops the partition's records (counted) and reports the error with a conflict at the file's
+    first offset - 1, so the daemon re-seeks there (never a gap), instead of keeping a buffer that
+    no longer holds those records."""
+
+    async def run() -> None:
+        sink = LandingSink(LandingConfig(dir=tmp_path, max_age=3600.0))
+        await sink.start()
+        try:
+            sink.add(Batch(0, 100))
+            await sink.publish_partition(("t", 0), finish=False)  # row group 1: the file stays open
+            sink.add(Batch(100, 50))
+
+            def broken_commit(*_a: object, **_k: object) -> layout.FileRange:
+                raise LandingError("disk on fire", errno=5)
+
+            sink.store.commit = broken_commit  # type: ignore[method-assign]
+            [res] = await sink.publish()
+            assert res.error is not None and res.published == [] and res.owned
+            assert res.conflict is not None and res.conflict.last_offset == -1
+            assert sink.pending_records == 0 and sink.stats.dropped == 150
+            assert store_files(tmp_path) == []
+        finally:
+            await sink.close()
+
+    asyncio.run(run())
