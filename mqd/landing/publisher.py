@@ -10,6 +10,7 @@ on the previous end.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -40,6 +41,7 @@ class OpenFile:
     ts_min: int = 0
     ts_max: int = 0
     started: tuple[int, int] | None = None  # (run, row) in the current call where it began; None: earlier
+    leader_epoch: int | None = None  # the source's leader epoch of its newest record (FileRange.leader_epoch)
 
     def note(self, records: pa.Table) -> None:
         _first, last, count, ts_min, ts_max = layout.describe(self.topic, self.partition, records)
@@ -60,6 +62,7 @@ class OpenFile:
             self.ts_min,
             self.ts_max,
             incarnation=self.incarnation,
+            leader_epoch=self.leader_epoch,
         )
 
 
@@ -82,13 +85,30 @@ class PublishOutcome:
         return self.published[-1].last_offset if self.published else None
 
 
-def file_range(topic: str, partition: int, records: pa.Table, incarnation: str | None = None) -> FileRange:
+def file_range(
+    topic: str,
+    partition: int,
+    records: pa.Table,
+    incarnation: str | None = None,
+    leader_epoch: int | None = None,
+) -> FileRange:
     """The range (and final name) of a file of ``records`` (RECORD_SCHEMA, one hour, ascending)
-    of the log incarnation ``incarnation``."""
+    of the log incarnation ``incarnation`` (``leader_epoch``: FileRange.leader_epoch)."""
     first, last, count, ts_min, ts_max = layout.describe(topic, partition, records)
     hour = int(layout.folder_hours(np.array([ts_min], dtype=np.int64))[0])
     path = f"{layout.hour_dir(topic, hour)}/{layout.file_name(partition, first, incarnation)}"
-    return FileRange(path, topic, partition, first, last, count, ts_min, ts_max, incarnation=incarnation)
+    return FileRange(
+        path,
+        topic,
+        partition,
+        first,
+        last,
+        count,
+        ts_min,
+        ts_max,
+        incarnation=incarnation,
+        leader_epoch=leader_epoch,
+    )
 
 
 def incarnation_runs(incarnations: list[str | None]) -> list[tuple[str | None, int, int]]:
@@ -119,6 +139,7 @@ class Publisher:
         *,
         incarnation: str | None = None,
         expected_incarnation: str | None = None,
+        leader_epoch: int | None = None,
     ) -> FileRange:
         """Publish ``records`` (RECORD_SCHEMA, one hour, ascending offsets, of the log incarnation
         ``incarnation``) as one file.
@@ -127,7 +148,7 @@ class Publisher:
         (``expected_incarnation``, ``expected_last``) (None: the publisher expects nothing
         published yet), LandingError when the store cannot be written.
         """
-        rng = file_range(topic, partition, records, incarnation)
+        rng = file_range(topic, partition, records, incarnation, leader_epoch)
         table = layout.landing_table(topic, partition, records, incarnation)
         staged = self.store.stage(table, rng, self.compression)
         try:
@@ -145,10 +166,12 @@ class Publisher:
         *,
         incarnations: list[str | None] | None = None,
         expected_incarnation: str | None = None,
+        leader_epochs: Mapping[str | None, int] | None = None,
     ) -> PublishOutcome:
         """Publish drained batches of one partition: one file per run of records of one log
         incarnation (``incarnations``, one per batch; default all None) in one hour, cut into
-        files of at most ``max_records`` records.
+        files of at most ``max_records`` records. ``leader_epochs``: per incarnation, the source's
+        leader epoch of its newest record (MicroBatch.leader_epochs), stamped on each of its files.
 
         Never raises for conflicts or disk errors: the outcome says what was published and what
         is left, so the caller keeps the rest buffered (disk) or drops it (conflict).
@@ -161,6 +184,7 @@ class Publisher:
             max_records,
             incarnations=incarnations,
             expected_incarnation=expected_incarnation,
+            leader_epochs=leader_epochs,
             finish=True,
         )
 
@@ -175,6 +199,7 @@ class Publisher:
         *,
         incarnations: list[str | None] | None = None,
         expected_incarnation: str | None = None,
+        leader_epochs: Mapping[str | None, int] | None = None,
         open_file: OpenFile | None = None,
         finish: bool = True,
         since: float = 0.0,
@@ -183,7 +208,7 @@ class Publisher:
         opened at ``since``) a row group at a time, committing each file that is complete: at
         ``max_records`` records or ``max_bytes`` bytes, at the end of an hour or a log incarnation
         run, and the last one when ``finish``. Without ``finish`` the last file stays open
-        (``outcome.open``) for the next call.
+        (``outcome.open``) for the next call. ``leader_epochs``: as ``publish_records``.
 
         Never raises for conflicts or disk errors (see ``publish_records``). On an error the open
         file is aborted: records of this call that it held are ``remaining``; if it also held
@@ -232,6 +257,9 @@ class Publisher:
                                 writer, topic, partition, rng.path, hour, inc, rng.first_offset, since
                             )
                             f.started = (run_no, pos)
+                        epoch = (leader_epochs or {}).get(inc)
+                        if epoch is not None:
+                            f.leader_epoch = epoch
                         room = math.ceil((cap_bytes - f.nbytes) / row_bytes) if row_bytes else end
                         n = min(cap_records - f.records, end - pos, max(1, room))
                         piece = table.slice(pos, n)

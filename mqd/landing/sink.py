@@ -44,7 +44,7 @@ from mqd.config import LandingConfig
 from mqd.landing.layout import FileRange, LandingCorrupt, LandingError
 from mqd.landing.micro_batches import TP, Drained, FileProgress, MicroBatch, MicroBatches
 from mqd.landing.publisher import OpenFile, Publisher, PublishOutcome
-from mqd.landing.store import LandingStore, PublishConflict, open_store
+from mqd.landing.store import LandingStore, PartitionHead, PublishConflict, open_store
 from mqd.landing.watermark import AheadOfClock
 from mqd.waiting import wait_event
 
@@ -199,11 +199,16 @@ class LandingSink:
     async def resume(self, tp: TP) -> tuple[int | None, str | None]:
         """``resume_position`` and the log incarnation that position belongs to (None: unknown).
         fsutil.LockTimeout (retriable) when the partition's lock stays held past the bound."""
+        head = await self.resume_head(tp)
+        return (None if head.last_offset is None else head.last_offset + 1), head.incarnation
+
+    async def resume_head(self, tp: TP) -> PartitionHead:
+        """``resume`` with the whole published head (its leader epoch too)."""
         loop = asyncio.get_running_loop()
         head = await loop.run_in_executor(self._readers, self.store.head, tp[0], tp[1])
         self.drop(tp)
         self.batches.set_expected(tp, head.last_offset, head.incarnation)
-        return (None if head.last_offset is None else head.last_offset + 1), head.incarnation
+        return head
 
     def expected(self, tp: TP) -> int | None:
         return self.batches.expected(tp)
@@ -402,6 +407,7 @@ class LandingSink:
         taken = (fp.records if fp is not None else 0) + (buf.records if buf is not None else 0)
         batches = [] if buf is None else buf.batches
         incarnations = [] if buf is None else buf.incarnations
+        leader_epochs = {} if buf is None else buf.leader_epochs
         since = f.since if f is not None else (buf.since if buf is not None else time.monotonic())
         lead = self.batches.publish_lead  # the age cut's lead when this one was cut
         t0 = time.monotonic()
@@ -417,6 +423,7 @@ class LandingSink:
                     self._config.max_bytes,
                     incarnations=incarnations,
                     expected_incarnation=self.batches.expected_incarnation(tp),
+                    leader_epochs=leader_epochs,
                     open_file=f,
                     finish=finish,
                     since=since,
@@ -428,7 +435,7 @@ class LandingSink:
                 if f is not None:
                     self.drop(tp)  # records of earlier row groups are gone with the file
                 elif buf is not None:
-                    self.batches.restore(tp, buf.batches, buf.since, buf.incarnations)
+                    self.batches.restore(tp, buf.batches, buf.since, buf.incarnations, buf.leader_epochs)
             raise
         end = time.monotonic()
         owned = self._epoch.get(tp, 0) == epoch
@@ -498,7 +505,9 @@ class LandingSink:
                         tp[0], tp[1], self.batches.expected(tp), first - 1, incarnation=inc
                     )
             elif owned:
-                self.batches.restore(tp, outcome.remaining, since, outcome.remaining_incarnations)
+                self.batches.restore(
+                    tp, outcome.remaining, since, outcome.remaining_incarnations, leader_epochs
+                )
         return PublishResult(tp, outcome.published, conflict, outcome.error, owned)
 
     def status(self) -> dict[str, Any]:
