@@ -479,9 +479,12 @@ class LandingLifecycleConfig(_Model):
 
 class LandingConfig(_Model):
     dir: LandingDir = Path("landing")  # a folder, or s3://bucket/prefix (object storage, issue 15)
-    max_records: int = Field(default=500_000, ge=1)
-    max_bytes: Bytes = Field(default=32 * MiB, ge=1)
-    max_age: Seconds = Field(default=5.0, gt=0)
+    # large files by default (issue 15): size cuts first, max_age a latency bound. Row groups are
+    # streamed into the open file (issue 16), so max_bytes costs disk, not memory; max_records is
+    # high enough that bytes cut first for records above ~40 B
+    max_records: int = Field(default=5_000_000, ge=1)
+    max_bytes: Bytes = Field(default=128 * MiB, ge=1)
+    max_age: Seconds = Field(default=60.0, gt=0)
     compression: Literal["snappy", "zstd", "gzip", "lz4", "none"] = "snappy"
     disk_retry_interval: Seconds = Field(default=1.0, gt=0)
     # seconds an event time may be ahead of the publishing wall clock and still move the partition's

@@ -324,8 +324,10 @@ class Daemon:
             await self._publish(None)
             return
         if self.burst and self.sink.pending_records and self.consumer.caught_up():
-            due = list(self.sink.pending())  # nothing more is coming: do not wait for max_age
-        elif self.sink.pending_records and (need := self.consumer.memory_shortfall()):
+            # nothing more is coming: do not wait for max_age, finish the open files
+            self.sink.start_publications(list(self.sink.pending()), finish=True)
+            return
+        if self.sink.pending_records and (need := self.consumer.memory_shortfall()):
             # the budget is held by answers the sink's buffers pin: cut the biggest buffers, enough
             # to fetch again (not all of them: files stay large), else fetching waits for max_age
             due = self.sink.pressure_cut(need)

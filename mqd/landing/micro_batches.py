@@ -1,11 +1,15 @@
 """Micro-batches: the landing's per-partition buffers of drained records, and when to cut them.
 
-Loop-side and synchronous (no I/O, no asyncio). A micro-batch is cut at ``max_records``,
-``max_bytes`` or ``max_age`` of wall clock, whichever comes first; and the sink as a whole holds
-at most ``max_bytes`` (publications in flight included), so when it is full the biggest buffers
-are cut too; under the consumer's memory pressure (``biggest``) the biggest buffers holding enough
-bytes are cut, not all of them. Partitions with a publication registered (*busy*, known to the
-sink) are not cut: records drained meanwhile join their next micro-batch.
+Loop-side and synchronous (no I/O, no asyncio). A partition's landing file is written a row group
+at a time (the sink keeps it open, publisher.py's ``OpenFile``; its progress is ``files`` here):
+a buffer is cut as a row group into the open file once it holds ``row_group_bytes``, and the file
+is complete at ``max_records`` or ``max_bytes`` (written plus buffered) or ``max_age`` of wall
+clock from its first record, whichever comes first. The sink's buffers (in memory, publications
+in flight included) hold at most ``max_bytes`` together, so when they are full the biggest are cut
+as row groups; under the consumer's memory pressure (``biggest``) the biggest buffers holding
+enough bytes are, not all of them. Either way the file stays open and grows towards
+``max_bytes``: memory no longer decides file sizes. Partitions with a publication registered
+(*busy*, known to the sink) are not cut: records drained meanwhile join their next micro-batch.
 
 Latency: a buffer's age counts from the fetch of its first record (``FetchedBatch.fetched_at``;
 producer clocks are not trusted), and an age cut happens ``publish_lead`` before ``max_age``: an
@@ -35,6 +39,12 @@ from mqd.config import LandingConfig
 
 _EST_GAIN = 0.125  # weight of a new sample in the publish-time estimate (TCP's SRTT gain)
 _DEV_GAIN = 0.25  # weight of a new sample in its mean deviation (TCP's RTTVAR gain)
+# a buffer this big goes into its partition's open file as a row group: bounds the memory a
+# partition holds without a pressure cut, and gives readers row groups of a few MB
+ROW_GROUP_BYTES = 8 * 1024 * 1024
+# open files hold a file descriptor each (a shell's default limit is 1024): past this many, the
+# oldest are finished early, as if due by age
+MAX_OPEN_FILES = 512
 
 TP = tuple[str, int]  # mqd.consumer.TopicPartition is a NamedTuple of these
 
@@ -72,6 +82,15 @@ class MicroBatch:
     since: float = 0.0  # monotonic time the first record of this micro-batch was fetched
 
 
+@dataclass(slots=True)
+class FileProgress:
+    """A partition's open file (written, not committed), as the cut policy sees it."""
+
+    records: int
+    nbytes: int
+    since: float  # monotonic time its first record was fetched
+
+
 def _same_log(a: str | None, b: str | None) -> bool:
     """Offsets of incarnations ``a`` and ``b`` may be the same records: the same incarnation, or
     one unknown (no reuse assumed)."""
@@ -84,6 +103,8 @@ class MicroBatches:
     def __init__(self, config: LandingConfig) -> None:
         self.config = config
         self._buffers: dict[TP, MicroBatch] = {}
+        self.files: dict[TP, FileProgress] = {}  # open files, kept by the sink
+        self._early: set[TP] = set()  # the oldest open files past MAX_OPEN_FILES (due() sets it)
         self._expected: dict[TP, int | None] = {}
         self._expected_inc: dict[TP, str | None] = {}
         self.inflight_bytes = 0  # bytes of micro-batches taken and being published (kept by the sink)
@@ -151,9 +172,10 @@ class MicroBatches:
         return buf if buf is not None and buf.batches else None
 
     def drop(self, tp: TP) -> int:
-        """Forget the partition's buffered records; returns how many."""
+        """Forget the partition's buffered records and its open file; returns how many records."""
         buf = self._buffers.pop(tp, None)
-        return 0 if buf is None else buf.records
+        f = self.files.pop(tp, None)
+        return (0 if buf is None else buf.records) + (0 if f is None else f.records)
 
     def restore(
         self,
@@ -187,18 +209,46 @@ class MicroBatches:
 
     @property
     def pending_records(self) -> int:
-        return sum(b.records for b in self._buffers.values())
+        """Records not published: buffered, or written into an open file."""
+        return sum(b.records for b in self._buffers.values()) + sum(f.records for f in self.files.values())
 
     @property
     def pending_bytes(self) -> int:
+        """Bytes buffered in memory (an open file's records are on disk or uploaded)."""
         return sum(b.nbytes for b in self._buffers.values())
 
     @property
     def pending_partitions(self) -> int:
-        return len(self._buffers)
+        return len(self._buffers.keys() | self.files.keys())
 
     def pending(self) -> dict[TP, int]:
-        return {tp: b.records for tp, b in self._buffers.items()}
+        """Unpublished records per partition (buffered or in an open file)."""
+        out = {tp: b.records for tp, b in self._buffers.items()}
+        for tp, f in self.files.items():
+            out[tp] = out.get(tp, 0) + f.records
+        return out
+
+    def _partitions(self) -> list[TP]:
+        """Partitions with a buffer or an open file, buffers first in the order they were made."""
+        return list(self._buffers) + [tp for tp in self.files if tp not in self._buffers]
+
+    @property
+    def row_group_bytes(self) -> int:
+        return min(ROW_GROUP_BYTES, self.config.max_bytes)
+
+    def _since(self, tp: TP) -> float | None:
+        """When the oldest unpublished record of ``tp`` was fetched (None: nothing pending)."""
+        b, f = self._buffers.get(tp), self.files.get(tp)
+        times = [x.since for x in (b, f) if x is not None]
+        return min(times) if times else None
+
+    def age_due(self, tp: TP, now: float | None = None) -> bool:
+        """``tp``'s file is to be finished now: its oldest record reached the age cut."""
+        since = self._since(tp)
+        now = time.monotonic() if now is None else now
+        if since is not None and tp in self._early and tp in self.files:
+            return True
+        return since is not None and now - since >= self.config.max_age - self.publish_lead
 
     # -- the cut policy --------------------------------------------------------------------------
 
@@ -220,22 +270,35 @@ class MicroBatches:
         self._publish_dev += _DEV_GAIN * (abs(err) - self._publish_dev)
 
     def due(self, busy: Container[TP], now: float | None = None) -> list[TP]:
-        """Partitions whose micro-batch is to be cut now (``busy`` ones excepted)."""
+        """Partitions to publish now (``busy`` ones excepted): a file due by age (finished) or a
+        buffer due as a row group (at ``row_group_bytes``, or its file reaching ``max_records``;
+        the publisher commits a file that reaches max_records or max_bytes)."""
         now = time.monotonic() if now is None else now
         cfg = self.config
-        age = cfg.max_age - self.publish_lead
-        idle = [(tp, b) for tp, b in self._buffers.items() if tp not in busy]
-        out = [
-            tp
-            for tp, b in idle
-            if b.records >= cfg.max_records or b.nbytes >= cfg.max_bytes or now - b.since >= age
-        ]
-        # the sink holds at most max_bytes (plus a batch), publications in flight included: cut
+        rg = self.row_group_bytes
+        out: list[TP] = []
+        self._early = set()
+        if len(self.files) > MAX_OPEN_FILES:
+            by_age = sorted(self.files, key=lambda tp: self.files[tp].since)
+            self._early = set(by_age[: len(self.files) - MAX_OPEN_FILES])
+        for tp in self._partitions():
+            if tp in busy:
+                continue
+            b, f = self._buffers.get(tp), self.files.get(tp)
+            if self.age_due(tp, now):
+                out.append(tp)
+            elif b is not None and (b.nbytes >= rg or b.records + (f.records if f else 0) >= cfg.max_records):
+                # not "file bytes + buffer bytes >= max_bytes": the file counts Arrow bytes, a
+                # buffer wire bytes, and a file just short of max_bytes would take a tiny row
+                # group per turn; the next row group (at most max_bytes) commits it instead
+                out.append(tp)
+        # the buffers hold at most max_bytes (plus a batch), publications in flight included: cut
         # the biggest buffers that can be cut. Busy ones count too: a partition being published
         # refills meanwhile, and if only the idle ones counted, a full sink would wait for that
         # publication instead of starting the next one on a free worker.
         total = self.pending_bytes + self.inflight_bytes
         if total >= cfg.max_bytes:
+            idle = [(tp, b) for tp, b in self._buffers.items() if tp not in busy]
             for tp, b in sorted(idle, key=lambda kv: -kv[1].nbytes):
                 if total < cfg.max_bytes:
                     break
@@ -262,9 +325,11 @@ class MicroBatches:
         return out
 
     def next_due_in(self, busy: Container[TP], now: float | None = None) -> float | None:
-        """Seconds until the oldest buffer that is not busy reaches its age cut (None when there
-        is no such buffer)."""
-        idle = [b.since for tp, b in self._buffers.items() if tp not in busy]
+        """Seconds until the oldest buffer or open file that is not busy reaches its age cut
+        (None when there is no such partition)."""
+        idle = [
+            since for tp in self._partitions() if tp not in busy and (since := self._since(tp)) is not None
+        ]
         if not idle:
             return None
         now = time.monotonic() if now is None else now

@@ -13,9 +13,10 @@ Layout under the landing root (``s3://bucket/prefix`` or a directory)::
     _state/<t>/<partition:05d>.json                        idle watermark (If-Match updates)
     _state/<t>/_markers.json                               hours already marked complete
 
-``stage`` encodes the Parquet file locally (layout.write_parquet; a local directory: in its scratch
-folder, on the same filesystem, so the upload is a link) and uploads
-it under ``_staging/`` (multipart when large; no condition needed: the key is fresh). ``commit``
+``open_stage`` (and ``stage``, one row group) writes the Parquet file a row group at a time
+(stage_writer.py): a local directory encodes it in its scratch folder, on the same filesystem, so
+the upload is a link; object storage streams it under ``_staging/`` as a multipart upload (one PUT
+when small; no condition needed: the key is fresh). ``commit``
 runs the claim chain. ``open`` refuses a store that ignores conditional writes (some emulators and
 proxies overwrite silently), since the chain's exactly-once rests on them.
 """
@@ -24,13 +25,14 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import secrets
 import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 
@@ -40,6 +42,7 @@ from mqd.landing import layout, markers, watermark
 from mqd.landing.claim_chain import REAP_SUFFIX, Claim, PartitionChain, reap, staging_prefix
 from mqd.landing.layout import FileRange, LandingCorrupt, LandingError, LandingFormatError
 from mqd.landing.objects import Objects, PreconditionFailed
+from mqd.landing.stage_writer import ParquetStage, Upload
 from mqd.landing.store import STALE_AFTER_S, CommitLockTimeout, PartitionHead, StagedFile
 from mqd.topic_name import check_topic_name
 
@@ -199,6 +202,9 @@ class ObjectStore:
         for m in markers:
             if m[: -len(REAP_SUFFIX)] not in staged and self.objects.head(m[: -len(REAP_SUFFIX)]) is None:
                 self.objects.delete(m)
+        stale_uploads = getattr(self.objects, "remove_stale_uploads", None)  # S3: open staged files
+        if stale_uploads is not None:
+            removed += int(stale_uploads("_staging/", older_than_s))
         remove_temp = getattr(self.objects, "remove_temp", None)  # a local directory's temp files
         if remove_temp is not None:
             removed += int(remove_temp(older_than_s))
@@ -211,23 +217,67 @@ class ObjectStore:
     # -- publication ------------------------------------------------------------------------------
 
     def stage(self, records: pa.Table, rng: FileRange, compression: str) -> StagedFile:
+        writer = self.open_stage(rng, compression)
+        try:
+            writer.write(records)
+            return writer.finish(rng)
+        except BaseException:
+            writer.abort()
+            raise
+
+    def open_stage(self, rng: FileRange, compression: str) -> ParquetStage:
+        """A staged file written a row group at a time (stage_writer.py): a local directory
+        encodes into a scratch file, linked under ``_staging/`` by ``finish``; object storage
+        streams parts of a multipart upload (``open_upload``). OSError (local disk full, a folder
+        that is a file) becomes a retriable LandingError."""
         key = f"{staging_prefix(rng.topic, rng.partition)}{secrets.token_hex(16)}.parquet"
-        scratch: Path | None = getattr(self.objects, "scratch_dir", None)  # local: link, not copy
         prepare = getattr(self.objects, "prepare", None)  # local: the visible folder, before the claim
         if prepare is not None:
             prepare(rng.path)
         try:
-            if scratch is not None:
-                scratch.mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryDirectory(prefix="mqd-stage-", dir=scratch) as tmp:
-                path = Path(tmp) / "staged.parquet"
-                size = layout.write_parquet(path, records, rng, compression)
+            scratch: Path | None = getattr(self.objects, "scratch_dir", None)  # local: link, not copy
+            open_upload = getattr(self.objects, "open_upload", None)  # S3: streamed parts
+            if scratch is not None or open_upload is None:  # else: a temp file, uploaded whole
+                return self._local_stage(scratch, key, rng, compression)
+            upload: Upload = open_upload(key)
+            try:
+                return _Staging(
+                    rng,
+                    pa.PythonFile(upload, mode="w"),
+                    key,
+                    compression,
+                    done=upload.complete,
+                    drop=upload.abort,
+                )
+            except BaseException:
+                upload.abort()
+                raise
+        except OSError as exc:
+            raise _staging_error(rng, exc) from None
+
+    def _local_stage(self, scratch: Path | None, key: str, rng: FileRange, compression: str) -> ParquetStage:
+        """Encode into a local file (the scratch folder, or the system's temp folder for objects
+        that can only upload a whole file), uploaded by ``finish``."""
+        folder = scratch if scratch is not None else Path(tempfile.gettempdir())
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"mqd-stage-{key.rsplit('/', 1)[1]}"
+
+        def done() -> int:
+            try:
+                fd = os.open(path, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                    size = os.fstat(fd).st_size
+                finally:
+                    os.close(fd)
                 self.objects.upload(key, path)
-        except OSError as exc:  # encoding it (local disk full, a folder that is a file): retriable
-            raise LandingError(
-                f"{rng.topic}/{rng.partition}: staging {rng.path}: {exc}", errno=exc.errno
-            ) from None
-        return StagedFile(replace(rng, bytes=size, created=layout.iso_now()), key)
+            finally:
+                path.unlink(missing_ok=True)  # linked into place (or failed): the scratch name goes
+            return size
+
+        return _Staging(
+            rng, str(path), key, compression, done=done, drop=lambda: path.unlink(missing_ok=True)
+        )
 
     def commit(
         self, staged: StagedFile, expected_last: int | None, expected_incarnation: str | None = None
@@ -335,6 +385,37 @@ class ObjectStore:
                     continue
                 out.append(info.key)
         return sorted(out)
+
+
+class _Staging(ParquetStage):
+    """A ParquetStage whose I/O errors (a full local disk while encoding) are retriable
+    LandingErrors naming the file, like every other landing write."""
+
+    def __init__(
+        self, rng: FileRange, where: str | pa.NativeFile, key: str, compression: str, **kw: Any
+    ) -> None:
+        self._rng = rng
+        try:
+            super().__init__(where, key, compression, **kw)
+        except OSError as exc:
+            raise _staging_error(rng, exc) from None
+
+    def write(self, table: pa.Table) -> None:
+        try:
+            super().write(table)
+        except OSError as exc:
+            self.abort()
+            raise _staging_error(self._rng, exc) from None
+
+    def finish(self, rng: FileRange) -> StagedFile:
+        try:
+            return super().finish(rng)
+        except OSError as exc:
+            raise _staging_error(rng, exc) from None
+
+
+def _staging_error(rng: FileRange, exc: OSError) -> LandingError:
+    return LandingError(f"{rng.topic}/{rng.partition}: staging {rng.path}: {exc}", errno=exc.errno)
 
 
 @contextlib.contextmanager

@@ -9,6 +9,7 @@ on the previous end.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -16,19 +17,68 @@ import numpy as np
 import pyarrow as pa
 
 from mqd.landing import layout
-from mqd.landing.layout import FileRange, LandingError
-from mqd.landing.store import LandingStore, PublishConflict
+from mqd.landing.layout import FileRange, LandingCorrupt, LandingError
+from mqd.landing.store import LandingStore, PublishConflict, StageWriter
+
+
+@dataclass(slots=True)
+class OpenFile:
+    """A partition's file being staged across publications: row groups are written into it as the
+    sink's buffers fill, and it is committed once it reaches ``max_records``/``max_bytes``, its
+    hour or log incarnation ends, or the sink finishes it (``max_age``, the end of a burst)."""
+
+    writer: StageWriter
+    topic: str
+    partition: int
+    path: str
+    hour: int
+    incarnation: str | None
+    first_offset: int
+    since: float  # monotonic time its first record was fetched (the age cut counts from it)
+    records: int = 0
+    nbytes: int = 0  # in-memory bytes of the records written (what max_bytes counts)
+    last_offset: int = -1
+    ts_min: int = 0
+    ts_max: int = 0
+    started: tuple[int, int] | None = None  # (run, row) in the current call where it began; None: earlier
+    leader_epoch: int | None = None  # the source's leader epoch of its newest record (FileRange.leader_epoch)
+
+    def note(self, records: pa.Table) -> None:
+        _first, last, count, ts_min, ts_max = layout.describe(self.topic, self.partition, records)
+        self.ts_min = ts_min if not self.records else min(self.ts_min, ts_min)
+        self.ts_max = ts_max if not self.records else max(self.ts_max, ts_max)
+        self.records += count
+        self.nbytes += records.nbytes
+        self.last_offset = last
+
+    def range(self) -> FileRange:
+        return FileRange(
+            self.path,
+            self.topic,
+            self.partition,
+            self.first_offset,
+            self.last_offset,
+            self.records,
+            self.ts_min,
+            self.ts_max,
+            incarnation=self.incarnation,
+            leader_epoch=self.leader_epoch,
+        )
 
 
 @dataclass(slots=True)
 class PublishOutcome:
-    """What ``publish_records`` did with one partition's records."""
+    """What ``publish_records`` / ``stream`` did with one partition's records."""
 
     published: list[FileRange] = field(default_factory=list)
     remaining: list[pa.RecordBatch] = field(default_factory=list)  # not published (error)
     remaining_incarnations: list[str | None] = field(default_factory=list)  # one per remaining batch
     conflict: PublishConflict | None = None
-    error: LandingError | None = None
+    error: LandingError | LandingCorrupt | None = None
+    open: OpenFile | None = None  # the file still being staged (stream without finish)
+    # an error lost an open file that held records of earlier calls (no longer in memory): the
+    # partition must be fetched again from (offset, incarnation); nothing after it is remaining
+    refetch: tuple[int, str | None] | None = None
 
     @property
     def last_offset(self) -> int | None:
@@ -126,41 +176,128 @@ class Publisher:
         Never raises for conflicts or disk errors: the outcome says what was published and what
         is left, so the caller keeps the rest buffered (disk) or drops it (conflict).
         """
+        return self.stream(
+            topic,
+            partition,
+            batches,
+            expected_last,
+            max_records,
+            incarnations=incarnations,
+            expected_incarnation=expected_incarnation,
+            leader_epochs=leader_epochs,
+            finish=True,
+        )
+
+    def stream(
+        self,
+        topic: str,
+        partition: int,
+        batches: list[pa.RecordBatch],
+        expected_last: int | None,
+        max_records: int | None = None,
+        max_bytes: int | None = None,
+        *,
+        incarnations: list[str | None] | None = None,
+        expected_incarnation: str | None = None,
+        leader_epochs: Mapping[str | None, int] | None = None,
+        open_file: OpenFile | None = None,
+        finish: bool = True,
+        since: float = 0.0,
+    ) -> PublishOutcome:
+        """Write drained batches of one partition into its open file (``open_file``, or a new one
+        opened at ``since``) a row group at a time, committing each file that is complete: at
+        ``max_records`` records or ``max_bytes`` bytes, at the end of an hour or a log incarnation
+        run, and the last one when ``finish``. Without ``finish`` the last file stays open
+        (``outcome.open``) for the next call. ``leader_epochs``: as ``publish_records``.
+
+        Never raises for conflicts or disk errors (see ``publish_records``). On an error the open
+        file is aborted: records of this call that it held are ``remaining``; if it also held
+        records of earlier calls, which are no longer in memory, ``refetch`` says where the
+        partition must be fetched again (and nothing is remaining).
+        """
         out = PublishOutcome()
         incs: list[str | None] = list(incarnations) if incarnations is not None else [None] * len(batches)
         if len(incs) != len(batches):
             raise ValueError(f"{len(batches)} batches but {len(incs)} incarnations")
-        for run_no, (inc, lo, hi) in enumerate(incarnation_runs(incs)):
-            table = layout.concat(batches[lo:hi])
-            step = max_records or table.num_rows or 1
-            pieces = [
-                (start + i, min(step, length - i))
-                for _hour, start, length in layout.hour_runs(table)
-                for i in range(0, length, step)
-            ]
-            for start, length in pieces:
-                try:
-                    rng = self.publish(
-                        topic,
-                        partition,
-                        table.slice(start, length),
-                        expected_last,
-                        incarnation=inc,
-                        expected_incarnation=expected_incarnation,
-                        leader_epoch=(leader_epochs or {}).get(inc),
-                    )
-                except PublishConflict as exc:
-                    out.conflict = exc
+        cap_records = max_records or (1 << 62)
+        cap_bytes = max_bytes or (1 << 62)
+        f = open_file
+        if f is not None:
+            f.started = None
+        runs = incarnation_runs(incs)
+        tables: list[pa.Table] = []
+        at = (0, 0)  # (run, row) of the first record not yet in a file
+
+        def close(f: OpenFile) -> None:
+            nonlocal expected_last, expected_incarnation
+            staged = f.writer.finish(f.range())
+            try:
+                rng = self.store.commit(staged, expected_last, expected_incarnation)
+            finally:
+                self.store.discard(staged)  # committed: already gone from the staging name
+            out.published.append(rng)
+            expected_last, expected_incarnation = rng.last_offset, rng.incarnation
+
+        try:
+            for run_no, (inc, lo, hi) in enumerate(runs):
+                table = layout.concat(batches[lo:hi])
+                tables.append(table)
+                row_bytes = table.nbytes / max(1, table.num_rows)  # to cut a file near max_bytes
+                for hour, start, length in layout.hour_runs(table):
+                    pos, end = start, start + length
+                    while pos < end:
+                        at = (run_no, pos)
+                        if f is not None and (f.incarnation != inc or f.hour != hour):
+                            close(f)
+                            f = None
+                        if f is None:
+                            rng = file_range(topic, partition, table.slice(pos, 1), inc)
+                            writer = self.store.open_stage(rng, self.compression)
+                            f = OpenFile(
+                                writer, topic, partition, rng.path, hour, inc, rng.first_offset, since
+                            )
+                            f.started = (run_no, pos)
+                        epoch = (leader_epochs or {}).get(inc)
+                        if epoch is not None:
+                            f.leader_epoch = epoch
+                        room = math.ceil((cap_bytes - f.nbytes) / row_bytes) if row_bytes else end
+                        n = min(cap_records - f.records, end - pos, max(1, room))
+                        piece = table.slice(pos, n)
+                        f.writer.write(layout.landing_table(topic, partition, piece, inc))
+                        f.note(piece)
+                        pos += n
+                        if f.records >= cap_records or f.nbytes >= cap_bytes:
+                            at = (run_no, pos)
+                            close(f)
+                            f = None
+            if finish and f is not None:
+                close(f)
+                f = None
+        except PublishConflict as exc:
+            if f is not None:
+                f.writer.abort()
+            out.conflict = exc
+            return out
+        except (LandingError, LandingCorrupt) as exc:
+            out.error = exc
+            if f is not None:
+                f.writer.abort()
+                if f.started is None:
+                    out.refetch = (f.first_offset, f.incarnation)
                     return out
-                except LandingError as exc:
-                    out.error = exc
-                    rest = table.slice(start).to_batches()
-                    later = [
-                        i for _inc, lo2, hi2 in incarnation_runs(incs)[run_no + 1 :] for i in range(lo2, hi2)
-                    ]
-                    out.remaining = rest + [batches[i] for i in later]
-                    out.remaining_incarnations = [inc] * len(rest) + [incs[i] for i in later]
-                    return out
-                out.published.append(rng)
-                expected_last, expected_incarnation = rng.last_offset, rng.incarnation
+                at = f.started
+            run_no, row = at
+            if run_no < len(tables):
+                rest = tables[run_no].slice(row).to_batches()
+                later = [i for _inc, lo2, hi2 in runs[run_no + 1 :] for i in range(lo2, hi2)]
+            else:  # failed before the run's table was built: nothing of it was taken
+                rest, later = [], [i for _inc, lo2, hi2 in runs[run_no:] for i in range(lo2, hi2)]
+            out.remaining = rest + [batches[i] for i in later]
+            out.remaining_incarnations = [runs[run_no][0]] * len(rest) + [incs[i] for i in later]
+            return out
+        except BaseException:
+            if f is not None:
+                f.writer.abort()
+            raise
+        out.open = f
         return out

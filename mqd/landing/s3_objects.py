@@ -13,13 +13,19 @@ and recognises its own nonce.
 
 from __future__ import annotations
 
+import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from mqd.landing.objects import ObjectInfo, ObjectStoreError, PreconditionFailed
 
 MULTIPART_THRESHOLD = 64 * 1024 * 1024  # staged files below this go up in one request
+# a streamed staged file (open_upload) goes up in parts of this size as it is written: S3's
+# minimum part is 5 MiB (the last excepted); larger parts mean fewer requests, more memory per
+# open file (one part buffered per partition being written)
+PART_BYTES = 8 * 1024 * 1024
 
 
 def parse_s3_uri(uri: str) -> tuple[str, str]:
@@ -116,6 +122,42 @@ class S3Objects:
         except (ClientError, BotoCoreError, OSError) as exc:
             raise self._error(exc, f"upload {key}") from None
 
+    def open_upload(self, key: str) -> S3Upload:
+        """A streamed, unconditional write of the fresh key ``key`` (a staged file): parts of
+        ``PART_BYTES`` go up as they fill (multipart), or one PUT when the object stays smaller."""
+        return S3Upload(self, key)
+
+    def remove_stale_uploads(self, prefix: str, older_than_s: float) -> int:
+        """Abort multipart uploads under ``prefix`` started more than ``older_than_s`` ago (open
+        staged files of a crashed daemon: no listing shows them, but they cost storage); returns
+        how many. Age only decides cost: a live upload's loss fails its publication (retried)."""
+        cutoff = time.time() - older_than_s
+        removed = 0
+        kwargs: dict[str, Any] = {"Prefix": self._key(prefix)}
+        while True:
+            try:
+                r = self._call(f"list uploads {prefix}", self.client.list_multipart_uploads, **kwargs)
+            except _S3Answer as ans:
+                raise self._error(ans.exc, f"list uploads {prefix}") from None
+            for u in r.get("Uploads", []):
+                if u["Initiated"].timestamp() >= cutoff:
+                    continue
+                try:
+                    self._call(
+                        f"abort upload {u['Key']}",
+                        self.client.abort_multipart_upload,
+                        Key=u["Key"],
+                        UploadId=u["UploadId"],
+                    )
+                    removed += 1
+                except _S3Answer as ans:
+                    if ans.status != 404:
+                        raise self._error(ans.exc, f"abort upload {u['Key']}") from None
+            if not r.get("IsTruncated"):
+                return removed
+            kwargs["KeyMarker"] = r.get("NextKeyMarker", "")
+            kwargs["UploadIdMarker"] = r.get("NextUploadIdMarker", "")
+
     def get(self, key: str) -> tuple[bytes, str] | None:
         from botocore.exceptions import BotoCoreError
 
@@ -189,6 +231,114 @@ class S3Objects:
         except _S3Answer as ans:
             if ans.status != 404:
                 raise self._error(ans.exc, f"delete {key}") from None
+
+
+class S3Upload:
+    """One object written as a stream (S3Objects.open_upload): a file-like ``write`` (what
+    pyarrow's writer calls), ``complete`` and ``abort``. Not thread-safe: one writer thread.
+    Multipart is unconditional, which is fine for a staged key: it is fresh, and only a claim
+    (a single-part conditional PUT) ever makes it count.
+
+    The part being filled waits in an unnamed local temp file, not in memory: a daemon may have
+    an open file on every partition, and only a part being sent (one per landing worker) is read
+    into memory, so the process's memory stays within the consumer's byte budget plus a part per
+    worker."""
+
+    def __init__(self, objects: S3Objects, key: str) -> None:
+        self._objects = objects
+        self._key = objects._key(key)
+        self.key = key
+        self._buf: IO[bytes] | None = None
+        self._buffered = 0
+        self._upload_id: str | None = None
+        self._parts: list[dict[str, Any]] = []
+        self.size = 0
+        self.closed = False
+
+    def _take(self) -> bytes:
+        """The buffered bytes (read into memory to be sent), the buffer emptied."""
+        if self._buf is None:
+            return b""
+        self._buf.seek(0)
+        data = self._buf.read()
+        self._buf.seek(0)
+        self._buf.truncate()
+        self._buffered = 0
+        return data
+
+    def _send_part(self) -> None:
+        c = self._objects.client
+        if self._upload_id is None:
+            r = self._call("create multipart", c.create_multipart_upload, Key=self._key)
+            self._upload_id = str(r["UploadId"])
+        n = len(self._parts) + 1
+        r = self._call(
+            "upload part",
+            c.upload_part,
+            Key=self._key,
+            UploadId=self._upload_id,
+            PartNumber=n,
+            Body=self._take(),
+        )
+        self._parts.append({"PartNumber": n, "ETag": r["ETag"]})
+
+    def _call(self, what: str, fn: Any, **kwargs: Any) -> Any:
+        try:
+            return self._objects._call(f"{what} {self.key}", fn, **kwargs)
+        except _S3Answer as ans:
+            raise self._objects._error(ans.exc, f"{what} {self.key}") from None
+
+    def write(self, data: Any) -> int:
+        n = len(memoryview(data).cast("B"))
+        if self._buf is None:
+            self._buf = tempfile.TemporaryFile(prefix="mqd-part-")  # closed by complete() or abort()
+        self._buf.write(data)
+        self._buffered += n
+        self.size += n
+        if self._buffered >= PART_BYTES:
+            self._send_part()
+        return n
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.closed = True  # pyarrow closes its file object; complete() or abort() ends the upload
+
+    def complete(self) -> int:
+        c = self._objects.client
+        try:
+            if self._upload_id is None:
+                self._call("put", c.put_object, Key=self._key, Body=self._take())
+            else:
+                if self._buffered:
+                    self._send_part()
+                self._call(
+                    "complete multipart",
+                    c.complete_multipart_upload,
+                    Key=self._key,
+                    UploadId=self._upload_id,
+                    MultipartUpload={"Parts": self._parts},
+                )
+        finally:
+            self._close_buffer()
+        return self.size
+
+    def _close_buffer(self) -> None:
+        buf, self._buf = self._buf, None
+        if buf is not None:
+            buf.close()
+
+    def abort(self) -> None:
+        self._close_buffer()
+        upload_id, self._upload_id = self._upload_id, None
+        if upload_id is not None:
+            try:
+                self._objects.client.abort_multipart_upload(
+                    Bucket=self._objects.bucket, Key=self._key, UploadId=upload_id
+                )
+            except Exception:  # the janitor (or a bucket lifecycle rule) ends it
+                pass
 
 
 class _S3Answer(Exception):

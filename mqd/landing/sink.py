@@ -28,6 +28,7 @@ offsets consumed, re-seeks, or pauses for a disk error there).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import time
 from collections import Counter
@@ -41,8 +42,8 @@ import structlog
 from mqd import metrics
 from mqd.config import LandingConfig
 from mqd.landing.layout import FileRange, LandingCorrupt, LandingError
-from mqd.landing.micro_batches import TP, Drained, MicroBatch, MicroBatches
-from mqd.landing.publisher import Publisher, PublishOutcome
+from mqd.landing.micro_batches import TP, Drained, FileProgress, MicroBatch, MicroBatches
+from mqd.landing.publisher import OpenFile, Publisher, PublishOutcome
 from mqd.landing.store import LandingStore, PartitionHead, PublishConflict, open_store
 from mqd.landing.watermark import AheadOfClock
 from mqd.waiting import wait_event
@@ -69,6 +70,8 @@ class PublishResult:
     published: list[FileRange]
     conflict: PublishConflict | None = None
     error: LandingError | LandingCorrupt | None = None  # LandingCorrupt: needs a human
+    # conflict: also set (with error) when an error lost an open file's earlier records: the
+    # daemon re-seeks to its first offset as after a lost conflict
     owned: bool = True  # the partition's epoch did not change while it ran
 
     @property
@@ -134,6 +137,9 @@ class LandingSink:
         self._busy: Counter[TP] = Counter()  # publications registered per partition (running or waiting)
         self._tasks: dict[TP, asyncio.Task[None]] = {}  # background publications, one per partition
         self._epoch: dict[TP, int] = {}  # the one ownership counter; see the module docstring
+        # each partition's file being staged (row groups written, not committed); a running
+        # publication holds it (absent here meanwhile) and puts it back when it ends owned
+        self._open: dict[TP, OpenFile] = {}
         # set whenever a publication takes a buffer (room in the sink) or ends
         self._progress = asyncio.Event()
         self.failure: BaseException | None = None  # unexpected error of a background publication
@@ -164,6 +170,10 @@ class LandingSink:
         if self._closed:
             return
         self._closed = True
+        for f in self._open.values():  # unpublished: forget the staged bytes (the janitor would)
+            with contextlib.suppress(Exception):
+                await self.run_blocking(f.writer.abort)
+        self._open.clear()
         self._readers.shutdown(wait=False, cancel_futures=True)
         if self._own_executor:
             self._executor.shutdown(wait=False, cancel_futures=True)
@@ -207,6 +217,9 @@ class LandingSink:
         """Forget the partition's unpublished records and start a new epoch: a publication in
         flight can no longer restore its records or move the partition."""
         self._epoch[tp] = self._epoch.get(tp, 0) + 1
+        f = self._open.pop(tp, None)  # not busy (a running publication holds it): abort it aside
+        if f is not None:
+            self._executor.submit(f.writer.abort)
         dropped = self.batches.drop(tp)
         self.stats.dropped += dropped
         return dropped
@@ -285,15 +298,17 @@ class LandingSink:
         """Background publications are registered (running or waiting)."""
         return bool(self._tasks)
 
-    def start_publications(self, tps: Iterable[TP]) -> None:
+    def start_publications(self, tps: Iterable[TP], *, finish: bool | None = None) -> None:
         """Publish ``tps`` in the background, one task per partition: a partition whose task is
-        still registered is skipped (its next cut waits). Results go to ``on_result``."""
+        still registered is skipped (its next cut waits). Results go to ``on_result``.
+        ``finish``: see ``publish_partition`` (None: files are finished when due by age)."""
         for tp in tps:
             key = (tp[0], tp[1])
             if key not in self._tasks:
                 # publish_partition() marks it busy right away: the next due() skips it
                 self._tasks[key] = asyncio.create_task(
-                    self._background(key, self.publish_partition(key)), name=f"mqd-publish-{tp}"
+                    self._background(key, self.publish_partition(key, finish=finish)),
+                    name=f"mqd-publish-{tp}",
                 )
 
     async def _background(self, tp: TP, publication: Coroutine[Any, Any, PublishResult | None]) -> None:
@@ -344,8 +359,13 @@ class LandingSink:
                 raise out
         return [res for res in outs if isinstance(res, PublishResult)]
 
-    def publish_partition(self, tp: TP) -> Coroutine[Any, Any, PublishResult | None]:
-        """Cut and publish ``tp``'s micro-batch (None when nothing is buffered); await the result.
+    def publish_partition(
+        self, tp: TP, *, finish: bool | None = True
+    ) -> Coroutine[Any, Any, PublishResult | None]:
+        """Cut ``tp``'s micro-batch into its open file and, with ``finish``, publish the file (None
+        when nothing is buffered or open); await the result. ``finish=None``: finish it only when
+        it is due by age (else it stays open; the publisher commits any file that reaches
+        max_records or max_bytes either way).
 
         The partition is busy from this call on (not from the coroutine's first step), so a caller
         that schedules the coroutine as a task does not see it due again meanwhile. The coroutine
@@ -353,21 +373,24 @@ class LandingSink:
         only then, so records drained while waiting join this micro-batch."""
         tp = (tp[0], tp[1])
         self._busy[tp] += 1
-        return self._publish_partition(tp, time.monotonic())
+        return self._publish_partition(tp, time.monotonic(), finish)
 
-    async def _publish_partition(self, tp: TP, due_at: float) -> PublishResult | None:
+    async def _publish_partition(self, tp: TP, due_at: float, finish: bool | None) -> PublishResult | None:
         lock = self._locks.setdefault(tp, asyncio.Lock())
         try:
             async with lock, self._slots:
+                if finish is None:
+                    finish = self.batches.age_due(tp)
                 buf = self.batches.take(tp)
-                if buf is None:
+                if buf is None and (tp not in self._open or not finish):
                     return None
-                self.batches.inflight_bytes += buf.nbytes
+                nbytes = 0 if buf is None else buf.nbytes
+                self.batches.inflight_bytes += nbytes
                 self._progress.set()
                 try:
-                    res = await self._publish(tp, buf, due_at)
+                    res = await self._publish(tp, buf, due_at, finish)
                 finally:
-                    self.batches.inflight_bytes -= buf.nbytes
+                    self.batches.inflight_bytes -= nbytes
             self.on_result(res)
             return res
         finally:
@@ -377,36 +400,61 @@ class LandingSink:
                 self._locks.pop(tp, None)  # nobody holds or waits for it
             self._progress.set()
 
-    async def _publish(self, tp: TP, buf: MicroBatch, due_at: float) -> PublishResult:
+    async def _publish(self, tp: TP, buf: MicroBatch | None, due_at: float, finish: bool) -> PublishResult:
         epoch = self._epoch.get(tp, 0)
+        f = self._open.pop(tp, None)  # this publication holds the open file until it ends
+        fp = self.batches.files.get(tp)
+        taken = (fp.records if fp is not None else 0) + (buf.records if buf is not None else 0)
+        batches = [] if buf is None else buf.batches
+        incarnations = [] if buf is None else buf.incarnations
+        leader_epochs = {} if buf is None else buf.leader_epochs
+        since = f.since if f is not None else (buf.since if buf is not None else time.monotonic())
+        lead = self.batches.publish_lead  # the age cut's lead when this one was cut
         t0 = time.monotonic()
         try:
             outcome: PublishOutcome = await self.run_blocking(
                 functools.partial(
-                    self.publisher.publish_records,
+                    self.publisher.stream,
                     tp[0],
                     tp[1],
-                    buf.batches,
+                    batches,
                     self.batches.expected(tp),
                     self._config.max_records,
-                    incarnations=buf.incarnations,
+                    self._config.max_bytes,
+                    incarnations=incarnations,
                     expected_incarnation=self.batches.expected_incarnation(tp),
-                    leader_epochs=buf.leader_epochs,
+                    leader_epochs=leader_epochs,
+                    open_file=f,
+                    finish=finish,
+                    since=since,
                 )
             )
-        except LandingCorrupt as exc:
-            # a foreign file squats on a name we need, or state we cannot read: keep the records
-            if self._epoch.get(tp, 0) == epoch:
-                self.batches.restore(tp, buf.batches, buf.since, buf.incarnations, buf.leader_epochs)
-            return PublishResult(tp, [], error=exc, owned=self._epoch.get(tp, 0) == epoch)
         except BaseException:
+            # unexpected (the publisher turns store errors into an outcome): it aborted the file
             if self._epoch.get(tp, 0) == epoch:
-                self.batches.restore(tp, buf.batches, buf.since, buf.incarnations, buf.leader_epochs)
+                if f is not None:
+                    self.drop(tp)  # records of earlier row groups are gone with the file
+                elif buf is not None:
+                    self.batches.restore(tp, buf.batches, buf.since, buf.incarnations, buf.leader_epochs)
             raise
         end = time.monotonic()
-        metrics.publish_latency.observe(end - t0)
-        if outcome.published and outcome.error is None and outcome.conflict is None:
-            self.batches.observe_publish(end - due_at)  # includes the wait for a worker
+        owned = self._epoch.get(tp, 0) == epoch
+        if outcome.open is not None:
+            if owned:
+                self._open[tp] = outcome.open
+                self.batches.files[tp] = FileProgress(
+                    outcome.open.records, outcome.open.nbytes, outcome.open.since
+                )
+            else:  # dropped while it ran: its records belong to nobody now
+                await self.run_blocking(outcome.open.writer.abort)
+        elif owned:
+            self.batches.files.pop(tp, None)
+        if outcome.published:
+            metrics.publish_latency.observe(end - t0)
+        if outcome.published and outcome.error is None and outcome.conflict is None and finish:
+            # from the moment the age cut was due, not from when the loop got to it: the lead then
+            # also covers a loop busy decoding when the cut fell due (and the wait for a worker)
+            self.batches.observe_publish(end - min(due_at, since + self._config.max_age - lead))
         for rng in outcome.published:
             self.stats.files += 1
             self.stats.records += rng.count
@@ -415,32 +463,52 @@ class LandingSink:
             metrics.records_published.labels(tp[0]).inc(rng.count)
             metrics.bytes_published.labels(tp[0]).inc(rng.bytes)
             self.ahead_of_clock.note(rng)
-        owned = self._epoch.get(tp, 0) == epoch
         if outcome.published and owned:
             last = outcome.published[-1]
             self.batches.set_expected(tp, last.last_offset, last.incarnation)
-        if outcome.conflict is not None:
+        conflict = outcome.conflict
+        if conflict is not None:
             self.stats.conflicts += 1
             metrics.publish_conflicts.labels(tp[0]).inc()
             log.warning(
                 "publish_conflict",
                 topic=tp[0],
                 partition=tp[1],
-                expected=outcome.conflict.expected,
-                landed=outcome.conflict.last_offset,
-                landed_incarnation=outcome.conflict.incarnation,
+                expected=conflict.expected,
+                landed=conflict.last_offset,
+                landed_incarnation=conflict.incarnation,
             )
-            self.stats.dropped += buf.records - sum(r.count for r in outcome.published)
+            self.stats.dropped += taken - sum(r.count for r in outcome.published)
             if owned:
                 self.drop(tp)  # what arrived meanwhile follows the lost batch: drop it too
-                self.batches.set_expected(tp, outcome.conflict.last_offset, outcome.conflict.incarnation)
+                self.batches.set_expected(tp, conflict.last_offset, conflict.incarnation)
         elif outcome.error is not None:
-            metrics.landing_errors.labels(str(outcome.error.errno or "other")).inc()
-            if owned:
+            if isinstance(outcome.error, LandingError):
+                metrics.landing_errors.labels(str(outcome.error.errno or "other")).inc()
+            if outcome.refetch is not None:
+                # the open file held records of earlier row groups, no longer in memory: fetch
+                # them again from its first offset (a seek, like a lost conflict, that lands nothing)
+                first, inc = outcome.refetch
+                if owned:
+                    self.stats.dropped += taken - sum(r.count for r in outcome.published)
+                    dropped = self.drop(tp) + taken - sum(r.count for r in outcome.published)
+                    log.warning(
+                        "open landing file lost on an error; its records are fetched again",
+                        topic=tp[0],
+                        partition=tp[1],
+                        from_offset=first,
+                        incarnation=inc,
+                        records=dropped,
+                        error=str(outcome.error),
+                    )
+                    conflict = PublishConflict(
+                        tp[0], tp[1], self.batches.expected(tp), first - 1, incarnation=inc
+                    )
+            elif owned:
                 self.batches.restore(
-                    tp, outcome.remaining, buf.since, outcome.remaining_incarnations, buf.leader_epochs
+                    tp, outcome.remaining, since, outcome.remaining_incarnations, leader_epochs
                 )
-        return PublishResult(tp, outcome.published, outcome.conflict, outcome.error, owned)
+        return PublishResult(tp, outcome.published, conflict, outcome.error, owned)
 
     def status(self) -> dict[str, Any]:
         """The admin endpoint's ``landing`` section (its JSON shape is an interface)."""

@@ -12,6 +12,11 @@ whose primitive is the single-part conditional PUT) fits as well as the local di
             the bytes survive a crash; nothing is visible; the staged file belongs to this caller.
             Both stores: the file under ``_staging/`` (object storage: a PUT, multipart is
             fine; a local directory: encoded in a scratch folder, linked into place, fsynced).
+``open_stage`` the same as ``stage``, a row group at a time: ``StageWriter.write(table)`` appends
+            one row group to the staged file as the records arrive, ``finish(rng)`` closes it
+            with its final range and returns the ``StagedFile`` (``abort()`` forgets it), so a
+            large file is never held in memory whole (local: a scratch file; object storage: a
+            multipart upload of parts of at least 5 MiB, or one PUT when it stays small).
 ``commit``  the conditional step, given the previous end the caller believes in
             (``expected_last``). Guarantees: either the staged file is visible under its final
             name, recorded in the manifest and the head, exactly once across every owner and
@@ -105,6 +110,24 @@ class PartitionHead:
     leader_epoch: int | None = None
 
 
+class StageWriter(Protocol):
+    """One staged file being written a row group at a time (``LandingStore.open_stage``). Used by
+    one thread at a time; nothing of it is visible or durable before ``finish`` returns."""
+
+    def write(self, table: pa.Table) -> None:
+        """Append ``table`` (the landing schema) as row groups."""
+        ...
+
+    def finish(self, rng: FileRange) -> StagedFile:
+        """Close the file with ``rng`` (its final range: last offset, count, event times) in its
+        metadata and make it durable, still invisible: the input of ``commit``."""
+        ...
+
+    def abort(self) -> None:
+        """Forget the file (nothing was committed); idempotent, never raises."""
+        ...
+
+
 class LandingStore(Protocol):
     """The landing's publication contract (see the module docstring). LandingError: the store
     cannot be written now (retriable); LandingCorrupt: it holds something mqd did not write."""
@@ -125,6 +148,11 @@ class LandingStore(Protocol):
     def stage(self, records: pa.Table, rng: FileRange, compression: str) -> StagedFile:
         """Encode ``records`` (the landing schema, one hour, one partition) as the file ``rng``
         describes and write it durably, invisible, without a lock."""
+        ...
+
+    def open_stage(self, rng: FileRange, compression: str) -> StageWriter:
+        """Start staging the file ``rng`` names (its path: topic, partition, hour, first offset,
+        incarnation; the rest of ``rng`` is given to ``finish``), written a row group at a time."""
         ...
 
     def commit(

@@ -26,6 +26,7 @@ from support.harness import Cluster
 _ids = itertools.count()
 
 FAST_CONSUMER: dict[str, Any] = {**FAST, "consume_from": "first"}
+TEST_MAX_AGE_S = 5.0  # landing.max_age of test daemons that set none (the old default; the daemon's is 60 s)
 
 
 def daemon_config(
@@ -43,7 +44,8 @@ def daemon_config(
                 **(consumer or {}),
             }
         ),
-        landing=LandingConfig(dir=root / "landing", **landing),
+        # tests land within seconds: the daemon's default max_age (60 s) is for large files
+        landing=LandingConfig(dir=root / "landing", **{"max_age": TEST_MAX_AGE_S, **landing}),
         admin=AdminConfig(enabled=False),
         daemon=DaemonSection(
             state_dir=root / "state",

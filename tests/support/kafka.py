@@ -15,6 +15,7 @@ import pytest
 from mqd.config import AdminConfig, ConsumerConfig, DaemonSection, LandingConfig, MqdConfig
 from mqd.testing.tansu import Tansu
 from support.consumer import FAST
+from support.daemon import TEST_MAX_AGE_S
 
 CODECS = ("none", "gzip", "snappy", "lz4", "zstd")
 Headers = list[tuple[str, bytes | None]]
@@ -46,7 +47,8 @@ def kafka_daemon_config(
                 **(consumer or {}),
             }
         ),
-        landing=LandingConfig(dir=landing_dir or root / "landing", **landing),
+        # tests land within seconds: the daemon's default max_age (60 s) is for large files
+        landing=LandingConfig(dir=landing_dir or root / "landing", **{"max_age": TEST_MAX_AGE_S, **landing}),
         admin=AdminConfig(enabled=False),
         daemon=DaemonSection(
             state_dir=root / "state",
