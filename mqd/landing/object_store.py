@@ -31,8 +31,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
-
-import pyarrow as pa
+from typing import TYPE_CHECKING
 
 from mqd import fsutil
 from mqd.errors import MqdError
@@ -41,7 +40,13 @@ from mqd.landing.claim_chain import REAP_SUFFIX, Claim, PartitionChain, reap, st
 from mqd.landing.layout import FileRange, LandingCorrupt, LandingError, LandingFormatError
 from mqd.landing.objects import Objects, PreconditionFailed
 from mqd.landing.store import STALE_AFTER_S, CommitLockTimeout, PartitionHead, StagedFile
+from mqd.lazy_import import lazy_import
 from mqd.topic_name import check_topic_name
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+else:
+    pa = lazy_import("pyarrow")
 
 _ATTEMPTS = 8
 

@@ -10,13 +10,19 @@ on the previous end.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-
-import numpy as np
-import pyarrow as pa
+from typing import TYPE_CHECKING
 
 from mqd.landing import layout
 from mqd.landing.layout import FileRange, LandingError
 from mqd.landing.store import LandingStore, PublishConflict
+from mqd.lazy_import import lazy_import
+
+if TYPE_CHECKING:
+    import numpy as np
+    import pyarrow as pa
+else:
+    np = lazy_import("numpy")
+    pa = lazy_import("pyarrow")
 
 
 @dataclass(slots=True)
