@@ -1,6 +1,6 @@
 """Start-up order of `mqd run` (issue 16): the first fetch goes out before the daemon pays for what
-that fetch does not need. pyarrow and numpy (decoding, landing) are imported after it; the start
-position, read from the landing's claim chains, needs neither.
+that fetch does not need. pyarrow and numpy (decoding, landing) and the admin endpoint are imported
+after it; the start position, read from the landing's claim chains, needs neither.
 
 No timing is asserted: the daemon runs as its own process with a ``sitecustomize`` on PYTHONPATH
 that wraps stderr and, when the ``first fetch sent`` line is written, writes down which of the
@@ -18,8 +18,9 @@ from support.cli import mqd, produce, write_config
 from support.daemon import assert_exactly_once
 from support.harness import Cluster
 
-# imported only once the first fetch is on the wire (rich: only for a console renderer)
-DEFERRED = ("pyarrow", "numpy")
+# imported only once the first fetch is on the wire: decoding and landing (pyarrow, numpy), the
+# admin endpoint (aiohttp.web, psutil, the status page)
+DEFERRED = ("pyarrow", "numpy", "mqd.admin")
 
 _HOOK = '''
 import json
@@ -69,12 +70,12 @@ sys.stderr = _Stderr(sys.stderr)
 '''
 
 
-def test_first_fetch_is_sent_before_pyarrow_and_numpy_are_imported(
+def test_first_fetch_is_sent_before_pyarrow_numpy_and_admin_are_imported(
     tmp_path: Path, cluster_factory: Callable[..., Cluster]
 ) -> None:
-    """`mqd run --burst` (admin endpoint on, JSON logs) logs ``first fetch sent`` while neither
-    pyarrow nor numpy is in ``sys.modules``, imports both afterwards, and lands every record exactly
-    once: the deferral changes when the cost is paid, not what the daemon does."""
+    """`mqd run --burst` (admin endpoint on, JSON logs) logs ``first fetch sent`` while none of
+    pyarrow, numpy and mqd.admin is in ``sys.modules``, imports them afterwards, and lands every
+    record exactly once: the deferral changes when the cost is paid, not what the daemon does."""
     hook = tmp_path / "hook"
     hook.mkdir()
     (hook / "sitecustomize.py").write_text(_HOOK)
