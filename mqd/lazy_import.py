@@ -15,8 +15,12 @@ placeholder into a plain module holding the real module's names, so later access
 module attribute costs (nothing per record on the hot path). A name the real module gains later
 (a submodule imported afterwards) is still found, through the module-level ``__getattr__``.
 
+The placeholder is a second module object: it holds the names as they were when it loaded, so a
+name rebound on the real module afterwards (a test's monkeypatch of ``mqd.format.x``) is not seen
+through it; patch the importing module's attribute instead.
+
 A module-level use (a constant such as ``pa.schema(...)`` at import time) imports at once: such
-modules stay off the start path (``tests/unit/test_startup_imports.py`` checks which are on it).
+modules stay off the start path (``tests/integration/daemon/test_startup_imports.py`` checks it).
 """
 
 from __future__ import annotations
