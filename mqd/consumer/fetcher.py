@@ -174,7 +174,7 @@ class NodeFetcher:
         m, cfg = self._m, self._m.config
         part_max = min(cfg.partition_max_bytes, max_bytes)
         sent = [_Sent(op, op.epoch, op.position, op.incarnation) for op in chosen]
-        requests = [FetchRequest(s.op.tp, s.offset, part_max, s.incarnation) for s in sent]
+        requests = [FetchRequest(s.op.tp, s.offset, part_max, s.incarnation, s.op.landed) for s in sent]
         request = m.source.fetch(
             self.node_id, requests, max_wait_ms=wait_ms, min_bytes=cfg.fetch_min_bytes, max_bytes=max_bytes
         )
@@ -613,6 +613,7 @@ class FetchManager:
                     d.next_offset,
                     d.nbytes,
                     incarnation=op.incarnation,
+                    leader_epoch=d.leader_epoch,
                 ),
                 same_answer=records > 0,
             )
