@@ -12,8 +12,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn, cast
@@ -160,6 +158,9 @@ def _admin_url(rt: _Runtime, pid: int) -> str | None:
 
 def _http(method: str, url: str, body: Any = None, token: str | None = None, timeout: float = 5.0) -> Any:
     """JSON over HTTP to the admin endpoint; raises click.ClickException with the server's reason."""
+    import urllib.error  # http.client and email: not on `mqd run`'s path
+    import urllib.request
+
     data = json.dumps(body).encode() if body is not None else None
     req = urllib.request.Request(url, data=data, method=method)
     if data is not None:

@@ -30,12 +30,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import sys
 import time
 from collections import deque
 from collections.abc import Awaitable, Iterable
 from typing import Any
 
-import pyarrow as pa
 import structlog
 
 from mqd import offsets_reset
@@ -50,7 +50,6 @@ from mqd.consumer import (
     consumer_status_json,
 )
 from mqd.consumer.source import LandedEpoch
-from mqd.format import now_ms
 from mqd.fsutil import LockTimeout
 from mqd.landing import layout
 from mqd.landing.layout import LandingCorrupt, LandingError
@@ -69,9 +68,17 @@ def _use_system_memory_pool() -> None:
     """Let Arrow allocate with the C library's malloc, unless the operator chose a pool
     (ARROW_DEFAULT_MEMORY_POOL). mimalloc and jemalloc keep freed pages per thread: with the
     landing's encoding threads that held about 70 MB more at peak RSS on a 2M-record backlog
-    (377 vs 304 MB, bench/profile, same records/s). Process-wide: the daemon owns its process."""
+    (377 vs 304 MB, bench/profile, same records/s). Process-wide: the daemon owns its process.
+
+    Before pyarrow is imported (it is, only once the first fetch is out: issue 16) the variable
+    says it, and Arrow reads it when it makes its default pool."""
     if os.environ.get("ARROW_DEFAULT_MEMORY_POOL"):
         return
+    if "pyarrow" not in sys.modules:
+        os.environ["ARROW_DEFAULT_MEMORY_POOL"] = "system"
+        return
+    import pyarrow as pa
+
     if pa.default_memory_pool().backend_name != "system":
         pa.set_memory_pool(pa.system_memory_pool())
 
@@ -460,6 +467,8 @@ class Daemon:
     async def _idle_watermarks(self) -> None:
         """A partition at its log end with nothing buffered vouches for event times up to now
         (minus a grace for records in flight): its hours can be marked complete."""
+        from mqd.format import now_ms  # pyarrow: not on the start path
+
         partitions = self.consumer.snapshot().partitions
         pending = self.sink.pending()
         mark = now_ms() - IDLE_GRACE_MS

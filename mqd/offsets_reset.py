@@ -51,15 +51,18 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-import numpy as np
-
 from mqd.errors import MqdError
 from mqd.landing.objects import Objects
+from mqd.lazy_import import lazy_import
 from mqd.topic_name import check_topic_name
 from mqd.topic_partition import TopicPartition
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from mqd.consumer.process_queue import FetchedBatch
+else:
+    np = lazy_import("numpy")  # only a replay needs it, never the start path (mqd/lazy_import.py)
 
 RESET_DIR = "_resets"  # "_": Spark's file source and the landing's readers skip it
 _VERSION = 1

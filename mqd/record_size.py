@@ -20,13 +20,23 @@ larger than the batch).
 
 from __future__ import annotations
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
+from typing import TYPE_CHECKING
 
-from mqd import format as fmt
 from mqd.config import DEFAULT_MAX_RECORD_BYTES
 from mqd.errors import MqdError
+from mqd.lazy_import import lazy_import
+
+if TYPE_CHECKING:
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from mqd import format as fmt
+else:
+    np = lazy_import("numpy")
+    pa = lazy_import("pyarrow")
+    pc = lazy_import("pyarrow.compute")
+    fmt = lazy_import("mqd.format")
 
 __all__ = [
     "DEFAULT_MAX_RECORD_BYTES",

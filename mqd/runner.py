@@ -50,6 +50,7 @@ STATES = ("starting", "running", "reloading", "stopping", "stopped")
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_FORCED = 130  # second signal: stopped without the drain
+ADMIN_AFTER = 1.0  # seconds of a start still waiting before the admin endpoint starts anyway
 
 
 class RunnerError(MqdError):
@@ -530,8 +531,6 @@ class Runner:
 
     async def run(self) -> int:
         """Run until stopped; returns the process exit code."""
-        from mqd.admin import AdminError as AdminStartError
-
         loop = asyncio.get_running_loop()
         self._stop_requested = asyncio.Event()
         try:
@@ -545,13 +544,10 @@ class Runner:
         try:
             if self._daemon is None:
                 self._daemon = self._build_daemon()
+            starting = asyncio.ensure_future(self.daemon.start())
             if self.config.admin.enabled:
-                from mqd.admin import AdminServer
-
-                self._admin = AdminServer(self.config.admin, self)
-                await self._admin.start()
-                self._write_admin_file()
-            if not await self._until_stop(self.daemon.start()):
+                await self._start_admin(starting)
+            if not await self._until_stop(starting):
                 reason = f"stopped on {self._stop_reason} while starting"
             else:
                 self._set_state("running")
@@ -560,7 +556,7 @@ class Runner:
                 log.info("mqd running", pid=os.getpid(), config_file=str(self.config_path), burst=self.burst)
                 await self.daemon.run(self._wait_stop())
                 reason = f"stopped on {self._stop_reason}" if self._stop_reason else "burst finished"
-        except (AdminStartError, RunnerError) as exc:
+        except RunnerError as exc:
             log.error("cannot start", error=str(exc))
             code, reason = EXIT_FAILURE, str(exc)
         except Exception as exc:
@@ -570,6 +566,33 @@ class Runner:
             code = await self._shutdown(code, reason)
             self._remove_signals(loop)
         return code
+
+    async def _start_admin(self, starting: asyncio.Future[None]) -> None:
+        """Start the admin endpoint once the daemon is up (its first fetch is out by then: the
+        endpoint's imports and bind come after it, issue 16), or after ADMIN_AFTER seconds of a
+        start that waits (cluster unreachable), so that `mqd status` can say why. Either way it is
+        up before READY=1."""
+        assert self._stop_requested is not None
+        stop = asyncio.ensure_future(self._stop_requested.wait())
+        waiters: set[asyncio.Future[Any]] = {starting, stop}
+        try:
+            await asyncio.wait(waiters, timeout=ADMIN_AFTER, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+        if starting.done() and (starting.cancelled() or starting.exception() is not None):
+            return  # the start failed: run() reports it
+        from mqd.admin import AdminError, AdminServer
+
+        self._admin = AdminServer(self.config.admin, self)
+        try:
+            await self._admin.start()
+        except AdminError as exc:
+            # the port is taken (or the like): the start in progress is abandoned
+            starting.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await starting
+            raise RunnerError(str(exc)) from exc
+        self._write_admin_file()
 
     async def _wait_stop(self) -> None:
         assert self._stop_requested is not None

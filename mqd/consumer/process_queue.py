@@ -12,11 +12,16 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass, field
-
-import pyarrow as pa
+from typing import TYPE_CHECKING
 
 from mqd import metrics
+from mqd.lazy_import import lazy_import
 from mqd.topic_partition import TopicPartition
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+else:
+    pa = lazy_import("pyarrow")
 
 
 @dataclass(frozen=True, slots=True)

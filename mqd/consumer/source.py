@@ -39,13 +39,16 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
-import pyarrow as pa
-
 from mqd.consumer.errors import ConsumerError
+from mqd.lazy_import import lazy_import
 from mqd.topic_partition import TopicPartition
 
 if TYPE_CHECKING:
+    import pyarrow as pa
+
     from mqd.consumer.offset_store import OffsetStore
+else:
+    pa = lazy_import("pyarrow")  # the start path does not decode (mqd/lazy_import.py)
 
 # -- cluster metadata ----------------------------------------------------------------------------
 

@@ -7,16 +7,16 @@ seam: the publication contract), ``local_store`` (its local-directory implementa
 (completeness markers).
 """
 
+from typing import Any
+
 from mqd.landing.layout import FileRange, LandingCorrupt, LandingError
 from mqd.landing.local_store import LocalStore, PartitionState, read_manifest
 from mqd.landing.markers import update_markers
 from mqd.landing.publisher import Publisher
-from mqd.landing.schema import LANDING_SCHEMA
 from mqd.landing.sink import LandingSink, PublishResult, PublishStats
 from mqd.landing.store import LandingStore, PartitionHead, PublishConflict, StagedFile, open_store
 
 __all__ = [
-    "LANDING_SCHEMA",
     "FileRange",
     "LandingCorrupt",
     "LandingError",
@@ -34,3 +34,13 @@ __all__ = [
     "read_manifest",
     "update_markers",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # mqd.landing.schema's constant builds a pyarrow schema: imported on first use, so that the
+    # daemon reads start positions (claim chains, JSON) before it imports pyarrow (issue 16)
+    if name == "LANDING_SCHEMA":
+        from mqd.landing.schema import LANDING_SCHEMA
+
+        return LANDING_SCHEMA
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

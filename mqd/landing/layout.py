@@ -31,18 +31,35 @@ import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
-
-import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
+from typing import TYPE_CHECKING, Any
 
 from mqd import fsutil
 from mqd.errors import MqdError
-from mqd.format import RECORD_SCHEMA
-from mqd.landing.schema import LANDING_SCHEMA as LANDING_SCHEMA  # re-exported: bench reads it here
+from mqd.lazy_import import lazy_import
 from mqd.topic_name import check_topic_name
+
+if TYPE_CHECKING:
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from mqd import format as fmt
+    from mqd.landing import schema
+else:  # names and claim chains (start positions) need none of these (mqd/lazy_import.py)
+    np = lazy_import("numpy")
+    pa = lazy_import("pyarrow")
+    pc = lazy_import("pyarrow.compute")
+    pq = lazy_import("pyarrow.parquet")
+    fmt = lazy_import("mqd.format")
+    schema = lazy_import("mqd.landing.schema")
+
+
+def __getattr__(name: str) -> Any:
+    if name == "LANDING_SCHEMA":  # re-exported (mqd.landing.schema's), imported on first use
+        return schema.LANDING_SCHEMA
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 # a data file's metadata version: 2 adds the incarnation column and range field; 1 is still read
 SCHEMA_VERSION = 2
@@ -223,7 +240,7 @@ def iso_now() -> str:
 
 def concat(batches: list[pa.RecordBatch]) -> pa.Table:
     """One zero-copy table over drained batches (chunks stay where they are)."""
-    return pa.Table.from_batches(batches, schema=RECORD_SCHEMA)
+    return pa.Table.from_batches(batches, schema=fmt.RECORD_SCHEMA)
 
 
 def hour_runs(table: pa.Table) -> list[tuple[int, int, int]]:
@@ -256,7 +273,7 @@ def landing_table(topic: str, partition: int, records: pa.Table, incarnation: st
     part_col = pa.array(np.full(n, partition, dtype=np.int32))
     return pa.Table.from_arrays(
         [_constant_string(n, topic), part_col, _constant_string(n, incarnation), *records.columns],
-        schema=LANDING_SCHEMA,
+        schema=schema.LANDING_SCHEMA,
     )
 
 

@@ -30,12 +30,17 @@ from __future__ import annotations
 import time
 from collections.abc import Container
 from dataclasses import dataclass, field
-from typing import Any, Protocol
-
-import numpy as np
-import pyarrow as pa
+from typing import TYPE_CHECKING, Any, Protocol
 
 from mqd.config import LandingConfig
+from mqd.lazy_import import lazy_import
+
+if TYPE_CHECKING:
+    import numpy as np
+    import pyarrow as pa
+else:
+    np = lazy_import("numpy")
+    pa = lazy_import("pyarrow")
 
 _EST_GAIN = 0.125  # weight of a new sample in the publish-time estimate (TCP's SRTT gain)
 _DEV_GAIN = 0.25  # weight of a new sample in its mean deviation (TCP's RTTVAR gain)

@@ -32,9 +32,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
-
-import pyarrow as pa
+from typing import TYPE_CHECKING, Any
 
 from mqd import fsutil
 from mqd.errors import MqdError
@@ -44,7 +42,13 @@ from mqd.landing.layout import FileRange, LandingCorrupt, LandingError, LandingF
 from mqd.landing.objects import Objects, PreconditionFailed
 from mqd.landing.stage_writer import ParquetStage, Upload
 from mqd.landing.store import STALE_AFTER_S, CommitLockTimeout, PartitionHead, StagedFile
+from mqd.lazy_import import lazy_import
 from mqd.topic_name import check_topic_name
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+else:
+    pa = lazy_import("pyarrow")
 
 _ATTEMPTS = 8
 

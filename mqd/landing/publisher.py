@@ -12,13 +12,19 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-
-import numpy as np
-import pyarrow as pa
+from typing import TYPE_CHECKING
 
 from mqd.landing import layout
 from mqd.landing.layout import FileRange, LandingCorrupt, LandingError
 from mqd.landing.store import LandingStore, PublishConflict, StageWriter
+from mqd.lazy_import import lazy_import
+
+if TYPE_CHECKING:
+    import numpy as np
+    import pyarrow as pa
+else:
+    np = lazy_import("numpy")
+    pa = lazy_import("pyarrow")
 
 
 @dataclass(slots=True)

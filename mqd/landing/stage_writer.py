@@ -27,15 +27,22 @@ import contextlib
 import json
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Protocol
-
-import pyarrow as pa
-import pyarrow.parquet as pq
+from typing import TYPE_CHECKING, Protocol
 
 from mqd.landing import layout
 from mqd.landing.layout import FileRange
-from mqd.landing.schema import LANDING_SCHEMA
 from mqd.landing.store import StagedFile
+from mqd.lazy_import import lazy_import
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from mqd.landing import schema
+else:  # off the daemon's start path (mqd/lazy_import.py)
+    pa = lazy_import("pyarrow")
+    pq = lazy_import("pyarrow.parquet")
+    schema = lazy_import("mqd.landing.schema")
 
 _ARROW_SCHEMA = b"ARROW:schema"
 
@@ -81,7 +88,7 @@ class ParquetStage:
         self.key = key
         self._done = done
         self._drop = drop
-        self._schema = LANDING_SCHEMA.with_metadata(
+        self._schema = schema.LANDING_SCHEMA.with_metadata(
             {layout.META_VERSION: str(layout.SCHEMA_VERSION).encode()}
         )
         self._writer: pq.ParquetWriter | None = pq.ParquetWriter(
@@ -106,7 +113,7 @@ class ParquetStage:
         if rng.count != self.rows:
             raise ValueError(f"{self.key}: range says {rng.count} records, {self.rows} were written")
         meta = range_metadata(rng)
-        serialized = LANDING_SCHEMA.with_metadata(meta).serialize().to_pybytes()
+        serialized = schema.LANDING_SCHEMA.with_metadata(meta).serialize().to_pybytes()
         writer.add_key_value_metadata({**meta, _ARROW_SCHEMA: base64.b64encode(serialized)})
         try:
             writer.close()

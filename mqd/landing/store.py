@@ -44,12 +44,16 @@ from __future__ import annotations
 import errno
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
-
-import pyarrow as pa
+from typing import TYPE_CHECKING, Protocol
 
 from mqd.errors import MqdError
 from mqd.landing.layout import FileRange, LandingError
+from mqd.lazy_import import lazy_import
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+else:
+    pa = lazy_import("pyarrow")
 
 STALE_AFTER_S = 3600.0  # a staged file this old belongs to no live publisher (a publication takes seconds)
 

@@ -5,10 +5,18 @@ Zero-copy: the record batches are views of the answer body (no Python object per
 
 from __future__ import annotations
 
-import pyarrow as pa
+from typing import TYPE_CHECKING
 
-from mqd import format
 from mqd.consumer.source import Decoded, DecodedBatch
+from mqd.lazy_import import lazy_import
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from mqd import format
+else:
+    pa = lazy_import("pyarrow")
+    format = lazy_import("mqd.format")
 
 
 def decode_batches(data: memoryview, offset: int, check_crc: bool) -> Decoded:
