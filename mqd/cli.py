@@ -1063,7 +1063,6 @@ def offsets_reset_cmd(config_path: Path, partitions: tuple[str, ...], to: str, d
     from mqd.offsets_reset import (
         ResetError,
         ResetRecord,
-        landing_root,
         now_iso,
         parse_partitions,
         parse_target,
@@ -1087,8 +1086,7 @@ def offsets_reset_cmd(config_path: Path, partitions: tuple[str, ...], to: str, d
 
     async def work(tool: Any) -> None:
         nonlocal refused
-        cfg = _load(config_path)
-        root = landing_root(cfg.landing.dir)
+        root = tool.landing  # the landing's objects: a directory or s3://
         tps = parse_partitions(partitions, tool.partitions_of())
         rows = await tool.rows(tps)
         targets = await tool.targets(tps, target)

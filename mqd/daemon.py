@@ -49,6 +49,7 @@ from mqd.consumer import (
     TopicPartition,
     consumer_status_json,
 )
+from mqd.consumer.source import LandedEpoch
 from mqd.format import now_ms
 from mqd.fsutil import LockTimeout
 from mqd.landing import layout
@@ -501,7 +502,7 @@ class Daemon:
 
     async def _start_position(self, tp: TopicPartition) -> StartPosition | None:
         try:
-            position, incarnation = await self.sink.resume(tp)
+            head = await self.sink.resume_head(tp)
         except LockTimeout as exc:
             # another process holds the partition's publication lock (frozen inside a commit?):
             # this partition waits for the next rebalance round, the others start now
@@ -511,20 +512,27 @@ class Daemon:
             self._record_error("resume_position", exc)
             # retriable: the consumer retries the assignment; nothing is fetched without a position
             raise ConsumerError(f"{tp}: cannot read landing state: {exc}", retriable=True) from exc
-        position, incarnation = await self._apply_offsets_reset(tp, position, incarnation)
+        position = None if head.last_offset is None else head.last_offset + 1
+        position, incarnation = await self._apply_offsets_reset(tp, position, head.incarnation)
         if position is None:
             return None
         self.consumer.mark_consumed(tp, position)  # a lost or lagging broker commit catches up
-        return StartPosition(position, incarnation)
+        landed = None
+        if head.last_offset is not None and head.leader_epoch is not None:
+            # a Kafka source checks the landed position against its log before fetching after it
+            landed = LandedEpoch(head.incarnation, head.last_offset, head.leader_epoch)
+        return StartPosition(position, incarnation, landed)
 
     async def _apply_offsets_reset(
         self, tp: TopicPartition, position: int | None, incarnation: str | None
     ) -> tuple[int | None, str | None]:
         """A `mqd offsets reset` record for ``tp`` (mqd/offsets_reset.py) moves the start position
         while the landed head is still the one it was decided against; a stale one is removed."""
-        landing = self._config.landing.dir
-        if isinstance(landing, str):  # object storage: resets are not recorded there (yet)
+        from mqd.landing.object_store import ObjectStore
+
+        if not isinstance(self.sink.store, ObjectStore):  # a test's own store: no records
             return position, incarnation
+        landing = self.sink.store.objects  # the records' store: a directory or s3://
         loop = asyncio.get_running_loop()
         try:
             rec = await loop.run_in_executor(None, offsets_reset.read_reset, landing, tp)

@@ -31,7 +31,12 @@ incarnation): otherwise it is refused. A partition with nothing landed can be re
 
 The daemon must be stopped (``mqd offsets reset`` refuses when it runs); other members of the
 same group must be too, or they may land the partition in between (the record then goes stale).
-Only local landings carry records for now; an ``s3://`` landing is refused with the reason.
+
+Records are objects of the landing's store (objects.py: ``put``, ``get``, ``delete``), so a local
+directory and an ``s3://`` landing share this one implementation: on a directory the record is the
+file ``<landing>/_resets/<t>/<p>.json`` (written to a temp file, fsynced, renamed), on S3 the object
+of that key. A record has one writer (the CLI, with the daemons stopped) and is removed by the
+daemon's start hook only, so no condition is needed on it.
 """
 
 from __future__ import annotations
@@ -39,7 +44,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import os
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -49,8 +53,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from mqd import fsutil
 from mqd.errors import MqdError
+from mqd.landing.objects import Objects
 from mqd.topic_name import check_topic_name
 from mqd.topic_partition import TopicPartition
 
@@ -62,7 +66,7 @@ _VERSION = 1
 
 
 class ResetError(MqdError):
-    """A reset that cannot be made as asked (bad target, replay, s3 landing). Not retriable."""
+    """A reset that cannot be made as asked (bad target, replay, unreadable record). Not retriable."""
 
     retriable = False
 
@@ -112,42 +116,53 @@ class ResetRecord:
         )
 
 
+Landing = Objects | Path  # the landing's objects, or a local landing's root
+
+
+def reset_key(tp: TopicPartition) -> str:
+    """The record's key under the landing root."""
+    return f"{RESET_DIR}/{check_topic_name(tp.topic)}/{tp.partition:05d}.json"
+
+
 def reset_path(landing: Path, tp: TopicPartition) -> Path:
-    return landing / RESET_DIR / check_topic_name(tp.topic) / f"{tp.partition:05d}.json"
+    """The record's file in the local landing ``landing``."""
+    return landing / reset_key(tp)
 
 
-def read_reset(landing: Path, tp: TopicPartition) -> ResetRecord | None:
+def _objects(landing: Landing) -> Objects:
+    if isinstance(landing, Path):
+        from mqd.landing.local_objects import LocalObjects
+
+        return LocalObjects(landing)
+    return landing
+
+
+def read_reset(landing: Landing, tp: TopicPartition) -> ResetRecord | None:
     """The partition's reset record, or None. A record that cannot be read raises ResetError
-    naming the file (it must not be ignored: it was written deliberately)."""
-    path = reset_path(landing, tp)
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
+    naming it (it must not be ignored: it was written deliberately)."""
+    objects = _objects(landing)
+    where = f"{objects.location}/{reset_key(tp)}"
+    got = objects.get(reset_key(tp))
+    if got is None:
         return None
     try:
-        rec = ResetRecord.from_json(json.loads(data))
+        rec = ResetRecord.from_json(json.loads(got[0]))
     except (ValueError, KeyError, TypeError) as exc:
         raise ResetError(
-            f"{path}: unreadable offsets reset record ({exc}); delete it or reset again"
+            f"{where}: unreadable offsets reset record ({exc}); delete it or reset again"
         ) from None
     if rec.tp != tp:
-        raise ResetError(f"{path}: the record is for {rec.tp}, not {tp}")
+        raise ResetError(f"{where}: the record is for {rec.tp}, not {tp}")
     return rec
 
 
-def write_reset(landing: Path, rec: ResetRecord) -> None:
-    path = reset_path(landing, rec.tp)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fsutil.atomic_write(path, json.dumps(rec.to_json()).encode())
+def write_reset(landing: Landing, rec: ResetRecord) -> None:
+    """Write (or replace) the record; durable when it returns (objects.py)."""
+    _objects(landing).put(reset_key(rec.tp), json.dumps(rec.to_json()).encode())
 
 
-def clear_reset(landing: Path, tp: TopicPartition) -> None:
-    path = reset_path(landing, tp)
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        return
-    fsutil.fsync_dir(path.parent)
+def clear_reset(landing: Landing, tp: TopicPartition) -> None:
+    _objects(landing).delete(reset_key(tp))
 
 
 @dataclass(frozen=True, slots=True)
@@ -369,14 +384,6 @@ def table(rows: list[PlanRow], *, with_new: bool) -> str:
     )
 
 
-def landing_root(landing_dir: Path | str) -> Path:
-    if isinstance(landing_dir, str):
-        raise ResetError(
-            f"landing.dir = {landing_dir!r}: offsets reset records are kept in local landings only for now"
-        )
-    return landing_dir
-
-
 def now_iso() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
@@ -409,7 +416,16 @@ class OffsetsTool:
         cc = self._config.consumer
         await self._source.start(timeout=cc.request_timeout)
         await self._offsets.start()
-        self._store = open_store(self._config.landing.dir, head_lock_timeout=5.0)
+        lc = self._config.landing
+        self._store = open_store(
+            lc.dir, head_lock_timeout=5.0, endpoint_url=lc.s3.endpoint_url, region=lc.s3.region
+        )
+
+    @property
+    def landing(self) -> Objects:
+        """The landing's objects (where reset records are kept), after ``start()``."""
+        objects: Objects = self._store.objects
+        return objects
 
     async def stop(self) -> None:
         await self._offsets.stop()
@@ -438,8 +454,6 @@ class OffsetsTool:
         """Each partition's landed head, committed offset, log bounds and pending reset."""
         from mqd.consumer.errors import ConsumerError
 
-        landing = self._config.landing.dir
-        root = None if isinstance(landing, str) else landing  # s3: no reset records to show
         loop = asyncio.get_running_loop()
         try:
             committed = await self._offsets.load(tps)
@@ -450,7 +464,7 @@ class OffsetsTool:
         out = []
         for tp in tps:
             head = await loop.run_in_executor(None, self._store.head, tp.topic, tp.partition)
-            rec = None if root is None else read_reset(root, tp)
+            rec = await loop.run_in_executor(None, read_reset, self.landing, tp)
             landed = None if head.last_offset is None else head.last_offset + 1
             pending = None
             if rec is not None and apply_reset(rec, landed, head.incarnation) is not None:
@@ -463,13 +477,12 @@ class OffsetsTool:
     ) -> dict[TopicPartition, tuple[int | None, str | None, bool]]:
         """Per partition: the landed next offset, its incarnation, and whether a replay is still
         landing (its landed head carries the replay id)."""
-        root = landing_root(self._config.landing.dir)
         loop = asyncio.get_running_loop()
         out = {}
         for tp in tps:
             head = await loop.run_in_executor(None, self._store.head, tp.topic, tp.partition)
             landed = None if head.last_offset is None else head.last_offset + 1
-            rec = read_reset(root, tp)
+            rec = await loop.run_in_executor(None, read_reset, self.landing, tp)
             replaying = rec is not None and resume(rec, landed, head.incarnation).outcome == "replaying"
             inc = rec.incarnation if replaying and rec is not None else head.incarnation
             out[tp] = (landed, inc, replaying)

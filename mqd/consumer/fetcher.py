@@ -181,7 +181,7 @@ class NodeFetcher:
         self._turn += 1
         sent = [_Sent(op, op.epoch, op.position, op.incarnation) for op in (chosen[i] for i in shares.order)]
         requests = [
-            FetchRequest(s.op.tp, s.offset, part_max, s.incarnation)
+            FetchRequest(s.op.tp, s.offset, part_max, s.incarnation, s.op.landed)
             for s, part_max in zip(sent, shares.max_bytes, strict=True)
         ]
         request = m.source.fetch(
@@ -622,6 +622,7 @@ class FetchManager:
                     d.next_offset,
                     d.nbytes,
                     incarnation=op.incarnation,
+                    leader_epoch=d.leader_epoch,
                 ),
                 same_answer=records > 0,
             )

@@ -33,6 +33,8 @@ class FetchedBatch:
     fetched_at: float = field(default_factory=time.monotonic, compare=False)
     # the log incarnation the offsets belong to (None: the source cannot tell)
     incarnation: str | None = None
+    # the source's leader epoch of the last record (Kafka; None: none): the landing keeps it
+    leader_epoch: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,7 +28,7 @@ from mqd.backoff import backoff_delay
 from mqd.config import ConsumerConfig
 from mqd.consumer.errors import ConsumerError
 from mqd.consumer.offset_store import OffsetStore
-from mqd.consumer.source import Assignment, Cluster, Membership, Source
+from mqd.consumer.source import Assignment, Cluster, LandedEpoch, Membership, Source
 from mqd.consumer.subscription_state import SubscriptionState
 from mqd.topic_partition import TopicPartition
 from mqd.topic_pattern import subscription
@@ -43,6 +43,7 @@ class StartPosition:
 
     offset: int
     incarnation: str | None = None  # None: not known (the first fetch answer's is adopted)
+    landed: LandedEpoch | None = None  # the last landed record's leader epoch (FetchRequest.landed)
 
 
 # a bare int is an offset of an unknown incarnation
@@ -305,7 +306,7 @@ class RebalanceService:
         assigned = [tp for tp in tps if tp in positions]
         for tp in assigned:
             pos = positions[tp]
-            self._state.assign(tp, pos.offset, self._choose_pull_node(tp), pos.incarnation)
+            self._state.assign(tp, pos.offset, self._choose_pull_node(tp), pos.incarnation, pos.landed)
         if self._listener is not None and assigned:
             try:
                 self._listener.on_partitions_assigned(set(assigned))

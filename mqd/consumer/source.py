@@ -111,11 +111,25 @@ ILLEGAL_OFFSET = frozenset(
 
 
 @dataclass(frozen=True, slots=True)
+class LandedEpoch:
+    """The last landed record of a partition and the source's leader epoch of it, as the landing
+    kept it (mqd.landing.store.PartitionHead): a source with leader epochs (Kafka, KIP-320) checks
+    a position of ``incarnation`` right after ``offset`` against the log before fetching it, so a
+    log truncated while no daemon ran is found. A fact about that record, passed with every fetch;
+    the source decides when it applies."""
+
+    incarnation: str | None
+    offset: int
+    leader_epoch: int
+
+
+@dataclass(frozen=True, slots=True)
 class FetchRequest:
     tp: TopicPartition
     offset: int
     max_bytes: int
     incarnation: str | None = None  # the incarnation ``offset`` belongs to; None: not known yet
+    landed: LandedEpoch | None = None  # the partition's last landed record, as assigned
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +138,8 @@ class DecodedBatch:
     first_offset: int  # offset of records[0] (the requested offset for the first batch)
     next_offset: int
     nbytes: int  # wire bytes of the whole batch
+    # the source's leader epoch of the record before next_offset (Kafka, KIP-320; None: none)
+    leader_epoch: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

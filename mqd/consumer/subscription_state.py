@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable
 from mqd.consumer.budget import ByteBudget
 from mqd.consumer.errors import NotAssignedError
 from mqd.consumer.process_queue import FetchedBatch, FlowLimits, ProcessQueue
+from mqd.consumer.source import LandedEpoch
 from mqd.topic_partition import TopicPartition
 
 
@@ -34,6 +35,7 @@ class OwnedPartition:
         "in_flight",
         "incarnation",
         "incarnation_changes",
+        "landed",
         "last_error_at",
         "log_end",
         "log_start",
@@ -57,8 +59,10 @@ class OwnedPartition:
         position: int,
         pull_node: str | None,
         incarnation: str | None = None,
+        landed: LandedEpoch | None = None,
     ) -> None:
         self.tp = tp
+        self.landed = landed  # the last landed record's leader epoch at assignment (Kafka sources)
         self.epoch = epoch
         self.position = position  # next offset to fetch
         # the log incarnation ``position`` belongs to (None: not known yet; the first answer's is
@@ -118,13 +122,18 @@ class SubscriptionState:
     # -- assignment ------------------------------------------------------------------------------
 
     def assign(
-        self, tp: TopicPartition, position: int, pull_node: str | None, incarnation: str | None = None
+        self,
+        tp: TopicPartition,
+        position: int,
+        pull_node: str | None,
+        incarnation: str | None = None,
+        landed: LandedEpoch | None = None,
     ) -> OwnedPartition:
         if position < 0:
             raise ValueError(f"{tp}: start position {position} is negative")
         if tp in self.partitions:
             raise ValueError(f"{tp} is already assigned")
-        op = OwnedPartition(tp, next(_epochs), position, pull_node, incarnation)
+        op = OwnedPartition(tp, next(_epochs), position, pull_node, incarnation, landed)
         self.partitions[tp] = op
         self.on_fetchable(pull_node)
         return op

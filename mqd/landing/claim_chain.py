@@ -77,14 +77,18 @@ class ChainState:
     incarnation: str | None = None
     files: int = 0
     watermark_ms: int | None = None
+    leader_epoch: int | None = None  # the last file's FileRange.leader_epoch (None: none, or older)
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        d: dict[str, Any] = {
             "last_offset": self.last_offset,
             "incarnation": self.incarnation,
             "files": self.files,
             "watermark_ms": self.watermark_ms,
         }
+        if self.leader_epoch is not None:  # written only where the source has epochs
+            d["leader_epoch"] = self.leader_epoch
+        return d
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> ChainState:
@@ -93,6 +97,7 @@ class ChainState:
             incarnation=layout.check_incarnation(d.get("incarnation")),
             files=int(d.get("files", 0)),
             watermark_ms=None if d.get("watermark_ms") is None else int(d["watermark_ms"]),
+            leader_epoch=None if d.get("leader_epoch") is None else int(d["leader_epoch"]),
         )
 
 
@@ -355,7 +360,7 @@ class PartitionChain:
             seq=seq + 1,
             nonce=secrets.token_hex(16),
             prev=st,
-            state=ChainState(rng.last_offset, incarnation, st.files + 1, wm),
+            state=ChainState(rng.last_offset, incarnation, st.files + 1, wm, rng.leader_epoch),
             range=rng,
             staged=staged,
             created=layout.iso_now(),

@@ -113,9 +113,12 @@ class FileRange:
     created: str = ""
     # the log incarnation the offsets belong to; None only for files landed before incarnations
     incarnation: str | None = None
+    # the source's leader epoch of a record at or after last_offset in this incarnation (Kafka,
+    # KIP-320): what a restart validates the landed position with; None: the source has none
+    leader_epoch: int | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        d = {
             "path": self.path,
             "topic": self.topic,
             "partition": self.partition,
@@ -128,6 +131,9 @@ class FileRange:
             "created": self.created,
             "incarnation": self.incarnation,
         }
+        if self.leader_epoch is not None:  # written only where the source has epochs
+            d["leader_epoch"] = self.leader_epoch
+        return d
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> FileRange:
@@ -144,6 +150,7 @@ class FileRange:
                 bytes=int(d.get("bytes", 0)),
                 created=str(d.get("created", "")),
                 incarnation=check_incarnation(d.get("incarnation")),
+                leader_epoch=None if d.get("leader_epoch") is None else int(d["leader_epoch"]),
             )
         except (KeyError, TypeError, ValueError, LandingCorrupt) as exc:
             raise LandingCorrupt(f"bad file range record {d!r}: {exc}") from None

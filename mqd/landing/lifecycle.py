@@ -25,6 +25,11 @@ stays in the manifest (claims and archives are kept; the cleaner then compacts t
 floor keeps removed claims from being re-created), so the s3 source's counts stay stable positions,
 and Spark's file source remembers the files it read in its own source log.
 
+The cleaner reads the chains read-only and incrementally (chain_reader.py): a pass lists and reads
+only the claims after the last one it read, so it costs O(chains + new claims), and it compacts a
+chain only once more than ``KEEP_CLAIMS`` claims are above its floor. A chain's newest claim whose
+file is not visible yet is not counted (the publisher completes it).
+
 Retention (``landing.lifecycle.retention``) deletes files older than it whether or not a query
 committed them: a deliberate data-loss setting, off by default; every such file is counted
 (``expired``) and logged. A query that has not read an expired file yet fails on it (s3 source) or
@@ -48,6 +53,7 @@ import structlog
 
 from mqd.errors import MqdError
 from mqd.landing import layout
+from mqd.landing.chain_reader import ChainReader
 from mqd.landing.layout import FileRange, LandingCorrupt
 from mqd.landing.object_store import ObjectStore
 
@@ -267,20 +273,24 @@ def prefix_counts(chains: Mapping[str, Sequence[FileRange]], done: set[str]) -> 
     return out
 
 
-def manifest_chains(store: ObjectStore) -> dict[str, list[FileRange]]:
-    """Every chain's files in chain order (the manifest's order; the s3 source counts in it)."""
-    chains: dict[str, list[FileRange]] = {}
-    for rng in store.manifest():
-        chains.setdefault(chain_key(rng.topic, rng.partition), []).append(rng)
-    return chains
+def manifest_chains(store: ObjectStore, reader: ChainReader | None = None) -> dict[str, list[FileRange]]:
+    """Every chain's visible files in chain order (the manifest's order; the s3 source counts in
+    it), read-only (chain_reader.py); ``reader``: one kept across calls reads only what is new."""
+    reader = reader if reader is not None else ChainReader(store.objects)
+    return {chain_key(t, p): files for (t, p), files in reader.files().items()}
 
 
 def checkpoint_committed(
-    store: ObjectStore, checkpoint: Path, *, file_source_root: Path | None
+    store: ObjectStore,
+    checkpoint: Path,
+    *,
+    file_source_root: Path | None,
+    reader: ChainReader | None = None,
 ) -> tuple[int | None, dict[str, int]]:
     """(last committed batch, committed counts) of a query's checkpoint: from its source log
     (Spark's file source on the local landing ``file_source_root``) or from its offset log (the
-    s3 source). (None, {}) before the first committed batch."""
+    s3 source). (None, {}) before the first committed batch. ``reader``: one kept across calls
+    reads only the claims that are new since the last call."""
     batch = last_committed_batch(checkpoint)
     if batch is None:
         return None, {}
@@ -291,7 +301,7 @@ def checkpoint_committed(
         rel = relative_path(uri, file_source_root)
         if rel is not None:
             done.add(rel)
-    return batch, prefix_counts(manifest_chains(store), done)
+    return batch, prefix_counts(manifest_chains(store, reader), done)
 
 
 # -- the cleaner ------------------------------------------------------------------------------------
@@ -318,11 +328,13 @@ class Cleaner:
         self.deleted = 0
         self.archived = 0
         self.expired = 0
+        self.reader = ChainReader(store.objects)  # remembers each chain's last claim read
 
     def clean(self, now_ms: int | None = None) -> CleanResult:
         now = now_ms if now_ms is not None else int(time.time() * 1000)
         recs = records(self.store)
-        chains = manifest_chains(self.store)
+        views = self.reader.refresh()
+        chains = {chain_key(t, p): v.files for (t, p), v in views.items()}
         got = self.store.objects.get(CLEANED_KEY)
         cleaned: dict[str, int] = {str(k): int(v) for k, v in json.loads(got[0]).items()} if got else {}
         deleted = archived = expired = compacted = 0
@@ -356,7 +368,8 @@ class Cleaner:
                 done = i + 1
             cleaned[k] = done
             topic, _, part = k.rpartition("/")
-            compacted += self.store.compact(topic, int(part), KEEP_CLAIMS)
+            if views[(topic, int(part))].claims_above_floor > KEEP_CLAIMS:  # else nothing to compact
+                compacted += self.store.compact(topic, int(part), KEEP_CLAIMS)
         if chains:
             self.store.objects.put(CLEANED_KEY, json.dumps(cleaned, sort_keys=True).encode())
         self.deleted += deleted

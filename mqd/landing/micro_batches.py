@@ -64,6 +64,8 @@ class MicroBatch:
 
     batches: list[pa.RecordBatch] = field(default_factory=list)
     incarnations: list[str | None] = field(default_factory=list)  # the log incarnation of each batch
+    # per incarnation, the source's leader epoch of its newest record (FileRange.leader_epoch)
+    leader_epochs: dict[str | None, int] = field(default_factory=dict)
     records: int = 0
     nbytes: int = 0
     next_offset: int = -1  # offset after the last buffered record
@@ -135,6 +137,9 @@ class MicroBatches:
             buf = self._buffers[tp] = MicroBatch(since=batch.fetched_at if now is None else now)
         buf.batches.append(rb)
         buf.incarnations.append(inc)
+        epoch = getattr(batch, "leader_epoch", None)  # optional: only sources with leader epochs
+        if epoch is not None:
+            buf.leader_epochs[inc] = int(epoch)
         buf.records += rb.num_rows
         buf.nbytes += batch.nbytes if rb.num_rows == len(batch.records) else rb.nbytes
         buf.next_offset = int(rb.column(0)[-1].as_py()) + 1
@@ -156,14 +161,18 @@ class MicroBatches:
         batches: list[pa.RecordBatch],
         since: float,
         incarnations: list[str | None] | None = None,
+        leader_epochs: dict[str | None, int] | None = None,
     ) -> None:
         """Put back records a failed publication did not publish (``incarnations``: one per batch,
-        default unknown), ahead of anything added meanwhile."""
+        default unknown; ``leader_epochs``: MicroBatch.leader_epochs), ahead of anything added
+        meanwhile."""
         if not batches:
             return
         incs = incarnations if incarnations is not None else [None] * len(batches)
         newer = self._buffers.pop(tp, None)
-        buf = MicroBatch(since=since)
+        buf = MicroBatch(
+            since=since, leader_epochs={**(leader_epochs or {}), **(newer.leader_epochs if newer else {})}
+        )
         for rb, inc in zip(
             batches + (newer.batches if newer else []),
             incs + (newer.incarnations if newer else []),

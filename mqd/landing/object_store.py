@@ -271,7 +271,7 @@ class ObjectStore:
         _seq, st = self.chain(topic, partition).head()
         idle, _etag = self._idle_watermark(topic, partition)
         wm = st.watermark_ms if idle is None else max(idle, st.watermark_ms or idle)
-        return PartitionHead(st.last_offset, wm, st.files, incarnation=st.incarnation)
+        return PartitionHead(st.last_offset, wm, st.files, st.incarnation, st.leader_epoch)
 
     def advance_watermark(self, topic: str, partition: int, watermark_ms: int) -> None:
         """fsutil.LockTimeout (retriable) when a local directory's swap lock stays held (a frozen

@@ -9,6 +9,7 @@ on the previous end.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -34,13 +35,30 @@ class PublishOutcome:
         return self.published[-1].last_offset if self.published else None
 
 
-def file_range(topic: str, partition: int, records: pa.Table, incarnation: str | None = None) -> FileRange:
+def file_range(
+    topic: str,
+    partition: int,
+    records: pa.Table,
+    incarnation: str | None = None,
+    leader_epoch: int | None = None,
+) -> FileRange:
     """The range (and final name) of a file of ``records`` (RECORD_SCHEMA, one hour, ascending)
-    of the log incarnation ``incarnation``."""
+    of the log incarnation ``incarnation`` (``leader_epoch``: FileRange.leader_epoch)."""
     first, last, count, ts_min, ts_max = layout.describe(topic, partition, records)
     hour = int(layout.folder_hours(np.array([ts_min], dtype=np.int64))[0])
     path = f"{layout.hour_dir(topic, hour)}/{layout.file_name(partition, first, incarnation)}"
-    return FileRange(path, topic, partition, first, last, count, ts_min, ts_max, incarnation=incarnation)
+    return FileRange(
+        path,
+        topic,
+        partition,
+        first,
+        last,
+        count,
+        ts_min,
+        ts_max,
+        incarnation=incarnation,
+        leader_epoch=leader_epoch,
+    )
 
 
 def incarnation_runs(incarnations: list[str | None]) -> list[tuple[str | None, int, int]]:
@@ -71,6 +89,7 @@ class Publisher:
         *,
         incarnation: str | None = None,
         expected_incarnation: str | None = None,
+        leader_epoch: int | None = None,
     ) -> FileRange:
         """Publish ``records`` (RECORD_SCHEMA, one hour, ascending offsets, of the log incarnation
         ``incarnation``) as one file.
@@ -79,7 +98,7 @@ class Publisher:
         (``expected_incarnation``, ``expected_last``) (None: the publisher expects nothing
         published yet), LandingError when the store cannot be written.
         """
-        rng = file_range(topic, partition, records, incarnation)
+        rng = file_range(topic, partition, records, incarnation, leader_epoch)
         table = layout.landing_table(topic, partition, records, incarnation)
         staged = self.store.stage(table, rng, self.compression)
         try:
@@ -97,10 +116,12 @@ class Publisher:
         *,
         incarnations: list[str | None] | None = None,
         expected_incarnation: str | None = None,
+        leader_epochs: Mapping[str | None, int] | None = None,
     ) -> PublishOutcome:
         """Publish drained batches of one partition: one file per run of records of one log
         incarnation (``incarnations``, one per batch; default all None) in one hour, cut into
-        files of at most ``max_records`` records.
+        files of at most ``max_records`` records. ``leader_epochs``: per incarnation, the source's
+        leader epoch of its newest record (MicroBatch.leader_epochs), stamped on each of its files.
 
         Never raises for conflicts or disk errors: the outcome says what was published and what
         is left, so the caller keeps the rest buffered (disk) or drops it (conflict).
@@ -126,6 +147,7 @@ class Publisher:
                         expected_last,
                         incarnation=inc,
                         expected_incarnation=expected_incarnation,
+                        leader_epoch=(leader_epochs or {}).get(inc),
                     )
                 except PublishConflict as exc:
                     out.conflict = exc

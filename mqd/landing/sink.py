@@ -43,7 +43,7 @@ from mqd.config import LandingConfig
 from mqd.landing.layout import FileRange, LandingCorrupt, LandingError
 from mqd.landing.micro_batches import TP, Drained, MicroBatch, MicroBatches
 from mqd.landing.publisher import Publisher, PublishOutcome
-from mqd.landing.store import LandingStore, PublishConflict, open_store
+from mqd.landing.store import LandingStore, PartitionHead, PublishConflict, open_store
 from mqd.landing.watermark import AheadOfClock
 from mqd.waiting import wait_event
 
@@ -189,11 +189,16 @@ class LandingSink:
     async def resume(self, tp: TP) -> tuple[int | None, str | None]:
         """``resume_position`` and the log incarnation that position belongs to (None: unknown).
         fsutil.LockTimeout (retriable) when the partition's lock stays held past the bound."""
+        head = await self.resume_head(tp)
+        return (None if head.last_offset is None else head.last_offset + 1), head.incarnation
+
+    async def resume_head(self, tp: TP) -> PartitionHead:
+        """``resume`` with the whole published head (its leader epoch too)."""
         loop = asyncio.get_running_loop()
         head = await loop.run_in_executor(self._readers, self.store.head, tp[0], tp[1])
         self.drop(tp)
         self.batches.set_expected(tp, head.last_offset, head.incarnation)
-        return (None if head.last_offset is None else head.last_offset + 1), head.incarnation
+        return head
 
     def expected(self, tp: TP) -> int | None:
         return self.batches.expected(tp)
@@ -386,16 +391,17 @@ class LandingSink:
                     self._config.max_records,
                     incarnations=buf.incarnations,
                     expected_incarnation=self.batches.expected_incarnation(tp),
+                    leader_epochs=buf.leader_epochs,
                 )
             )
         except LandingCorrupt as exc:
             # a foreign file squats on a name we need, or state we cannot read: keep the records
             if self._epoch.get(tp, 0) == epoch:
-                self.batches.restore(tp, buf.batches, buf.since, buf.incarnations)
+                self.batches.restore(tp, buf.batches, buf.since, buf.incarnations, buf.leader_epochs)
             return PublishResult(tp, [], error=exc, owned=self._epoch.get(tp, 0) == epoch)
         except BaseException:
             if self._epoch.get(tp, 0) == epoch:
-                self.batches.restore(tp, buf.batches, buf.since, buf.incarnations)
+                self.batches.restore(tp, buf.batches, buf.since, buf.incarnations, buf.leader_epochs)
             raise
         end = time.monotonic()
         metrics.publish_latency.observe(end - t0)
@@ -431,7 +437,9 @@ class LandingSink:
         elif outcome.error is not None:
             metrics.landing_errors.labels(str(outcome.error.errno or "other")).inc()
             if owned:
-                self.batches.restore(tp, outcome.remaining, buf.since, outcome.remaining_incarnations)
+                self.batches.restore(
+                    tp, outcome.remaining, buf.since, outcome.remaining_incarnations, buf.leader_epochs
+                )
         return PublishResult(tp, outcome.published, outcome.conflict, outcome.error, owned)
 
     def status(self) -> dict[str, Any]:

@@ -100,6 +100,9 @@ class PartitionHead:
     watermark_ms: int | None  # every record below this event time is published (or none exists)
     files: int
     incarnation: str | None = None  # the log incarnation last_offset belongs to (None: unknown)
+    # the source's leader epoch of the record at last_offset (or a later one of the same log), for
+    # a restart to validate the landed position against the source (KIP-320); None: unknown
+    leader_epoch: int | None = None
 
 
 class LandingStore(Protocol):

@@ -60,6 +60,7 @@ import structlog
 
 from mqd.config import MqdConfig
 from mqd.errors import MqdError
+from mqd.landing.chain_reader import ChainReader
 from mqd.landing.schema import LANDING_SCHEMA, PARTITION_COLUMNS, landing_columns, landing_ddl, spark_type
 from mqd.landing.store import open_store
 from mqd.spark.session import EXIT_SESSION, SessionError, build_session, open_session
@@ -121,8 +122,12 @@ def unlisted_objects(config: MqdConfig) -> list[str]:
     """``unlisted_files`` of an ``s3://`` landing: visible objects no claim names (URIs). The
     job's source never reads them (it reads what the claim chains name)."""
     s3 = config.landing.s3
+    from mqd.landing.object_store import ObjectStore
+
     store = open_store(str(config.landing.dir), endpoint_url=s3.endpoint_url, region=s3.region)
-    known = {r.path for r in store.manifest()}
+    assert isinstance(store, ObjectStore)
+    views = ChainReader(store.objects).refresh().values()  # read-only: the job may hold read-only keys
+    known = {r.path for v in views for r in (*v.files, *([v.pending] if v.pending else []))}
     return [f"{store.location}/{k}" for k in store.visible_files() if k not in known]
 
 
@@ -265,6 +270,7 @@ class _Recorder:
         self.root = None if is_object_landing(config) else Path(config.landing.dir)
         self.queries = queries
         self._batch: dict[str, int | None] = {}
+        self._reader: ChainReader | None = None  # kept across records: each reads only new claims
 
     def register(self) -> None:
         from mqd.landing import lifecycle
@@ -285,8 +291,10 @@ class _Recorder:
                 batch = lifecycle.last_committed_batch(ckpt)
                 if batch is None or self._batch.get(name) == batch:
                     continue
+                if self._reader is None:
+                    self._reader = ChainReader(self.store.objects)
                 batch, committed = lifecycle.checkpoint_committed(
-                    self.store, ckpt, file_source_root=self.root
+                    self.store, ckpt, file_source_root=self.root, reader=self._reader
                 )
                 lifecycle.record_committed(self.store, name, committed, batch, str(ckpt))
                 self._batch[name] = batch

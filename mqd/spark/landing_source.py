@@ -26,10 +26,11 @@ the daemon), so what Spark reads is decided by the claim chain, never by a listi
   for this source and Spark's file source, and under the query's name, which this reader does not
   know. Deleting a committed file does not move these offsets: the manifest keeps listing it.
 
-Reading the manifest resolves a half-done publication at a chain's head (claim_chain.py: every
-reader of the head does, which may copy a staged object or void a claim), so the job needs the same
-write access to the landing as the daemon. Each trigger reads every claim above each chain's floor
-(one GET per claim): compaction (``ObjectStore.compact``) keeps that bounded.
+The driver reads the chains read-only and incrementally (mqd/landing/chain_reader.py): it never
+writes to the landing (read-only credentials suffice), a newest claim whose promotion is not done
+yet is not shown (the publisher or the next writer completes it), and each trigger lists and reads
+only the claims after the last one it read (one floor GET and one LIST per chain, one GET per new
+claim, one HEAD per chain with a new newest claim).
 """
 
 from __future__ import annotations
@@ -51,8 +52,8 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from mqd.landing.chain_reader import ChainReader
 from mqd.landing.layout import FileRange
-from mqd.landing.object_store import ObjectStore
 from mqd.landing.objects import Objects
 from mqd.landing.s3_objects import S3Objects
 from mqd.landing.schema import LANDING_SCHEMA
@@ -219,30 +220,22 @@ class LandingStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.options = dict(options)
         self.max_files = int(self.options.get("maxFilesPerTrigger", "0")) or None
         self._given = objects  # tests hand their own client in
-        self._store: ObjectStore | None = None  # driver side: its chains keep their head hints
+        self._reader: ChainReader | None = None  # driver side: where each chain's reading stopped
         self._chains: dict[str, list[FileRange]] = {}  # the last listing, for partitions()
         self._target: Offset | None = None  # availableNow: the heads when the query started
 
     def __getstate__(self) -> dict[str, Any]:
         # what executors need for read(): the options; clients and listings stay on the driver
-        return {**self.__dict__, "_given": None, "_store": None, "_chains": {}}
+        return {**self.__dict__, "_given": None, "_reader": None, "_chains": {}}
 
     def _objects(self) -> Objects:
         return self._given if self._given is not None else _s3(self.options)
 
     def list_chains(self) -> dict[str, list[FileRange]]:
-        """Every chain's visible files in chain order (module docstring)."""
-        objects = self._objects()
-        if self._store is None:
-            self._store = ObjectStore(objects)
-        chains: dict[str, list[FileRange]] = {}
-        for rng in self._store.manifest():
-            chains.setdefault(chain_id(rng.topic, rng.partition), []).append(rng)
-        for k, files in chains.items():
-            if objects.head(files[-1].path) is None:
-                # claimed since the manifest resolved the head: read once its file is visible
-                _log.debug("landing_source_head_pending", chain=k, path=files[-1].path)
-                files.pop()
+        """Every chain's visible files in chain order (module docstring). Read-only."""
+        if self._reader is None:
+            self._reader = ChainReader(self._objects())
+        chains = {chain_id(t, p): list(v.files) for (t, p), v in self._reader.refresh().items()}
         self._chains = chains
         return chains
 

@@ -107,8 +107,9 @@ class SeaweedFS:
         self._wait_s3(self._procs[-1], self.endpoint)
         self.client().create_bucket(Bucket=self.bucket)
 
-    def add_gateway(self) -> str:
-        """Start another ``weed s3`` on the same filer; returns its endpoint URL."""
+    def add_gateway(self, *extra_args: str) -> str:
+        """Start another ``weed s3`` on the same filer; returns its endpoint URL. ``extra_args``:
+        more ``weed s3`` flags (e.g. ``-config=<identities.json>``: a gateway with read-only keys)."""
         port = free_port()
         n = len(self.endpoints)
         argv = [
@@ -123,6 +124,7 @@ class SeaweedFS:
             "-port.iceberg=0",
             "-port.lance=0",
             f"-localSocket={self.root / f's3-{n}.sock'}",
+            *extra_args,
         ]
         proc = ManagedProcess(f"weed-s3-{n}", argv, self._log_dir() / f"s3-{n}.out", die_with_parent=True)
         self._start(proc)

@@ -3,7 +3,8 @@ own in mqd.sources.kafka.protocol_ext where aiokafka's stop), for the paths Tans
 aborted-transaction lists, partition error codes (OFFSET_OUT_OF_RANGE, NOT_LEADER_OR_FOLLOWER),
 malformed record batches served as is, leader epochs and OffsetsForLeaderEpoch (truncation).
 
-It speaks ApiVersions v0, Metadata v1 and v10 (topic id, leader epochs), Fetch v4, ListOffsets v2
+It speaks ApiVersions v0, Metadata v1 and v10 (topic id, leader epochs), Fetch v4 (and v12 with
+diverging epochs, v13 by topic id, up to ``fetch_version``), ListOffsets v2
 and OffsetsForLeaderEpoch v3 (what it advertises, so the client negotiates those; ``legacy=True``
 advertises Metadata v1 only and no OffsetsForLeaderEpoch), one node, one topic. Each partition's
 log is a list of raw record batches (bytes, served whole from the first batch that holds the
@@ -39,9 +40,14 @@ from aiokafka.protocol.offset import OffsetRequest_v2, OffsetResponse_v2
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
 from mqd.sources.kafka.protocol_ext import (
+    FetchRequest_v12,
+    FetchRequest_v13,
+    FetchResponse_v12,
+    FetchResponse_v13,
     MetadataResponse_v10,
     OffsetsForLeaderEpochRequest_v3,
     OffsetsForLeaderEpochResponse_v3,
+    diverging_epoch,
 )
 
 API_VERSIONS = 18
@@ -51,6 +57,7 @@ LIST_OFFSETS = 2
 OFFSETS_FOR_LEADER_EPOCH = 23
 NODE_ID = 1
 OFFSET_OUT_OF_RANGE = 1
+UNKNOWN_TOPIC_ID = 100
 Header = tuple[str, bytes | None]
 Rec = tuple[bytes | None, bytes | None, list[Header]]
 
@@ -114,7 +121,11 @@ class FakeKafka:
     leader_epoch: dict[int, int] = field(default_factory=dict)  # partition -> epoch (default 0)
     epoch_checks: list[dict[int, int]] = field(default_factory=list)  # partition -> epoch asked
     legacy: bool = False  # Metadata v1 only, no OffsetsForLeaderEpoch
+    offsets_for_leader_epoch: bool = True  # advertise OffsetsForLeaderEpoch (unless legacy)
     sessions: bool = False  # Fetch v7 with incremental fetch sessions
+    # the highest Fetch version: 4, 7 (sessions), 12 (diverging epoch) or 13 (topic ids)
+    fetch_version: int = 4
+    fetch_versions: list[int] = field(default_factory=list)  # the version of every Fetch
     # (session id, epoch, partitions listed, partitions forgotten) per v7 request
     session_requests: list[tuple[int, int, list[int], list[int]]] = field(default_factory=list)
     # session id -> (next epoch, partition -> fetch offset, partition -> last answered high watermark)
@@ -158,7 +169,7 @@ class FakeKafka:
                 api_key, version, correlation = struct.unpack(">hhi", data.read(8))
                 (n,) = struct.unpack(">h", data.read(2))
                 data.read(max(n, 0))  # client id
-                flexible = api_key == METADATA and version >= 9
+                flexible = (api_key == METADATA and version >= 9) or (api_key == FETCH and version >= 12)
                 if flexible:
                     data.read(1)  # the request header's (empty) tagged fields
                 body = (await self._answer(api_key, version, data)).encode()
@@ -176,9 +187,12 @@ class FakeKafka:
             versions = [(API_VERSIONS, 0, 0), (METADATA, 1, 1), (FETCH, 4, 4), (LIST_OFFSETS, 2, 2)]
             if self.sessions:
                 versions[2] = (FETCH, 4, 7)
+            if self.fetch_version > 7:
+                versions[2] = (FETCH, 4, self.fetch_version)
             if not self.legacy:
                 versions[1] = (METADATA, 1, 10)
-                versions.append((OFFSETS_FOR_LEADER_EPOCH, 3, 3))
+                if self.offsets_for_leader_epoch:
+                    versions.append((OFFSETS_FOR_LEADER_EPOCH, 3, 3))
             return ApiVersionResponse_v0(0, versions)
         if api_key == METADATA and version >= 10:
             parts10: list[tuple[Any, ...]] = [
@@ -209,6 +223,9 @@ class FakeKafka:
                 [(NODE_ID, "127.0.0.1", self.port, None)], NODE_ID, [(0, self.topic, False, parts)]
             )
         if api_key == FETCH:
+            self.fetch_versions.append(version)
+            if version >= 12:
+                return await self._fetch_flexible(version, data)
             if version >= 7:
                 return await self._fetch_in_session(FetchRequest_v7.decode(data))
             return await self._fetch(FetchRequest_v4.decode(data))
@@ -273,6 +290,40 @@ class FakeKafka:
             for p, err, high, lso, aborted, data in rows
         ]
         return FetchResponse_v7(0, 0, sid, [(self.topic, out)] if out else [])
+
+    async def _fetch_flexible(self, version: int, data: BytesIO) -> Any:
+        """Fetch v12/v13 without a session: ``last_fetched_epoch`` is checked as Kafka's broker does
+        (its epoch's end below the fetch offset, or a leader that never had it: diverging_epoch and
+        no records); v13 names the topic by id, any other id than ``topic_id`` is UNKNOWN_TOPIC_ID."""
+        req = (FetchRequest_v13 if version >= 13 else FetchRequest_v12).decode(data)
+        asked: dict[int, int] = {}
+        out: list[tuple[Any, list[tuple[Any, ...]], dict[int, bytes]]] = []
+        any_data = False
+        for key, parts, _tags in req.topics:
+            rows: list[tuple[Any, ...]] = []
+            for p, _current, offset, last_epoch, _start, _max, _ptags in parts:
+                asked[p] = offset
+                if version >= 13 and key != self.topic_id:
+                    rows.append((p, UNKNOWN_TOPIC_ID, -1, -1, -1, [], -1, b"", {}))
+                    continue
+                if last_epoch >= 0:
+                    epoch, end = self.epoch_end(p, last_epoch)
+                    if epoch < last_epoch or end < offset:
+                        high = self.high(p)
+                        start = self.log_start.get(p, 0)
+                        rows.append((p, 0, high, high, start, [], -1, b"", diverging_epoch(epoch, end)))
+                        continue
+                p0, err, high, lso, aborted, records = self._partition_answer(p, offset)
+                any_data = any_data or bool(records)
+                start = self.log_start.get(p, 0) if err == 0 else -1
+                txns: list[tuple[int, int, dict[int, bytes]]] = [(pid, first, {}) for pid, first in aborted]
+                rows.append((p0, err, high, lso, start, txns, -1, records, {}))
+            out.append((key, rows, {}))
+        self.fetches.append(asked)
+        if not any_data:
+            await asyncio.sleep(min(req.max_wait_time, 200) / 1000)  # a long poll, shortened
+        response = FetchResponse_v13 if version >= 13 else FetchResponse_v12
+        return response(0, 0, 0, out, {})
 
     async def _fetch(self, req: Any) -> Any:
         asked = {p: off for _topic, parts in req.topics for p, off, _max in parts}

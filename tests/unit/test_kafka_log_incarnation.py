@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from mqd.consumer.source import LandedEpoch
 from mqd.landing.layout import check_incarnation
 from mqd.sources.kafka.log_incarnation import LogIncarnations, derived
 from mqd.topic_partition import TopicPartition
@@ -47,3 +48,33 @@ def test_a_recreated_topic_and_leader_epochs() -> None:
     assert incs.check(TP, A, B) == (B, 0)
     assert not incs.pending
     assert incs.check(TP, None, None) == (None, None)
+
+
+def test_divergence_from_an_epoch_answer() -> None:
+    """An end offset below the position is the cut; at or above it with the same epoch nothing
+    diverged; an older epoch that runs past the position (the leader never had ours) diverges where
+    we first saw our epoch."""
+    incs = LogIncarnations()
+    incs.check(TP, None, A)
+    incs.saw_batches(TP, [(0, 0), (5, 2)])
+    assert incs.divergence(TP, 2, 2, 7, 10) == 7
+    assert incs.divergence(TP, 2, 2, 10, 10) is None
+    assert incs.divergence(TP, 2, 1, 12, 10) == 5
+    assert incs.divergence(TP, 2, -1, -1, 10) is None  # the leader knows no epoch: no answer to judge
+
+
+def test_the_landed_epoch_seeds_a_restart_only_right_after_the_landed_record() -> None:
+    """At a restart (no epoch seen in this process) a position right after the landed record, in
+    the incarnation it was landed in, takes the landed epoch and waits for validation; another
+    position, another incarnation, or a partition that already fetched batches is left alone."""
+    landed = LandedEpoch(A, 9, 3)
+    incs = LogIncarnations()
+    incs.check(TP, A, A)
+    assert not incs.landed(TP, 11, A, landed)
+    assert not incs.landed(TP, 10, A, LandedEpoch(B, 9, 3))
+    assert incs.landed(TP, 10, A, landed)
+    assert incs.epoch_at(TP, 10) == 3 and TP in incs.pending
+    fetched = LogIncarnations()
+    fetched.check(TP, A, A)
+    fetched.saw_batches(TP, [(10, 4)])
+    assert not fetched.landed(TP, 10, A, landed)

@@ -9,7 +9,8 @@ fetch offset the client sent (it does not move it past what it answered), so a p
 position moved since the last request is sent again; what incremental requests leave out is the
 idle partitions. The broker answers only the partitions with something new (records, bounds, an
 error): the ones it leaves out are answered from the bounds last seen (``omitted``). Any session
-error (FETCH_SESSION_ID_NOT_FOUND, INVALID_FETCH_SESSION_EPOCH), any other failed request and a
+error (FETCH_SESSION_ID_NOT_FOUND, INVALID_FETCH_SESSION_EPOCH, FETCH_SESSION_TOPIC_ID_ERROR when
+a session switched between topic ids and names), any other failed request and a
 refused session reset it: the next request is full again. A broker that grants no session (id 0)
 gets full requests every time, as without sessions.
 """
@@ -24,7 +25,10 @@ INITIAL_EPOCH = 0  # with session id 0: a full request asking for a new session
 NO_SESSION_EPOCH = -1  # FINAL_EPOCH with id 0: a full request without a session
 FETCH_SESSION_ID_NOT_FOUND = 70
 INVALID_FETCH_SESSION_EPOCH = 71
-SESSION_ERRORS = frozenset({FETCH_SESSION_ID_NOT_FOUND, INVALID_FETCH_SESSION_EPOCH})
+FETCH_SESSION_TOPIC_ID_ERROR = 106  # a session's topics named by id and by name (v13 and v12 mixed)
+SESSION_ERRORS = frozenset(
+    {FETCH_SESSION_ID_NOT_FOUND, INVALID_FETCH_SESSION_EPOCH, FETCH_SESSION_TOPIC_ID_ERROR}
+)
 _MAX_EPOCH = 2**31 - 1
 
 # what the broker's session holds per partition: (fetch offset, max bytes, current leader epoch)

@@ -17,7 +17,8 @@ topic ids (Metadata below v10, or the zero UUID) the incarnation is None, as bef
 
 Per partition this also keeps the leader epochs seen in fetched batches (where the epoch changes,
 a short list), so the epoch of a position is known for OffsetsForLeaderEpoch, and which partitions
-wait for that validation (a higher leader epoch in Metadata, a fenced or unknown leader epoch).
+wait for that validation (a higher leader epoch in Metadata, a fenced or unknown leader epoch, or
+a restart whose landed record's epoch, kept by the landing, must be checked against the log).
 """
 
 from __future__ import annotations
@@ -25,9 +26,21 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 
+from mqd.consumer.source import LandedEpoch
 from mqd.topic_partition import TopicPartition
 
 _MAX_EPOCHS = 16  # epoch changes kept per partition (a seek further back loses validation only)
+
+
+def epoch_before(transitions: list[tuple[int, int]], position: int) -> int | None:
+    """The epoch of the record before ``position`` among (first offset, epoch) transitions in
+    offset order (None: before the first)."""
+    epoch = None
+    for first, e in transitions:
+        if first >= position:
+            break
+        epoch = e
+    return epoch
 
 
 def _h(text: str) -> str:
@@ -110,14 +123,32 @@ class LogIncarnations:
     def epoch_at(self, tp: TopicPartition, position: int) -> int | None:
         """The leader epoch of the record before ``position`` (None: not seen)."""
         part = self._parts.get(tp)
-        if part is None:
-            return None
-        epoch = None
-        for first, e in part.epochs:
-            if first >= position:
-                break
-            epoch = e
-        return epoch
+        return None if part is None else epoch_before(part.epochs, position)
+
+    def landed(self, tp: TopicPartition, position: int, requested: str | None, landed: LandedEpoch) -> bool:
+        """A position right after the last landed record (``landed``, from the landing) in the
+        incarnation it was landed in, with no epoch seen yet in this process (a restart): that
+        record's epoch becomes the position's, and the partition waits for validation, so a log
+        truncated while no daemon ran is found before anything after it is fetched. True if so."""
+        part = self._parts.get(tp)
+        if (
+            part is None
+            or part.epochs
+            or position != landed.offset + 1
+            or requested != part.current
+            or landed.incarnation != part.current
+        ):
+            return False
+        part.epochs = [(landed.offset, landed.leader_epoch)]
+        self.pending.add(tp)
+        return True
+
+    def forget_epochs(self, tp: TopicPartition) -> None:
+        """Drop the epochs seen for ``tp`` (its positions are no longer validated until new batches
+        are fetched)."""
+        part = self._parts.get(tp)
+        if part is not None:
+            part.epochs = []
 
     def leader_epochs(self, epochs: dict[TopicPartition, int]) -> None:
         """Leader epochs from Metadata: a higher one means a leader change; check for truncation."""
@@ -126,6 +157,25 @@ class LogIncarnations:
             self._leader_epochs[tp] = epoch
             if old is not None and epoch > old and tp in self._parts:
                 self.pending.add(tp)
+
+    def divergence(
+        self, tp: TopicPartition, asked: int, epoch: int, end_offset: int, position: int
+    ) -> int | None:
+        """Where the leader's log diverged from ours, given its answer for our epoch ``asked`` (the
+        epoch of the record before ``position``): (``epoch``, ``end_offset``), the largest epoch it
+        knows up to ``asked`` and where that ends (OffsetsForLeaderEpoch, or a Fetch v12+
+        diverging_epoch). None: not before ``position``. An end below the position is the cut. An
+        older epoch that ends at or after the position means the leader never had our epoch: its
+        records there were written in another epoch, so ours differ from the first offset we saw of
+        ``asked`` on (the landed record's offset when only the landing told it: an upper bound)."""
+        if 0 <= end_offset < position:
+            return end_offset
+        if 0 <= epoch < asked:
+            part = self._parts.get(tp)
+            first = next((f for f, e in part.epochs if e == asked), None) if part else None
+            if first is not None and first < position:
+                return first
+        return None
 
     def truncated(self, tp: TopicPartition, epoch: int, end_offset: int) -> str:
         """The log diverged at ``end_offset``: a new incarnation from there on (returned)."""

@@ -14,13 +14,25 @@ epochs it carried (empty when the broker answered an older version).
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Mapping
+from dataclasses import dataclass
 from io import BytesIO
 from typing import Any, TypeAlias
 
 from aiokafka.protocol.abstract import AbstractType
 from aiokafka.protocol.api import Request, RequestStruct, Response
 from aiokafka.protocol.fetch import FetchRequest as _AioFetchRequest
+from aiokafka.protocol.fetch import (
+    FetchRequest_v4,
+    FetchRequest_v5,
+    FetchRequest_v6,
+    FetchRequest_v7,
+    FetchRequest_v8,
+    FetchRequest_v9,
+    FetchRequest_v10,
+    FetchRequest_v11,
+)
 from aiokafka.protocol.metadata import (
     MetadataRequest as _AioMetadataRequest,
 )
@@ -36,13 +48,16 @@ from aiokafka.protocol.types import (
     Array,
     Boolean,
     CompactArray,
+    CompactBytes,
     CompactString,
+    Int8,
     Int16,
     Int32,
     Int64,
     Schema,
     String,
     TaggedFields,
+    UnsignedVarInt32,
 )
 
 from mqd.topic_partition import TopicPartition
@@ -265,16 +280,151 @@ def epoch_end_offsets(resp: Any) -> dict[TopicPartition, tuple[int, int, int]]:
     return out
 
 
-# -- Fetch v4-v11 with the current leader epoch (KIP-320) and a fetch session (KIP-227) ---------
+# -- Fetch v4-v13: current leader epoch (KIP-320), sessions (KIP-227), topic ids (KIP-516) -----
 
 
-class FetchRequest(_AioFetchRequest):  # type: ignore[misc]  # aiokafka is untyped
-    """aiokafka's Fetch that also sends each partition's current leader epoch (v9+; aiokafka sends
-    -1, unknown): a leader of a newer epoch than ours answers FENCED_LEADER_EPOCH rather than
-    records of a log whose divergence we have not checked yet. ``leader_epochs``: (topic,
-    partition) -> epoch, from Metadata v10; partitions without one send -1. v7+ also carries the
-    fetch session (mqd.sources.kafka.fetch_session): its id, epoch and forgotten partitions
-    (aiokafka sends id 0, epoch -1: no session)."""
+class Tags(AbstractType[dict[int, bytes]]):  # type: ignore[misc]  # aiokafka is untyped
+    """Tagged fields as {tag: raw bytes}; unlike aiokafka's TaggedFields it encodes tag 0 too (Fetch
+    v12's diverging_epoch is tag 0)."""
+
+    @classmethod
+    def encode(cls, value: dict[int, bytes]) -> bytes:
+        out = UnsignedVarInt32.encode(len(value))
+        for tag in sorted(value):
+            out += UnsignedVarInt32.encode(tag) + UnsignedVarInt32.encode(len(value[tag])) + value[tag]
+        return bytes(out)
+
+    @classmethod
+    def decode(cls, data: BytesIO) -> dict[int, bytes]:
+        return dict(TaggedFields.decode(data))
+
+
+def _fetch_request_schema(topic: Any) -> Schema:
+    return Schema(
+        ("replica_id", Int32),
+        ("max_wait_time", Int32),
+        ("min_bytes", Int32),
+        ("max_bytes", Int32),
+        ("isolation_level", Int8),
+        ("session_id", Int32),
+        ("session_epoch", Int32),
+        (
+            "topics",
+            CompactArray(
+                topic,
+                (
+                    "partitions",
+                    CompactArray(
+                        ("partition", Int32),
+                        ("current_leader_epoch", Int32),
+                        ("fetch_offset", Int64),
+                        ("last_fetched_epoch", Int32),
+                        ("log_start_offset", Int64),
+                        ("max_bytes", Int32),
+                        ("tags", Tags),
+                    ),
+                ),
+                ("tags", Tags),
+            ),
+        ),
+        ("forgotten_topics_data", CompactArray(topic, ("partitions", CompactArray(Int32)), ("tags", Tags))),
+        ("rack_id", CompactString("utf-8")),
+        ("tags", Tags),
+    )
+
+
+def _fetch_response_schema(topic: Any) -> Schema:
+    return Schema(
+        ("throttle_time_ms", Int32),
+        ("error_code", Int16),
+        ("session_id", Int32),
+        (
+            "topics",
+            CompactArray(
+                topic,
+                (
+                    "partitions",
+                    CompactArray(
+                        ("partition", Int32),
+                        ("error_code", Int16),
+                        ("highwater_offset", Int64),
+                        ("last_stable_offset", Int64),
+                        ("log_start_offset", Int64),
+                        (
+                            "aborted_transactions",
+                            CompactArray(("producer_id", Int64), ("first_offset", Int64), ("tags", Tags)),
+                        ),
+                        ("preferred_read_replica", Int32),
+                        ("message_set", CompactBytes),
+                        ("tags", Tags),  # 0: diverging_epoch, 1: current_leader, 2: snapshot_id
+                    ),
+                ),
+                ("tags", Tags),
+            ),
+        ),
+        ("tags", Tags),
+    )
+
+
+class FetchResponse_v12(Response):  # type: ignore[misc]  # aiokafka is untyped
+    API_KEY = 1
+    API_VERSION = 12
+    SCHEMA = _fetch_response_schema(("topic", CompactString("utf-8")))
+
+
+class FetchResponse_v13(Response):  # type: ignore[misc]  # aiokafka is untyped
+    API_KEY = 1
+    API_VERSION = 13
+    SCHEMA = _fetch_response_schema(("topic_id", Uuid))
+
+
+class FetchRequest_v12(RequestStruct):  # type: ignore[misc]  # aiokafka is untyped
+    """KIP-320 in the fetch path: each partition carries the leader epoch of the record before its
+    fetch offset; a log that diverged from it answers ``diverging_epoch`` (a tagged field)."""
+
+    FLEXIBLE_VERSION = True
+    API_KEY = 1
+    API_VERSION = 12
+    RESPONSE_TYPE = FetchResponse_v12
+    SCHEMA = _fetch_request_schema(("topic", CompactString("utf-8")))
+
+
+class FetchRequest_v13(RequestStruct):  # type: ignore[misc]  # aiokafka is untyped
+    """KIP-516: topics named by topic id; a recreated topic answers UNKNOWN_TOPIC_ID."""
+
+    FLEXIBLE_VERSION = True
+    API_KEY = 1
+    API_VERSION = 13
+    RESPONSE_TYPE = FetchResponse_v13
+    SCHEMA = _fetch_request_schema(("topic_id", Uuid))
+
+
+FetchStruct: TypeAlias = (
+    FetchRequest_v4
+    | FetchRequest_v5
+    | FetchRequest_v6
+    | FetchRequest_v7
+    | FetchRequest_v8
+    | FetchRequest_v9
+    | FetchRequest_v10
+    | FetchRequest_v11
+    | FetchRequest_v12
+    | FetchRequest_v13
+)
+
+
+class FetchRequest(Request[FetchStruct]):  # type: ignore[misc]  # aiokafka is untyped
+    """A Fetch in the highest version both sides know, from v4 (aiokafka's structs up to v11, mqd's
+    v12 and v13). Beyond what aiokafka sends: each partition's current leader epoch (v9+; aiokafka
+    sends -1, unknown), so a leader of a newer epoch answers FENCED_LEADER_EPOCH rather than records
+    of a log whose divergence we have not checked; the fetch session (v7+,
+    mqd.sources.kafka.fetch_session: its id, epoch and forgotten partitions; aiokafka sends none);
+    the leader epoch of the record before each fetch offset (v12+, ``last_epochs``; -1 unknown); and
+    topics by topic id (v13+, ``topic_ids``: topic -> id). v13 is sent only when every topic of the
+    request has an id; otherwise v12 goes out (a broker that knows v13 knows v12).
+    ``leader_epochs`` and ``last_epochs``: (topic, partition) -> epoch."""
+
+    API_KEY = 1
 
     def __init__(
         self,
@@ -287,19 +437,113 @@ class FetchRequest(_AioFetchRequest):  # type: ignore[misc]  # aiokafka is untyp
         session_id: int = 0,
         session_epoch: int = -1,
         forgotten: list[tuple[str, list[int]]] | None = None,
+        last_epochs: Mapping[TopicPartition, int] | None = None,
+        topic_ids: Mapping[str, str] | None = None,
     ) -> None:
-        super().__init__(max_wait_time, min_bytes, max_bytes, isolation_level, topics)
+        self._args = (max_wait_time, min_bytes, max_bytes, isolation_level)
+        self._topics = topics
         self._leader_epochs = leader_epochs or {}
         self._session = (session_id, session_epoch, forgotten or [])
+        self._last_epochs = last_epochs or {}
+        self._topic_ids = topic_ids or {}
 
-    def build(self, request_struct_class: Any) -> Any:
-        req = super().build(request_struct_class)
-        if request_struct_class.API_VERSION >= 9 and self._leader_epochs:
+    @property
+    def topics(self) -> list[tuple[str, list[tuple[int, int, int]]]]:
+        return self._topics
+
+    def build(self, request_struct_class: type[FetchStruct]) -> FetchStruct:
+        version = request_struct_class.API_VERSION
+        if version >= 12:
+            return self._build_flexible(version)
+        req = _AioFetchRequest(*self._args, self._topics).build(request_struct_class)
+        if version >= 9 and self._leader_epochs:
             epochs = self._leader_epochs
             req.topics = [
                 (t, [(p, epochs.get(TopicPartition(t, p), -1), *rest) for p, _unknown, *rest in parts])
                 for t, parts in req.topics
             ]
-        if request_struct_class.API_VERSION >= 7:
+        if version >= 7:
             req.session_id, req.session_epoch, req.forgotten_topics_data = self._session
         return req
+
+    def _build_flexible(self, version: int) -> FetchRequest_v12 | FetchRequest_v13:
+        session_id, session_epoch, forgotten = self._session
+        ids = self._topic_ids
+        names = {t for t, _ in self._topics} | {t for t, _ in forgotten}
+        by_id = version >= 13 and all(ids.get(t, NO_TOPIC_ID) != NO_TOPIC_ID for t in names)
+        key = (lambda t: ids[t]) if by_id else (lambda t: t)
+        epochs, last = self._leader_epochs, self._last_epochs
+        topics: list[tuple[Any, ...]] = []
+        for t, parts in self._topics:
+            rows: list[tuple[Any, ...]] = []
+            for p, offset, max_bytes in parts:
+                tp = TopicPartition(t, p)
+                rows.append((p, epochs.get(tp, -1), offset, last.get(tp, -1), -1, max_bytes, {}))
+            topics.append((key(t), rows, {}))
+        gone: list[tuple[Any, ...]] = [(key(t), parts, {}) for t, parts in forgotten]
+        cls = FetchRequest_v13 if by_id else FetchRequest_v12
+        return cls(-1, *self._args, session_id, session_epoch, topics, gone, "", {})
+
+
+@dataclass(frozen=True, slots=True)
+class FetchedPartition:
+    """One partition of a Fetch answer of any version, named by topic; -1 where the version has no
+    such field. ``diverging``: (epoch, end offset) when the broker said the fetch position's epoch
+    diverged (v12+), else None."""
+
+    topic: str | None  # None: a v13 topic id this client does not know
+    topic_id: str | None
+    partition: int
+    error_code: int
+    highwater: int
+    last_stable: int
+    log_start: int
+    aborted: list[tuple[int, int]]
+    preferred_replica: int
+    records: bytes | None
+    diverging: tuple[int, int] | None
+
+
+_DIVERGING = struct.Struct(">iq")
+
+
+def fetched_partitions(resp: Any, names: Mapping[str, str]) -> list[FetchedPartition]:
+    """A Fetch answer (aiokafka's v4-v11, mqd's v12-v13) as one list; ``names``: topic id -> topic,
+    for v13 answers."""
+    version = resp.API_VERSION
+    out: list[FetchedPartition] = []
+    for topic_key, parts in ((t[0], t[1]) for t in resp.topics):
+        topic, topic_id = (names.get(topic_key), topic_key) if version >= 13 else (topic_key, None)
+        for part in parts:
+            diverging = None
+            if version >= 12:
+                raw = part[8].get(0)
+                if raw is not None and len(raw) >= _DIVERGING.size:
+                    epoch, end = _DIVERGING.unpack_from(raw)
+                    diverging = (epoch, end) if epoch >= 0 and end >= 0 else None
+                aborted = [(pid, first) for pid, first, _tags in part[5] or ()]
+                records = part[7]
+            else:
+                aborted = list((part[5] if version >= 5 else part[4]) or ())
+                records = part[-1]
+            out.append(
+                FetchedPartition(
+                    topic=topic,
+                    topic_id=topic_id,
+                    partition=part[0],
+                    error_code=part[1],
+                    highwater=part[2],
+                    last_stable=part[3],
+                    log_start=part[4] if version >= 5 else -1,
+                    aborted=aborted,
+                    preferred_replica=part[6] if version >= 11 else -1,
+                    records=records,
+                    diverging=diverging,
+                )
+            )
+    return out
+
+
+def diverging_epoch(epoch: int, end_offset: int) -> dict[int, bytes]:
+    """The tagged field a v12+ answer carries for a diverged partition (for scripted brokers)."""
+    return {0: _DIVERGING.pack(epoch, end_offset) + b"\x00"}

@@ -25,7 +25,16 @@ offset beyond the log end is reported as such (a truncated log looks exactly lik
 offset below the position is a truncation (INCARNATION_CHANGED, ``diverged_at`` = that end offset),
 one at or above it is a leader change only. Before an out-of-range or unknown-topic answer is passed
 on, the metadata is read again: a new topic id makes it INCARNATION_CHANGED with ``diverged_at`` 0.
-A broker without OffsetsForLeaderEpoch (Tansu) gets no truncation check, said once in the log.
+A broker without OffsetsForLeaderEpoch (Tansu) gets no separate truncation check, said once in the log.
+
+Fetch v12+ carries the epoch of the record before each position (KIP-320 in the fetch path): an
+answer's diverging_epoch is judged by the same rule at once. v13 names topics by id where every topic
+of the request has one (Tansu 0.6 advertises up to v17, so it gets v13): a recreated topic answers
+UNKNOWN_TOPIC_ID / INCONSISTENT_TOPIC_ID and is rechecked as above before any record of the new log
+is read under the old id. Decoded batches carry the leader epoch of their last record, which the
+landing keeps (FileRange.leader_epoch); after a restart the request's ``landed`` (the head's record
+and epoch) gives the position its epoch, so a log truncated while no daemon ran is found before
+anything after the landed end is fetched.
 """
 
 from __future__ import annotations
@@ -56,10 +65,10 @@ from mqd.consumer.source import (
 )
 from mqd.sources.kafka.fetch_session import SESSION_ERRORS, FetchSession, SessionRequest
 from mqd.sources.kafka.group import KafkaGroup, KafkaOffsetStore
-from mqd.sources.kafka.log_incarnation import LogIncarnations
+from mqd.sources.kafka.log_incarnation import LogIncarnations, epoch_before
 from mqd.sources.kafka.metadata import KafkaMetadata
 from mqd.sources.kafka.protocol_ext import FetchRequest as KafkaFetchRequest
-from mqd.sources.kafka.protocol_ext import OffsetsForLeaderEpochRequest, epoch_end_offsets
+from mqd.sources.kafka.protocol_ext import OffsetsForLeaderEpochRequest, epoch_end_offsets, fetched_partitions
 from mqd.sources.kafka.record_batch import AbortedTxn, decode_partition, leader_epochs
 from mqd.topic_partition import TopicPartition
 
@@ -71,8 +80,9 @@ NOT_LEADER_OR_FOLLOWER = 6
 FENCED_LEADER_EPOCH = 74
 UNKNOWN_LEADER_EPOCH = 75
 UNKNOWN_TOPIC_ID = 100
+INCONSISTENT_TOPIC_ID = 103
 _EPOCH_ERRORS = frozenset({NOT_LEADER_OR_FOLLOWER, FENCED_LEADER_EPOCH, UNKNOWN_LEADER_EPOCH})
-_TOPIC_GONE = frozenset({UNKNOWN_TOPIC_OR_PARTITION, UNKNOWN_TOPIC_ID})
+_TOPIC_GONE = frozenset({UNKNOWN_TOPIC_OR_PARTITION, UNKNOWN_TOPIC_ID, INCONSISTENT_TOPIC_ID})
 EARLIEST, LATEST = -2, -1
 READ_COMMITTED = 1
 _HEAD_BYTES = 64  # what the budget charges per answer besides the records
@@ -80,6 +90,24 @@ _HEAD_BYTES = 64  # what the budget charges per answer besides the records
 
 def _no_data(_start: int, _check_crc: bool) -> Decoded:
     return Decoded([])
+
+
+def _decode(
+    records: bytes,
+    start: int,
+    check_crc: bool,
+    *,
+    tp: TopicPartition,
+    aborted: list[AbortedTxn] | None,
+    epochs: list[tuple[int, int]],
+) -> Decoded:
+    """decode_partition, each batch stamped with the leader epoch of its last record (the landing
+    keeps it so a restart can validate the landed position, KIP-320)."""
+    decoded = decode_partition(records, start, check_crc, tp=tp, aborted=aborted)
+    if not epochs:
+        return decoded
+    batches = [replace(d, leader_epoch=epoch_before(epochs, d.next_offset)) for d in decoded.batches]
+    return Decoded(batches, decoded.error)
 
 
 def _changed(tp: TopicPartition, incarnation: str | None, diverged_at: int, why: str) -> PartitionResult:
@@ -103,6 +131,7 @@ class KafkaSource:
         self.incarnations = LogIncarnations()
         self.sessions: dict[str, FetchSession] = {}  # node id -> its incremental fetch session
         self.epoch_checks = 0  # OffsetsForLeaderEpoch requests sent
+        self.fetch_version: int | None = None  # of the last Fetch answer (status, tests)
         self._epoch_checks_supported = True
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -228,8 +257,17 @@ class KafkaSource:
             current[r.tp] = inc
             if diverged is not None:
                 early.append(_changed(r.tp, inc, diverged, "the topic was recreated (new topic id)"))
-            else:
-                fetchable.append(r)
+                continue
+            if r.landed is not None and self.incarnations.landed(r.tp, r.offset, r.incarnation, r.landed):
+                log.info(
+                    "kafka landed position to validate against the log",
+                    topic=r.tp.topic,
+                    partition=r.tp.partition,
+                    landed_offset=r.landed.offset,
+                    leader_epoch=r.landed.leader_epoch,
+                    incarnation=inc,
+                )
+            fetchable.append(r)
         pending = {r.tp: r.offset for r in fetchable if r.tp in self.incarnations.pending}
         if pending:
             checked = await self._check_epochs(node_id, pending)
@@ -238,69 +276,84 @@ class KafkaSource:
         if not fetchable:
             return FetchResult(early, body=None, nbytes=_HEAD_BYTES)
         offsets = {r.tp: r.offset for r in fetchable}
-        resp, session, sreq = await self._send_fetch(node_id, fetchable, max_wait_ms, min_bytes, max_bytes)
-        version = resp.API_VERSION
+        # KIP-320 in the fetch path (v12+): the epoch of the record before each position
+        epoch_at = self.incarnations.epoch_at
+        last_epochs = {r.tp: e for r in fetchable if (e := epoch_at(r.tp, r.offset)) is not None}
+        ids = {r.tp.topic: i for r in fetchable if (i := topic_ids[r.tp]) is not None}
+        resp, session, sreq = await self._send_fetch(
+            node_id, fetchable, max_wait_ms, min_bytes, max_bytes, last_epochs, ids
+        )
+        names = {i: t for t, i in ids.items()}
         results: list[PartitionResult] = early
         out_of_range: list[TopicPartition] = []
         suspect: dict[TopicPartition, int] = {}  # answers a truncated or recreated log also gives
         answered: set[TopicPartition] = set()
         nbytes = _HEAD_BYTES
-        for topic, parts in resp.topics:
-            for part in parts:
-                partition, error_code, highwater, lso = part[0], part[1], part[2], part[3]
-                log_start = part[4] if version >= 5 else -1
-                aborted_raw = part[5] if version >= 5 else part[4]
-                replica = part[6] if version >= 11 else -1
-                records = part[-1]
-                tp = TopicPartition(topic, partition)
-                offset = offsets.get(tp, -1)
-                nbytes += len(records or b"")
-                end = lso if self.read_committed and lso >= 0 else highwater
-                answered.add(tp)
-                if error_code == 0:
-                    session.bounds(tp, highwater, lso, log_start)
-                if error_code == OFFSET_OUT_OF_RANGE:
-                    out_of_range.append(tp)
-                    suspect[tp] = offset
-                    continue
-                if error_code in _EPOCH_ERRORS:
-                    self.incarnations.pending.add(tp)  # a leader change: check the epoch first
-                elif error_code in _TOPIC_GONE:
-                    suspect[tp] = offset
-                if error_code:
-                    status, decode, error = FetchStatus.NOT_SERVED, _no_data, for_code(error_code).__name__
-                elif records:
-                    aborted = (
-                        [AbortedTxn(pid, first) for pid, first in aborted_raw or ()]
-                        if self.read_committed
-                        else None
-                    )
-                    status, error = FetchStatus.FOUND, None
-                    decode = functools.partial(decode_partition, records, tp=tp, aborted=aborted)
-                    if current[tp] is not None:
-                        self.incarnations.saw_batches(tp, leader_epochs(records))
-                elif offset > highwater >= 0:
-                    # Kafka answers OFFSET_OUT_OF_RANGE here; Tansu answers nothing, forever
-                    status, decode, error = FetchStatus.OFFSET_OVERFLOW_BADLY, _no_data, "beyond the log end"
-                    suspect[tp] = offset
-                elif 0 <= offset < log_start:
-                    status, decode, error = FetchStatus.OFFSET_TOO_SMALL, _no_data, "below the log start"
-                else:
-                    status, decode, error = FetchStatus.CAUGHT_UP, _no_data, None
-                nxt = {FetchStatus.OFFSET_OVERFLOW_BADLY: highwater, FetchStatus.OFFSET_TOO_SMALL: log_start}
-                results.append(
-                    PartitionResult(
-                        tp=tp,
-                        status=status,
-                        next_offset=nxt.get(status, offset),
-                        log_start=max(log_start, 0),
-                        log_end=max(end, 0),
-                        suggested_node=str(replica) if replica >= 0 else None,
-                        incarnation=current[tp],
-                        error=error,
-                        decode=decode,
-                    )
+        for part in fetched_partitions(resp, names):
+            if part.topic is None:
+                log.warning("kafka fetch answer: unknown topic id", node=node_id, topic_id=part.topic_id)
+                continue
+            tp = TopicPartition(part.topic, part.partition)
+            error_code, highwater, lso, log_start = (
+                part.error_code,
+                part.highwater,
+                part.last_stable,
+                part.log_start,
+            )
+            records = part.records
+            offset = offsets.get(tp, -1)
+            nbytes += len(records or b"")
+            end = lso if self.read_committed and lso >= 0 else highwater
+            answered.add(tp)
+            if error_code == 0:
+                session.bounds(tp, highwater, lso, log_start)
+                if part.diverging is not None and tp in offsets:
+                    changed = self._diverged(node_id, tp, offset, last_epochs.get(tp), *part.diverging)
+                    if changed is not None:
+                        results.append(changed)
+                        continue
+            if error_code == OFFSET_OUT_OF_RANGE:
+                out_of_range.append(tp)
+                suspect[tp] = offset
+                continue
+            if error_code in _EPOCH_ERRORS:
+                self.incarnations.pending.add(tp)  # a leader change: check the epoch first
+            elif error_code in _TOPIC_GONE:
+                suspect[tp] = offset
+            if error_code:
+                status, decode, error = FetchStatus.NOT_SERVED, _no_data, for_code(error_code).__name__
+            elif records:
+                aborted = None
+                if self.read_committed:
+                    aborted = [AbortedTxn(pid, first) for pid, first in part.aborted]
+                status, error = FetchStatus.FOUND, None
+                transitions = leader_epochs(records)
+                decode = functools.partial(_decode, records, tp=tp, aborted=aborted, epochs=transitions)
+                if current[tp] is not None:
+                    self.incarnations.saw_batches(tp, transitions)
+            elif offset > highwater >= 0:
+                # Kafka answers OFFSET_OUT_OF_RANGE here; Tansu answers nothing, forever
+                status, decode, error = FetchStatus.OFFSET_OVERFLOW_BADLY, _no_data, "beyond the log end"
+                suspect[tp] = offset
+            elif 0 <= offset < log_start:
+                status, decode, error = FetchStatus.OFFSET_TOO_SMALL, _no_data, "below the log start"
+            else:
+                status, decode, error = FetchStatus.CAUGHT_UP, _no_data, None
+            nxt = {FetchStatus.OFFSET_OVERFLOW_BADLY: highwater, FetchStatus.OFFSET_TOO_SMALL: log_start}
+            replica = part.preferred_replica
+            results.append(
+                PartitionResult(
+                    tp=tp,
+                    status=status,
+                    next_offset=nxt.get(status, offset),
+                    log_start=max(log_start, 0),
+                    log_end=max(end, 0),
+                    suggested_node=str(replica) if replica >= 0 else None,
+                    incarnation=current[tp],
+                    error=error,
+                    decode=decode,
                 )
+            )
         for tp, (highwater, lso, log_start) in session.omitted(sreq, answered).items():
             # an incremental answer leaves out what has nothing new: caught up, bounds as last seen
             end = lso if self.read_committed and lso >= 0 else highwater
@@ -319,10 +372,17 @@ class KafkaSource:
         return FetchResult(results, body=resp, nbytes=nbytes)
 
     async def _send_fetch(
-        self, node_id: str, fetchable: list[FetchRequest], max_wait_ms: int, min_bytes: int, max_bytes: int
+        self,
+        node_id: str,
+        fetchable: list[FetchRequest],
+        max_wait_ms: int,
+        min_bytes: int,
+        max_bytes: int,
+        last_epochs: dict[TopicPartition, int],
+        topic_ids: dict[str, str],
     ) -> tuple[Any, FetchSession, SessionRequest]:
         """One Fetch within the node's fetch session; a session error resets it and the request is
-        sent again, full (once)."""
+        sent again, full (once). v13 names the topics by ``topic_ids`` where every topic has one."""
         assert self._client is not None
         session = self.sessions.get(node_id)
         if session is None:
@@ -345,12 +405,15 @@ class KafkaSource:
                 session_id=sreq.session_id,
                 session_epoch=sreq.epoch,
                 forgotten=list(forgotten.items()),
+                last_epochs=last_epochs,
+                topic_ids={**self._forgotten_ids(forgotten), **topic_ids},
             )
             try:
                 resp = await self._client.send(int(node_id), request)
             except (KafkaError, OSError) as exc:
                 session.reset()
                 raise SourceError(f"{node_id}: {exc!r}", kind="transport", node_down=True) from exc
+            self.fetch_version = resp.API_VERSION
             if resp.API_VERSION < 7:
                 session.enabled = False  # no sessions before Fetch v7
             top_error = getattr(resp, "error_code", 0)
@@ -364,6 +427,52 @@ class KafkaSource:
                 )
             log.info("kafka fetch session reset", node=node_id, error=for_code(top_error).__name__)
         raise AssertionError("unreachable")
+
+    def _forgotten_ids(self, forgotten: dict[str, list[int]]) -> dict[str, str]:
+        """Topic ids of the partitions a session forgets (v13 names them by id too)."""
+        return {t: i for t in forgotten if (i := self._topic_id(t)) is not None}
+
+    def _diverged(
+        self, node_id: str, tp: TopicPartition, position: int, sent: int | None, epoch: int, end_offset: int
+    ) -> PartitionResult | None:
+        """A v12+ answer's diverging_epoch for the epoch ``sent`` with the fetch at ``position``: the
+        same rule as an OffsetsForLeaderEpoch answer (LogIncarnations.divergence), at once."""
+        if sent is None:
+            return None  # we sent no epoch (-1): the broker cannot have compared one
+        at = self.incarnations.divergence(tp, sent, epoch, end_offset, position)
+        if at is None:
+            # not a cut before the position (Kafka's broker never answers so): sending the same
+            # epoch again would get the same empty answer, so stop sending it
+            log.warning(
+                "kafka diverging epoch without a cut before the position; epoch validation off",
+                topic=tp.topic,
+                partition=tp.partition,
+                node=node_id,
+                sent_epoch=sent,
+                epoch=epoch,
+                end_offset=end_offset,
+                position=position,
+            )
+            self.incarnations.forget_epochs(tp)
+            return None
+        return self._truncated(node_id, tp, sent, at, position, "diverging epoch in the fetch answer")
+
+    def _truncated(
+        self, node_id: str, tp: TopicPartition, epoch: int, at: int, position: int, how: str
+    ) -> PartitionResult:
+        new = self.incarnations.truncated(tp, epoch, at)
+        log.warning(
+            "kafka log truncated",
+            topic=tp.topic,
+            partition=tp.partition,
+            node=node_id,
+            leader_epoch=epoch,
+            diverged_at=at,
+            position=position,
+            incarnation=new,
+            found_by=how,
+        )
+        return _changed(tp, new, at, f"log truncated at {at} (leader epoch {epoch}; {how})")
 
     async def _recheck(
         self, node_id: str, suspect: dict[TopicPartition, int], topic_ids: dict[TopicPartition, str | None]
@@ -424,7 +533,7 @@ class KafkaSource:
             ) from exc
         self.epoch_checks += 1
         out: dict[TopicPartition, PartitionResult] = {}
-        for tp, (error_code, _epoch, end_offset) in epoch_end_offsets(resp).items():
+        for tp, (error_code, epoch, end_offset) in epoch_end_offsets(resp).items():
             if tp not in asked:
                 continue
             position = positions[tp]
@@ -436,21 +545,9 @@ class KafkaSource:
                 )
                 continue
             incs.pending.discard(tp)
-            if 0 <= end_offset < position:
-                new = incs.truncated(tp, asked[tp], end_offset)
-                log.warning(
-                    "kafka log truncated after a leader change",
-                    topic=tp.topic,
-                    partition=tp.partition,
-                    node=node_id,
-                    leader_epoch=asked[tp],
-                    end_offset=end_offset,
-                    position=position,
-                    incarnation=new,
-                )
-                out[tp] = _changed(
-                    tp, new, end_offset, f"log truncated at {end_offset} (leader epoch {asked[tp]})"
-                )
+            at = incs.divergence(tp, asked[tp], epoch, end_offset, position)
+            if at is not None:
+                out[tp] = self._truncated(node_id, tp, asked[tp], at, position, "OffsetsForLeaderEpoch")
         return out
 
     async def _out_of_range(
@@ -521,24 +618,27 @@ class KafkaSource:
         """The log ends as a Fetch's high watermark (last stable offset under read_committed) says:
         Tansu answers ListOffsets "latest" with the last batch's base offset + 1, not the log end."""
         assert self._client is not None
+        ids = {tp.topic: i for tp in ends if (i := self._topic_id(tp.topic)) is not None}
         request = KafkaFetchRequest(
             max_wait_time=1,  # see fetch(): not 0
             min_bytes=1,
             max_bytes=1 << 20,
             isolation_level=READ_COMMITTED if self.read_committed else 0,
             topics=self._ordered([FetchRequest(tp, off, 1 << 16) for tp, off in ends.items()]),
+            topic_ids=ids,
         )
         try:
             resp = await self._client.send(int(node_id), request)
         except (KafkaError, OSError) as exc:
             raise ConsumerError(f"{node_id}: log end lookup failed: {exc!r}", retriable=True) from exc
         out = dict(ends)
-        for topic, parts in resp.topics:
-            for part in parts:
-                tp, error_code, highwater, lso = TopicPartition(topic, part[0]), part[1], part[2], part[3]
-                end = lso if self.read_committed and lso >= 0 else highwater
-                if error_code == 0 and tp in out and end > out[tp]:
-                    out[tp] = end
+        for part in fetched_partitions(resp, {i: t for t, i in ids.items()}):
+            if part.topic is None:
+                continue
+            tp = TopicPartition(part.topic, part.partition)
+            end = part.last_stable if self.read_committed and part.last_stable >= 0 else part.highwater
+            if part.error_code == 0 and tp in out and end > out[tp]:
+                out[tp] = end
         return out
 
     # -- consumer group --------------------------------------------------------------------------

@@ -11,8 +11,11 @@ import pyarrow.parquet as pq
 import pytest
 from support.kafka import kafka_daemon_config, landed_rows, produce
 
+from mqd.consumer.source import FetchRequest, FetchStatus
 from mqd.daemon import Daemon
+from mqd.sources.kafka.source import KafkaSource
 from mqd.testing.tansu import Tansu
+from mqd.topic_partition import TopicPartition
 from mqd.waiting import wait_until
 
 pytest.importorskip("confluent_kafka")
@@ -67,3 +70,30 @@ async def test_a_recreated_topic_lands_as_new_records(
         assert sorted(r[0] for r in got[p] if r[2] and r[2].startswith(b"old-")) == list(range(100))
         assert sorted(r[0] for r in got[p] if r[2] and r[2].startswith(b"new-")) == list(range(20))
         assert {i for q, _o, i in incarnations if q == p} == {old_id, new_id}
+
+
+async def test_tansu_is_fetched_by_topic_id(tansu: Tansu, tmp_path: Path) -> None:
+    """Tansu 0.6 advertises Fetch v0-v17: the source negotiates v13 and names the topic by its id
+    (from Metadata v10); the answer maps back to the topic and its records decode, under the topic
+    id as incarnation, each batch stamped with its leader epoch."""
+    tansu.create_topic("events", 1)
+    produce(tansu.bootstrap, [(0, None, b"v%d" % i, []) for i in range(3)])
+    source = KafkaSource(kafka_daemon_config(tansu.bootstrap, tmp_path).consumer)
+    await source.start(timeout=15)
+    try:
+        tp = TopicPartition("events", 0)
+        assert source.cluster is not None
+        node = source.cluster.partitions[tp].leader
+        res = await source.fetch(
+            node, [FetchRequest(tp, 0, 1 << 20)], max_wait_ms=100, min_bytes=1, max_bytes=1 << 20
+        )
+        (part,) = res.partitions
+        decoded = part.decode(0, True)
+        values = [v for b in decoded.batches for v in b.records.column("value").to_pylist()]
+        assert source.fetch_version == 13
+        assert part.status is FetchStatus.FOUND and values == [b"v0", b"v1", b"v2"]
+        assert source.metadata is not None
+        assert part.incarnation is not None and part.incarnation == source.metadata.topic_ids["events"]
+        assert [b.leader_epoch for b in decoded.batches] == [0]  # Tansu stamps epoch 0
+    finally:
+        await source.stop()
