@@ -10,22 +10,22 @@ import json
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import aiohttp
 
 from mqd.errors import MqdError
+from mqd.fetch_connection import AnswerError, FetchBody, FetchConnections
 from mqd.protocol import BATCH_CONTENT_TYPE, FETCH_CONTENT_TYPE, FetchAnswer, decode_fetch_answer
 
-
-class FetchBody(bytearray):
-    """A fetch answer's bytes. A bytearray subclass takes weak references, so the consumer can
-    charge the body to its budget until the last zero-copy slice of it is gone."""
+__all__ = ["BrokerClient", "BrokerError", "FetchBody", "ProduceResult", "tls_context"]
 
 
 async def _read_fetch_body(resp: aiohttp.ClientResponse) -> FetchBody:
-    """Read the body into one buffer of Content-Length bytes, chunk by chunk. ``resp.read()``
-    keeps every chunk until it joins them: twice the answer's size for a moment."""
+    """A fetch answer through aiohttp (the brokers' replica client; the consumer's fetches go
+    through mqd.fetch_connection). Read the body into one buffer of Content-Length bytes, chunk
+    by chunk. ``resp.read()`` keeps every chunk until it joins them: twice the answer's size for a
+    moment."""
     size = resp.content_length
     if size is None or resp.headers.get("Content-Encoding"):
         return FetchBody(await resp.read())
@@ -66,6 +66,23 @@ class BrokerError(MqdError):
         self.status = status
         self.code = code
         self.body = body or {}
+
+
+def error_answer(method: str, url: str, status: int, payload: bytes | bytearray) -> BrokerError:
+    """The BrokerError of an error answer (status >= 400): the broker's JSON error and reason."""
+    try:
+        err = json.loads(payload)
+    except ValueError:
+        err = {"reason": bytes(payload[:200]).decode(errors="replace")}
+    if not isinstance(err, dict):
+        err = {"reason": str(err)}
+    return BrokerError(
+        f"{method} {url}: {status} {err.get('error', '')}: {err.get('reason', '')}",
+        status=status,
+        code=err.get("error"),
+        body=err,
+        retriable=status >= 500 or status in (408, 421, 429),
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,8 +127,11 @@ class BrokerClient:
         # built here so a bad CA file fails at construction, not at the first https request
         self._ssl: ssl.SSLContext | bool = tls_context(ca_file) if ca_file is not None else True
         self._session: aiohttp.ClientSession | None = None
+        self._fetches: FetchConnections | None = None
 
     async def start(self) -> None:
+        if self._fetches is None:
+            self._fetches = FetchConnections(headers=self._headers, ssl_context=self._ssl)
         if self._session is None:
             connector = aiohttp.TCPConnector(limit=0, limit_per_host=self._limit_per_host, ssl=self._ssl)
             self._session = aiohttp.ClientSession(
@@ -121,6 +141,9 @@ class BrokerClient:
             )
 
     async def close(self) -> None:
+        if self._fetches is not None:
+            fetches, self._fetches = self._fetches, None
+            await fetches.close()
         if self._session is not None:
             session, self._session = self._session, None
             await session.close()
@@ -149,7 +172,6 @@ class BrokerClient:
         data: bytes | None = None,
         content_type: str | None = None,
         timeout: float | None = None,
-        raw: bool = False,
     ) -> Any:
         headers = {"Content-Type": content_type} if content_type else None
         body = (
@@ -165,29 +187,9 @@ class BrokerClient:
                 headers=headers,
                 timeout=aiohttp.ClientTimeout(total=timeout or self._timeout),
             ) as resp:
-                payload: bytes | FetchBody
-                if raw and resp.status < 400:
-                    payload = await _read_fetch_body(resp)
-                else:
-                    payload = await resp.read()
+                payload = await resp.read()
                 if resp.status >= 400:
-                    try:
-                        err = json.loads(payload)
-                    except ValueError:
-                        err = {"reason": payload[:200].decode(errors="replace")}
-                    if not isinstance(err, dict):
-                        err = {"reason": str(err)}
-                    raise BrokerError(
-                        f"{method} {url}: {resp.status} {err.get('error', '')}: {err.get('reason', '')}",
-                        status=resp.status,
-                        code=err.get("error"),
-                        body=err,
-                        retriable=resp.status >= 500 or resp.status in (408, 421, 429),
-                    )
-                if raw:
-                    if resp.headers.get("Content-Type", "").split(";")[0] != FETCH_CONTENT_TYPE:
-                        raise BrokerError(f"{method} {url}: unexpected content type", status=resp.status)
-                    return payload
+                    raise error_answer(method, url, resp.status, payload)
                 try:
                     return json.loads(payload) if payload else None
                 except ValueError as exc:  # a damaged 2xx answer: the next try may be fine
@@ -242,10 +244,22 @@ class BrokerClient:
             "max_bytes": max_bytes,
             "partitions": partitions,
         }
-        payload = await self._request(
-            "POST", url + "/v1/fetch", json_body=body, raw=True, timeout=self._timeout + max_wait_ms / 1000
-        )
-        return decode_fetch_answer(payload)
+        if self._fetches is None:
+            raise RuntimeError("BrokerClient.start() was not called")
+        where = url + "/v1/fetch"
+        try:
+            # the answer's body lands in its own buffer straight from the socket (fetch_connection)
+            answer = await self._fetches.post(
+                url, "/v1/fetch", json.dumps(body).encode(), self._timeout + max_wait_ms / 1000
+            )
+        except (OSError, TimeoutError, AnswerError) as exc:
+            raise BrokerError(f"POST {where}: {type(exc).__name__}: {exc}") from exc
+        if answer.status >= 400:
+            raise error_answer("POST", where, answer.status, answer.body)
+        if answer.headers.get("content-type", "").split(";")[0] != FETCH_CONTENT_TYPE:
+            raise BrokerError(f"POST {where}: unexpected content type", status=answer.status)
+        # the body (a bytearray) is read like bytes, and kept: the batches are views of it
+        return decode_fetch_answer(cast(bytes, answer.body))
 
     async def list_offsets(self, url: str, partitions: list[dict[str, Any]]) -> list[dict[str, Any]]:
         r = await self._request("POST", f"{url}/v1/offsets", json_body={"partitions": partitions})

@@ -2,10 +2,11 @@
 
 Each NodeFetcher wakes when one of its partitions may have become fetchable (assignment, resume,
 drain, answer handled, backoff over), collects the fetchable partitions whose pull node is its node
-and sends ONE fetch for all of them through the source. The send does not block the coroutine: the
-answer is handled by a done-callback on the loop, which re-checks every partition (still owned,
-unpaused, same assignment epoch) before applying status, position, pull-node suggestion and data;
-only then is the partition's data decoded.
+and sends ONE fetch for all of them through the source, its bytes shared by what exists
+(mqd.consumer.fetch_shares: partitions with a backlog take what caught-up ones leave). The send
+does not block the coroutine: the answer is handled by a done-callback on the loop, which
+re-checks every partition (still owned, unpaused, same assignment epoch) before applying status,
+position, pull-node suggestion and data; only then is the partition's data decoded.
 
 Error handling never stops the daemon: a failing node backs off (mqd.backoff, capped exponential
 with jitter) and its partitions move to a live replica; an undecodable partition is retried with
@@ -39,6 +40,7 @@ from mqd import metrics, record_size
 from mqd.backoff import backoff_delay
 from mqd.config import ConsumerConfig
 from mqd.consumer.errors import ConsumerError
+from mqd.consumer.fetch_shares import share_request
 from mqd.consumer.offset_reset import OffsetReset
 from mqd.consumer.process_queue import FetchedBatch
 from mqd.consumer.snapshot import NodeSnapshot
@@ -88,6 +90,7 @@ class NodeFetcher:
         self.requests = 0
         self.errors = 0
         self.last_error: str | None = None
+        self._turn = 0  # rotates the request order of the partitions with a backlog (fetch_shares)
 
     @property
     def in_flight(self) -> bool:
@@ -172,9 +175,15 @@ class NodeFetcher:
 
     def _send(self, chosen: list[OwnedPartition], max_bytes: int, reserve: int, wait_ms: int) -> None:
         m, cfg = self._m, self._m.config
-        part_max = min(cfg.partition_max_bytes, max_bytes)
-        sent = [_Sent(op, op.epoch, op.position, op.incarnation) for op in chosen]
-        requests = [FetchRequest(s.op.tp, s.offset, part_max, s.incarnation, s.op.landed) for s in sent]
+        # a partition whose last answer reached the log end leaves its share to those with more
+        backlog = [op.log_end is None or op.position < op.log_end for op in chosen]
+        shares = share_request(backlog, max_bytes, cfg.partition_max_bytes, self._turn)
+        self._turn += 1
+        sent = [_Sent(op, op.epoch, op.position, op.incarnation) for op in (chosen[i] for i in shares.order)]
+        requests = [
+            FetchRequest(s.op.tp, s.offset, part_max, s.incarnation, s.op.landed)
+            for s, part_max in zip(sent, shares.max_bytes, strict=True)
+        ]
         request = m.source.fetch(
             self.node_id, requests, max_wait_ms=wait_ms, min_bytes=cfg.fetch_min_bytes, max_bytes=max_bytes
         )
