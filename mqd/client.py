@@ -227,23 +227,36 @@ class BrokerClient:
     async def fetch(
         self,
         url: str,
-        partitions: list[dict[str, Any]],
+        partitions: list[dict[str, Any]] | bytes,
         *,
         client_id: str = "",
         max_wait_ms: int = 500,
         min_bytes: int = 1,
         max_bytes: int = 32 * 1024 * 1024,
+        changes_only: bool = False,
     ) -> FetchAnswer:
-        """One request for many partitions: ``[{"topic", "partition", "offset", "max_bytes"}]``."""
+        """One request for many partitions: ``[{"topic", "partition", "offset", "max_bytes"}]``, or
+        that list already encoded as JSON (a caller that sends the same partitions again keeps it).
+        ``changes_only``: the answer leaves out partitions with nothing new (docs/protocol.md)."""
         body: dict[str, Any] = {
             "client_id": client_id,
             "max_wait_ms": max_wait_ms,
             "min_bytes": min_bytes,
             "max_bytes": max_bytes,
-            "partitions": partitions,
         }
+        if changes_only:
+            body["changes_only"] = True
+        if isinstance(partitions, bytes):
+            data = json.dumps(body).encode()[:-1] + b', "partitions": ' + partitions + b"}"
+        else:
+            data = json.dumps({**body, "partitions": partitions}).encode()
         payload = await self._request(
-            "POST", url + "/v1/fetch", json_body=body, raw=True, timeout=self._timeout + max_wait_ms / 1000
+            "POST",
+            url + "/v1/fetch",
+            data=data,
+            content_type="application/json",
+            raw=True,
+            timeout=self._timeout + max_wait_ms / 1000,
         )
         return decode_fetch_answer(payload)
 

@@ -64,6 +64,12 @@ fetch_partitions = Histogram(
     buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 1024),
     registry=REGISTRY,
 )
+fetch_partitions_unchanged = Counter(
+    "mqd_fetch_partitions_unchanged",
+    "Partitions a fetch answer left out: nothing new at the offset asked for (changes_only)",
+    ["node"],
+    registry=REGISTRY,
+)
 flow_control_events = Counter(
     "mqd_flow_control_events", "Times a partition was held back", ["reason"], registry=REGISTRY
 )
