@@ -457,14 +457,10 @@ class Daemon:
     async def _idle_watermarks(self) -> None:
         """A partition at its log end with nothing buffered vouches for event times up to now
         (minus a grace for records in flight): its hours can be marked complete."""
-        partitions = self.consumer.snapshot().partitions
         pending = self.sink.pending()
         mark = now_ms() - IDLE_GRACE_MS
         hour = mark // layout.HOUR_MS
-        for p in partitions:
-            tp = p.tp
-            if not p.at_log_end():
-                continue
+        for tp in self.consumer.idle_partitions():
             # a publication in flight is not visible yet: its hour cannot be vouched for
             if pending.get(tp) or self.sink.busy(tp) or self._watermark_hour.get(tp, -1) >= hour:
                 continue

@@ -39,6 +39,7 @@ from mqd import metrics, record_size
 from mqd.backoff import backoff_delay
 from mqd.config import ConsumerConfig
 from mqd.consumer.errors import ConsumerError
+from mqd.consumer.fetch_request_cache import RequestCache
 from mqd.consumer.offset_reset import OffsetReset
 from mqd.consumer.process_queue import FetchedBatch
 from mqd.consumer.snapshot import NodeSnapshot
@@ -83,6 +84,7 @@ class NodeFetcher:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._request: asyncio.Task[FetchResult] | None = None
+        self._last: RequestCache[_Sent] = RequestCache()  # an idle round sends the same again
         self.backoff_until = 0.0
         self.failures = 0
         self.requests = 0
@@ -173,8 +175,7 @@ class NodeFetcher:
     def _send(self, chosen: list[OwnedPartition], max_bytes: int, reserve: int, wait_ms: int) -> None:
         m, cfg = self._m, self._m.config
         part_max = min(cfg.partition_max_bytes, max_bytes)
-        sent = [_Sent(op, op.epoch, op.position, op.incarnation) for op in chosen]
-        requests = [FetchRequest(s.op.tp, s.offset, part_max, s.incarnation) for s in sent]
+        sent, requests = self._last.get(chosen, part_max) or self._build(chosen, part_max)
         request = m.source.fetch(
             self.node_id, requests, max_wait_ms=wait_ms, min_bytes=cfg.fetch_min_bytes, max_bytes=max_bytes
         )
@@ -192,6 +193,12 @@ class NodeFetcher:
         self._request.add_done_callback(
             functools.partial(self._on_done, sent, reserve, time.perf_counter(), wait_ms / 1000)
         )
+
+    def _build(self, chosen: list[OwnedPartition], part_max: int) -> tuple[list[_Sent], list[FetchRequest]]:
+        sent = [_Sent(op, op.epoch, op.position, op.incarnation) for op in chosen]
+        requests = [FetchRequest(s.op.tp, s.offset, part_max, s.incarnation) for s in sent]
+        self._last.put(sent, requests, part_max)
+        return sent, requests
 
     def _on_done(
         self, sent: list[_Sent], reserved: int, t0: float, max_wait: float, task: asyncio.Task[FetchResult]
@@ -426,9 +433,10 @@ class FetchManager:
                 metrics.stale_responses.labels("paused").inc()
                 continue
             self._apply(node_id, op, s.offset, res)
+        # left out of the answer: nothing new at the offset asked for, still ours (docs/protocol.md)
         for s in by_tp.values():
-            if self.state.is_current(s.op, s.epoch):
-                self._partition_error(s.op, f"{node_id}: answer left the partition out")
+            self.state.no_news(s.op, s.epoch)
+        metrics.fetch_partitions_unchanged.labels(node_id).inc(len(by_tp))
 
     def _apply(self, node_id: str, op: OwnedPartition, offset: int, res: PartitionResult) -> None:
         tp = op.tp
