@@ -501,7 +501,7 @@ class FetchManager:
             # else: we failed to reach that node moments ago; the suggesting node has not noticed
             # yet (its liveness view lags) and following it would bounce between the two
         if op.log_end is not None:
-            metrics.consumer_lag.labels(tp.topic, str(tp.partition)).set(max(0, op.log_end - op.position))
+            metrics.consumer_lag_of.get(tp).set(max(0, op.log_end - op.position))
 
     def _incarnation_changed(
         self, node_id: str, op: OwnedPartition, offset: int, res: PartitionResult
