@@ -229,29 +229,35 @@ class BrokerClient:
     async def fetch(
         self,
         url: str,
-        partitions: list[dict[str, Any]],
+        partitions: list[dict[str, Any]] | bytes,
         *,
         client_id: str = "",
         max_wait_ms: int = 500,
         min_bytes: int = 1,
         max_bytes: int = 32 * 1024 * 1024,
+        changes_only: bool = False,
     ) -> FetchAnswer:
-        """One request for many partitions: ``[{"topic", "partition", "offset", "max_bytes"}]``."""
+        """One request for many partitions: ``[{"topic", "partition", "offset", "max_bytes"}]``, or
+        that list already encoded as JSON (a caller that sends the same partitions again keeps it).
+        ``changes_only``: the answer leaves out partitions with nothing new (docs/protocol.md)."""
         body: dict[str, Any] = {
             "client_id": client_id,
             "max_wait_ms": max_wait_ms,
             "min_bytes": min_bytes,
             "max_bytes": max_bytes,
-            "partitions": partitions,
         }
+        if changes_only:
+            body["changes_only"] = True
+        if isinstance(partitions, bytes):  # the partition list already encoded (an idle round's again)
+            data = json.dumps(body).encode()[:-1] + b', "partitions": ' + partitions + b"}"
+        else:
+            data = json.dumps({**body, "partitions": partitions}).encode()
         if self._fetches is None:
             raise RuntimeError("BrokerClient.start() was not called")
         where = url + "/v1/fetch"
         try:
             # the answer's body lands in its own buffer straight from the socket (fetch_connection)
-            answer = await self._fetches.post(
-                url, "/v1/fetch", json.dumps(body).encode(), self._timeout + max_wait_ms / 1000
-            )
+            answer = await self._fetches.post(url, "/v1/fetch", data, self._timeout + max_wait_ms / 1000)
         except (OSError, TimeoutError, AnswerError) as exc:
             raise BrokerError(f"POST {where}: {type(exc).__name__}: {exc}") from exc
         if answer.status >= 400:

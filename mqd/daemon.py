@@ -469,14 +469,10 @@ class Daemon:
         (minus a grace for records in flight): its hours can be marked complete."""
         from mqd.format import now_ms  # pyarrow: not on the start path
 
-        partitions = self.consumer.snapshot().partitions
         pending = self.sink.pending()
         mark = now_ms() - IDLE_GRACE_MS
         hour = mark // layout.HOUR_MS
-        for p in partitions:
-            tp = p.tp
-            if not p.at_log_end():
-                continue
+        for tp in self.consumer.idle_partitions():
             # a publication in flight is not visible yet: its hour cannot be vouched for
             if pending.get(tp) or self.sink.busy(tp) or self._watermark_hour.get(tp, -1) >= hour:
                 continue

@@ -12,6 +12,9 @@ offset gauges (committed, landed, log end, lag, freshness) are set by the log-en
 
 from __future__ import annotations
 
+import contextlib
+from typing import Any
+
 from prometheus_client import (
     CollectorRegistry,
     Counter,
@@ -62,6 +65,12 @@ fetch_partitions = Histogram(
     "Partitions per fetch request",
     ["node"],
     buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 1024),
+    registry=REGISTRY,
+)
+fetch_partitions_unchanged = Counter(
+    "mqd_fetch_partitions_unchanged",
+    "Partitions a fetch answer left out: nothing new at the offset asked for (changes_only)",
+    ["node"],
     registry=REGISTRY,
 )
 flow_control_events = Counter(
@@ -182,6 +191,41 @@ event_time_ahead_records = Counter(
     ["topic"],
     registry=REGISTRY,
 )
+
+
+class PartitionChildren:
+    """The per-partition children of one metric labelled ``[topic, partition]``, made once.
+
+    ``labels()`` validates and converts its labels and takes the metric's lock on every call; the
+    log-end poller sets five such gauges for every owned partition each interval. A child is made
+    on first use (a series appears only once it is set, as before), and :meth:`remove` drops the
+    series and the cached child together, so a removed child is never set again.
+    """
+
+    __slots__ = ("_children", "_metric")
+
+    def __init__(self, metric: Any) -> None:
+        self._metric = metric
+        self._children: dict[tuple[str, int], Any] = {}
+
+    def get(self, tp: tuple[str, int]) -> Any:
+        child = self._children.get(tp)
+        if child is None:
+            child = self._children[tp] = self._metric.labels(tp[0], str(tp[1]))
+        return child
+
+    def remove(self, tp: tuple[str, int]) -> None:
+        self._children.pop(tp, None)
+        with contextlib.suppress(KeyError):
+            self._metric.remove(tp[0], str(tp[1]))
+
+
+# the log-end poller's gauges (mqd.consumer.log_end_poller), by partition
+committed_offset_of = PartitionChildren(committed_offset)
+landed_offset_of = PartitionChildren(landed_offset)
+log_end_offset_of = PartitionChildren(log_end_offset)
+consumer_lag_of = PartitionChildren(consumer_lag)
+landing_freshness_of = PartitionChildren(landing_freshness)
 
 # -- process (mqd.runner) ---------------------------------------------------------------------------
 # Added by the ops work: process figures (RSS, CPU, fds) and the service's own life cycle.

@@ -6,6 +6,11 @@ and, for FOUND, the byte ranges of whole batches within the budget, all without 
 answer is ready every range is read with ``preadv`` straight into one buffer, which goes to the
 socket as is: stored bytes are copied once in user space and never parsed (the offset after the
 last batch comes from the index too).
+
+A consumer that asks for ``changes_only`` gets no entry for a partition with nothing new (its log
+end is the offset asked for, under the incarnation asked for, nothing to suggest): an idle
+consumer of a thousand partitions then gets answers of a few bytes, and neither side does
+per-partition work for them (docs/protocol.md).
 """
 
 from __future__ import annotations
@@ -26,6 +31,9 @@ from mqd.protocol import Status, encode_fetch_answer
 
 # a partition's planned read: the log and the byte ranges in it (None: nothing to read)
 PlannedRead = tuple[PartitionLog, ReadPlan] | None
+
+# the statuses of a partition whose log ends at the offset asked for (held, nothing new to say)
+_AT_LOG_END = (Status.OFFSET_OVERFLOW_ONE.value, Status.NO_MESSAGE_IN_QUEUE.value)
 
 
 @dataclass(slots=True)
@@ -63,15 +71,24 @@ class FetchPlanner:
         self._suggest_lag_bytes = config.slave_suggest_lag_bytes
 
     def plan(
-        self, items: list[FetchItem], min_bytes: int, max_bytes: int, replica: bool
+        self,
+        items: list[FetchItem],
+        min_bytes: int,
+        max_bytes: int,
+        replica: bool,
+        *,
+        changes_only: bool = False,
     ) -> tuple[FetchPlan, bool]:
-        """Plan every partition once; the flag says the answer should go out without waiting."""
+        """Plan every partition once; the flag says the answer should go out without waiting.
+        With ``changes_only`` a partition with nothing new gets no entry (:func:`unchanged`)."""
         plan = FetchPlan([], [])
         total = 0
         urgent = False  # a status the client must act on now (moved offset, not served)
         for it in items:
             budget = min(it.max_bytes, max_bytes - total)
             entry, planned, waitable = self._plan_partition(it, budget, total == 0, replica)
+            if changes_only and planned is None and unchanged(it, entry):
+                continue
             plan.entries.append(entry)
             plan.reads.append(planned)
             if planned is not None:
@@ -182,3 +199,16 @@ class FetchPlanner:
         master = self._state.broker_group.master
         alive = self._state.alive(master.id)
         return slave_suggestion(status, next_offset, plog.bytes_behind, threshold, master.id, alive)
+
+
+def unchanged(it: FetchItem, entry: dict[str, Any]) -> bool:
+    """The planned entry tells the consumer nothing it does not know: the log ends at the offset it
+    asked for, under the incarnation it named, with no error and no other node to pull from."""
+    return (
+        entry["status"] in _AT_LOG_END
+        and entry["next_offset"] == it.offset == entry["max_offset"]
+        and it.incarnation is not None
+        and entry.get("incarnation") == it.incarnation
+        and entry["suggest"] is None
+        and "error" not in entry
+    )

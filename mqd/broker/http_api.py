@@ -414,11 +414,16 @@ class BrokerApi:
         client_id = str_field(body, "client_id", default="", empty=True)
         max_wait, min_bytes, max_bytes = self._fetch_limits(body)
         items = self._parse_fetch(body, max_bytes)
+        changes_only = body.get("changes_only", False)
+        if not isinstance(changes_only, bool):
+            bad(f"changes_only: true or false, got {changes_only!r:.80}")
         self.stats.count(client_id, "fetch")
         self.stats.fetch_partitions += len(items)
         self.stats.fetch_started(client_id)
         try:
-            return await self._answer_fetch(request, items, max_wait, min_bytes, max_bytes, replica=False)
+            return await self._answer_fetch(
+                request, items, max_wait, min_bytes, max_bytes, replica=False, changes_only=changes_only
+            )
         finally:
             self.stats.fetch_done(client_id)
 
@@ -463,11 +468,12 @@ class BrokerApi:
         replica: bool,
         sign: Callable[[bytes, memoryview], dict[str, str]] | None = None,
         with_history: bool = False,
+        changes_only: bool = False,
     ) -> web.StreamResponse:
         keys = [(it.topic, it.partition) for it in items]
 
         def attempt() -> tuple[FetchPlan, bool]:
-            return self._planner.plan(items, min_bytes, max_bytes, replica)
+            return self._planner.plan(items, min_bytes, max_bytes, replica, changes_only=changes_only)
 
         # replica fetches are not capped: there are only as many as slaves, and acks=all needs them
         plan = await self.long_poll.hold(keys, max_wait_ms / 1000, attempt, capped=not replica)

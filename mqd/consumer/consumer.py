@@ -412,6 +412,16 @@ class Consumer:
 
     # -- status ----------------------------------------------------------------------------------
 
+    def idle_partitions(self) -> list[TopicPartition]:
+        """Owned partitions fetched up to their known log end with nothing buffered
+        (:meth:`PartitionSnapshot.at_log_end` without building a snapshot: the daemon's housekeeping
+        asks every few seconds, over every partition)."""
+        return [
+            tp
+            for tp, op in self._state.partitions.items()
+            if op.log_end is not None and op.position >= op.log_end and not op.queue.records
+        ]
+
     def snapshot(self) -> ConsumerSnapshot:
         """The consumer's state now, typed (internal readers use this; JSON is made at the edge)."""
         state, budget, m = self._state, self._budget, self._membership

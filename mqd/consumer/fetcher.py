@@ -40,6 +40,7 @@ from mqd import metrics, record_size
 from mqd.backoff import backoff_delay
 from mqd.config import ConsumerConfig
 from mqd.consumer.errors import ConsumerError
+from mqd.consumer.fetch_request_cache import RequestCache
 from mqd.consumer.fetch_shares import share_request
 from mqd.consumer.offset_reset import OffsetReset
 from mqd.consumer.process_queue import FetchedBatch
@@ -85,6 +86,7 @@ class NodeFetcher:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._request: asyncio.Task[FetchResult] | None = None
+        self._last: RequestCache[_Sent] = RequestCache()  # an idle round sends the same again
         self.backoff_until = 0.0
         self.failures = 0
         self.requests = 0
@@ -177,13 +179,18 @@ class NodeFetcher:
         m, cfg = self._m, self._m.config
         # a partition whose last answer reached the log end leaves its share to those with more
         backlog = [op.log_end is None or op.position < op.log_end for op in chosen]
-        shares = share_request(backlog, max_bytes, cfg.partition_max_bytes, self._turn)
-        self._turn += 1
-        sent = [_Sent(op, op.epoch, op.position, op.incarnation) for op in (chosen[i] for i in shares.order)]
-        requests = [
-            FetchRequest(s.op.tp, s.offset, part_max, s.incarnation, s.op.landed)
-            for s, part_max in zip(sent, shares.max_bytes, strict=True)
-        ]
+        if not any(backlog):
+            # an idle round: each keeps partition_max_bytes, in the chosen order; the last request is
+            # sent again while nothing in it changed (fetch_request_cache)
+            part_max = min(cfg.partition_max_bytes, max_bytes)
+            cached = self._last.get(chosen, part_max)
+            sent, requests = cached or self._build(chosen, [part_max] * len(chosen))
+            if cached is None:
+                self._last.put(sent, requests, part_max)
+        else:
+            shares = share_request(backlog, max_bytes, cfg.partition_max_bytes, self._turn)
+            self._turn += 1
+            sent, requests = self._build([chosen[i] for i in shares.order], shares.max_bytes)
         request = m.source.fetch(
             self.node_id, requests, max_wait_ms=wait_ms, min_bytes=cfg.fetch_min_bytes, max_bytes=max_bytes
         )
@@ -201,6 +208,15 @@ class NodeFetcher:
         self._request.add_done_callback(
             functools.partial(self._on_done, sent, reserve, time.perf_counter(), wait_ms / 1000)
         )
+
+    @staticmethod
+    def _build(ordered: list[OwnedPartition], part_max: list[int]) -> tuple[list[_Sent], list[FetchRequest]]:
+        sent = [_Sent(op, op.epoch, op.position, op.incarnation) for op in ordered]
+        requests = [
+            FetchRequest(s.op.tp, s.offset, pm, s.incarnation, s.op.landed)
+            for s, pm in zip(sent, part_max, strict=True)
+        ]
+        return sent, requests
 
     def _on_done(
         self, sent: list[_Sent], reserved: int, t0: float, max_wait: float, task: asyncio.Task[FetchResult]
@@ -435,9 +451,10 @@ class FetchManager:
                 metrics.stale_responses.labels("paused").inc()
                 continue
             self._apply(node_id, op, s.offset, res)
+        # left out of the answer: nothing new at the offset asked for, still ours (docs/protocol.md)
         for s in by_tp.values():
-            if self.state.is_current(s.op, s.epoch):
-                self._partition_error(s.op, f"{node_id}: answer left the partition out")
+            self.state.no_news(s.op, s.epoch)
+        metrics.fetch_partitions_unchanged.labels(node_id).inc(len(by_tp))
 
     def _apply(self, node_id: str, op: OwnedPartition, offset: int, res: PartitionResult) -> None:
         tp = op.tp
@@ -502,7 +519,7 @@ class FetchManager:
             # else: we failed to reach that node moments ago; the suggesting node has not noticed
             # yet (its liveness view lags) and following it would bounce between the two
         if op.log_end is not None:
-            metrics.consumer_lag.labels(tp.topic, str(tp.partition)).set(max(0, op.log_end - op.position))
+            metrics.consumer_lag_of.get(tp).set(max(0, op.log_end - op.position))
 
     def _incarnation_changed(
         self, node_id: str, op: OwnedPartition, offset: int, res: PartitionResult

@@ -15,7 +15,6 @@ daemon marks exactly what it published).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -187,21 +186,21 @@ class LogEndPoller:
             self.stuck.forget(tp)
         wall_ms = time.time() * 1000
         stuck = 0
+        labelled = self._labelled
         for tp, op in owned.items():
-            labels = (tp.topic, str(tp.partition))
-            self._labelled.add(tp)
+            labelled.add(tp)
             committed, landed = self.committed(tp), self.landed(tp)
             if committed is not None:
-                metrics.committed_offset.labels(*labels).set(committed)
+                metrics.committed_offset_of.get(tp).set(committed)
             if landed is not None:
-                metrics.landed_offset.labels(*labels).set(landed)
+                metrics.landed_offset_of.get(tp).set(landed)
             event_ms = self._event_ms.get(tp)
             if event_ms is not None:
-                metrics.landing_freshness.labels(*labels).set(max(0.0, (wall_ms - event_ms) / 1000))
+                metrics.landing_freshness_of.get(tp).set(max(0.0, (wall_ms - event_ms) / 1000))
             if op.log_end is None or tp not in self._polled_at:
                 continue
-            metrics.log_end_offset.labels(*labels).set(op.log_end)
-            metrics.consumer_lag.labels(*labels).set(max(0, op.log_end - op.position))
+            metrics.log_end_offset_of.get(tp).set(op.log_end)
+            metrics.consumer_lag_of.get(tp).set(max(0, op.log_end - op.position))
             was_stuck = self.stuck.is_stuck(tp)
             if self.stuck.observe(tp, landed, op.log_end):
                 stuck += 1
@@ -223,13 +222,11 @@ class LogEndPoller:
 
     def _unlabel(self, tp: TopicPartition) -> None:
         self._labelled.discard(tp)
-        labels = (tp.topic, str(tp.partition))
         for gauge in (
-            metrics.committed_offset,
-            metrics.landed_offset,
-            metrics.log_end_offset,
-            metrics.consumer_lag,
-            metrics.landing_freshness,
+            metrics.committed_offset_of,
+            metrics.landed_offset_of,
+            metrics.log_end_offset_of,
+            metrics.consumer_lag_of,
+            metrics.landing_freshness_of,
         ):
-            with contextlib.suppress(KeyError):
-                gauge.remove(*labels)
+            gauge.remove(tp)

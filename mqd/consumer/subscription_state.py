@@ -186,6 +186,17 @@ class SubscriptionState:
         """``op`` is still owned with assignment epoch ``epoch`` (no revoke or seek since)."""
         return self.partitions.get(op.tp) is op and op.epoch == epoch
 
+    def no_news(self, op: OwnedPartition, epoch: int) -> None:
+        """A fetch answer left ``op`` out: the source had nothing new at the offset asked for
+        (docs/protocol.md, ``changes_only``). Still owned, nothing moves; like an answer at the log
+        end it ends an error streak. Revoked, seeked or paused since the request: nothing to do."""
+        if self.partitions.get(op.tp) is not op or op.epoch != epoch or op.paused:
+            return
+        if op.errors:
+            op.errors = 0
+        if op.parked is None and op.last_error is not None:
+            op.last_error = None  # answered: an earlier fetch error is stale
+
     # -- buffering -------------------------------------------------------------------------------
 
     def _discard(self, op: OwnedPartition) -> None:

@@ -14,6 +14,7 @@ incarnation (None: the engine keeps today's behaviour).
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -82,6 +83,8 @@ class MqdBrokerSource:
             request_timeout=min(config.request_timeout, 5.0),
         )
         self._converted: tuple[ClusterMetadata, Cluster] | None = None
+        # per node: the last requests list and its encoded JSON (the fetcher reuses an unchanged one)
+        self._encoded: dict[str, tuple[list[FetchRequest], bytes]] = {}
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -130,6 +133,9 @@ class MqdBrokerSource:
         node = md.nodes.get(node_id) if md is not None else None
         if node is None:
             raise SourceError(f"{node_id}: not in the metadata", kind="metadata", node_down=False)
+        last = self._encoded.get(node_id)
+        if last is not None and last[0] is requests:
+            return self._fetch(node.url, last[1], max_wait_ms, min_bytes, max_bytes)
         body: list[dict[str, Any]] = []
         for r in requests:
             entry: dict[str, Any] = {
@@ -141,10 +147,12 @@ class MqdBrokerSource:
             if r.incarnation is not None:
                 entry["incarnation"] = r.incarnation
             body.append(entry)
-        return self._fetch(node.url, body, max_wait_ms, min_bytes, max_bytes)
+        encoded = json.dumps(body, separators=(",", ":")).encode()
+        self._encoded[node_id] = (requests, encoded)
+        return self._fetch(node.url, encoded, max_wait_ms, min_bytes, max_bytes)
 
     async def _fetch(
-        self, url: str, body: list[dict[str, Any]], max_wait_ms: int, min_bytes: int, max_bytes: int
+        self, url: str, body: bytes, max_wait_ms: int, min_bytes: int, max_bytes: int
     ) -> FetchResult:
         try:
             answer = await self.client.fetch(
@@ -154,6 +162,7 @@ class MqdBrokerSource:
                 max_wait_ms=max_wait_ms,
                 min_bytes=min_bytes,
                 max_bytes=max_bytes,
+                changes_only=True,  # a partition left out had nothing new (FetchManager.handle_answer)
             )
         except (BrokerError, ProtocolError) as exc:
             raise source_error(exc) from exc
