@@ -19,9 +19,16 @@ from mqd_dev.chaos.procs import ChaosCluster
 from mqd_dev.chaos.proxy import FaultProxy
 
 from mqd import format as fmt
+from mqd.broker.consumer_groups import ConsumerGroupStore
 from mqd.broker.replica_auth import HEADER_SIGNATURE
+from mqd.broker.replica_client import ReplicaClient
+from mqd.broker.replica_floor import ReplicaFloor
+from mqd.broker.replication import Replicator
+from mqd.broker.storage import Storage
 from mqd.client import BrokerClient
+from mqd.config import StorageConfig, load_cluster_config
 from mqd.protocol import FETCH_CONTENT_TYPE
+from mqd.testing import LocalCluster
 from mqd.waiting import wait_until
 
 TOPIC = "events"
@@ -94,3 +101,61 @@ async def test_corrupted_signature_header_does_not_stop_replication(tmp_path: Pa
             assert rep["loop_restarts"] == 0, rep  # refused by the client check, not by the supervisor
     finally:
         await cluster.stop()
+
+
+async def test_a_replication_loop_that_ends_is_logged_counted_and_started_again(tmp_path: Path) -> None:
+    """The Replicator's supervision, for the next exception nobody expects: a Replicator over real
+    storage follows a real master process; its first append hook raises, and later its fetch task
+    is cancelled from outside. Each time the loop is counted in ``loop_restarts``, the cause is the
+    last error, and replication goes on: every record the master takes reaches this log. On main
+    the first exception ended the fetch loop for good."""
+    cluster = LocalCluster(tmp_path / "cluster", topics={TOPIC: 1}, slaves=1)
+    master, slave_id = cluster.master(), cluster.slaves()[0]
+    found = load_cluster_config(cluster.cluster_path).node(slave_id)
+    assert found is not None
+    cluster.start_node(master)  # the slave process never runs: this Replicator stands in for it
+    storage = Storage(tmp_path / "slave", StorageConfig(fsync="never"))
+    storage.open([(TOPIC, 0)])
+    client = ReplicaClient(cluster.replica_auth(slave_id))
+    failures = [RuntimeError("append hook failed")]
+
+    def on_append(topic: str, partition: int) -> None:
+        if failures:
+            raise failures.pop()
+
+    replicator = Replicator(
+        node_id=slave_id,
+        broker_group=found[0],
+        storage=storage,
+        partitions=[(TOPIC, 0)],
+        client=client,
+        consumer_groups=ConsumerGroupStore(tmp_path / "slave"),
+        floor=ReplicaFloor(tmp_path / "slave"),
+        on_append=on_append,
+        wait_ms=50,
+    )
+    plog = storage.get(TOPIC, 0)
+    assert plog is not None
+    try:
+        await client.start()
+        await replicator.start()
+        async with BrokerClient(request_timeout=5.0) as producer:
+            murl = cluster.url(master)
+            await producer.produce(murl, TOPIC, 0, fmt.encode_batch([b"one"] * 10))
+            await wait_until(lambda: plog.max_offset == 10, 30, "the first batch (its hook raises)")
+            await producer.produce(murl, TOPIC, 0, fmt.encode_batch([b"two"] * 10))
+            await wait_until(lambda: plog.max_offset == 20, 30, "the restarted loop copies on")
+            assert replicator.loop_restarts == 1
+            assert "RuntimeError: append hook failed" in str(replicator.status()["last_error"])
+
+            replicator._tasks["fetch"].cancel()  # a stray cancellation, not stop()
+            await wait_until(lambda: replicator.loop_restarts == 2, 30, "the cancelled loop counted")
+            assert "fetch loop ended: cancelled" in str(replicator.status()["last_error"])
+            await producer.produce(murl, TOPIC, 0, fmt.encode_batch([b"three"] * 10))
+            await wait_until(lambda: plog.max_offset == 30, 30, "the loop copies on after the cancellation")
+        assert replicator.status()["loop_restarts"] == 2
+    finally:
+        await replicator.stop()
+        await client.close()
+        storage.close()
+        cluster.stop()
