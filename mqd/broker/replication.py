@@ -20,13 +20,19 @@ shorter copies the records back from its slaves before it takes writes (master_r
 still asks for a cut below the floor, the slave parks the partition (error in /v1/stats, degraded
 health, a counter) instead of deleting. A range of our own log fenced at open (damaged bytes) is
 asked of the master between fetch rounds and repaired in place (fenced_repair.py).
+
+Both loops run supervised: a loop that ends while the replicator is not stopping (an exception
+nobody expected, a stray cancellation) is logged as an error with its cause, counted
+(``loop_restarts`` in /v1/stats) and started again after a backoff, so replication never stops
+without a word (make chaos seed 529091: an answer with a corrupted signature header raised a
+``UnicodeEncodeError`` that ended the fetch loop silently, and the slave fell behind for good).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -109,6 +115,7 @@ class Replicator:
         self.truncations_refused = 0  # partitions parked by the floor, counted per refusal
         self.unverified_answers = 0  # answers refused because the master did not sign them
         self.fenced_repaired = 0  # offsets of our fenced ranges repaired from the master
+        self.loop_restarts = 0  # replication loops that ended unexpectedly and were started again
         self._unverified: str | None = None  # the last answer came from a node without the master's secret
         self._on_append = on_append
         self._wait_ms = wait_ms
@@ -123,7 +130,8 @@ class Replicator:
         self._last_error: str | None = None
         self._last_error_at: float | None = None
         self._offsets_synced_at: float | None = None
-        self._tasks: list[asyncio.Task[None]] = []
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._restart_backoff: dict[str, Backoff] = {}
         self._started = False
         self._stopped = False
 
@@ -133,10 +141,8 @@ class Replicator:
         if self._started or self._stopped:
             return
         self._started = True
-        self._tasks = [
-            asyncio.create_task(self._fetch_loop(), name=f"replica-fetch-{self.master.id}"),
-            asyncio.create_task(self._offsets_loop(), name=f"replica-offsets-{self.master.id}"),
-        ]
+        self._spawn("fetch", self._fetch_loop)
+        self._spawn("offsets", self._offsets_loop)
         log.info(
             "replication started", node=self.node_id, master=self.master.id, partitions=len(self._partitions)
         )
@@ -145,10 +151,11 @@ class Replicator:
         if self._stopped:
             return
         self._stopped = True
-        for task in self._tasks:
+        tasks = list(self._tasks.values())
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        self._tasks = []
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._tasks = {}
         try:
             self._floor.save(force=True)
         except OSError as exc:
@@ -184,6 +191,7 @@ class Replicator:
             "truncations_refused": self.truncations_refused,
             "unverified_answers": self.unverified_answers,
             "fenced_repaired": self.fenced_repaired,
+            "loop_restarts": self.loop_restarts,
             "partitions": parts,
         }
 
@@ -199,6 +207,45 @@ class Replicator:
     def _record_error(self, message: str) -> None:
         self._last_error = message
         self._last_error_at = time.time()
+
+    # -- supervision -------------------------------------------------------------------------------
+
+    def _spawn(self, name: str, body: Callable[[], Coroutine[Any, Any, None]], delay: float = 0.0) -> None:
+        """Run the loop ``body`` as a task that is started again whenever it ends before stop()."""
+        task = asyncio.create_task(self._run_after(delay, body), name=f"replica-{name}-{self.master.id}")
+        task.add_done_callback(lambda t: self._loop_ended(name, body, t))
+        self._tasks[name] = task
+
+    @staticmethod
+    async def _run_after(delay: float, body: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        if delay > 0:
+            await asyncio.sleep(delay)
+        await body()
+
+    def _loop_ended(
+        self, name: str, body: Callable[[], Coroutine[Any, Any, None]], task: asyncio.Task[None]
+    ) -> None:
+        if self._stopped:
+            return
+        # the loops never return: whatever ended this one is a bug, said once per restart
+        exc = None if task.cancelled() else task.exception()
+        why = "cancelled" if exc is None else f"{type(exc).__name__}: {exc}"
+        self.loop_restarts += 1
+        backoff = self._restart_backoff.setdefault(name, Backoff(self._backoff_s, self._backoff_max_s))
+        delay = backoff.next()
+        log.error(
+            "replication loop ended unexpectedly: starting it again",
+            loop=name,
+            master=self.master.id,
+            error=why,
+            restarts=self.loop_restarts,
+            retry_s=round(delay, 3),
+            exc_info=exc,
+        )
+        self._record_error(f"replication {name} loop ended: {why}")
+        if name == "fetch":
+            self._master_reachable = False  # the next answer says "replicating from master" again
+        self._spawn(name, body, delay)
 
     # -- log replication -------------------------------------------------------------------------
 
