@@ -16,6 +16,7 @@ from mqd.broker import replica_auth
 from mqd.broker.replica_auth import (
     HEADER_NODE,
     HEADER_NONCE,
+    HEADER_SIGNATURE,
     ReplicaAuth,
     ReplicaAuthError,
     generate_credentials,
@@ -116,3 +117,22 @@ def test_answers_are_bound_to_the_request_and_the_answering_node(tmp_path: Path)
     with pytest.raises(ReplicaAuthError):
         s1.verify_answer("m", nonce, 200, {**fake, HEADER_NODE: "m"}, answer)
     assert HEADER_NONCE not in headers  # the answer names no nonce of its own: it signs the caller's
+
+
+def test_a_corrupted_signature_header_is_unverified_not_an_encoding_error(tmp_path: Path) -> None:
+    """A byte flipped in transit inside a signature header (kept by the HTTP parser as an
+    undecodable character) is refused like a wrong signature, on requests and on answers, instead of
+    raising UnicodeEncodeError into a caller that does not expect it."""
+    files = generate_credentials(CLUSTER, tmp_path)
+    master, s1 = _auth(files, "m"), _auth(files, "s1")
+    body = b'{"node": "s1"}'
+    headers = s1.sign_request("POST", "/v1/replica/fetch", body, s1.new_nonce())
+    bad = {**headers, HEADER_SIGNATURE: "\udc9f" + headers[HEADER_SIGNATURE][1:]}
+    with pytest.raises(ReplicaAuthError, match="not ASCII"):
+        master.verify_request("POST", "/v1/replica/fetch", bad, body)
+    nonce = s1.new_nonce()
+    answer = master.sign_answer(nonce, 200, [b"x"])
+    with pytest.raises(ReplicaAuthError, match="not ASCII"):
+        s1.verify_answer(
+            "m", nonce, 200, {**answer, HEADER_SIGNATURE: "\udc9f" + answer[HEADER_SIGNATURE][1:]}, b"x"
+        )
