@@ -81,7 +81,7 @@ class BrokerNode:
         self.consumer_groups = ConsumerGroupStore(config.data_dir)
         self.stats = ClientStats()
         self.long_poll = LongPoll(max_held=config.limits.max_long_polls)
-        self.replica_progress = ReplicaProgress(self.state.live_slaves)
+        self.replica_progress = ReplicaProgress(self.state.live_slaves, config.liveness_timeout_ms / 1000)
         self._offsets_pull: SlaveOffsetsPull | None = None
         self._recovery: MasterRecovery | None = None
         if self.state.is_master and self.state.broker_group.slaves:

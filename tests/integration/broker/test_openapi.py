@@ -53,6 +53,11 @@ TOPIC = "events"
 PARTITIONS = 4  # even partitions live on broker-a, odd ones on broker-b
 # what accepted produces wrote: partition -> offset -> value
 _produced: dict[int, dict[int, bytes]] = {p: {} for p in range(PARTITIONS)}
+# HTTP framing belongs to aiohttp's request parser, which answers a contradiction (say, Content-Length
+# beside a generated Transfer-Encoding) with a text/plain 400 before any route runs: not the API's
+FRAMING_HEADERS = frozenset(
+    {"transfer-encoding", "content-length", "connection", "upgrade", "expect", "te", "trailer"}
+)
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
 _SETTINGS = settings(
     max_examples=30,
@@ -126,6 +131,8 @@ def test_every_operation_conforms_to_the_spec(case: Any, node: Cluster, spec: di
     ):
         value = raw
         case.body = fmt.encode_batch([value])
+    if case.headers:
+        case.headers = {k: v for k, v in case.headers.items() if k.lower() not in FRAMING_HEADERS}
     response = case.call_and_validate(base_url=node.url(node.master()), checks=CHECKS, timeout=15)
     content_type = (response.headers.get("content-type") or [""])[0]
     _check_binary_answer(spec, response.status_code, content_type, response.content)
