@@ -49,6 +49,7 @@ STUCK_AFTER = 30.0  # loop silent this long: /healthz fails (and watchdog pings 
 STATES = ("starting", "running", "reloading", "stopping", "stopped")
 EXIT_OK = 0
 EXIT_FAILURE = 1
+EXIT_TEMPFAIL = 75  # sysexits' EX_TEMPFAIL: the start failed on something a later try may not meet
 EXIT_FORCED = 130  # second signal: stopped without the drain
 ADMIN_AFTER = 1.0  # seconds of a start still waiting before the admin endpoint starts anyway
 
@@ -559,6 +560,17 @@ class Runner:
         except RunnerError as exc:
             log.error("cannot start", error=str(exc))
             code, reason = EXIT_FAILURE, str(exc)
+        except MqdError as exc:
+            if not (exc.retriable and self._state == "starting"):
+                log.exception("daemon failed")
+                code, reason = EXIT_FAILURE, f"daemon failed: {type(exc).__name__}: {exc}"
+            else:
+                # the source unreachable for request_timeout (or the like): the service manager
+                # starts us again later, as for the Spark job without a session
+                log.error(
+                    "cannot start now, a later start may succeed", error=str(exc), exit_code=EXIT_TEMPFAIL
+                )
+                code, reason = EXIT_TEMPFAIL, f"cannot start now: {exc}"
         except Exception as exc:
             log.exception("daemon failed")
             code, reason = EXIT_FAILURE, f"daemon failed: {type(exc).__name__}: {exc}"

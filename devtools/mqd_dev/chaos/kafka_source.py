@@ -39,6 +39,7 @@ import pyarrow.compute as pc
 import structlog
 
 from mqd.landing.store import open_store
+from mqd.runner import EXIT_TEMPFAIL
 from mqd.testing import daemon_section, to_toml
 from mqd.testing.cluster import free_port
 from mqd.testing.seaweedfs import ACCESS_KEY, REGION, SECRET_KEY, SeaweedFS
@@ -415,6 +416,7 @@ class KafkaChaosRun:
         self.faults: Counter[str] = Counter()
         self.failures: list[str] = []
         self.crashes: Counter[str] = Counter()
+        self.start_refusals: Counter[str] = Counter()  # exits 75 at start (mqd.runner.EXIT_TEMPFAIL)
         self.setup_notes: list[str] = []
         # (partition, generation) whose log a memory-storage restart destroyed (check.check_payloads)
         self.lossy: set[tuple[int, int]] = set()
@@ -484,15 +486,20 @@ class KafkaChaosRun:
         await self._caught_up(dict(self.load.acked_end), 90, "the daemons to start landing")
 
     async def _supervise(self) -> None:
-        """Restart what exits unasked (systemd's Restart=on-failure) and count it as a crash."""
+        """Restart what exits unasked (systemd's Restart=on-failure) and count it as a crash (an exit
+        75 at start, Tansu unreachable, is counted apart: the daemon's documented way)."""
         while True:
             await asyncio.sleep(0.2)
             for d in [*self.daemons, self.extra]:
                 code = d.unasked_exit()
-                if code is not None:
+                if code == EXIT_TEMPFAIL:  # its source did not answer at start: restarted, not a crash
+                    self.start_refusals[d.name] += 1
+                    log.warning("chaos.daemon_start_refused", daemon=d.name)
+                elif code is not None:
                     self.crashes[d.name] += 1
                     self.failures.append(f"daemon {d.name} exited by itself with {code}:\n{d.tail(20)}")
                     log.error("chaos.daemon_crashed", daemon=d.name, code=code)
+                if code is not None:
                     if d is not self.extra:
                         d.start()
             proc = self.broker.proc
@@ -822,6 +829,7 @@ class KafkaChaosRun:
             "max_recovery_s": max(recoveries) if recoveries else None,
             "max_recovery_s_by_kind": dict(sorted(by_kind.items())),
             "crashes": dict(self.crashes),
+            "start_refusals": dict(self.start_refusals),
             "daemon_log_events": daemon_events([*self.daemons, self.extra], _SHOWN),
             "duration_s": round(time.monotonic() - self._started, 1),
             "setup_notes": self.setup_notes,

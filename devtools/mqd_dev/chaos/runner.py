@@ -51,6 +51,7 @@ import structlog
 from mqd.client import BrokerClient, BrokerError
 from mqd.errors import MqdError
 from mqd.landing.store import LandingStore, open_store
+from mqd.runner import EXIT_TEMPFAIL
 from mqd.testing import ProcessError, daemon_section, to_toml
 from mqd.waiting import wait_until
 from mqd_dev.chaos import check, node_data
@@ -265,6 +266,7 @@ class ChaosRun:
         self.faults: Counter[str] = Counter()
         self.failures: list[str] = []
         self.crashes: Counter[str] = Counter()
+        self.start_refusals: Counter[str] = Counter()  # exits 75 at start (mqd.runner.EXIT_TEMPFAIL)
         self._supervisor: asyncio.Task[None] | None = None
         self._started = 0.0
 
@@ -373,15 +375,20 @@ class ChaosRun:
             d.start()
 
     async def _supervise(self) -> None:
-        """Restart what exits unasked, like systemd's Restart=on-failure, and count it as a crash."""
+        """Restart what exits unasked, like systemd's Restart=on-failure, and count it as a crash
+        (an exit 75 at start, its source unreachable, is counted apart: the daemon's documented way)."""
         while True:
             await asyncio.sleep(0.2)
             for d in [*self.daemons, self.extra]:
                 code = d.unasked_exit()
-                if code is not None:
+                if code == EXIT_TEMPFAIL:  # its source did not answer at start: restarted, not a crash
+                    self.start_refusals[d.name] += 1
+                    log.warning("chaos.daemon_start_refused", daemon=d.name)
+                elif code is not None:
                     self.crashes[d.name] += 1
                     self.failures.append(f"daemon {d.name} exited by itself with {code}:\n{d.tail(20)}")
                     log.error("chaos.daemon_crashed", daemon=d.name, code=code)
+                if code is not None:
                     if d is not self.extra:
                         d.start()
             for n in self.cluster.nodes.values():
@@ -862,6 +869,7 @@ class ChaosRun:
             "max_recovery_s": max(recoveries) if recoveries else None,
             "max_recovery_s_by_kind": dict(sorted(by_kind.items())),
             "crashes": dict(self.crashes),
+            "start_refusals": dict(self.start_refusals),
             "daemon_log_events": self._daemon_events(),
             "duration_s": round(time.monotonic() - self._started, 1),
             "setup_notes": self.setup_notes,
@@ -1034,6 +1042,7 @@ def format_summary(s: dict[str, Any]) -> str:
         + (", ".join(f"{p}: {len(v)}" for p, v in (s.get("landing_incarnations") or {}).items()) or "none"),
         f"max recovery: {s['max_recovery_s']}s; by kind: {s['max_recovery_s_by_kind']}",
         f"crashes: {s['crashes'] or 'none'}",
+        f"start refusals (source down at start, exit 75, restarted): {s.get('start_refusals') or 'none'}",
         "daemon log: "
         + (", ".join(f"{k} {v}" for k, v in s.get("daemon_log_events", {}).items()) or "quiet"),
     ]
