@@ -616,6 +616,8 @@ class FetchManager:
     def _append_found(self, node_id: str, op: OwnedPartition, offset: int, res: PartitionResult) -> None:
         tp, state, budget = op.tp, self.state, self.state.budget
         decoded = res.decode(offset, self.config.check_crc)
+        for owner, size in decoded.held:
+            budget.pin(owner, size)
         records = nbytes = 0
         clipped = too_large = False
         for d in decoded.batches:

@@ -149,6 +149,10 @@ class DecodedBatch:
 class Decoded:
     batches: list[DecodedBatch]
     error: str | None = None  # why decoding stopped before the end of the data
+    # memory a copying decode (Kafka) allocated for the batches, beside the answer body: (owner,
+    # bytes), the owner alive exactly while that memory is. The engine charges it to the byte budget
+    # like the body, so decoded records held by queues and the landing stay counted.
+    held: tuple[tuple[object, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

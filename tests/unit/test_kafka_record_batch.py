@@ -4,7 +4,9 @@ control batches and aborted transactions, with the compiled kernel and the pure 
 
 from __future__ import annotations
 
+import gc
 import struct
+import weakref
 from typing import Any
 
 import pytest
@@ -85,6 +87,29 @@ def test_decoder_matches_the_library_reader(
     start = 100 + int((base - 100) * start_frac)
     expected = [r for r in oracle(data) if r["offset"] >= start]
     assert rows(data, start, compiled) == expected
+
+
+@pytest.mark.parametrize("compiled", KERNELS)
+def test_decoded_memory_is_one_trackable_owner(compiled: bool) -> None:
+    """The decode copies records out of the answer, so the answer body no longer accounts for them:
+    ``Decoded.held`` names the allocation the Arrow buffers live in and its size (at least the
+    values' bytes, compressed or not), which the byte budget tracks by weak reference. It lives
+    while any slice of the records does, and dies with the last one."""
+    values = [bytes([i]) * 1000 for i in range(40)]
+    data = build(0, [(None, v, [("h", b"x")]) for v in values], codec=3)  # lz4: decoded > wire
+    d = decode_partition(data, 5, True, tp=TP, compiled=compiled)
+    assert d.error is None and len(d.held) == 1
+    owner, size = d.held[0]
+    assert size >= sum(map(len, values)) > len(data)
+    ref = weakref.ref(owner)
+    piece = d.batches[0].records.slice(30, 2).column(3)
+    del d, owner
+    gc.collect()
+    assert ref() is not None  # a slice of the values keeps the allocation
+    assert piece.to_pylist() == values[35:37]
+    del piece
+    gc.collect()
+    assert ref() is None
 
 
 @pytest.mark.parametrize("compiled", KERNELS)

@@ -217,15 +217,16 @@ def decode_partition(
         if controls:
             control_records.labels(*label).inc(controls)
     records: pa.RecordBatch | None = None
+    held: tuple[tuple[object, int], ...] = ()
     if rows:
         try:
-            records = _to_arrow(rows, compiled)
+            records, held = _to_arrow(rows, compiled)
         except KernelError as exc:
             bad = exc.segment
             error = f"{tp}: record batch at offset {rows[bad][records_kernel.S_BASE_OFFSET]}: {exc}"
             next_offset = seg_start_next[bad]
             wire = 0  # unknown split: charge nothing rather than wrongly; the budget pins the body
-            records = _to_arrow(rows[:bad], compiled) if bad else None
+            records, held = _to_arrow(rows[:bad], compiled) if bad else (None, ())
     del keep
     if next_offset is None or next_offset <= start:
         return Decoded([], error)
@@ -235,7 +236,7 @@ def decode_partition(
         cut = int(np.searchsorted(records.column(0).to_numpy(), start))
         if cut:
             records = records.slice(cut)
-    return Decoded([DecodedBatch(records, start, next_offset, wire)], error)
+    return Decoded([DecodedBatch(records, start, next_offset, wire)], error, held)
 
 
 def _empty() -> pa.RecordBatch:
@@ -265,7 +266,10 @@ def _check_header_keys(hkeys: pa.Array, c: records_kernel.Columns, seg: Segments
         raise KernelError(-6, s, r - int(starts[s])) from None
 
 
-def _to_arrow(rows: list[tuple[int, int, int, int, int, int, int]], compiled: bool | None) -> pa.RecordBatch:
+def _to_arrow(
+    rows: list[tuple[int, int, int, int, int, int, int]], compiled: bool | None
+) -> tuple[pa.RecordBatch, tuple[tuple[object, int], ...]]:
+    """The records as Arrow, and the allocation their buffers live in (Decoded.held)."""
     seg = Segments.of(rows)
     c = records_kernel.decode(seg, compiled=compiled)
     n, nh = len(c.offset), len(c.hv_valid)
@@ -289,7 +293,8 @@ def _to_arrow(rows: list[tuple[int, int, int, int, int, int, int]], compiled: bo
     )
     entries = pa.StructArray.from_arrays([hkeys, hvals], fields=list(HEADERS_TYPE.value_type))
     headers = pa.Array.from_buffers(HEADERS_TYPE, n, [None, buf(c.h_off)], children=[entries])
-    return pa.RecordBatch.from_arrays([offsets, ts, key, value, headers], schema=RECORD_SCHEMA)
+    batch = pa.RecordBatch.from_arrays([offsets, ts, key, value, headers], schema=RECORD_SCHEMA)
+    return batch, ((c.arena, c.arena.nbytes),)
 
 
 _EPOCH_HEAD = struct.Struct(">qiib")  # baseOffset batchLength partitionLeaderEpoch magic

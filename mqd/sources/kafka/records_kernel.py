@@ -105,6 +105,9 @@ class Columns:
     null_values: int
     null_header_values: int
     addresses: npt.NDArray[np.uint64]  # of the buffers above, in their order (rbv2_fill's ``out``)
+    # the one allocation every buffer above is a view of: it lives while any Arrow buffer made from
+    # them does, so the byte budget tracks the decoded records by it (mqd.consumer.source.Decoded.held)
+    arena: npt.NDArray[np.uint8]
 
     @classmethod
     def allocate(cls, t: list[int]) -> Columns:
@@ -144,7 +147,7 @@ class Columns:
         ) = views
         return cls(
             o, ts, k_off, k_data, k_valid, v_off, v_data, v_valid, h_off,
-            hk_off, hk_data, hv_off, hv_data, hv_valid, t[5], t[6], t[7], addresses,
+            hk_off, hk_data, hv_off, hv_data, hv_valid, t[5], t[6], t[7], addresses, arena,
         )  # fmt: skip
 
 

@@ -110,7 +110,7 @@ def _decode(
     if not epochs:
         return decoded
     batches = [replace(d, leader_epoch=epoch_before(epochs, d.next_offset)) for d in decoded.batches]
-    return Decoded(batches, decoded.error)
+    return Decoded(batches, decoded.error, decoded.held)
 
 
 def _changed(tp: TopicPartition, incarnation: str | None, diverged_at: int, why: str) -> PartitionResult:
