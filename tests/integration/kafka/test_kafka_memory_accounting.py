@@ -3,9 +3,8 @@
 The mqd broker's batches are zero-copy slices of the answer, so pinning the answer body charges
 them. A Kafka decode copies the records out of the answer (varints into Arrow buffers, after
 decompression), so the body is freed at once and the decoded buffers, often larger than the wire
-bytes, went uncharged: drained batches held by the landing did not press the budget (RSS above
-idle was 114 MiB with an 80 MiB budget in the `kafka` bench shape). Now each decode's allocation
-is pinned like a body (``Decoded.held``). Real Tansu on 127.0.0.1, records produced with
+bytes, went uncharged: drained batches held by the landing did not press the budget. Now each
+decode's allocation is pinned like a body (``Decoded.held``). Real Tansu on 127.0.0.1, records produced with
 librdkafka (lz4, random values: as large decoded as on the wire, so answers stay small next to
 the budget).
 """
