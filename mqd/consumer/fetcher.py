@@ -75,6 +75,9 @@ class _Sent:
     epoch: int
     offset: int
     incarnation: str | None = None  # the incarnation the request named
+    # fetched ahead from where the previous answer's batches end, and that answer's records did
+    # not end there (clipped, corrupt, too large, an error): this partition's answer is dropped
+    void: bool = False
 
 
 class NodeFetcher:
@@ -86,6 +89,7 @@ class NodeFetcher:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._request: asyncio.Task[FetchResult] | None = None
+        self._sent: list[_Sent] = []  # the partitions of the request in flight
         self._last: RequestCache[_Sent] = RequestCache()  # an idle round sends the same again
         self.backoff_until = 0.0
         self.failures = 0
@@ -203,6 +207,7 @@ class NodeFetcher:
             log.info("first fetch sent", node=self.node_id, partitions=len(sent))
         metrics.fetch_requests.labels(self.node_id).inc()
         metrics.fetch_partitions.labels(self.node_id).observe(len(sent))
+        self._sent = sent
         self._request = asyncio.ensure_future(request)
         self._request.set_name(f"mqd-fetch-request-{self.node_id}")
         self._request.add_done_callback(
@@ -223,6 +228,7 @@ class NodeFetcher:
     ) -> None:
         m = self._m
         self._request = None
+        self._sent = []
         budget = m.state.budget
         waiting = budget.release(reserved)
         for s in sent:
@@ -243,10 +249,66 @@ class NodeFetcher:
         self.last_error = None
         result = task.result()
         budget.pin(result.body, result.nbytes)  # replaces the reservation just returned
+        ahead = self._fetch_ahead(result, sent)
+        if ahead:
+            # the next request's task was scheduled first: it writes the request before this
+            # answer is decoded, so the node works on it meanwhile (docs/architecture.md)
+            asyncio.get_running_loop().call_soon(self._handle, result, sent, ahead)
+        else:
+            self._handle(result, sent, [])
+
+    def _handle(self, result: FetchResult, sent: list[_Sent], ahead: list[_Sent]) -> None:
+        m = self._m
         try:
             m.handle_answer(self.node_id, result, sent)
         except Exception:
             log.exception("fetch answer handling failed", node=self.node_id)
+        now = m.clock()
+        for s in ahead:
+            op = s.op
+            # asked for at a position the handling did not leave (records that ended elsewhere, an
+            # unpark, a move), or an error put the partition in backoff: never apply that answer
+            if op.position != s.offset or op.parked or op.retry_at > now:
+                s.void = True
+
+    def _fetch_ahead(self, result: FetchResult, sent: list[_Sent]) -> list[_Sent]:
+        """Send the node's next request before this answer is decoded, each partition with data
+        from where the answer's whole batches end (``PartitionResult.next_offset`` of FOUND), so
+        the node prepares the next answer while this one is decoded. Only for a plain answer (data
+        or nothing new for every partition): anything else moves positions or routes in ways only
+        the full handling knows. Returns the partitions of the request sent ahead ([]: none); any
+        of them whose position the handling moves elsewhere is voided after it."""
+        if self._task is None:
+            return []  # stopping
+        by_tp = {s.op.tp: s for s in sent}
+        moved: list[tuple[OwnedPartition, int]] = []
+        state = self._m.state
+        for res in result.partitions:
+            s = by_tp.get(res.tp)
+            if s is None:
+                return []
+            if res.status is FetchStatus.CAUGHT_UP:
+                continue
+            if res.status is not FetchStatus.FOUND:
+                return []
+            op = s.op
+            if state.is_current(op, s.epoch) and not op.paused and op.position == s.offset:
+                if res.next_offset > s.offset and op.parked is None:
+                    moved.append((op, res.next_offset))
+        if not moved:
+            return []
+        # the positions the answer leaves when every batch decodes, for the one round that builds
+        # the next request; handling the answer sets them for real (and voids what differs)
+        for op, nxt in moved:
+            op.position = nxt
+        try:
+            self._round()
+        except Exception:
+            log.exception("fetch round failed", node=self.node_id)
+        finally:
+            for op, _ in moved:
+                op.position = by_tp[op.tp].offset
+        return list(self._sent)  # [] when nothing was sent
 
     def _on_error(self, exc: BaseException, sent: list[_Sent]) -> None:
         m = self._m
@@ -440,6 +502,9 @@ class FetchManager:
                     partition=tp.partition,
                 )
                 continue
+            if s.void:
+                metrics.stale_responses.labels("ahead").inc()
+                continue
             op = s.op
             if self.state.partitions.get(tp) is not op or op.queue.dropped:
                 metrics.stale_responses.labels("revoked").inc()
@@ -453,7 +518,8 @@ class FetchManager:
             self._apply(node_id, op, s.offset, res)
         # left out of the answer: nothing new at the offset asked for, still ours (docs/protocol.md)
         for s in by_tp.values():
-            self.state.no_news(s.op, s.epoch)
+            if not s.void:
+                self.state.no_news(s.op, s.epoch)
         metrics.fetch_partitions_unchanged.labels(node_id).inc(len(by_tp))
 
     def _apply(self, node_id: str, op: OwnedPartition, offset: int, res: PartitionResult) -> None:

@@ -159,7 +159,10 @@ class Decoded:
 class PartitionResult:
     tp: TopicPartition
     status: FetchStatus
-    next_offset: int  # where the node says to fetch next
+    # where the node says to fetch next; FOUND: where the answer's whole batches end (the engine
+    # sends its next fetch from there before decoding, and drops that answer if the records end
+    # elsewhere), or the requested offset when the source cannot tell without decoding
+    next_offset: int
     log_start: int
     log_end: int
     suggested_node: str | None  # node to pull from next, or None to stay

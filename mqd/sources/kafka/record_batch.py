@@ -319,3 +319,21 @@ def leader_epochs(data: bytes | memoryview) -> list[tuple[int, int]]:
             out.append((base, epoch))
         pos += LOG_OVERHEAD + length
     return out
+
+
+_END_HEAD = struct.Struct(">qiibIhi")  # ... magic crc attributes lastOffsetDelta
+
+
+def batches_end(data: bytes | memoryview) -> int | None:
+    """The offset after the last complete v2 batch of ``data`` (a Fetch answer's records), where the
+    next fetch starts when every batch decodes; one header read per batch. None without one. A batch
+    that is not v2 or has a bad length ends the walk (decoding stops there too)."""
+    end: int | None = None
+    pos, size = 0, len(data)
+    while pos + HEADER_SIZE <= size:
+        base, length, _, magic, _, _, last_delta = _END_HEAD.unpack_from(data, pos)
+        if magic != 2 or length < HEADER_SIZE - LOG_OVERHEAD or pos + LOG_OVERHEAD + length > size:
+            break
+        end = base + last_delta + 1
+        pos += LOG_OVERHEAD + length
+    return end

@@ -72,7 +72,7 @@ from mqd.sources.kafka.log_incarnation import LogIncarnations, epoch_before
 from mqd.sources.kafka.metadata import KafkaMetadata
 from mqd.sources.kafka.protocol_ext import FetchRequest as KafkaFetchRequest
 from mqd.sources.kafka.protocol_ext import OffsetsForLeaderEpochRequest, epoch_end_offsets, fetched_partitions
-from mqd.sources.kafka.record_batch import AbortedTxn, decode_partition, leader_epochs
+from mqd.sources.kafka.record_batch import AbortedTxn, batches_end, decode_partition, leader_epochs
 from mqd.topic_partition import TopicPartition
 
 log = structlog.get_logger("mqd.sources.kafka")
@@ -312,6 +312,7 @@ class KafkaSource:
             )
             records = part.records
             offset = offsets.get(tp, -1)
+            found_end: int | None = None
             nbytes += len(records or b"")
             end = lso if self.read_committed and lso >= 0 else highwater
             answered.add(tp)
@@ -337,6 +338,7 @@ class KafkaSource:
                 if self.read_committed:
                     aborted = [AbortedTxn(pid, first) for pid, first in part.aborted]
                 status, error = FetchStatus.FOUND, None
+                found_end = batches_end(records)
                 transitions = leader_epochs(records)
                 decode = functools.partial(_decode, records, tp=tp, aborted=aborted, epochs=transitions)
                 if current[tp] is not None:
@@ -350,6 +352,8 @@ class KafkaSource:
             else:
                 status, decode, error = FetchStatus.CAUGHT_UP, _no_data, None
             nxt = {FetchStatus.OFFSET_OVERFLOW_BADLY: highwater, FetchStatus.OFFSET_TOO_SMALL: log_start}
+            if status is FetchStatus.FOUND and found_end is not None and found_end > offset:
+                nxt[status] = found_end  # where the whole batches end: the engine fetches on from there
             replica = part.preferred_replica
             results.append(
                 PartitionResult(

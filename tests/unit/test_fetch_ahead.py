@@ -1,0 +1,162 @@
+"""Fetching ahead: a node's next request goes out before the last answer is decoded, and an answer
+fetched ahead of records that ended elsewhere is never applied.
+
+The node fetcher runs for real on the loop (its coroutine, its done-callbacks); the source is the mqd
+broker's, with real answer framing and real batches, and only its ``fetch`` is scripted: each
+requested offset gets the answer the test wrote for it, so the order of requests and decodes, and
+what reaches the process queue, are exactly observable."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from mqd import format
+from mqd.config import ConsumerConfig
+from mqd.consumer import ByteBudget, FlowLimits, SubscriptionState, TopicPartition
+from mqd.consumer.fetcher import FetchManager
+from mqd.consumer.source import Decoded, FetchRequest, FetchResult
+from mqd.metadata import ClusterMetadata
+from mqd.protocol import Status, decode_fetch_answer, encode_fetch_answer
+from mqd.sources.mqd_broker import MqdBrokerSource
+from mqd.waiting import cancel_and_wait, wait_event
+
+TP = TopicPartition("events", 0)
+LAYOUT = {
+    "groups": [
+        {"name": "g", "nodes": [{"id": "m", "url": "http://127.0.0.1:1", "role": "master", "alive": True}]}
+    ],
+    "topics": [
+        {"name": "events", "partitions": [{"partition": 0, "group": "g", "master": "m", "replicas": []}]}
+    ],
+}
+
+
+def batches(*ranges: tuple[int, int]) -> bytes:
+    return b"".join(
+        format.encode_batch([str(o).encode() for o in range(base, base + n)], base_offset=base)
+        for base, n in ranges
+    )
+
+
+class ScriptedSource(MqdBrokerSource):
+    """The mqd broker source with ``fetch`` answering from a script: requested offset -> (next
+    offset, data). An offset without an entry long-polls until the test ends. ``events`` records
+    ("send", offset) when a request is written and ("decode", offset) when an answer is decoded."""
+
+    def __init__(self, config: ConsumerConfig, script: dict[int, tuple[int, bytes]]) -> None:
+        super().__init__(config)
+        self.metadata.current = ClusterMetadata.parse(LAYOUT)
+        self.script = script
+        self.events: list[tuple[str, int]] = []
+        self.idle = asyncio.Event()  # set when a request found nothing scripted
+
+    def fetch(
+        self, node_id: str, requests: list[FetchRequest], *, max_wait_ms: int, min_bytes: int, max_bytes: int
+    ) -> Any:
+        return self._answer(requests)
+
+    async def _answer(self, requests: list[FetchRequest]) -> FetchResult:
+        (r,) = requests
+        self.events.append(("send", r.offset))
+        if r.offset not in self.script:
+            self.idle.set()
+            await asyncio.Event().wait()  # a long poll that outlives the test (cancelled at stop)
+        for _ in range(3):  # the answer travels: other callbacks (the drain) run meanwhile
+            await asyncio.sleep(0)
+        nxt, data = self.script[r.offset]
+        entry = {
+            "topic": TP.topic,
+            "partition": TP.partition,
+            "status": Status.FOUND.value,
+            "next_offset": nxt,
+            "min_offset": 0,
+            "max_offset": 1000,
+            "suggest": None,
+        }
+        result = MqdBrokerSource._result(
+            decode_fetch_answer(b"".join(encode_fetch_answer("m", [entry], [data])))
+        )
+        (res,) = result.partitions
+        return dataclasses.replace(
+            result, partitions=[dataclasses.replace(res, decode=self._traced(res.decode, r.offset))]
+        )
+
+    def _traced(self, decode: Callable[[int, bool], Decoded], offset: int) -> Callable[[int, bool], Decoded]:
+        def traced(start: int, check_crc: bool) -> Decoded:
+            self.events.append(("decode", offset))
+            return decode(start, check_crc)
+
+        return traced
+
+
+async def run_fetcher(script: dict[int, tuple[int, bytes]], **cfg: Any) -> tuple[ScriptedSource, list[int]]:
+    """Fetch TP from offset 0 until a request finds nothing scripted; the offsets that reached the
+    process queue, in order."""
+    config = ConsumerConfig(**{"error_backoff_ms": 10, "bootstrap": ["http://127.0.0.1:1"], **cfg})
+    source = ScriptedSource(config, script)
+    state = SubscriptionState(
+        FlowLimits(max_queued_records=10**6, max_offset_span=10**6), ByteBudget(config.max_buffered_bytes)
+    )
+    m = FetchManager(config=config, source=source, state=state, jitter=0.0)
+    offsets: list[int] = []
+
+    async def drain() -> None:  # the daemon's part: take what is buffered, which frees the budget
+        while True:
+            await state.data_ready.wait()
+            offsets.extend(o for b in state.drain() for o in b.records.column("offset").to_pylist())
+
+    state.assign(TP, 0, "m")
+    m.start()
+    drainer = asyncio.create_task(drain())
+    try:
+        assert await wait_event(source.idle, 10), "the fetcher never reached the script's end"
+    finally:
+        await m.stop()
+        await cancel_and_wait(drainer)
+    offsets.extend(o for b in state.drain() for o in b.records.column("offset").to_pylist())
+    return source, offsets
+
+
+async def test_the_next_request_goes_out_before_the_answer_is_decoded() -> None:
+    """Each request after the first is written before the previous answer is decoded (so the node
+    works on it meanwhile), and every record reaches the queue once, in order."""
+    script = {0: (10, batches((0, 10))), 10: (20, batches((10, 10))), 20: (30, batches((20, 10)))}
+    source, offsets = await run_fetcher(script)
+    ev = source.events
+    assert ev.index(("send", 10)) < ev.index(("decode", 0))
+    assert ev.index(("send", 20)) < ev.index(("decode", 10))
+    assert ev.index(("send", 30)) < ev.index(("decode", 20))
+    assert offsets == list(range(30))
+
+
+async def test_an_answer_fetched_ahead_of_records_that_ended_early_is_dropped() -> None:
+    """The answer at 0 frames records up to 20, but its second batch is corrupt: the records end at
+    10. The request already sent from 20 must not be applied (offsets 10..19 would be lost); after
+    its backoff the partition is fetched from 10 again, and nothing is skipped or doubled."""
+    good, bad = batches((0, 10)), bytearray(batches((10, 10)))
+    bad[-1] ^= 0xFF
+    script = {
+        0: (20, good + bytes(bad)),
+        20: (30, batches((20, 10))),  # fetched ahead, from where the corrupt answer's framing ended
+        10: (30, batches((10, 20))),  # the retry from where the records really ended
+    }
+    source, offsets = await run_fetcher(script)
+    assert ("send", 20) in source.events and ("send", 10) in source.events
+    assert offsets == list(range(30))
+
+
+async def test_an_answer_fetched_ahead_of_a_clipped_answer_is_dropped() -> None:
+    """The byte budget takes only the first of an answer's two batches: the request already sent
+    from where the answer ended is dropped, and the partition goes on from the clip."""
+    one = len(batches((0, 10)))
+    script = {
+        0: (20, batches((0, 10), (10, 10))),
+        20: (30, batches((20, 10))),  # fetched ahead, must not land after 0..9
+        10: (30, batches((10, 20))),
+    }
+    source, offsets = await run_fetcher(script, max_buffered_bytes=one + one // 2)
+    assert ("send", 20) in source.events
+    assert offsets[:10] == list(range(10)) and offsets == list(range(len(offsets)))
