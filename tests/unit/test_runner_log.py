@@ -20,7 +20,10 @@ def _restore_logging() -> Iterator[None]:
     yield
     root.handlers[:] = handlers
     root.setLevel(level)
+    # back to what importing mqd set up (events as stdlib records), not structlog's own default,
+    # which prints to stdout: later tests in the process read mqd's lines through caplog
     structlog.reset_defaults()
+    mqdlog.library_default()
 
 
 def _lines(buf: io.StringIO) -> list[dict[str, object]]:
