@@ -27,6 +27,7 @@ OFF_THE_START_PATH = ("difflib",)
 BROKER_MODELS = ("ClusterConfig", "BrokerConfig", "BrokerGroupSpec", "TopicSpec")
 
 _HOOK = '''
+import gc
 import json
 import os
 import sys
@@ -66,6 +67,7 @@ class _Stderr:
             _write({"first_fetch": sorted(m for m in _WATCHED if m in sys.modules)})
             config = sys.modules["mqd.config"]
             _write({"built": sorted(n for n in _MODELS if getattr(config, n).__pydantic_complete__)})
+            _write({"gc_enabled": gc.isenabled()})
         return self._stream.write(text)
 
     def __getattr__(self, name):
@@ -82,8 +84,8 @@ def test_first_fetch_is_sent_before_pyarrow_numpy_and_admin_are_imported(
 ) -> None:
     """`mqd run --burst` (admin endpoint on, JSON logs) logs ``first fetch sent`` while none of
     pyarrow, numpy, mqd.admin and difflib is in ``sys.modules`` and none of the broker's config models
-    is built, imports the first three afterwards, and lands every record exactly once: the deferral
-    changes when the cost is paid, not what the daemon does."""
+    is built, the garbage collector is on again, imports the first three afterwards, and lands every
+    record exactly once: the deferral changes when the cost is paid, not what the daemon does."""
     hook = tmp_path / "hook"
     hook.mkdir()
     (hook / "sitecustomize.py").write_text(_HOOK)
@@ -109,5 +111,7 @@ def test_first_fetch_is_sent_before_pyarrow_numpy_and_admin_are_imported(
     assert at_first_fetch[0] == [], {m: who.get(m) for m in at_first_fetch[0]}
     (built,) = [e["built"] for e in entries if "built" in e]
     assert built == ["MqdConfig"], built  # the daemon's own model is built: the check sees builds
+    # the collector, paused while start-up imports, runs again
+    assert [e["gc_enabled"] for e in entries if "gc_enabled" in e] == [True]
     # the hook sees the imports (else the first assertion proves nothing): they came after
     assert set(DEFERRED) <= set(who), who
