@@ -26,10 +26,9 @@ import tomllib
 import unicodedata
 import urllib.parse
 from collections.abc import Mapping
-from difflib import get_close_matches
 from pathlib import Path
 from types import UnionType
-from typing import Annotated, Any, Literal, Self, TypeVar, Union, get_args, get_origin
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Self, TypeVar, Union, get_args, get_origin
 
 from pydantic import (
     AfterValidator,
@@ -46,9 +45,15 @@ from pydantic import (
 
 from mqd import units
 from mqd.errors import MqdError
+from mqd.lazy_import import lazy_import
 from mqd.topic_name import check_topic_name
 from mqd.topic_pattern import check_topic_entry
 from mqd.units import Bytes, Millis, Seconds, jvm_memory
+
+if TYPE_CHECKING:
+    import difflib
+else:
+    difflib = lazy_import("difflib")  # "did you mean" of an error message: not on `mqd run`'s path
 
 MiB = 1024 * 1024
 # the one record-size limit's default (broker, producer, landing): measured, see mqd/record_size.py
@@ -183,7 +188,9 @@ TopicEntry = Annotated[str, AfterValidator(check_topic_entry)]  # a name or a "r
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=False)
+    # defer_build: a model's validator is built when it first validates, so `mqd run` builds only
+    # the daemon's (the broker's models stay unbuilt; a few ms of its start-up, issue 16)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=False, defer_build=True)
 
     @field_validator("*", mode="after")
     @classmethod
@@ -633,7 +640,7 @@ def _format_errors(
             parent = _model_at(model, loc[:-1])
             allowed = sorted(parent.model_fields) if parent else []
             msg = "unknown key"
-            close = get_close_matches(str(loc[-1]), allowed, n=1)
+            close = difflib.get_close_matches(str(loc[-1]), allowed, n=1)
             if close:
                 msg += f" (did you mean {close[0]!r}?)"
                 if any(h in close[0] for h in _SECRET_HINTS):  # a misspelt secret is still a secret
@@ -643,7 +650,11 @@ def _format_errors(
         elif err["type"] == "literal_error":
             choices = re.findall(r"'([^']*)'", str(err.get("ctx", {}).get("expected", "")))
             msg = err["msg"]
-            close = get_close_matches(str(value), choices, n=1, cutoff=0.6) if isinstance(value, str) else []
+            close = (
+                difflib.get_close_matches(str(value), choices, n=1, cutoff=0.6)
+                if isinstance(value, str)
+                else []
+            )
             if close:
                 msg += f" (did you mean {close[0]!r}?)"
         elif err["type"] == "missing":
@@ -761,7 +772,7 @@ def _unknown_variable(name: str) -> str:
     # MQD_CONSUMER_GROUP: one underscore where the section ends
     guess = next((n for n in names if n.replace("__", "_") == name), None)
     if guess is None:
-        close = get_close_matches(name, [*names, *NOT_OVERRIDES], n=1)
+        close = difflib.get_close_matches(name, [*names, *NOT_OVERRIDES], n=1)
         guess = close[0] if close else None
     hint = f"; did you mean {guess}" if guess else ""
     return f"  {name}: unknown MQD_ environment variable (overrides are MQD_<SECTION>__<KEY>{hint})"
