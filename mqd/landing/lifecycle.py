@@ -339,6 +339,8 @@ class Cleaner:
         cleaned: dict[str, int] = {str(k): int(v) for k, v in json.loads(got[0]).items()} if got else {}
         deleted = archived = expired = compacted = 0
         for k, files in sorted(chains.items()):
+            if not files:
+                continue  # its first file is not visible yet (a pending promotion): nothing to clean
             # every registered query's count; none registered: nothing is committed by "every" query
             committed = min((r.committed.get(k, 0) for r in recs.values()), default=0)
             last = len(files) - 1  # the newest file stays (module docstring)

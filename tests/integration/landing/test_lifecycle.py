@@ -148,3 +148,16 @@ def test_a_name_registered_with_another_checkpoint_is_refused(store: ObjectStore
         lifecycle.register(store, "mqd-events", "/b/ckpt/main")
     lifecycle.register(store, "mqd-events", "/a/ckpt/main")
     assert lifecycle.records(store)["mqd-events"].committed == {"t/0": 2}
+
+
+def test_a_chain_whose_only_file_is_not_visible_yet_is_left_alone(store: ObjectStore) -> None:
+    """A chain whose first claim's file is not visible yet (published, promotion pending, as after a
+    crash between claim and promotion) has no files to clean: the cleaner passes it by and cleans
+    the other chains, instead of failing the whole pass (it read files[-1] of an empty list)."""
+    (only,) = publish(store, 0, 1)
+    p1 = publish(store, 1, 3)
+    store.objects.delete(only)  # the claim stays, its file is not visible: a pending head
+    lifecycle.register(store, "main")
+    lifecycle.record_committed(store, "main", {"t/0": 1, "t/1": 3}, 0)
+    got = lifecycle.Cleaner(store).clean()
+    assert got.deleted == 2 and present(store, p1) == [False, False, True]
