@@ -81,3 +81,37 @@ async def test_joins_a_group_whose_coordinator_holds_joins_past_its_own_session(
     finally:
         await b.stop()
         await a.stop()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="Tansu bug: a LeaveGroup of the leader while the group forms keeps it as the leader, so no "
+    "member is ever leader again until Tansu reloads the group (docs/architecture.md, issue 14)",
+)
+async def test_the_other_member_joins_when_the_leader_leaves_while_the_group_forms(
+    clients: Callable[[], AIOKafkaClient],
+) -> None:
+    async def member(name: str) -> KafkaGroup:
+        client = clients()
+        await client.bootstrap()
+        return KafkaGroup(
+            client=lambda: client,
+            cluster=lambda: None,
+            settings=settings(3.0),
+            on_change=lambda: None,
+            instance_id=name,
+            error_backoff=0.1,
+        )
+
+    a, b = await member("a"), await member("b")
+    try:
+        await a.start()
+        await wait_until(lambda: a.generation is not None, 30, "a to form the group (its leader)")
+        await b.start()
+        # b's first JoinGroup answered MEMBER_ID_REQUIRED: the formed group is forming again
+        await wait_until(lambda: b.member_id, 15, "b to get a member id")
+        await a.stop()  # the leader leaves while the group forms
+        await wait_until(lambda: b.generation is not None, 20, "b to join the group alone")
+    finally:
+        await b.stop()
+        await a.stop()
