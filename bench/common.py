@@ -202,6 +202,9 @@ class ProcessStats:
     started_at: float  # wall clock (time.time()) at spawn and at reap
     ended_at: float
     rss_samples_mb: list[float] = field(default_factory=list)
+    # the highest anonymous RSS sampled (RssAnon): RSS less file-backed pages, which are mostly the
+    # code of libraries a run touches (libparquet, the codecs: ~20 MB), not memory it holds
+    peak_anon_mb: float = 0.0
 
 
 class WatchedProcess(ManagedProcess):
@@ -232,6 +235,7 @@ class WatchedProcess(ManagedProcess):
         # The kernel's high-water mark of the process's own memory (VmHWM), read while it runs:
         # wait4's ru_maxrss is no use here, Linux carries the parent's peak over fork + exec.
         self.hwm_mb = 0.0
+        self.anon_mb = 0.0  # the highest RssAnon sampled (the kernel keeps no high-water mark of it)
         self._stop = threading.Event()
         self._sampler: threading.Thread | None = None
         self._stats: ProcessStats | None = None
@@ -251,9 +255,11 @@ class WatchedProcess(ManagedProcess):
             p = psutil.Process(pid)
             while not self._stop.wait(self.sample_interval):
                 self.samples.append(p.memory_info().rss / 2**20)
-                hwm = _vm_hwm_mb(status)
+                hwm, anon = _status_mb(status)
                 if hwm is not None:
                     self.hwm_mb = max(self.hwm_mb, hwm)
+                if anon is not None:
+                    self.anon_mb = max(self.anon_mb, anon)
         except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
             pass
 
@@ -288,6 +294,7 @@ class WatchedProcess(ManagedProcess):
             started_at=self.started_at,
             ended_at=time.time(),
             rss_samples_mb=list(self.samples),
+            peak_anon_mb=self.anon_mb,
         )
         return self._stats
 
@@ -305,14 +312,16 @@ def process_cpu_seconds(pids: list[int]) -> float:
     return total
 
 
-def _vm_hwm_mb(status: Path) -> float | None:
+def _status_mb(status: Path) -> tuple[float | None, float | None]:
+    """(VmHWM, RssAnon) in MB from /proc/<pid>/status (None where it cannot be read)."""
+    found: dict[str, float] = {}
     try:
         for line in status.read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024  # kB
+            if line.startswith(("VmHWM:", "RssAnon:")):
+                found[line.split(":", 1)[0]] = int(line.split()[1]) / 1024  # kB
     except (OSError, ValueError, IndexError):
         pass
-    return None
+    return found.get("VmHWM"), found.get("RssAnon")
 
 
 def log_event_time(log_path: Path, event: str) -> float | None:

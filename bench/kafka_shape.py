@@ -231,6 +231,7 @@ def run_mqd(
         "cpu_s": round(stats.cpu_s, 2),
         "broker_cpu_s": round(broker_cpu, 2),
         "peak_rss_mb": round(stats.peak_rss_mb, 1),
+        "peak_anon_mb": round(stats.peak_anon_mb, 1),
         **fetch_figures(scraper.last),
         **sizes,
     }
@@ -251,7 +252,7 @@ def idle_rss(
 ) -> dict[str, Any]:
     """The RSS of a daemon on ``group``'s state (its offset file at the log end: nothing to fetch)
     over ``seconds`` after its first fetch: the baseline the burst runs' peak RSS is measured
-    against."""
+    against; its anonymous part (RssAnon) beside it."""
     import psutil
 
     from mqd.waiting import wait_until_sync
@@ -279,13 +280,23 @@ def idle_rss(
         assert proc.pid is not None
         p = psutil.Process(proc.pid)
         rss: list[float] = []
+        anon: list[float] = []
+        status = Path(f"/proc/{proc.pid}/status")
         t0 = time.monotonic()
         while time.monotonic() - t0 < seconds:
             rss.append(p.memory_info().rss / 2**20)
+            a = common._status_mb(status)[1]
+            if a is not None:
+                anon.append(a)
             time.sleep(0.25)
     finally:
         proc.terminate(timeout=30)
-    return {"seconds": seconds, "rss_mb": round(max(rss), 1), "rss_mb_min": round(min(rss), 1)}
+    return {
+        "seconds": seconds,
+        "rss_mb": round(max(rss), 1),
+        "rss_mb_min": round(min(rss), 1),
+        "anon_mb": round(max(anon), 1) if anon else None,
+    }
 
 
 def cluster_join_startup(

@@ -40,6 +40,7 @@ from typing import Any, TypeVar
 import structlog
 
 from mqd import metrics
+from mqd.broker.memory_trim import trim_heap
 from mqd.config import LandingConfig
 from mqd.landing.layout import FileRange, LandingCorrupt, LandingError
 from mqd.landing.micro_batches import TP, Drained, FileProgress, MicroBatch, MicroBatches
@@ -60,6 +61,12 @@ HEAD_LOCK_TIMEOUT_S = 5.0
 # heads of newly assigned partitions are read on threads of their own, several at once, so a
 # partition waiting for its lock neither delays the others nor a publication's worker
 _HEAD_READERS = 4
+# Bytes written into files after which the sink, once idle (nothing buffered, open or being published), hands
+# the C heap's free pages back (mqd/broker/memory_trim.py). A backlog's decoded records and answers
+# leave holes that glibc keeps for reuse: a daemon that landed 6 M records from Kafka kept 75-110 MiB
+# above its idle RSS for good (docs/architecture.md, the Kafka row of make bench). Not while records
+# flow: trimming after every publication lowered no peak and cost ~30 % more CPU.
+TRIM_AFTER_BYTES = 64 * 2**20
 
 
 @dataclass(slots=True)
@@ -108,6 +115,7 @@ class LandingSink:
         on_result: Callable[[PublishResult], None] = _ignore,
         store: LandingStore | None = None,
         head_lock_timeout: float = HEAD_LOCK_TIMEOUT_S,
+        trim_after_bytes: int = TRIM_AFTER_BYTES,
     ) -> None:
         if workers < 1:
             raise ValueError(f"workers must be at least 1, got {workers}")
@@ -146,6 +154,8 @@ class LandingSink:
         self.stats = PublishStats()
         self._closed = False
         self._cleaned = False
+        self.trim_after_bytes = trim_after_bytes
+        self._written_since_trim = 0  # Arrow bytes written into files since the heap was last trimmed
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -321,6 +331,19 @@ class LandingSink:
             if self._tasks.get(tp) is asyncio.current_task():
                 del self._tasks[tp]
             self._progress.set()  # also when the task ended before its publication ran
+            self._trim_if_idle()
+
+    def _trim_if_idle(self) -> None:
+        """After a burst (``trim_after_bytes`` written since the last time) and once nothing is
+        buffered, open or being published, give the C heap's free pages back (TRIM_AFTER_BYTES)."""
+        if (
+            self._written_since_trim >= self.trim_after_bytes
+            and not self._tasks
+            and not self._busy
+            and not self.batches.pending_records
+        ):
+            self._written_since_trim = 0
+            trim_heap(passes=1)
 
     async def wait_idle(self) -> None:
         """Until no background publication is registered."""
@@ -455,6 +478,7 @@ class LandingSink:
             # from the moment the age cut was due, not from when the loop got to it: the lead then
             # also covers a loop busy decoding when the cut fell due (and the wait for a worker)
             self.batches.observe_publish(end - min(due_at, since + self._config.max_age - lead))
+        self._written_since_trim += sum(b.nbytes for b in batches)
         for rng in outcome.published:
             self.stats.files += 1
             self.stats.records += rng.count

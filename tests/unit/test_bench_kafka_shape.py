@@ -103,3 +103,17 @@ def test_kafka_summary_measures_rss_above_idle_against_the_budget(
     assert over["budget_with_landing_mb"] == 112.0  # 80 MiB + landing.max_bytes 32 MiB
     assert over["rss_above_idle_within_budget_with_landing"] is True
     assert "rss_above_idle_mb" not in shapes.kafka_summary(runs, None)
+
+
+def test_kafka_summary_reports_the_anonymous_part_apart(bench: tuple[ModuleType, ModuleType]) -> None:
+    """Besides the whole RSS, its anonymous part above the idle daemon's anonymous RSS: the library
+    code a burst touches (libparquet, the codecs) is file-backed, not memory the daemon holds."""
+    _, shapes = bench
+    runs = [
+        {**_run(280.0, 300, 12.0), "peak_anon_mb": 180.0},
+        {**_run(290.0, 300, 12.0), "peak_anon_mb": 186.0},
+    ]
+    out = shapes.kafka_summary(runs, {"rss_mb": 140.0, "anon_mb": 60.0})
+    assert out["rss_above_idle_mb"] == {"median": 145.0, "min": 140.0, "max": 150.0}
+    assert out["anon_above_idle_mb"] == {"median": 123.0, "min": 120.0, "max": 126.0}
+    assert "anon_above_idle_mb" not in shapes.kafka_summary(runs, {"rss_mb": 140.0})  # an older idle figure
