@@ -33,7 +33,6 @@ from mqd.broker.consumer_groups import ConsumerGroupError, ConsumerGroupStore
 from mqd.broker.http_api import BrokerApi
 from mqd.broker.long_poll import LongPoll
 from mqd.broker.master_recovery import MasterRecovery
-from mqd.broker.memory_trim import TRIM_CHECK_INTERVAL_S, burst_ended, trim_heap
 from mqd.broker.node_marker import check_marker, read_marker, write_marker
 from mqd.broker.offsets_pull import SlaveOffsetsPull
 from mqd.broker.rejected_requests import ParserErrorLog
@@ -47,6 +46,7 @@ from mqd.broker.storage import PartitionLog, Storage, StorageError
 from mqd.client import BrokerClient
 from mqd.config import BrokerConfig, ClusterConfig, ConfigError, load_broker_config
 from mqd.header_deadline import BoundedAppRunner
+from mqd.memory_trim import TRIM_CHECK_INTERVAL_S, burst_ended, trim_heap
 
 log = structlog.get_logger(__name__)
 

@@ -40,13 +40,13 @@ from typing import Any, TypeVar
 import structlog
 
 from mqd import metrics
-from mqd.broker.memory_trim import trim_heap
 from mqd.config import LandingConfig
 from mqd.landing.layout import FileRange, LandingCorrupt, LandingError
 from mqd.landing.micro_batches import TP, Drained, FileProgress, MicroBatch, MicroBatches
 from mqd.landing.publisher import OpenFile, Publisher, PublishOutcome
 from mqd.landing.store import LandingStore, PartitionHead, PublishConflict, open_store
 from mqd.landing.watermark import AheadOfClock
+from mqd.memory_trim import trim_heap
 from mqd.waiting import wait_event
 
 log = structlog.get_logger("mqd.landing")
@@ -62,7 +62,7 @@ HEAD_LOCK_TIMEOUT_S = 5.0
 # partition waiting for its lock neither delays the others nor a publication's worker
 _HEAD_READERS = 4
 # Bytes written into files after which the sink, once idle (nothing buffered, open or being published), hands
-# the C heap's free pages back (mqd/broker/memory_trim.py). A backlog's decoded records and answers
+# the C heap's free pages back (mqd/memory_trim.py). A backlog's decoded records and answers
 # leave holes that glibc keeps for reuse: a daemon that landed 6 M records from Kafka kept 75-110 MiB
 # above its idle RSS for good (docs/architecture.md, the Kafka row of make bench). Not while records
 # flow: trimming after every publication lowered no peak and cost ~30 % more CPU.

@@ -19,9 +19,9 @@ import pyarrow as pa
 import pytest
 
 from mqd import format as fmt
-from mqd.broker.memory_trim import _malloc_trim, rss_mib
 from mqd.config import LandingConfig
 from mqd.landing.sink import LandingSink
+from mqd.memory_trim import _malloc_trim, rss_mib
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux") or _malloc_trim() is None, reason="glibc's malloc_trim, Linux RSS"

@@ -1,4 +1,4 @@
-"""Giving memory back to the OS after a burst of held fetches.
+"""Giving memory back to the OS after a burst: the broker's held fetches, the landing's backlog.
 
 Measured (bench/longpoll_rss.py, docs/security.md "Request bounds"): after 5,000 concurrent long
 polls end, the node's Python objects are all freed (tracemalloc back within 0.5 MiB of its level
