@@ -162,3 +162,18 @@ async def test_a_daemon_is_stopped_only_once_it_has_started(tmp_path: Path) -> N
         assert await d.stop_async(signal.SIGTERM, timeout=10) == -signal.SIGTERM
     finally:
         d.kill_now()
+
+
+async def test_a_daemon_that_refused_its_start_is_a_refusal_not_a_failed_stop(tmp_path: Path) -> None:
+    """A daemon whose source did not answer at start exits 75 on its own; when that happens while
+    the run waits to stop it (churn, settle), the exit is counted as a start refusal, not as a
+    daemon that failed a graceful stop (chaos seed 552859 failed on exactly that)."""
+    run = ChaosRun(ChaosOptions(root=tmp_path, seed=1))
+    d = DaemonProc("refuser", tmp_path / "unused.toml", tmp_path, {})
+    d.argv = [sys.executable, "-c", "import sys; sys.exit(75)"]
+    d.start()
+    try:
+        assert await run._stop_clean(d) == 75
+        assert run.failures == [] and run.start_refusals["refuser"] == 1
+    finally:
+        d.kill_now()

@@ -589,7 +589,7 @@ class KafkaChaosRun:
         elif kind == "daemon_restart":
             d = rng.choice(self.daemons)
             rec.notes.append(f"SIGTERM {d.name}, started again at once (static membership)")
-            await stop_clean(d, self.failures)
+            await stop_clean(d, self.failures, self.start_refusals)
             d.start()
             await asyncio.sleep(hold)
         elif kind == "daemon_churn":
@@ -597,10 +597,10 @@ class KafkaChaosRun:
             rec.notes.append(f"{self.extra.name} joins, {leaver.name} leaves and comes back")
             self.extra.start()
             await asyncio.sleep(hold / 2)
-            await stop_clean(leaver, self.failures)
+            await stop_clean(leaver, self.failures, self.start_refusals)
             await asyncio.sleep(hold / 2)
             leaver.start()
-            await stop_clean(self.extra, self.failures)
+            await stop_clean(self.extra, self.failures, self.start_refusals)
         else:
             raise ValueError(f"unknown fault kind {kind!r}")
 
@@ -677,7 +677,7 @@ class KafkaChaosRun:
         codes = {}
         for d in [*self.daemons, self.extra]:
             if d.running:
-                codes[d.name] = await stop_clean(d, self.failures)
+                codes[d.name] = await stop_clean(d, self.failures, self.start_refusals)
         return {"log_end": end, "catch_up_s": took, "daemon_exit_codes": codes}
 
     async def _verify(self) -> dict[str, Any]:

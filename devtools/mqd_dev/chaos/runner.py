@@ -587,7 +587,7 @@ class ChaosRun:
             )
 
     async def _stop_clean(self, d: DaemonProc) -> int | None:
-        return await stop_clean(d, self.failures)
+        return await stop_clean(d, self.failures, self.start_refusals)
 
     def _daemon_events(self) -> dict[str, int]:
         return daemon_events([*self.daemons, self.extra])
@@ -879,17 +879,24 @@ class ChaosRun:
         }
 
 
-async def stop_clean(d: DaemonProc, failures: list[str]) -> int | None:
+async def stop_clean(d: DaemonProc, failures: list[str], refusals: Counter[str] | None = None) -> int | None:
     """SIGTERM ``d`` once it has started, and check that it drained and exited 0 (a failure in
     ``failures`` if not). Started first: a SIGTERM while the interpreter still imports (before the
-    daemon installs its handlers) kills it with -15, which says nothing about how a daemon stops."""
+    daemon installs its handlers) kills it with -15, which says nothing about how a daemon stops.
+    A daemon that never started and exited 75 refused its start on its own (its source did not
+    answer within its timeout), while this waited for it to start: counted in ``refusals``."""
     if d.running:
         try:
-            await wait_until(d.started, 30.0, f"{d.name} to start", interval=0.1)
+            # or to exit by itself: a start its source refused (below) needs no 30 s wait
+            await wait_until(lambda: d.started() or not d.running, 30.0, f"{d.name} to start", interval=0.1)
         except TimeoutError:
             log.warning("chaos.daemon_not_started", daemon=d.name)
     code = await d.stop_async(signal.SIGTERM, timeout=20.0)
-    if code not in (0, None):  # a daemon told to stop must drain, commit and exit 0
+    if code == EXIT_TEMPFAIL and not d.started():
+        if refusals is not None:
+            refusals[d.name] += 1
+        log.warning("chaos.daemon_start_refused", daemon=d.name)
+    elif code not in (0, None):  # a daemon told to stop must drain, commit and exit 0
         failures.append(f"daemon {d.name} exited with {code} on SIGTERM:\n{d.tail(20)[-2000:]}")
     return code
 
