@@ -101,6 +101,7 @@ class KafkaGroup:
         self.last_success: float | None = None
         self._rejoin = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._in_generation = False  # joined and synced; False from a rejoin's start to its end
 
     # -- Membership --------------------------------------------------------------------------------
 
@@ -112,17 +113,40 @@ class KafkaGroup:
         task, self._task = self._task, None
         await cancel_and_wait(task)
         client = self._client_of()
-        # every member leaves: the others rebalance now, not after a session timeout
+        # a member leaves (the others rebalance now, not after a session timeout), except while the
+        # group re-forms: Tansu keeps a leader that leaves then as the leader, and the group never
+        # forms again until Tansu restarts (docs/architecture.md, "The Kafka chaos run"); the
+        # coordinator drops a member that left silently after its session
         if self.member_id and client is not None and self.coordinator_id is not None:
+            group, coordinator = self._settings.group, self.coordinator_id
             with contextlib.suppress(KafkaError, OSError, TimeoutError):
                 async with asyncio.timeout(self._settings.request_timeout):
-                    await client.send(
-                        self.coordinator_id,
-                        LeaveGroupRequest(self._settings.group, self.member_id),
-                        group=COORDINATION,
-                    )
-                log.info("left the group", group=self._settings.group, member=self.member_id)
+                    if await self._stable(client, coordinator):
+                        await client.send(
+                            coordinator, LeaveGroupRequest(group, self.member_id), group=COORDINATION
+                        )
+                        log.info("left the group", group=group, member=self.member_id)
+                    else:
+                        log.info(
+                            "not leaving while the group re-forms: the coordinator drops this member "
+                            "after its session",
+                            group=group,
+                            member=self.member_id,
+                            session_timeout=self._settings.session_timeout,
+                        )
         self.member_id, self.generation, self._assigned = "", None, None
+        self._in_generation = False
+
+    async def _stable(self, client: AIOKafkaClient, coordinator: int) -> bool:
+        """This member is in a generation the coordinator still runs (a heartbeat says so)."""
+        if not self._in_generation or self.generation is None:
+            return False
+        resp = await client.send(
+            coordinator,
+            HeartbeatRequest(self._settings.group, self.generation, self.member_id),
+            group=COORDINATION,
+        )
+        return not resp.error_code
 
     def assignment(self, partitions: Sequence[TopicPartition]) -> Assignment | None:
         if self._assigned is None or self.generation is None:
@@ -194,6 +218,7 @@ class KafkaGroup:
             except asyncio.CancelledError:
                 raise
             except (ConsumerError, KafkaError, OSError, TimeoutError) as exc:
+                self._in_generation = False
                 code = exc.code if isinstance(exc, GroupError) else None
                 self._last_error = str(exc) or type(exc).__name__
                 if code in COORDINATOR_ERRORS or not isinstance(exc, GroupError):
@@ -218,6 +243,7 @@ class KafkaGroup:
     async def _join(self) -> None:
         s = self._settings
         self._rejoin.clear()
+        self._in_generation = False
         protocol = f"mqd-{s.allocation}"
         # the stable name rides in the subscription's user data (see the module docstring)
         meta = ProtocolMetadata(0, sorted(s.topics), (self.instance_id or "").encode()).encode()
@@ -258,6 +284,7 @@ class KafkaGroup:
             for topic, parts in MemberAssignment.decode(sync.member_assignment).assignment:
                 mine.update(TopicPartition(topic, p) for p in parts)
         self.generation = generation
+        self._in_generation = True
         self._members = names or (self.instance_id or self.member_id,)
         self._assigned = frozenset(mine)
         self.last_success = time.monotonic()
