@@ -297,43 +297,29 @@ def _to_arrow(
     return batch, ((c.arena, c.arena.nbytes),)
 
 
-_EPOCH_HEAD = struct.Struct(">qiib")  # baseOffset batchLength partitionLeaderEpoch magic
+_HEAD_START = struct.Struct(
+    ">qiibIhi"
+)  # baseOffset batchLength partitionLeaderEpoch magic crc attributes lastOffsetDelta
 
 
-def leader_epochs(data: bytes | memoryview) -> list[tuple[int, int]]:
-    """(base offset, partition leader epoch) where the epoch changes between the complete v2 batches
-    of ``data`` (a Fetch answer's records), first batch included; one header read per batch, no
-    decoding. Batches without an epoch (-1, old producers' logs) and anything not v2 end the walk."""
-    out: list[tuple[int, int]] = []
-    pos, end = 0, len(data)
-    while pos + HEADER_SIZE <= end:
-        base, length, epoch, magic = _EPOCH_HEAD.unpack_from(data, pos)
-        if (
-            magic != 2
-            or epoch < 0
-            or length < HEADER_SIZE - LOG_OVERHEAD
-            or pos + LOG_OVERHEAD + length > end
-        ):
-            break
-        if not out or out[-1][1] != epoch:
-            out.append((base, epoch))
-        pos += LOG_OVERHEAD + length
-    return out
-
-
-_END_HEAD = struct.Struct(">qiibIhi")  # ... magic crc attributes lastOffsetDelta
-
-
-def batches_end(data: bytes | memoryview) -> int | None:
-    """The offset after the last complete v2 batch of ``data`` (a Fetch answer's records), where the
-    next fetch starts when every batch decodes; one header read per batch. None without one. A batch
-    that is not v2 or has a bad length ends the walk (decoding stops there too)."""
+def batch_heads(data: bytes | memoryview) -> tuple[list[tuple[int, int]], int | None]:
+    """One header read per complete v2 batch of ``data`` (a Fetch answer's records), no decoding:
+    (base offset, partition leader epoch) where the epoch changes, first batch included (a batch
+    without an epoch, -1 in old producers' logs, ends these), and the offset after the last complete
+    batch, where the next fetch starts when every batch decodes (None without one). Anything not v2
+    or with a bad length ends the walk (decoding stops there too)."""
+    epochs: list[tuple[int, int]] = []
     end: int | None = None
+    with_epochs = True
     pos, size = 0, len(data)
     while pos + HEADER_SIZE <= size:
-        base, length, _, magic, _, _, last_delta = _END_HEAD.unpack_from(data, pos)
+        base, length, epoch, magic, _, _, last_delta = _HEAD_START.unpack_from(data, pos)
         if magic != 2 or length < HEADER_SIZE - LOG_OVERHEAD or pos + LOG_OVERHEAD + length > size:
             break
+        if epoch < 0:
+            with_epochs = False
+        elif with_epochs and (not epochs or epochs[-1][1] != epoch):
+            epochs.append((base, epoch))
         end = base + last_delta + 1
         pos += LOG_OVERHEAD + length
-    return end
+    return epochs, end

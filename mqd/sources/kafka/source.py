@@ -72,7 +72,7 @@ from mqd.sources.kafka.log_incarnation import LogIncarnations, epoch_before
 from mqd.sources.kafka.metadata import KafkaMetadata
 from mqd.sources.kafka.protocol_ext import FetchRequest as KafkaFetchRequest
 from mqd.sources.kafka.protocol_ext import OffsetsForLeaderEpochRequest, epoch_end_offsets, fetched_partitions
-from mqd.sources.kafka.record_batch import AbortedTxn, batches_end, decode_partition, leader_epochs
+from mqd.sources.kafka.record_batch import AbortedTxn, batch_heads, decode_partition
 from mqd.topic_partition import TopicPartition
 
 log = structlog.get_logger("mqd.sources.kafka")
@@ -338,8 +338,7 @@ class KafkaSource:
                 if self.read_committed:
                     aborted = [AbortedTxn(pid, first) for pid, first in part.aborted]
                 status, error = FetchStatus.FOUND, None
-                found_end = batches_end(records)
-                transitions = leader_epochs(records)
+                transitions, found_end = batch_heads(records)
                 decode = functools.partial(_decode, records, tp=tp, aborted=aborted, epochs=transitions)
                 if current[tp] is not None:
                     self.incarnations.saw_batches(tp, transitions)
