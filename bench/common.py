@@ -16,6 +16,7 @@ import resource
 import signal
 import threading
 import time
+import tomllib
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,7 +33,7 @@ from mqd.landing.layout import (
     read_ranges,
 )
 from mqd.producer import synthetic_values
-from mqd.testing import ManagedProcess
+from mqd.testing import ManagedProcess, to_toml
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -135,6 +136,18 @@ def parse_overrides(items: str) -> dict[str, dict[str, Any]]:
                 pass
         over.setdefault(section, {})[name] = value
     return over
+
+
+def apply_overrides(config: Path, over: dict[str, dict[str, Any]]) -> None:
+    """Merge a variant's overrides (``parse_overrides``) into the daemon's TOML file, every section
+    but ``env`` (the daemon's environment, not its config)."""
+    sections = {k: v for k, v in over.items() if k != "env"}
+    if not sections:
+        return
+    doc = tomllib.loads(config.read_text())
+    for section, kv in sections.items():
+        doc.setdefault(section, {}).update(kv)
+    config.write_text(to_toml(doc))
 
 
 def rates(records: int, nbytes: int, seconds: float) -> dict[str, Any]:

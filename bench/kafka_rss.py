@@ -23,14 +23,12 @@ import statistics
 import sys
 import tempfile
 import time
-import tomllib
 from pathlib import Path
 from typing import Any
 
 from bench import alt_kafka, common, kafka_shape, shapes
 from bench.common import WatchedProcess, Workload, check_exact
 from bench.pipeline import landed_files
-from mqd.testing import to_toml
 from mqd.testing.tansu import Tansu
 
 TOPIC = shapes.TOPIC
@@ -63,12 +61,7 @@ def config_for(
         landing=landing,
         **LANDING,
     )
-    rest = {k: v for k, v in over.items() if k != "env"}
-    if rest:
-        doc = tomllib.loads(cfg.read_text())
-        for section, kv in rest.items():
-            doc.setdefault(section, {}).update(kv)
-        cfg.write_text(to_toml(doc))
+    common.apply_overrides(cfg, over)
     return cfg
 
 

@@ -33,7 +33,7 @@ from typing import Any
 from bench import common
 from bench import pipeline as _bench
 from bench.common import WatchedProcess, Workload
-from mqd.testing import LocalCluster, to_toml
+from mqd.testing import LocalCluster
 
 TOPIC = _bench.TOPIC
 
@@ -70,14 +70,7 @@ def run_once(
         max_buffered_bytes=args.memory_buffer_mb * 2**20 if memory else None,
     )
     env = {"PYTHONPATH": str(tree), **{k: str(v) for k, v in over.get("env", {}).items()}}
-    over = {k: v for k, v in over.items() if k != "env"}
-    if over:
-        import tomllib
-
-        cfg = tomllib.loads(cfg_path.read_text())
-        for section, kv in over.items():
-            cfg.setdefault(section, {}).update(kv)
-        cfg_path.write_text(to_toml(cfg))
+    common.apply_overrides(cfg_path, over)
     slow_sink = [sys.executable, str(tree / "bench" / "slow_sink.py")]
     head = slow_sink if memory else [sys.executable, "-m", "mqd.cli"]
     if memory:
