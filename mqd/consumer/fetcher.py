@@ -515,6 +515,21 @@ class FetchManager:
             if op.paused:
                 metrics.stale_responses.labels("paused").inc()
                 continue
+            if op.position != s.offset:
+                # two requests asked for it from one offset: this answer's request was sent ahead
+                # by one node while the last answer switched the partition to another, whose
+                # request went out before this answer was handled; the first answer applied won
+                metrics.stale_responses.labels("moved").inc()
+                log.info(
+                    "fetch answer dropped: the partition moved on",
+                    topic=tp.topic,
+                    partition=tp.partition,
+                    node=node_id,
+                    asked=s.offset,
+                    position=op.position,
+                    pull_node=op.pull_node,
+                )
+                continue
             self._apply(node_id, op, s.offset, res)
         # left out of the answer: nothing new at the offset asked for, still ours (docs/protocol.md)
         for s in by_tp.values():

@@ -134,6 +134,8 @@ class ProcessQueue:
         """The threshold the queue is over, not counting its newest answer: one answer may hold
         more than ``max_queued_records`` (it is sized in bytes), and it may wait to be drained while
         the next fetch is in flight. Pure."""
+        if not self.batches:
+            return None  # no drain could ever lift a hold on an empty queue: never hold one
         older = self.records - self.newest_records
         if older <= 0:
             return None

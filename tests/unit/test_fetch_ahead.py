@@ -21,7 +21,7 @@ from mqd.consumer.source import Decoded, FetchRequest, FetchResult
 from mqd.metadata import ClusterMetadata
 from mqd.protocol import Status, decode_fetch_answer, encode_fetch_answer
 from mqd.sources.mqd_broker import MqdBrokerSource
-from mqd.waiting import cancel_and_wait, wait_event
+from mqd.waiting import cancel_and_wait, wait_event, wait_until
 
 TP = TopicPartition("events", 0)
 LAYOUT = {
@@ -160,3 +160,116 @@ async def test_an_answer_fetched_ahead_of_a_clipped_answer_is_dropped() -> None:
     source, offsets = await run_fetcher(script, max_buffered_bytes=one + one // 2)
     assert ("send", 20) in source.events
     assert offsets[:10] == list(range(10)) and offsets == list(range(len(offsets)))
+
+
+REPLICATED = {
+    "groups": [
+        {
+            "name": "g",
+            "nodes": [
+                {"id": "m", "url": "http://127.0.0.1:1", "role": "master", "alive": True},
+                {"id": "s", "url": "http://127.0.0.1:2", "role": "slave", "alive": True},
+            ],
+        }
+    ],
+    "topics": [
+        {
+            "name": "events",
+            "partitions": [{"partition": p, "group": "g", "master": "m", "replicas": ["s"]} for p in (0, 1)],
+        }
+    ],
+}
+TP1 = TopicPartition("events", 1)
+Script = dict[tuple[str, int, int], tuple[int, bytes, str | None]]
+
+
+class RoutedSource(MqdBrokerSource):
+    """The mqd broker source answering from a script per (node, partition, offset) -> (next offset,
+    data, suggested node). A request with nothing scripted for any of its partitions long-polls
+    until the test ends; ``sent`` records (node, partition, offset) of every request."""
+
+    def __init__(self, config: ConsumerConfig, script: Script) -> None:
+        super().__init__(config)
+        self.metadata.current = ClusterMetadata.parse(REPLICATED)
+        self.script = script
+        self.sent: list[tuple[str, int, int]] = []
+        self.budget: ByteBudget | None = None  # marked waiting as the master's second answer returns
+
+    def fetch(
+        self, node_id: str, requests: list[FetchRequest], *, max_wait_ms: int, min_bytes: int, max_bytes: int
+    ) -> Any:
+        return self._answer(node_id, requests)
+
+    async def _answer(self, node_id: str, requests: list[FetchRequest]) -> FetchResult:
+        keys = [(node_id, r.tp.partition, r.offset) for r in requests]
+        self.sent.extend(keys)
+        found = [k for k in keys if k in self.script]
+        if not found:
+            await asyncio.Event().wait()  # a long poll that outlives the test (cancelled at stop)
+        for _ in range(3):  # the answer travels: other callbacks (the drain) run meanwhile
+            await asyncio.sleep(0)
+        entries, data = [], []
+        for node, partition, _offset in found:
+            nxt, body, suggest = self.script[(node, partition, _offset)]
+            entries.append(
+                {
+                    "topic": "events",
+                    "partition": partition,
+                    "status": Status.FOUND.value,
+                    "next_offset": nxt,
+                    "min_offset": 0,
+                    "max_offset": 1000,
+                    "suggest": suggest,
+                }
+            )
+            data.append(body)
+        if (node_id, 0, 10) in found and self.budget is not None:
+            self.budget.wait()  # a fetcher found no room meanwhile: this answer's release wakes all
+        answer = b"".join(encode_fetch_answer(node_id, entries, data))
+        return MqdBrokerSource._result(decode_fetch_answer(answer))
+
+
+async def test_an_answer_for_an_offset_the_partition_left_is_never_applied() -> None:
+    """The master suggests its slave for partition 0 in the answer that the request sent ahead
+    follows (0 and 1 both from 10). When that request returns, the master's next request sent
+    ahead (partition 1 only) defers its handling, and a drain wakes the slave's fetcher meanwhile,
+    which asks for partition 0 from 10 too: one of the two answers for 10..19 must be dropped, not
+    appended twice (the hot shape's duplicate cut and stall)."""
+    script: Script = {
+        ("m", 0, 0): (10, batches((0, 10)), "s"),
+        ("m", 1, 0): (10, batches((0, 10)), None),
+        ("m", 0, 10): (20, batches((10, 10)), None),
+        ("m", 1, 10): (20, batches((10, 10)), None),
+        ("s", 0, 10): (20, batches((10, 10)), None),
+    }
+    config = ConsumerConfig(error_backoff_ms=10, bootstrap=["http://127.0.0.1:1"])
+    source = RoutedSource(config, script)
+    state = SubscriptionState(
+        FlowLimits(max_queued_records=10**6, max_offset_span=10**6), ByteBudget(config.max_buffered_bytes)
+    )
+    source.budget = state.budget
+    m = FetchManager(config=config, source=source, state=state, jitter=0.0)
+    got: dict[int, list[int]] = {0: [], 1: []}
+
+    def take() -> None:
+        for b in state.drain():
+            got[b.tp.partition].extend(b.records.column("offset").to_pylist())
+
+    async def drain() -> None:  # the daemon's part; a drain wakes every fetcher (the budget's room)
+        while True:
+            await state.data_ready.wait()
+            take()
+            m.wake()
+
+    state.assign(TP, 0, "m")
+    state.assign(TP1, 0, "m")
+    m.start()
+    drainer = asyncio.create_task(drain())
+    try:
+        await wait_until(lambda: ("s", 0, 20) in source.sent and ("m", 1, 20) in source.sent, 10, "the ends")
+    finally:
+        await m.stop()
+        await cancel_and_wait(drainer)
+    take()
+    assert got[1] == list(range(20))
+    assert got[0] == list(range(20)), (got[0], source.sent)

@@ -74,6 +74,17 @@ def test_drain_lifts_the_hold_at_once() -> None:
     assert q.hold(LIMITS, 10.0) is None
 
 
+def test_an_empty_queue_is_never_held() -> None:
+    """Whatever the bookkeeping saw (here an answer older than the one before it, as a fetch asked
+    twice once appended), a drained queue holds nothing back: no drain could lift that hold, and the
+    partition would never be fetched again (the hot shape's stall)."""
+    q = queue([(41, 11, 1)], [(30, 11, 1)])
+    q.popleft()
+    q.popleft()
+    assert q.hold(LIMITS, 10.0) is None
+    assert q.held_reason(LIMITS) is None
+
+
 @given(
     st.lists(
         st.lists(st.tuples(st.integers(1, 30), st.integers(1, 60)), min_size=1, max_size=3),
