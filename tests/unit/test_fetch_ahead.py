@@ -41,6 +41,31 @@ def batches(*ranges: tuple[int, int]) -> bytes:
     )
 
 
+def found_answer(node_id: str, parts: list[tuple[int, int, bytes, str | None]]) -> FetchResult:
+    """A FOUND answer of ``node_id``, through the real answer framing: (partition, next offset,
+    data, suggested node) per partition."""
+    entries = [
+        {
+            "topic": TP.topic,
+            "partition": partition,
+            "status": Status.FOUND.value,
+            "next_offset": nxt,
+            "min_offset": 0,
+            "max_offset": 1000,
+            "suggest": suggest,
+        }
+        for partition, nxt, _data, suggest in parts
+    ]
+    answer = b"".join(encode_fetch_answer(node_id, entries, [data for _p, _n, data, _s in parts]))
+    return MqdBrokerSource._result(decode_fetch_answer(answer))
+
+
+async def travel() -> None:
+    """The answer travels: other callbacks (the drain) run meanwhile."""
+    for _ in range(3):
+        await asyncio.sleep(0)
+
+
 class ScriptedSource(MqdBrokerSource):
     """The mqd broker source with ``fetch`` answering from a script: requested offset -> (next
     offset, data). An offset without an entry long-polls until the test ends. ``events`` records
@@ -64,21 +89,9 @@ class ScriptedSource(MqdBrokerSource):
         if r.offset not in self.script:
             self.idle.set()
             await asyncio.Event().wait()  # a long poll that outlives the test (cancelled at stop)
-        for _ in range(3):  # the answer travels: other callbacks (the drain) run meanwhile
-            await asyncio.sleep(0)
+        await travel()
         nxt, data = self.script[r.offset]
-        entry = {
-            "topic": TP.topic,
-            "partition": TP.partition,
-            "status": Status.FOUND.value,
-            "next_offset": nxt,
-            "min_offset": 0,
-            "max_offset": 1000,
-            "suggest": None,
-        }
-        result = MqdBrokerSource._result(
-            decode_fetch_answer(b"".join(encode_fetch_answer("m", [entry], [data])))
-        )
+        result = found_answer("m", [(TP.partition, nxt, data, None)])
         (res,) = result.partitions
         return dataclasses.replace(
             result, partitions=[dataclasses.replace(res, decode=self._traced(res.decode, r.offset))]
@@ -186,14 +199,15 @@ Script = dict[tuple[str, int, int], tuple[int, bytes, str | None]]
 class RoutedSource(MqdBrokerSource):
     """The mqd broker source answering from a script per (node, partition, offset) -> (next offset,
     data, suggested node). A request with nothing scripted for any of its partitions long-polls
-    until the test ends; ``sent`` records (node, partition, offset) of every request."""
+    until the test ends; ``sent`` records (node, partition, offset) of every request, and
+    ``on_answer`` sees the scripted keys of each answer before it returns."""
 
     def __init__(self, config: ConsumerConfig, script: Script) -> None:
         super().__init__(config)
         self.metadata.current = ClusterMetadata.parse(REPLICATED)
         self.script = script
         self.sent: list[tuple[str, int, int]] = []
-        self.budget: ByteBudget | None = None  # marked waiting as the master's second answer returns
+        self.on_answer: Callable[[list[tuple[str, int, int]]], None] = lambda found: None
 
     def fetch(
         self, node_id: str, requests: list[FetchRequest], *, max_wait_ms: int, min_bytes: int, max_bytes: int
@@ -206,27 +220,9 @@ class RoutedSource(MqdBrokerSource):
         found = [k for k in keys if k in self.script]
         if not found:
             await asyncio.Event().wait()  # a long poll that outlives the test (cancelled at stop)
-        for _ in range(3):  # the answer travels: other callbacks (the drain) run meanwhile
-            await asyncio.sleep(0)
-        entries, data = [], []
-        for node, partition, _offset in found:
-            nxt, body, suggest = self.script[(node, partition, _offset)]
-            entries.append(
-                {
-                    "topic": "events",
-                    "partition": partition,
-                    "status": Status.FOUND.value,
-                    "next_offset": nxt,
-                    "min_offset": 0,
-                    "max_offset": 1000,
-                    "suggest": suggest,
-                }
-            )
-            data.append(body)
-        if (node_id, 0, 10) in found and self.budget is not None:
-            self.budget.wait()  # a fetcher found no room meanwhile: this answer's release wakes all
-        answer = b"".join(encode_fetch_answer(node_id, entries, data))
-        return MqdBrokerSource._result(decode_fetch_answer(answer))
+        await travel()
+        self.on_answer(found)
+        return found_answer(node_id, [(p, *self.script[(node, p, offset)]) for node, p, offset in found])
 
 
 async def test_an_answer_for_an_offset_the_partition_left_is_never_applied() -> None:
@@ -247,7 +243,12 @@ async def test_an_answer_for_an_offset_the_partition_left_is_never_applied() -> 
     state = SubscriptionState(
         FlowLimits(max_queued_records=10**6, max_offset_span=10**6), ByteBudget(config.max_buffered_bytes)
     )
-    source.budget = state.budget
+
+    def budget_waits(found: list[tuple[str, int, int]]) -> None:
+        if ("m", 0, 10) in found:
+            state.budget.wait()  # a fetcher found no room meanwhile: this answer's release wakes all
+
+    source.on_answer = budget_waits
     m = FetchManager(config=config, source=source, state=state, jitter=0.0)
     got: dict[int, list[int]] = {0: [], 1: []}
 
