@@ -297,9 +297,8 @@ def _to_arrow(
     return batch, ((c.arena, c.arena.nbytes),)
 
 
-_HEAD_START = struct.Struct(
-    ">qiibIhi"
-)  # baseOffset batchLength partitionLeaderEpoch magic crc attributes lastOffsetDelta
+# baseOffset batchLength partitionLeaderEpoch magic crc attributes lastOffsetDelta
+_HEAD_START = struct.Struct(">qiibIhi")
 
 
 def batch_heads(data: bytes | memoryview) -> tuple[list[tuple[int, int]], int | None]:
