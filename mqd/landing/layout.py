@@ -306,7 +306,7 @@ def write_parquet(path: Path, table: pa.Table, rng: FileRange, compression: str)
     )
     fd = os.open(path, os.O_RDONLY)
     try:
-        os.fsync(fd)
+        fsutil.fsync_written_once(fd)
         return os.fstat(fd).st_size
     finally:
         os.close(fd)

@@ -270,7 +270,7 @@ class ObjectStore:
             try:
                 fd = os.open(path, os.O_RDONLY)
                 try:
-                    os.fsync(fd)
+                    fsutil.fsync_written_once(fd)
                     size = os.fstat(fd).st_size
                 finally:
                     os.close(fd)
