@@ -249,6 +249,13 @@ def hour_runs(table: pa.Table) -> list[tuple[int, int, int]]:
     n = table.num_rows
     if n == 0:
         return []
+    column = table.column(1)
+    if not column.null_count:
+        # most tables fall within one hour: one min/max over the chunks, not a copy of every stamp
+        mm = pc.min_max(column)
+        lo, hi = folder_hours(np.array([mm["min"].value, mm["max"].value], dtype=np.int64))
+        if lo == hi:
+            return [(int(lo), 0, n)]
     ts = np.concatenate([c.to_numpy(zero_copy_only=False).view(np.int64) for c in table.column(1).chunks])
     hours = folder_hours(ts)
     cuts = np.flatnonzero(hours[1:] != hours[:-1]) + 1

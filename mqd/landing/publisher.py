@@ -49,12 +49,14 @@ class OpenFile:
     started: tuple[int, int] | None = None  # (run, row) in the current call where it began; None: earlier
     leader_epoch: int | None = None  # the source's leader epoch of its newest record (FileRange.leader_epoch)
 
-    def note(self, records: pa.Table) -> None:
+    def note(self, records: pa.Table, nbytes: int) -> None:
+        """``records`` were written into the file; ``nbytes``: their in-memory bytes, as the caller
+        counted them (pyarrow's ``nbytes`` walks every chunk again)."""
         _first, last, count, ts_min, ts_max = layout.describe(self.topic, self.partition, records)
         self.ts_min = ts_min if not self.records else min(self.ts_min, ts_min)
         self.ts_max = ts_max if not self.records else max(self.ts_max, ts_max)
         self.records += count
-        self.nbytes += records.nbytes
+        self.nbytes += nbytes
         self.last_offset = last
 
     def range(self) -> FileRange:
@@ -248,7 +250,8 @@ class Publisher:
             for run_no, (inc, lo, hi) in enumerate(runs):
                 table = layout.concat(batches[lo:hi])
                 tables.append(table)
-                row_bytes = table.nbytes / max(1, table.num_rows)  # to cut a file near max_bytes
+                # to cut a file near max_bytes; pieces are counted by it (one walk of the chunks)
+                row_bytes = table.nbytes / max(1, table.num_rows)
                 for hour, start, length in layout.hour_runs(table):
                     pos, end = start, start + length
                     while pos < end:
@@ -270,7 +273,7 @@ class Publisher:
                         n = min(cap_records - f.records, end - pos, max(1, room))
                         piece = table.slice(pos, n)
                         f.writer.write(layout.landing_table(topic, partition, piece, inc))
-                        f.note(piece)
+                        f.note(piece, round(row_bytes * n))
                         pos += n
                         if f.records >= cap_records or f.nbytes >= cap_bytes:
                             at = (run_no, pos)
