@@ -27,16 +27,21 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def fsync_written_once(fd: int) -> None:
-    """fsync a file that is written once and read later by someone else (a published landing file),
-    then drop its pages from the page cache. Keeping them only evicts what is read now (the broker's
-    log on a shared machine); and a page the kernel reuses at once is much cheaper to fill than a
-    fresh one: on this project's benchmark VM writing 32 MB cost 80 ms of CPU into fresh page-cache
-    pages against 8 ms into pages just dropped (docs/architecture.md, "Published files leave the
-    page cache")."""
-    os.fsync(fd)
-    if hasattr(os, "posix_fadvise"):  # Linux; elsewhere the cache keeps them, which is only slower
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+def fsync_written_once(path: Path) -> int:
+    """fsync ``path``, a file written once and read later by someone else (a published landing file),
+    drop its pages from the page cache and return its size. Keeping the pages only evicts what is
+    read now (the broker's log on a shared machine); and a page the kernel reuses at once is much
+    cheaper to fill than a fresh one: on this project's benchmark VM writing 32 MB cost 80 ms of CPU
+    into fresh page-cache pages against 8 ms into pages just dropped (docs/architecture.md,
+    "Published files leave the page cache")."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        if hasattr(os, "posix_fadvise"):  # Linux; elsewhere the cache keeps them, which is only slower
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        return os.fstat(fd).st_size
+    finally:
+        os.close(fd)
 
 
 def atomic_write(path: Path, data: bytes) -> None:

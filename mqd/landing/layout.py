@@ -256,7 +256,7 @@ def hour_runs(table: pa.Table) -> list[tuple[int, int, int]]:
         lo, hi = folder_hours(np.array([mm["min"].value, mm["max"].value], dtype=np.int64))
         if lo == hi:
             return [(int(lo), 0, n)]
-    ts = np.concatenate([c.to_numpy(zero_copy_only=False).view(np.int64) for c in table.column(1).chunks])
+    ts = np.concatenate([c.to_numpy(zero_copy_only=False).view(np.int64) for c in column.chunks])
     hours = folder_hours(ts)
     cuts = np.flatnonzero(hours[1:] != hours[:-1]) + 1
     starts = np.concatenate(([0], cuts))
@@ -311,12 +311,7 @@ def write_parquet(path: Path, table: pa.Table, rng: FileRange, compression: str)
         use_dictionary=["topic", "key"],  # values are mostly unique: a dictionary only costs CPU
         write_statistics=["partition", "offset", "timestamp"],
     )
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        fsutil.fsync_written_once(fd)
-        return os.fstat(fd).st_size
-    finally:
-        os.close(fd)
+    return fsutil.fsync_written_once(path)
 
 
 def read_ranges(path: Path) -> list[FileRange]:

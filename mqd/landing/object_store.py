@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import secrets
 import tempfile
 import threading
@@ -268,12 +267,7 @@ class ObjectStore:
 
         def done() -> int:
             try:
-                fd = os.open(path, os.O_RDONLY)
-                try:
-                    fsutil.fsync_written_once(fd)
-                    size = os.fstat(fd).st_size
-                finally:
-                    os.close(fd)
+                size = fsutil.fsync_written_once(path)
                 self.objects.upload(key, path)
             finally:
                 path.unlink(missing_ok=True)  # linked into place (or failed): the scratch name goes
