@@ -383,6 +383,7 @@ class FetchRequest_v12(RequestStruct):  # type: ignore[misc]  # aiokafka is unty
     fetch offset; a log that diverged from it answers ``diverging_epoch`` (a tagged field)."""
 
     FLEXIBLE_VERSION = True
+    RAW_ANSWER = True  # read in place: mqd.sources.kafka.frame_reader, fetch_answer
     API_KEY = 1
     API_VERSION = 12
     RESPONSE_TYPE = FetchResponse_v12
@@ -393,6 +394,7 @@ class FetchRequest_v13(RequestStruct):  # type: ignore[misc]  # aiokafka is unty
     """KIP-516: topics named by topic id; a recreated topic answers UNKNOWN_TOPIC_ID."""
 
     FLEXIBLE_VERSION = True
+    RAW_ANSWER = True
     API_KEY = 1
     API_VERSION = 13
     RESPONSE_TYPE = FetchResponse_v13
@@ -500,7 +502,7 @@ class FetchedPartition:
     log_start: int
     aborted: list[tuple[int, int]]
     preferred_replica: int
-    records: bytes | None
+    records: bytes | memoryview | None  # a view of the answer where it was read in place
     diverging: tuple[int, int] | None
 
 
@@ -508,8 +510,8 @@ _DIVERGING = struct.Struct(">iq")
 
 
 def fetched_partitions(resp: Any, names: Mapping[str, str]) -> list[FetchedPartition]:
-    """A Fetch answer (aiokafka's v4-v11, mqd's v12-v13) as one list; ``names``: topic id -> topic,
-    for v13 answers."""
+    """A Fetch answer (aiokafka's v4-v11, mqd's v12-v13, or fetch_answer's FetchAnswer of the same
+    shape) as one list; ``names``: topic id -> topic, for v13 answers."""
     version = resp.API_VERSION
     out: list[FetchedPartition] = []
     for topic_key, parts in ((t[0], t[1]) for t in resp.topics):

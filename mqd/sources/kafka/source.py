@@ -66,7 +66,9 @@ from mqd.consumer.source import (
     PartitionResult,
     SourceError,
 )
+from mqd.sources.kafka.fetch_answer import MalformedAnswer, parse_fetch_answer
 from mqd.sources.kafka.fetch_session import SESSION_ERRORS, FetchSession, SessionRequest
+from mqd.sources.kafka.frame_reader import FrameClient, RawAnswer
 from mqd.sources.kafka.group import KafkaGroup, KafkaOffsetStore
 from mqd.sources.kafka.log_incarnation import LogIncarnations, epoch_before
 from mqd.sources.kafka.metadata import KafkaMetadata
@@ -96,7 +98,7 @@ def _no_data(_start: int, _check_crc: bool) -> Decoded:
 
 
 def _decode(
-    records: bytes,
+    records: bytes | memoryview,
     start: int,
     check_crc: bool,
     *,
@@ -147,7 +149,7 @@ class KafkaSource:
                 cafile=kc.tls_ca_file, certfile=kc.tls_cert_file, keyfile=kc.tls_key_file
             )
             ssl.check_hostname = kc.tls_check_hostname
-        return AIOKafkaClient(
+        return FrameClient(
             bootstrap_servers=list(cfg.bootstrap),
             client_id=self.client_id,
             # a fetch long-polls for fetch_max_wait_ms before its answer is even sent
@@ -382,7 +384,8 @@ class KafkaSource:
             bounds = await self._out_of_range(node_id, out_of_range, offsets)
             results.extend(replace(r, incarnation=current[r.tp]) for r in bounds)
         results.extend(r for tp, r in replaced.items() if tp in offsets and tp not in {x.tp for x in results})
-        return FetchResult(results, body=resp, nbytes=nbytes)
+        # the answer's own buffer where it was read in place: the records are views of it
+        return FetchResult(results, body=getattr(resp, "body", resp), nbytes=nbytes)
 
     async def _send_fetch(
         self,
@@ -426,6 +429,16 @@ class KafkaSource:
             except (KafkaError, OSError) as exc:
                 session.reset()
                 raise SourceError(f"{node_id}: {exc!r}", kind="transport", node_down=True) from exc
+            if isinstance(resp, RawAnswer):
+                try:
+                    resp = parse_fetch_answer(resp)
+                except MalformedAnswer as exc:
+                    session.reset()
+                    raise SourceError(
+                        f"{node_id}: malformed Fetch v{resp.version} answer: {exc}",
+                        kind="malformed",
+                        node_down=True,
+                    ) from exc
             self.fetch_version = resp.API_VERSION
             if resp.API_VERSION < 7:
                 session.enabled = False  # no sessions before Fetch v7
