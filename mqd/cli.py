@@ -21,9 +21,10 @@ import click
 from mqd.config import ConfigError
 
 # Arrow fixes its allocator when pyarrow is first imported, so this must happen before any command
-# imports it: the system allocator returns memory that mimalloc keeps per encoding thread (about
-# 30 MB less peak RSS on a 2M-record backlog, bench/profile). An operator's choice wins.
-os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
+# imports it. jemalloc: the Kafka source's decoded records and the landing's encoder live there,
+# away from glibc's heap, whose holes between them were most of the daemon's peak RSS above idle
+# (docs/architecture.md, "Decoded records in Arrow's jemalloc pool"). An operator's choice wins.
+os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "jemalloc")
 
 EXIT_OK = 0
 EXIT_FAIL = 1  # also "degraded" for status

@@ -64,23 +64,26 @@ _HOUSEKEEPING_INTERVAL = 2.0  # idle watermarks
 _MARKER_INTERVAL = 10.0  # completeness markers
 
 
-def _use_system_memory_pool() -> None:
-    """Let Arrow allocate with the C library's malloc, unless the operator chose a pool
-    (ARROW_DEFAULT_MEMORY_POOL). mimalloc and jemalloc keep freed pages per thread: with the
-    landing's encoding threads that held about 70 MB more at peak RSS on a 2M-record backlog
-    (377 vs 304 MB, bench/profile, same records/s). Process-wide: the daemon owns its process.
+def _use_jemalloc_pool() -> None:
+    """Let Arrow allocate from its jemalloc pool, unless the operator chose a pool
+    (ARROW_DEFAULT_MEMORY_POOL) or this pyarrow has none. The Kafka source decodes into Arrow's pool
+    and the landing encodes from it, so the records' memory stays out of glibc's heap; measured on
+    the ``kafka`` shape (bench.kafka_rss) peak RSS above idle 148.5 -> 128.0 MiB and CPU 3.04 ->
+    2.83 s per 6 M records against the system pool (docs/architecture.md). Process-wide: the daemon
+    owns its process.
 
     Before pyarrow is imported (it is, only once the first fetch is out: issue 16) the variable
     says it, and Arrow reads it when it makes its default pool."""
     if os.environ.get("ARROW_DEFAULT_MEMORY_POOL"):
         return
     if "pyarrow" not in sys.modules:
-        os.environ["ARROW_DEFAULT_MEMORY_POOL"] = "system"
+        os.environ["ARROW_DEFAULT_MEMORY_POOL"] = "jemalloc"
         return
     import pyarrow as pa
 
-    if pa.default_memory_pool().backend_name != "system":
-        pa.set_memory_pool(pa.system_memory_pool())
+    if pa.default_memory_pool().backend_name != "jemalloc":
+        with contextlib.suppress(NotImplementedError):  # a pyarrow built without it
+            pa.set_memory_pool(pa.jemalloc_memory_pool())
 
 
 class Daemon:
@@ -137,7 +140,7 @@ class Daemon:
             return
         self.state = "starting"
         self._started_at = time.monotonic()
-        _use_system_memory_pool()
+        _use_jemalloc_pool()
         await self._client.start()
         try:
             await self.sink.start()

@@ -88,6 +88,7 @@ def trim_heap(passes: int = TRIM_PASSES) -> bool:
     fn = _malloc_trim()
     if fn is not None:
         fn(0)
+    _release_arrow_pool()
     log.info(
         "memory given back after a burst",
         rss_mib_before=before,
@@ -102,6 +103,14 @@ def trim_heap(passes: int = TRIM_PASSES) -> bool:
             return True
         loop.call_later(TRIM_CHECK_INTERVAL_S, trim_heap, passes - 1)
     return fn is not None
+
+
+def _release_arrow_pool() -> None:
+    """Arrow's pool (jemalloc in the daemon) keeps freed pages for reuse as glibc does; where
+    pyarrow is loaded, ask it to give them back too. Never imports pyarrow (the broker has none)."""
+    pa = sys.modules.get("pyarrow")
+    if pa is not None:
+        pa.default_memory_pool().release_unused()
 
 
 def burst_ended(peak: int, held: int) -> bool:

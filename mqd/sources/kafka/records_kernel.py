@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
+import pyarrow as pa
 
 _HERE = Path(__file__).parent
 _ERRORS = {
@@ -121,7 +122,8 @@ class Columns:
         for size in sizes:
             starts.append(pos)
             pos += -(-size // _ALIGN) * _ALIGN
-        arena = np.empty(pos + _ALIGN, np.uint8)
+        # from Arrow's pool, as every other buffer of the records' life (the landing's encoder)
+        arena = np.frombuffer(pa.allocate_buffer(pos + _ALIGN), np.uint8)
         base = arena.ctypes.data
         skew = -base % _ALIGN
         views = [
