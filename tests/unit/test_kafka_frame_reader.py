@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mqd.fetch_connection import FetchBody
-from mqd.sources.kafka.frame_reader import BIG_FRAME, FrameReader
+from mqd.sources.kafka.frame_reader import BIG_FRAME, MAX_IN_PLACE, FrameReader
 
 sizes = st.lists(
     st.sampled_from([0, 1, 100, BIG_FRAME - 1, BIG_FRAME, BIG_FRAME + 7, 3 * BIG_FRAME]), max_size=5
@@ -62,6 +62,24 @@ def test_frames_come_back_whole_however_the_stream_is_cut(
     total = len(stream(frames))
     cuts = sorted(data.draw(st.lists(st.integers(0, max(total, 1)), max_size=12)))
     assert asyncio.run(read_all(frames, cuts)) == frames
+
+
+def test_a_frame_larger_than_any_fetch_is_not_allocated_before_it_arrives() -> None:
+    """A size prefix above MAX_IN_PLACE (a damaged stream) makes no buffer of that size up front:
+    the read waits on asyncio's own growing buffer, holding only what arrived."""
+
+    async def go() -> None:
+        reader = FrameReader()
+        reader.feed_data(b"z" * 1000)
+        task = asyncio.create_task(reader.readexactly(MAX_IN_PLACE + 1))
+        await asyncio.sleep(0)
+        assert reader._sink is None  # nothing allocated for it
+        reader.feed_eof()
+        with pytest.raises(asyncio.IncompleteReadError) as err:
+            await asyncio.wait_for(task, 5)
+        assert err.value.partial == b"z" * 1000
+
+    asyncio.run(go())
 
 
 def test_a_stream_ending_inside_a_big_frame_is_an_incomplete_read() -> None:

@@ -38,6 +38,9 @@ from mqd.fetch_connection import FetchBody
 # answers from this size on are read in place: the small ones (metadata, heartbeats, commits) stay
 # on aiokafka's path, where a copy costs nothing
 BIG_FRAME = 64 * 1024
+# nor is a buffer of a size no Fetch asks for made before its bytes arrive (a damaged size prefix
+# must not allocate gigabytes at once): such a frame grows as aiokafka's does
+MAX_IN_PLACE = 512 * 1024 * 1024
 _INT32 = struct.Struct(">i")
 
 
@@ -47,7 +50,7 @@ class RawAnswer:
     first) and the version it answers."""
 
     version: int
-    body: bytes | FetchBody
+    body: bytes | FetchBody  # a FetchBody from the connection; bytes where a test builds one
 
 
 class FrameReader(asyncio.StreamReader):
@@ -72,7 +75,7 @@ class FrameReader(asyncio.StreamReader):
             self._wakeup_waiter()  # type: ignore[attr-defined]  # asyncio's StreamReader
 
     async def readexactly(self, n: int) -> bytes:
-        if n < BIG_FRAME:
+        if not BIG_FRAME <= n <= MAX_IN_PLACE:
             return await super().readexactly(n)
         body = FetchBody(n)
         view = memoryview(body)
@@ -116,7 +119,9 @@ class FrameConnection(AIOKafkaConnection):  # type: ignore[misc]  # aiokafka is 
             self.close(reason=CloseReason.OUT_OF_SYNC)
             return
         if not fut.done():
-            fut.set_result(RawAnswer(request.API_VERSION, resp))
+            # a FetchBody takes weak references, so the budget can pin even a small answer
+            body = resp if isinstance(resp, FetchBody) else FetchBody(resp)
+            fut.set_result(RawAnswer(request.API_VERSION, body))
         self._last_action = time.monotonic()
         self._requests.popleft()
 
