@@ -23,7 +23,8 @@ from mqd.config import ConfigError
 # Arrow fixes its allocator when pyarrow is first imported, so this must happen before any command
 # imports it. jemalloc: the Kafka source's decoded records and the landing's encoder live there,
 # away from glibc's heap, whose holes between them were most of the daemon's peak RSS above idle
-# (docs/architecture.md, "Decoded records in Arrow's jemalloc pool"). An operator's choice wins.
+# (docs/architecture.md, "Fetch answers read in place; decoded records in Arrow's jemalloc
+# pool"). An operator's choice wins.
 os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "jemalloc")
 
 EXIT_OK = 0

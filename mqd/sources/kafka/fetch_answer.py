@@ -20,7 +20,6 @@ from typing import Any
 
 from mqd.sources.kafka.frame_reader import RawAnswer
 
-_I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")
 _PARTITION_HEAD = struct.Struct(">ihqqq")  # index, error code, high watermark, LSO, log start
 _ABORTED = struct.Struct(">qq")
