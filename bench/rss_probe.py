@@ -11,7 +11,9 @@
 It writes one JSON line per sample to ``RSSPROBE_OUT`` and, at exit, the sample at the RSS peak
 and each figure's maximum; ``RSSPROBE_MALLOC_INFO=1`` also writes glibc's ``malloc_info`` (every
 arena's heap, free chunks by size) at each new RSS peak, ``RSSPROBE_TRACEMALLOC=1`` the
-tracemalloc top 25 by line there (numpy's allocations are traced too).
+tracemalloc top 25 by line there (numpy's allocations are traced too), ``RSSPROBE_SMAPS=1`` the
+process's mappings there (``/proc/self/smaps``: resident MiB per file, per anonymous mapping size,
+and the largest anonymous mappings).
 
 Experiments without a code change, each patched in here before mqd runs (bench/kafka_rss.py sets
 them per variant; glibc's own ``MALLOC_*`` and ``ARROW_DEFAULT_MEMORY_POOL`` go through the
@@ -21,7 +23,8 @@ environment as they are):
 - ``RSSPROBE_TRIM=1``: ``malloc_trim(0)`` after every publication, on its landing thread;
 - ``RSSPROBE_PARQUET_POOL``: the landing's Parquet writers on that Arrow pool (jemalloc, ...) alone;
 - ``RSSPROBE_READEXACTLY=1``: asyncio's ``readexactly`` without its intermediate copy of an answer;
-- ``RSSPROBE_ARENA_MMAP=1``: the Kafka decoder's arenas from their own anonymous mapping.
+- ``RSSPROBE_ARENA_MMAP=1``: the Kafka decoder's arenas from their own anonymous mapping;
+- ``RSSPROBE_JE_CONF``: Arrow's jemalloc options (``JE_ARROW_MALLOC_CONF``), ``;`` between them.
 
 Measurement only: the daemon itself is unchanged.
 """
@@ -95,6 +98,48 @@ def _status_mb() -> dict[str, float]:
     return out
 
 
+def _smaps_writer(path: str) -> Any:
+    """A function writing where the resident pages are, from ``/proc/self/smaps``: per file, per
+    anonymous mapping size (rounded up to a power of two MiB), and the 12 largest anonymous
+    mappings with their address and size (jemalloc's extents, glibc's thread heaps, stacks and
+    Python's 1 MiB arenas have telling sizes)."""
+
+    def write() -> None:
+        by_file: dict[str, float] = {}
+        by_size: dict[str, list[float]] = {}
+        anon: list[tuple[float, str, float]] = []
+        name, size = "", 0.0
+        with open("/proc/self/smaps") as f:
+            for line in f:
+                head = line.split()
+                if "-" in head[0] and not head[0].endswith(":"):
+                    lo, hi = (int(x, 16) for x in head[0].split("-"))
+                    size = (hi - lo) / 2**20
+                    name = head[5] if len(head) > 5 else ""
+                    addr = head[0]
+                elif head[0] == "Rss:":
+                    rss = int(head[1]) / 1024
+                    if not rss:
+                        continue
+                    if name and not name.startswith("[anon"):
+                        by_file[name] = by_file.get(name, 0.0) + rss
+                    else:
+                        bucket = 1 << max(0, (int(size) - 1).bit_length()) if size >= 1 else 0
+                        b = by_size.setdefault(f"<={bucket}MiB" if bucket else "<1MiB", [0, 0.0])
+                        b[0] += 1
+                        b[1] += rss
+                        anon.append((rss, addr, size))
+        out = {
+            "files": {k: round(v, 1) for k, v in sorted(by_file.items(), key=lambda kv: -kv[1]) if v >= 0.5},
+            "anon_by_size": {k: [v[0], round(v[1], 1)] for k, v in sorted(by_size.items())},
+            "anon_largest": [[round(r, 1), a, round(z, 1)] for r, a, z in sorted(anon, reverse=True)[:12]],
+        }
+        with open(path, "w") as f:
+            json.dump(out, f, indent=1)
+
+    return write
+
+
 def sample(mallinfo2: Any, trace: bool) -> dict[str, Any]:
     s: dict[str, Any] = {"t": round(time.monotonic(), 3), **_status_mb()}
     if mallinfo2 is not None:
@@ -105,6 +150,12 @@ def sample(mallinfo2: Any, trace: bool) -> dict[str, Any]:
             heap_free=round(m.fordblks / mib, 1),
             mmapped=round(m.hblkhd / mib, 1),
             heap_total=round(m.arena / mib, 1),
+        )
+    for budget in _BUDGETS:  # the daemon's ByteBudget: what it charges, against the RSS
+        s.update(
+            pinned=round(budget.pinned / 2**20, 1),
+            reserved=round(budget.reserved / 2**20, 1),
+            buffered=round(budget.buffered / 2**20, 1),
         )
     pa = sys.modules.get("pyarrow")
     if pa is not None:
@@ -137,6 +188,7 @@ def start_probe(out: str, interval: float) -> None:
     f = open(out, "w")  # closed at exit
 
     info = _malloc_info_writer(out + ".malloc_info.xml") if os.environ.get("RSSPROBE_MALLOC_INFO") else None
+    smaps = _smaps_writer(out + ".smaps.json") if os.environ.get("RSSPROBE_SMAPS") else None
     top = 0.0
     snap: list[Any] = [None]
 
@@ -150,6 +202,8 @@ def start_probe(out: str, interval: float) -> None:
                 top = s["VmRSS"]
                 if info is not None:
                     info()  # glibc's per-arena picture at the newest RSS peak
+                if smaps is not None:
+                    smaps()
                 if trace:
                     import tracemalloc
 
@@ -251,7 +305,26 @@ def _patch_parquet_pool(name: str) -> None:
     stage_writer.pq = Shim()  # type: ignore[attr-defined]
 
 
+_BUDGETS: list[Any] = []
+
+
+def _watch_budget() -> None:
+    from mqd.consumer import budget
+
+    init = budget.ByteBudget.__init__
+
+    def watched(self: Any, *args: Any, **kw: Any) -> None:
+        init(self, *args, **kw)
+        _BUDGETS[:] = [self]
+
+    budget.ByteBudget.__init__ = watched  # type: ignore[method-assign]
+
+
 def apply_experiments() -> None:
+    _watch_budget()
+    je = os.environ.get("RSSPROBE_JE_CONF")
+    if je:  # Arrow's jemalloc options (``;`` for ``,``, which separates a variant's items)
+        os.environ["JE_ARROW_MALLOC_CONF"] = je.replace(";", ",")
     workers = os.environ.get("RSSPROBE_WORKERS")
     if workers:
         from mqd.landing import sink

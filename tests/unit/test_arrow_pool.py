@@ -1,6 +1,7 @@
-"""Where the records' memory lives: every mqd command runs Arrow on its jemalloc pool unless the
-operator chose one, and the Kafka decoder's arena is an allocation of Arrow's default pool (with
-the landing's encoder, out of glibc's heap), returned to it with the last view of its records."""
+"""Where the records' memory lives: every mqd command runs Arrow on its jemalloc pool, with one
+arena for every thread, unless the operator chose otherwise, and the Kafka decoder's arena is an
+allocation of Arrow's default pool (with the landing's encoder, out of glibc's heap), returned to
+it with the last view of its records."""
 
 from __future__ import annotations
 
@@ -36,6 +37,34 @@ def test_commands_run_arrow_on_jemalloc_and_the_operator_s_choice_wins() -> None
         pytest.skip("this pyarrow has no jemalloc")
     assert pool_of_a_command(env) == "jemalloc"
     assert pool_of_a_command({**env, "ARROW_DEFAULT_MEMORY_POOL": "system"}) == "system"
+
+
+def jemalloc_narenas(env: dict[str, str]) -> str:
+    """The arena count Arrow's jemalloc ran with in a process that imported the CLI first (jemalloc
+    prints its options at exit when told to)."""
+    code = (
+        "import os, mqd.cli\n"
+        "os.environ['JE_ARROW_MALLOC_CONF'] += ',stats_print:true'\n"
+        "import pyarrow as pa\n"
+        "pa.allocate_buffer(1 << 20)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60, check=True
+    )
+    (line,) = [ln for ln in out.stderr.splitlines() if ln.strip().startswith("opt.narenas:")]
+    return line.split(":", 1)[1].strip()
+
+
+def test_jemalloc_runs_one_arena_and_the_operator_s_options_win() -> None:
+    """The event loop and the landing threads share one jemalloc arena (their freed pages serve
+    each other); an operator's JE_ARROW_MALLOC_CONF stays."""
+    if "jemalloc" not in pa.supported_memory_backends():
+        pytest.skip("this pyarrow has no jemalloc")
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("ARROW_DEFAULT_MEMORY_POOL", "JE_ARROW_MALLOC_CONF")
+    }
+    assert jemalloc_narenas(env) == "1"
+    assert jemalloc_narenas({**env, "JE_ARROW_MALLOC_CONF": "narenas:3"}) == "3"
 
 
 @pytest.mark.parametrize("compiled", KERNELS)

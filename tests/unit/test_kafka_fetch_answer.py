@@ -12,9 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mqd.fetch_connection import FetchBody
 from mqd.sources.kafka.fetch_answer import MalformedAnswer, parse_fetch_answer
-from mqd.sources.kafka.frame_reader import RawAnswer
+from mqd.sources.kafka.frame_reader import RawAnswer, answer_buffer
 from mqd.sources.kafka.protocol_ext import FetchResponse_v12, FetchResponse_v13, fetched_partitions
 
 CORRELATION = 7
@@ -77,7 +76,10 @@ def test_every_field_equals_aiokafkas_decoding(answer: tuple[int, tuple[Any, ...
     """Top-level fields, each topic and each partition tuple (aborted transactions, preferred
     replica, records, tags) parse as aiokafka decodes them; records are views of the body."""
     version, fields = answer
-    data = FetchBody(frame(version, fields))
+    raw = frame(version, fields)
+    data = answer_buffer(len(raw))  # as the connection reads it
+    data[:] = memoryview(raw)
+    owner: object = data
     got = parse_fetch_answer(RawAnswer(version, data))
     want = oracle(version, bytes(data))
     assert (got.API_VERSION, got.throttle_time_ms, got.error_code, got.session_id) == (
@@ -91,7 +93,7 @@ def test_every_field_equals_aiokafkas_decoding(answer: tuple[int, tuple[Any, ...
     for _key, parts in got.topics:
         for p in parts:
             if p[7] is not None:
-                assert isinstance(p[7], memoryview) and p[7].obj is data  # no copy
+                assert isinstance(p[7], memoryview) and p[7].obj is owner  # no copy
     names = {t: f"name-{t}" for t, _ in got.topics}
     assert len(fetched_partitions(got, names)) == sum(len(p) for _t, p in got.topics)
 

@@ -1,17 +1,18 @@
 """FrameReader: Kafka frames read as aiokafka's connection reads them (size, then body), whatever
 way the socket cuts the stream: every frame comes back whole and in order, a big one as one
-FetchBody of exactly its size, and a stream that ends inside a frame raises IncompleteReadError."""
+buffer of exactly its size from Arrow's pool, and a stream that ends inside a frame raises
+IncompleteReadError."""
 
 from __future__ import annotations
 
 import asyncio
 import struct
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mqd.fetch_connection import FetchBody
 from mqd.sources.kafka.frame_reader import BIG_FRAME, MAX_IN_PLACE, FrameReader
 
 sizes = st.lists(
@@ -42,7 +43,7 @@ async def read_all(frames: list[bytes], cuts: list[int]) -> list[bytes]:
     for _ in frames:
         (size,) = struct.unpack(">i", await reader.readexactly(4))
         body = await reader.readexactly(size)
-        assert isinstance(body, FetchBody) == (size >= BIG_FRAME)
+        assert isinstance(body, np.ndarray) == (size >= BIG_FRAME)
         got.append(bytes(body))
     await feeder
     assert reader.at_eof()

@@ -18,7 +18,7 @@ from __future__ import annotations
 import struct
 from typing import Any
 
-from mqd.sources.kafka.frame_reader import RawAnswer
+from mqd.sources.kafka.frame_reader import RawAnswer, answer_view
 
 _I32 = struct.Struct(">i")
 _PARTITION_HEAD = struct.Struct(">ihqqq")  # index, error code, high watermark, LSO, log start
@@ -93,7 +93,7 @@ def parse_fetch_answer(raw: RawAnswer) -> FetchAnswer:
     """Parse a Fetch v12 or v13 answer; MalformedAnswer names what does not fit."""
     if raw.version not in (12, 13):
         raise MalformedAnswer(f"Fetch v{raw.version} answers are not parsed in place")
-    cur = _Cursor(memoryview(raw.body), 4)  # after the correlation id, checked by the connection
+    cur = _Cursor(answer_view(raw.body), 4)  # after the correlation id, checked by the connection
     cur.tags()  # response header v1
     top = cur.unpack(_TOP)
     topics: list[Any] = []

@@ -8,8 +8,8 @@ holes they left between long-lived decoded records were most of the daemon's mem
 idle baseline (docs/architecture.md, "Fetch answers read in place").
 
 Here a connection of mqd's client reads an answer of at least ``BIG_FRAME`` bytes straight into a
-:class:`~mqd.fetch_connection.FetchBody` of its size (a kernel copy, then one copy per socket read
-into place; no growth, no copy out), and an answer to a request whose struct says ``RAW_ANSWER``
+buffer of its size from Arrow's pool (:func:`answer_buffer`; a kernel copy, then one copy per socket
+read into place; no growth, no copy out), and an answer to a request whose struct says ``RAW_ANSWER``
 (mqd's Fetch v12 and v13) is handed to the caller as a :class:`RawAnswer`, which
 ``mqd.sources.kafka.fetch_answer`` parses in place: the records stay memoryviews of the body until
 the decoder copies them into its arena. Every other answer takes aiokafka's own path.
@@ -27,13 +27,21 @@ import asyncio
 import struct
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiokafka.client import AIOKafkaClient
 from aiokafka.conn import AIOKafkaConnection, CloseReason
 from aiokafka.errors import CorrelationIdError
 
-from mqd.fetch_connection import FetchBody
+from mqd.lazy_import import lazy_import
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+    import pyarrow as pa
+else:  # the first answer, not the start, imports them (docs/architecture.md, issue 16)
+    np = lazy_import("numpy")
+    pa = lazy_import("pyarrow")
 
 # answers from this size on are read in place: the small ones (metadata, heartbeats, commits) stay
 # on aiokafka's path, where a copy costs nothing
@@ -44,13 +52,27 @@ MAX_IN_PLACE = 512 * 1024 * 1024
 _INT32 = struct.Struct(">i")
 
 
+def answer_buffer(n: int) -> npt.NDArray[np.uint8]:
+    """``n`` writable bytes from Arrow's pool, left as they are (the socket fills them). In the
+    pool with the decoder's arenas and the landing's encoder, an answer's memory is reused by
+    whichever needs it next, not kept as a hole in glibc's heap; an ndarray takes weak
+    references, so the byte budget pins it until its last view is gone."""
+    return np.frombuffer(pa.allocate_buffer(n), np.uint8)
+
+
+def answer_view(body: bytes | npt.NDArray[np.uint8]) -> memoryview:
+    """The bytes of an answer as one memoryview (its slices keep the body alive)."""
+    return memoryview(body)  # type: ignore[arg-type]  # numpy's stubs lack __buffer__ before 3.12
+
+
 @dataclass(frozen=True)
 class RawAnswer:
     """An answer to a ``RAW_ANSWER`` request: the frame after the size prefix (correlation id
     first) and the version it answers."""
 
     version: int
-    body: bytes | FetchBody  # a FetchBody from the connection; bytes where a test builds one
+    # an answer_buffer from the connection; bytes where a test builds one
+    body: bytes | npt.NDArray[np.uint8]
 
 
 class FrameReader(asyncio.StreamReader):
@@ -77,8 +99,8 @@ class FrameReader(asyncio.StreamReader):
     async def readexactly(self, n: int) -> bytes:
         if not BIG_FRAME <= n <= MAX_IN_PLACE:
             return await super().readexactly(n)
-        body = FetchBody(n)
-        view = memoryview(body)
+        body = answer_buffer(n)
+        view = answer_view(body)
         buffered: bytearray = self._buffer  # type: ignore[attr-defined]
         have = min(len(buffered), n)
         if have:
@@ -104,13 +126,13 @@ class FrameReader(asyncio.StreamReader):
 class FrameConnection(AIOKafkaConnection):  # type: ignore[misc]  # aiokafka is untyped
     """An aiokafka connection that hands ``RAW_ANSWER`` answers over unparsed."""
 
-    def _handle_frame(self, resp: bytes | FetchBody) -> None:
+    def _handle_frame(self, resp: bytes | npt.NDArray[np.uint8]) -> None:
         correlation_id, request, fut = self._requests[0]
         if correlation_id is None or not getattr(request, "RAW_ANSWER", False):
             # aiokafka parses from a BytesIO, which shares a bytes object but copies anything else
-            super()._handle_frame(resp if isinstance(resp, bytes) else bytes(resp))
+            super()._handle_frame(resp if isinstance(resp, bytes) else resp.tobytes())
             return
-        got = _INT32.unpack_from(resp)[0] if len(resp) >= 4 else None
+        got = _INT32.unpack_from(answer_view(resp))[0] if len(resp) >= 4 else None
         if got != correlation_id:
             if not fut.done():
                 fut.set_exception(
@@ -119,8 +141,12 @@ class FrameConnection(AIOKafkaConnection):  # type: ignore[misc]  # aiokafka is 
             self.close(reason=CloseReason.OUT_OF_SYNC)
             return
         if not fut.done():
-            # a FetchBody takes weak references, so the budget can pin even a small answer
-            body = resp if isinstance(resp, FetchBody) else FetchBody(resp)
+            # a small answer is copied into the pool too, so the budget can pin it
+            if isinstance(resp, bytes):
+                body = answer_buffer(len(resp))
+                body[:] = memoryview(resp)
+            else:
+                body = resp
             fut.set_result(RawAnswer(request.API_VERSION, body))
         self._last_action = time.monotonic()
         self._requests.popleft()
