@@ -46,6 +46,9 @@ class FetchItem:
     max_bytes: int
     # the incarnation the consumer's offset belongs to; None: it does not know yet
     incarnation: str | None = None
+    # the ones it fetched under before, oldest first, each with the first offset it fetched under
+    # the next (mqd/broker/incarnation.py: a log that lost the newest still knows an older one)
+    lineage: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(slots=True)
@@ -147,7 +150,7 @@ class FetchPlanner:
         diverged: int | None = None
         known = True
         if it.incarnation is not None and it.incarnation != current:
-            diverged = plog.diverged_at(it.incarnation)
+            diverged = plog.diverged_at(it.incarnation, it.lineage)
             known = plog.knows_incarnation(it.incarnation)
         lost = plog.fenced_at(offset)
         check = check_offset(

@@ -34,7 +34,7 @@ from mqd.broker.client_stats import ClientStats
 from mqd.broker.cluster_state import ClusterState
 from mqd.broker.consumer_groups import ConsumerGroupError, ConsumerGroupStore
 from mqd.broker.fetch_plan import FetchItem, FetchPlan, FetchPlanner
-from mqd.broker.incarnation import entries_to_json, is_valid_id
+from mqd.broker.incarnation import MAX_LINEAGE, entries_to_json, is_valid_id
 from mqd.broker.long_poll import LongPoll, LongPollFull
 from mqd.broker.rejected_requests import WARNED_STATUSES, RejectedRequests
 from mqd.broker.replica_auth import HEADER_NONCE, ReplicaAuth, ReplicaAuthError
@@ -405,9 +405,25 @@ class BrokerApi:
                     int_field(p, "offset", where),
                     int_field(p, "max_bytes", where, default=default_max, minimum=1),
                     incarnation,
+                    self._parse_lineage(p, where),
                 )
             )
         return items
+
+    @staticmethod
+    def _parse_lineage(p: dict[str, Any], where: str) -> tuple[tuple[str, int], ...]:
+        """A partition's optional ``lineage``: ``[{"id": ..., "end": ...}, ...]``, oldest first."""
+        lineage = p.get("lineage", [])
+        if not isinstance(lineage, list) or len(lineage) > MAX_LINEAGE:
+            bad(f"{where}lineage: a list of at most {MAX_LINEAGE} entries, got {lineage!r:.80}")
+        out = []
+        for j, raw in enumerate(lineage):
+            at = f"{where}lineage[{j}]"
+            e = obj_value(raw, at)
+            if not is_valid_id(e.get("id")):
+                bad(f"{at}.id: 32 lowercase hex characters, got {e.get('id')!r:.80}")
+            out.append((str(e["id"]), int_field(e, "end", f"{at}.")))
+        return tuple(out)
 
     async def _fetch(self, request: web.Request) -> web.StreamResponse:
         body = await self._json(request)

@@ -12,6 +12,14 @@ The history lives in ``incarnation.json`` in the partition folder, written atomi
 crash in between leaves the new id over records that may still be the old ones, which a consumer
 sees as a change (counted, landed again), never the old id over other records (silent loss).
 
+A consumer that followed a log through several incarnations names, beside the one its position
+belongs to, the ones it fetched before (its *lineage*: each id with the first offset it fetched under
+the next one, mqd/consumer/incarnation_lineage.py). A log that lost the newest of them (a master
+restarted uncleanly began one, then lost its data dir before its slave learnt it, and took its
+records back from that slave) still knows an older one, and so where the consumer's records stop
+being this log's: :meth:`IncarnationHistory.diverged_for`. Without the lineage such a consumer could
+only start over at 0 and land every record again under the new id.
+
 The rules are pure functions over the entry list (:func:`diverged_at`), so they are unit-tested
 without a log; :class:`IncarnationHistory` adds the file.
 """
@@ -32,6 +40,7 @@ from mqd.fsutil import atomic_write
 HISTORY_FILE = "incarnation.json"
 _FORMAT = 1
 _ID_RE = re.compile(r"[0-9a-f]{32}")
+MAX_LINEAGE = 8  # earlier incarnations a fetch may name per partition (the wire's limit)
 
 
 class IncarnationError(MqdError):
@@ -160,6 +169,20 @@ class IncarnationHistory:
         """``incarnation`` is in this history (current, earlier or retired)."""
         return incarnation in self._retired or any(e.id == incarnation for e in self._entries)
 
+    def diverged_for(self, incarnation: str, lineage: Sequence[tuple[str, int]] = ()) -> int | None:
+        """:meth:`diverged_at` for a consumer whose position belongs to ``incarnation`` and which
+        fetched under the ``lineage`` ids before it (oldest first, each with the first offset it
+        fetched under the next one). When this history does not hold ``incarnation``, the newest
+        lineage id it holds says how far the consumer's records are this log's: up to where this
+        log stops holding that id, and no further than the consumer read under it."""
+        if self.knows(incarnation):
+            return self.diverged_at(incarnation)
+        for earlier, end in reversed(lineage):
+            if self.knows(earlier):
+                at = self.diverged_at(earlier)
+                return end if at is None else min(at, end)
+        return 0
+
     def begin_new(self, base: int) -> str:
         """Start a new incarnation whose first offset is ``base`` (durable on return); its id.
 
@@ -195,6 +218,7 @@ class IncarnationHistory:
 
 __all__ = [
     "HISTORY_FILE",
+    "MAX_LINEAGE",
     "IncarnationEntry",
     "IncarnationError",
     "IncarnationHistory",

@@ -53,7 +53,7 @@ import json
 import os
 import threading
 from bisect import bisect_left, bisect_right
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 import structlog
@@ -202,10 +202,11 @@ class PartitionLog:
         """The incarnation history, oldest first (replica fetch answers carry it to the slaves)."""
         return self._history.entries
 
-    def diverged_at(self, incarnation: str) -> int | None:
-        """Where this log stops holding ``incarnation``'s records; None when it is the current one
-        (:func:`mqd.broker.incarnation.diverged_at`)."""
-        return self._history.diverged_at(incarnation)
+    def diverged_at(self, incarnation: str, lineage: Sequence[tuple[str, int]] = ()) -> int | None:
+        """Where this log stops holding the records of a consumer at ``incarnation`` (which fetched
+        under the ``lineage`` ids before it); None when it is the current one
+        (:meth:`mqd.broker.incarnation.IncarnationHistory.diverged_for`)."""
+        return self._history.diverged_for(incarnation, lineage)
 
     def knows_incarnation(self, incarnation: str) -> bool:
         """``incarnation`` is in this log's history (current, earlier or retired)."""

@@ -19,7 +19,9 @@ at D, position P): with D >= P nothing fetched is affected and J is adopted at P
 D..P-1 were fetched (and maybe landed) under the old incarnation while the new log holds other
 records there: an error line names the partition, both incarnations and the offsets, the metrics
 count it, and fetching moves to D under J, so the new records land as new records (the landing
-keys them by incarnation). Batches keep the incarnation they were fetched under. DATA_LOST (a hole
+keys them by incarnation). Batches keep the incarnation they were fetched under. Each request also
+names the partition's earlier incarnations (mqd/consumer/incarnation_lineage.py), so a log that lost
+the newest id still answers where the consumer's records diverge, not 0. DATA_LOST (a hole
 the source could not repair): the lost offsets are counted, logged as an error with the range and
 shown in status, and fetching continues after the hole.
 """
@@ -39,6 +41,7 @@ import structlog
 from mqd import metrics, record_size
 from mqd.backoff import backoff_delay
 from mqd.config import ConsumerConfig
+from mqd.consumer import incarnation_lineage
 from mqd.consumer.errors import ConsumerError
 from mqd.consumer.fetch_request_cache import RequestCache
 from mqd.consumer.fetch_shares import share_request
@@ -218,7 +221,7 @@ class NodeFetcher:
     def _build(ordered: list[OwnedPartition], part_max: list[int]) -> tuple[list[_Sent], list[FetchRequest]]:
         sent = [_Sent(op, op.epoch, op.position, op.incarnation) for op in ordered]
         requests = [
-            FetchRequest(s.op.tp, s.offset, pm, s.incarnation, s.op.landed)
+            FetchRequest(s.op.tp, s.offset, pm, s.incarnation, s.op.landed, s.op.lineage)
             for s, pm in zip(sent, part_max, strict=True)
         ]
         return sent, requests
@@ -617,6 +620,7 @@ class FetchManager:
         self.incarnation_changes += 1
         metrics.incarnation_changes.labels(*label).inc()
         op.errors = 0
+        op.lineage = incarnation_lineage.after_change(op.lineage, old, min(offset, diverged))
         op.incarnation = new
         if diverged >= offset:
             log.warning(

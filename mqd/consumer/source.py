@@ -133,6 +133,10 @@ class FetchRequest:
     max_bytes: int
     incarnation: str | None = None  # the incarnation ``offset`` belongs to; None: not known yet
     landed: LandedEpoch | None = None  # the partition's last landed record, as assigned
+    # incarnations fetched under before ``incarnation``, oldest first, each with the first offset
+    # fetched under the next one (mqd/consumer/incarnation_lineage.py); a source without
+    # incarnation histories of its own (Kafka's are derived) ignores it
+    lineage: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable
 
 from mqd.consumer.budget import ByteBudget
 from mqd.consumer.errors import NotAssignedError
+from mqd.consumer.incarnation_lineage import Lineage
 from mqd.consumer.process_queue import FetchedBatch, FlowLimits, ProcessQueue
 from mqd.consumer.source import LandedEpoch
 from mqd.topic_partition import TopicPartition
@@ -37,6 +38,7 @@ class OwnedPartition:
         "incarnation_changes",
         "landed",
         "last_error_at",
+        "lineage",
         "log_end",
         "log_start",
         "lost_offsets",
@@ -68,6 +70,8 @@ class OwnedPartition:
         # the log incarnation ``position`` belongs to (None: not known yet; the first answer's is
         # adopted without assuming any reuse)
         self.incarnation = incarnation
+        # the incarnations fetched under before ``incarnation`` (mqd/consumer/incarnation_lineage.py)
+        self.lineage: Lineage = ()
         self.incarnation_changes = 0  # seen since assigned (status)
         self.reused_offsets = 0  # offsets landed under an old incarnation that a new one reused
         self.lost_offsets = 0  # offsets the source reported lost for good (DATA_LOST)

@@ -18,7 +18,7 @@ import json
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from mqd.broker.incarnation import is_valid_id
+from mqd.broker.incarnation import MAX_LINEAGE, is_valid_id
 from mqd.client import BrokerClient, BrokerError
 from mqd.config import ConsumerConfig
 from mqd.consumer.errors import ConsumerError
@@ -146,6 +146,8 @@ class MqdBrokerSource:
             }
             if r.incarnation is not None:
                 entry["incarnation"] = r.incarnation
+            if r.lineage:
+                entry["lineage"] = [{"id": i, "end": end} for i, end in r.lineage[-MAX_LINEAGE:]]
             body.append(entry)
         encoded = json.dumps(body, separators=(",", ":")).encode()
         self._encoded[node_id] = (requests, encoded)

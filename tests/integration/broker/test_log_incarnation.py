@@ -4,7 +4,8 @@ Proves (issue 12): a fresh log, a recreated partition folder, a recovery cut and
 begin a new incarnation at the right base; a restart keeps the incarnation; a log written before
 incarnations gets one entry at its log start; a slave-style truncation adopts the given history;
 a fetch naming an earlier incarnation gets INCARNATION_CHANGED with the divergence point, and a
-malformed incarnation is a 400.
+malformed incarnation is a 400; an unknown id with a lineage naming a known one diverged where
+that one stops, and a malformed lineage is a 400 naming the entry.
 """
 
 from __future__ import annotations
@@ -190,6 +191,32 @@ async def _fetch_after_cut(client: BrokerClient, url: str, first: str) -> None:
         with pytest.raises(BrokerError) as err:
             await client.fetch(url, [fetch_at(0, bad)], max_wait_ms=0)  # type: ignore[arg-type]
         assert err.value.status == 400 and "incarnation" in str(err.value), bad
+
+    # an id this log never held, fetched after the consumer read `first` up to 12 (and then 17):
+    # the log holds `first` up to the cut, so the records diverge at 12 (then at the cut, 15)
+    def with_lineage(end: int, lineage: object) -> dict[str, object]:
+        return {**fetch_at(end + 1, "f" * 32), "lineage": lineage}
+
+    answer = await client.fetch(
+        url,
+        [with_lineage(12, [{"id": first, "end": 12}]), with_lineage(17, [{"id": first, "end": 17}])],
+        max_wait_ms=0,
+    )
+    assert [(p.status, p.diverged_at, p.next_offset) for p in answer.partitions] == [
+        ("INCARNATION_CHANGED", 12, 12),
+        ("INCARNATION_CHANGED", 15, 15),
+    ]
+    bad_lineages: list[object] = [
+        {"id": first, "end": 1},
+        [{"id": "abc", "end": 1}],
+        [{"id": first, "end": -1}],
+        [{"id": first}],
+        [{"id": first, "end": 1}] * 9,
+    ]
+    for lineage in bad_lineages:
+        with pytest.raises(BrokerError) as err:
+            await client.fetch(url, [with_lineage(3, lineage)], max_wait_ms=0)
+        assert err.value.status == 400 and "lineage" in str(err.value), lineage
 
 
 def test_unreadable_history_is_set_aside_and_a_new_incarnation_begins(storage_node: StorageNode) -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 from support.daemon import daemon_config, produce_numbered
-from support.harness import Cluster
+from support.harness import Cluster, fetch_all
 
 from mqd import format as fmt
 from mqd.admin import render_summary
@@ -105,3 +105,62 @@ async def test_a_replaced_log_lands_its_new_records_and_says_so(
             await asyncio.wait_for(run, 30)
     rows = landed_rows(root)
     assert len(rows) == len({(p, inc, o) for p, inc, o, _ in rows}) == 2600
+
+
+async def test_a_log_that_lost_the_newest_incarnation_lands_nothing_twice(
+    cluster_factory: Callable[..., Cluster], tmp_path: Path
+) -> None:
+    """Chaos seed 587328, with real brokers: 1,000 records landed under A; the slave down, the
+    master restarted uncleanly begins B at 1,000 and the daemon follows it (nothing fetched is
+    affected); the master then loses its data dir and takes A's records back from the slave, which
+    never learnt B, as C at 1,000. The daemon's next fetch names B and, beside it, A up to 1,000: the
+    master answers 1,000, so no offset is reused and the 300 records produced next land once, under
+    C. Before, the master answered 0 for the unknown B and the daemon landed all 1,000 again."""
+    cluster = cluster_factory(topics={"events": 1}, groups=1, slaves=1)
+    master, slave = cluster.master(0), cluster.slaves(0)[0]
+    root = tmp_path / "landing"
+    async with BrokerClient(request_timeout=10) as client:
+        await produce_numbered(client, cluster, 1, 1000, per_batch=250)
+        await wait_until(
+            lambda: len(fetch_all(cluster.url(slave), "events", 0)) == 1000, 30, "the slave holds 1,000"
+        )
+        daemon = Daemon(daemon_config(cluster, tmp_path, max_age=0.2))
+        stop = asyncio.Event()
+        run = asyncio.create_task(daemon.run(stop.wait()))
+
+        def entry() -> dict[str, object]:
+            return daemon.status()["consumer"]["assignment"]["events/0"]  # type: ignore[no-any-return]
+
+        try:
+            await wait_until(lambda: len(landed_rows(root)) == 1000, 60, "the first 1,000 landed")
+            [first] = {inc for _, inc, _, _ in landed_rows(root)}
+
+            await asyncio.to_thread(cluster.stop_node, slave)  # it will not learn B
+            await asyncio.to_thread(cluster.kill, master)  # unclean: B begins at the log end
+            await asyncio.to_thread(cluster.start_node, master)
+            await wait_until(lambda: entry()["incarnation_changes"] == 1, 30, "the daemon followed B")
+            assert entry()["reused_offsets"] == 0 and entry()["incarnation"] != first
+
+            await asyncio.to_thread(cluster.kill, master)
+            shutil.rmtree(cluster.nodes[master].data_dir)
+            await asyncio.to_thread(cluster.start_node, slave)
+            await asyncio.to_thread(cluster.start_node, master)  # takes A's records back as C
+            assert "master recovered records from a slave" in cluster.log(master)
+            url = cluster.url(master)
+            for lo in range(0, 300, 100):
+                await client.produce(
+                    url, "events", 0, fmt.encode_batch([b"new:%d" % i for i in range(lo, lo + 100)])
+                )
+
+            await wait_until(lambda: len(landed_rows(root)) >= 1300, 60, "the 300 new records landed")
+            await wait_until(lambda: entry()["incarnation_changes"] == 2, 30, "the daemon followed C")
+            assert entry()["reused_offsets"] == 0
+        finally:
+            stop.set()
+            await asyncio.wait_for(run, 30)
+    rows = landed_rows(root)
+    values = Counter(v for _, _, _, v in rows)
+    assert [v for v, n in values.items() if n > 1] == []
+    assert len(rows) == 1300
+    by_inc = Counter(inc for _, inc, _, _ in rows)
+    assert by_inc[first] == 1000 and sorted(by_inc.values()) == [300, 1000]
