@@ -58,7 +58,8 @@ else:
 MiB = 1024 * 1024
 # the one record-size limit's default (broker, producer, landing): measured, see mqd/record_size.py
 DEFAULT_MAX_RECORD_BYTES = 16 * MiB
-BUILTIN_ALLOCATIONS = ("averagely", "averagely-by-circle", "consistent-hash")  # mqd.consumer.allocation
+# the strategies of mqd.consumer.allocation
+BUILTIN_ALLOCATIONS = ("averagely", "averagely-by-circle", "consistent-hash", "sticky")
 
 
 class ConfigError(MqdError):

@@ -19,7 +19,7 @@ from mqd.consumer import (
     strategy_names,
 )
 
-STRATEGIES = ["averagely", "averagely-by-circle", "consistent-hash"]
+STRATEGIES = ["averagely", "averagely-by-circle", "consistent-hash", "sticky"]
 
 members_st = st.lists(
     st.text("abcdefgh0123456789-", min_size=1, max_size=12), min_size=1, max_size=12, unique=True
@@ -64,13 +64,13 @@ def test_members_agree_whatever_order_they_saw(
     assert global_allocation(name, members, partitions) == global_allocation(name, shuffled_m, shuffled_p)
 
 
-@pytest.mark.parametrize("name", ["averagely", "averagely-by-circle"])
+@pytest.mark.parametrize("name", ["averagely", "averagely-by-circle", "sticky"])
 @settings(max_examples=60, deadline=None)
 @given(members=members_st, partitions=partitions_st)
 def test_average_strategies_balanced_within_one(
     name: str, members: list[str], partitions: list[TopicPartition]
 ) -> None:
-    """Averagely and by-circle: member loads differ by at most one partition."""
+    """Averagely, by-circle and sticky: member loads differ by at most one partition."""
     sizes = [len(v) for v in global_allocation(name, members, partitions).values()]
     assert max(sizes) - min(sizes) <= 1
 

@@ -5,7 +5,10 @@ FindCoordinator, then JoinGroup / SyncGroup / Heartbeat / LeaveGroup on a connec
 (aiokafka's COORDINATION group: a heartbeat never waits behind a long-polling fetch). The elected
 leader runs the configured mqd strategy (averagely, consistent-hash, ...) over the sorted member
 names and hands every member its share in SyncGroup; the protocol name is "mqd-<strategy>", so a
-member with another strategy cannot join the same generation. ``group_instance_id`` makes a member's
+member with another strategy cannot join the same generation. Each member's subscription names what it
+owns and in which generation, so the ``sticky`` strategy keeps every partition where it is unless
+balance needs it elsewhere (a claim from an older generation than the newest claimed is stale and
+ignored, as in Kafka's cooperative sticky assignor). ``group_instance_id`` makes a member's
 name stable: it rides in the subscription's user data and the strategy sees it instead of the
 broker-made member id, so a restarted daemon gets the same share back (no reshuffle; a stop still
 leaves, so the others take its partitions at once). It is not sent as Kafka's own static membership
@@ -19,8 +22,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import structlog
@@ -38,7 +43,7 @@ from aiokafka.protocol.group import (
 )
 
 from mqd.backoff import Backoff
-from mqd.consumer.allocation import Strategy, get_strategy
+from mqd.consumer.allocation import allocate_group, get_strategy
 from mqd.consumer.errors import ConsumerError
 from mqd.consumer.offset_store import CoordinatorOffsetStore
 from mqd.consumer.source import Assignment, Cluster, GroupSettings
@@ -72,6 +77,46 @@ class GroupError(ConsumerError):
         self.code = code
 
 
+@dataclass(frozen=True, slots=True)
+class MemberClaim:
+    """A member's subscription user data: its stable name ("" for none), the generation it last
+    synced in (None: none yet) and the partitions it owns in it. JSON, since only mqd members join a
+    ``mqd-<strategy>`` protocol; an older mqd sent its bare name, which still decodes."""
+
+    name: str
+    generation: int | None
+    owned: frozenset[TopicPartition]
+
+    def encode(self) -> bytes:
+        topics: dict[str, list[int]] = {}
+        for tp in sorted(self.owned):
+            topics.setdefault(tp.topic, []).append(tp.partition)
+        doc = {"name": self.name, "generation": self.generation, "owned": topics}
+        return json.dumps(doc, separators=(",", ":")).encode()
+
+    @classmethod
+    def decode(cls, raw: bytes | None) -> MemberClaim:
+        text = (raw or b"").decode("utf-8", "replace")
+        try:
+            doc = json.loads(text) if text.startswith("{") else None
+        except ValueError:
+            doc = None
+        if not isinstance(doc, dict):
+            return cls(text, None, frozenset())
+        generation = doc.get("generation")
+        owned: set[TopicPartition] = set()
+        topics = doc.get("owned")
+        if isinstance(topics, dict):
+            for topic, ps in topics.items():
+                if isinstance(ps, list):
+                    owned.update(TopicPartition(str(topic), p) for p in ps if type(p) is int)
+        return cls(
+            str(doc.get("name") or ""),
+            generation if type(generation) is int else None,
+            frozenset(owned),
+        )
+
+
 class KafkaGroup:
     """This member of a Kafka consumer group (mqd.consumer.source.Membership)."""
 
@@ -90,7 +135,7 @@ class KafkaGroup:
         self._on_change = on_change
         self.instance_id = instance_id
         self._settings = settings
-        self._strategy: Strategy[TopicPartition] = get_strategy(settings.allocation)
+        get_strategy(settings.allocation)  # an unknown name fails here, not at the first join
         self._backoff = Backoff(error_backoff, 5.0)
         self.member_id = ""
         self.generation: int | None = None
@@ -158,7 +203,7 @@ class KafkaGroup:
     def update(self, settings: GroupSettings) -> None:
         old, self._settings = self._settings, settings
         if (settings.topics, settings.allocation) != (old.topics, old.allocation):
-            self._strategy = get_strategy(settings.allocation)
+            get_strategy(settings.allocation)
             self._rejoin.set()
 
     @property
@@ -245,8 +290,10 @@ class KafkaGroup:
         self._rejoin.clear()
         self._in_generation = False
         protocol = f"mqd-{s.allocation}"
-        # the stable name rides in the subscription's user data (see the module docstring)
-        meta = ProtocolMetadata(0, sorted(s.topics), (self.instance_id or "").encode()).encode()
+        # the stable name and what this member owns ride in the subscription's user data
+        owned = self._assigned if self._assigned is not None and not self.session_expired() else ()
+        claim = MemberClaim(self.instance_id or "", self.generation, frozenset(owned))
+        meta = ProtocolMetadata(0, sorted(s.topics), claim.encode()).encode()
         session_ms = int(s.session_timeout * 1000)
         for _ in range(2):  # the second try carries the member id a MEMBER_ID_REQUIRED answer named
             resp = await self.send(
@@ -301,26 +348,36 @@ class KafkaGroup:
 
     def _assign(self, members: Iterable[Any]) -> tuple[list[tuple[str, bytes]], tuple[str, ...]]:
         """The leader's job: every member's share by the mqd strategy over the sorted member names
-        (their group_instance_id where set), from this member's metadata of the subscribed topics."""
+        (their group_instance_id where set), from this member's metadata of the subscribed topics,
+        and for ``sticky`` from what each member owns in the newest generation any of them names."""
         topics: set[str] = set()
         name_of: dict[str, str] = {}
+        claims: dict[str, MemberClaim] = {}
         for m in members:
             member_id, meta = m[0], ProtocolMetadata.decode(m[-1])
-            name = meta.user_data.decode("utf-8", "replace") if meta.user_data else ""
+            claim = MemberClaim.decode(meta.user_data)
+            name = claim.name
             if name in name_of.values():
                 log.warning("two members share one group_instance_id; one uses its member id", name=name)
                 name = ""
             name_of[member_id] = name or member_id
+            claims[name or member_id] = claim
             topics.update(meta.subscription)
         cluster = self._cluster_of()
         partitions = cluster.partitions_for(topics) if cluster is not None else []
         names = sorted(name_of.values())
+        newest = max((c.generation for c in claims.values() if c.generation is not None), default=None)
+        owned = {n: c.owned for n, c in claims.items() if c.generation == newest and newest is not None}
+        shares = allocate_group(self._settings.allocation, names, partitions, owned)
         out = []
         for member_id, name in name_of.items():
             share: dict[str, list[int]] = {}
-            for tp in self._strategy(name, names, partitions):
+            for tp in shares.get(name, ()):
                 share.setdefault(tp.topic, []).append(tp.partition)
             out.append((member_id, MemberAssignment(0, sorted(share.items()), b"").encode()))
+        stale = sorted(n for n, c in claims.items() if c.owned and c.generation != newest)
+        if stale:
+            log.info("ignoring what members owned in an older generation", members=stale, newest=newest)
         return out, tuple(names)
 
     async def _heartbeats(self) -> None:

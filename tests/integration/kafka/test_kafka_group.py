@@ -107,3 +107,44 @@ async def test_group_instance_id_keeps_a_restarted_members_share(tansu: Tansu, t
     finally:
         await zeta.stop()
         await alpha.stop()
+
+
+async def test_sticky_moves_only_what_a_member_change_must(tansu: Tansu, tmp_path: Path) -> None:
+    """With ``allocation = "sticky"`` each member names what it owns when the group re-forms: a third
+    member joining takes one partition from each of the other two and nothing moves between them;
+    when it leaves, they take back its two and keep their own."""
+    tansu.create_topic("events", 6)
+
+    def member(name: str) -> Consumer:
+        cfg = kafka_daemon_config(
+            tansu.bootstrap,
+            tmp_path / name,
+            consumer={
+                "mode": "cluster",
+                "group": "sticky",
+                "client_id": name,
+                "allocation": "sticky",
+                "kafka": {"group_instance_id": name},
+            },
+        ).consumer
+        return Consumer(cfg)
+
+    a, b, c = member("a"), member("b"), member("c")
+    await a.start()
+    await b.start()
+    try:
+        await wait_until(lambda: len(a.assignment()) == len(b.assignment()) == 3, 30, "a and b split 6")
+        a1, b1 = a.assignment(), b.assignment()
+        await c.start()
+        await wait_until(
+            lambda: len(a.assignment()) == len(b.assignment()) == len(c.assignment()) == 2, 30, "three ways"
+        )
+        a2, b2 = a.assignment(), b.assignment()
+        assert a2 < a1 and b2 < b1, "a and b only gave partitions up"
+        assert c.assignment() == (a1 - a2) | (b1 - b2)
+        await c.stop()
+        await wait_until(lambda: len(a.assignment()) == len(b.assignment()) == 3, 30, "c's share back")
+        assert a2 < a.assignment() and b2 < b.assignment()
+    finally:
+        for m in (a, b, c):
+            await m.stop()
