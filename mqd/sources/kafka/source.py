@@ -121,6 +121,13 @@ def _changed(tp: TopicPartition, incarnation: str | None, diverged_at: int, why:
     )
 
 
+def parsed_fetch(resp: Any) -> Any:
+    """A Fetch answer as aiokafka's decoding shapes it: one read in place (a ``RawAnswer``, mqd's
+    v12/v13 of 64 KiB or more) is parsed as views of its body; any other is already parsed.
+    MalformedAnswer when the raw body does not parse."""
+    return parse_fetch_answer(resp) if isinstance(resp, RawAnswer) else resp
+
+
 class KafkaSource:
     """The Kafka cluster named by ``config.bootstrap`` (mqd.consumer.source.Source)."""
 
@@ -429,16 +436,13 @@ class KafkaSource:
             except (KafkaError, OSError) as exc:
                 session.reset()
                 raise SourceError(f"{node_id}: {exc!r}", kind="transport", node_down=True) from exc
-            if isinstance(resp, RawAnswer):
-                try:
-                    resp = parse_fetch_answer(resp)
-                except MalformedAnswer as exc:
-                    session.reset()
-                    raise SourceError(
-                        f"{node_id}: malformed Fetch v{resp.version} answer: {exc}",
-                        kind="malformed",
-                        node_down=True,
-                    ) from exc
+            try:
+                resp = parsed_fetch(resp)
+            except MalformedAnswer as exc:
+                session.reset()
+                raise SourceError(
+                    f"{node_id}: malformed Fetch answer: {exc}", kind="malformed", node_down=True
+                ) from exc
             self.fetch_version = resp.API_VERSION
             if resp.API_VERSION < 7:
                 session.enabled = False  # no sessions before Fetch v7
@@ -654,8 +658,8 @@ class KafkaSource:
             topic_ids=ids,
         )
         try:
-            resp = await self._client.send(int(node_id), request)
-        except (KafkaError, OSError) as exc:
+            resp = parsed_fetch(await self._client.send(int(node_id), request))
+        except (KafkaError, OSError, MalformedAnswer) as exc:
             raise ConsumerError(f"{node_id}: log end lookup failed: {exc!r}", retriable=True) from exc
         out = dict(ends)
         for part in fetched_partitions(resp, {i: t for t, i in ids.items()}):
