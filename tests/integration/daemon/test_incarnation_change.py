@@ -115,7 +115,9 @@ async def test_a_log_that_lost_the_newest_incarnation_lands_nothing_twice(
     affected); the master then loses its data dir and takes A's records back from the slave, which
     never learnt B, as C at 1,000. The daemon's next fetch names B and, beside it, A up to 1,000: the
     master answers 1,000, so no offset is reused and the 300 records produced next land once, under
-    C. Before, the master answered 0 for the unknown B and the daemon landed all 1,000 again."""
+    C (or, had the partition been assigned again from the landing meanwhile, A's name is asked
+    for and known: the same answer). Before, the master answered 0 for the unknown B and the daemon
+    landed all 1,000 again."""
     cluster = cluster_factory(topics={"events": 1}, groups=1, slaves=1)
     master, slave = cluster.master(0), cluster.slaves(0)[0]
     root = tmp_path / "landing"
@@ -153,8 +155,10 @@ async def test_a_log_that_lost_the_newest_incarnation_lands_nothing_twice(
                 )
 
             await wait_until(lambda: len(landed_rows(root)) >= 1300, 60, "the 300 new records landed")
-            await wait_until(lambda: entry()["incarnation_changes"] == 2, 30, "the daemon followed C")
-            assert entry()["reused_offsets"] == 0
+            # since start, not per assignment: while both nodes were down the partition may have
+            # been revoked and assigned again from the landing (which names A), so the per-partition
+            # count of changes may be 1 or 2
+            assert daemon.status()["consumer"]["totals"]["reused_offsets"] == 0
         finally:
             stop.set()
             await asyncio.wait_for(run, 30)
