@@ -19,6 +19,13 @@ next epoch) updates the partitions it lists, drops ``forgotten_topics_data`` and
 partitions with records, new bounds or an error; an unknown id answers FETCH_SESSION_ID_NOT_FOUND, a
 wrong epoch INVALID_FETCH_SESSION_EPOCH. Every v7 request is recorded in ``session_requests``;
 ``sessions_dropped()`` forgets every session (a broker restart or eviction).
+
+With ``groups=True`` it is also the coordinator of any consumer group with one member, for the
+paths Tansu cannot show (KIP-345's FENCED_INSTANCE_ID: Tansu hands a second process with the same
+group_instance_id the first one's member id): FindCoordinator v0, JoinGroup v5 (the member is the
+leader; every join is recorded in ``joins`` as (member id asked, group_instance_id)), SyncGroup v3
+(the leader's own assignment back), Heartbeat v1 and LeaveGroup v1 (recorded in ``leaves``). The test
+sets ``group_errors[api_key]`` to make every answer of that API carry an error code.
 """
 
 from __future__ import annotations
@@ -34,7 +41,18 @@ from uuid import uuid4
 
 import crc32c
 from aiokafka.protocol.admin import ApiVersionResponse_v0
+from aiokafka.protocol.coordination import FindCoordinatorResponse_v0
 from aiokafka.protocol.fetch import FetchRequest_v4, FetchRequest_v7, FetchResponse_v4, FetchResponse_v7
+from aiokafka.protocol.group import (
+    HeartbeatRequest_v1,
+    HeartbeatResponse_v1,
+    JoinGroupRequest_v5,
+    JoinGroupResponse_v5,
+    LeaveGroupRequest_v1,
+    LeaveGroupResponse_v1,
+    SyncGroupRequest_v3,
+    SyncGroupResponse_v3,
+)
 from aiokafka.protocol.metadata import MetadataResponse_v1, MetadataResponse_v5
 from aiokafka.protocol.offset import OffsetRequest_v2, OffsetResponse_v2
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
@@ -55,6 +73,11 @@ METADATA = 3
 FETCH = 1
 LIST_OFFSETS = 2
 OFFSETS_FOR_LEADER_EPOCH = 23
+FIND_COORDINATOR = 10
+JOIN_GROUP = 11
+HEARTBEAT = 12
+LEAVE_GROUP = 13
+SYNC_GROUP = 14
 NODE_ID = 1
 OFFSET_OUT_OF_RANGE = 1
 UNKNOWN_TOPIC_ID = 100
@@ -130,6 +153,11 @@ class FakeKafka:
     session_requests: list[tuple[int, int, list[int], list[int]]] = field(default_factory=list)
     # session id -> (next epoch, partition -> fetch offset, partition -> last answered high watermark)
     _sessions: dict[int, tuple[int, dict[int, int], dict[int, int]]] = field(default_factory=dict)
+    groups: bool = False  # the coordinator of one-member consumer groups
+    group_errors: dict[int, int] = field(default_factory=dict)  # api key -> error code of every answer
+    joins: list[tuple[str, str | None]] = field(default_factory=list)  # (member id asked, instance id)
+    leaves: list[str] = field(default_factory=list)  # member ids
+    generation: int = 0
     port: int = 0
     _server: asyncio.Server | None = None
 
@@ -189,6 +217,14 @@ class FakeKafka:
                 versions[2] = (FETCH, 4, 7)
             if self.fetch_version > 7:
                 versions[2] = (FETCH, 4, self.fetch_version)
+            if self.groups:
+                versions += [
+                    (FIND_COORDINATOR, 0, 0),
+                    (JOIN_GROUP, 5, 5),
+                    (HEARTBEAT, 1, 1),
+                    (LEAVE_GROUP, 1, 1),
+                    (SYNC_GROUP, 3, 3),
+                ]
             if not self.legacy:
                 versions[1] = (METADATA, 1, 10)
                 if self.offsets_for_leader_epoch:
@@ -239,7 +275,31 @@ class FakeKafka:
                     rows.append((p, 0, -1, offset))
                 out.append((topic, rows))
             return OffsetResponse_v2(0, out)
+        if self.groups and api_key in (FIND_COORDINATOR, JOIN_GROUP, HEARTBEAT, LEAVE_GROUP, SYNC_GROUP):
+            return self._group_answer(api_key, data, self.group_errors.get(api_key, 0))
         raise ConnectionError(f"fake broker: API {api_key} not scripted")
+
+    def _group_answer(self, api_key: int, data: BytesIO, err: int) -> Any:
+        if api_key == FIND_COORDINATOR:
+            return FindCoordinatorResponse_v0(err, NODE_ID, "127.0.0.1", self.port)
+        if api_key == JOIN_GROUP:
+            join = JoinGroupRequest_v5.decode(data)
+            self.joins.append((join.member_id, join.group_instance_id))
+            member = join.member_id or f"member-{join.group_instance_id or uuid4().hex}"
+            self.generation += 1
+            (protocol, meta), *_ = join.group_protocols
+            members = [(member, join.group_instance_id, meta)]
+            return JoinGroupResponse_v5(0, err, self.generation, protocol, member, member, members)
+        if api_key == SYNC_GROUP:
+            sync = SyncGroupRequest_v3.decode(data)
+            mine = [a for m, a in sync.group_assignment if m == sync.member_id]
+            return SyncGroupResponse_v3(0, err, mine[0] if mine else b"")
+        if api_key == HEARTBEAT:
+            HeartbeatRequest_v1.decode(data)
+            return HeartbeatResponse_v1(0, err)
+        leave = LeaveGroupRequest_v1.decode(data)
+        self.leaves.append(leave.member_id)
+        return LeaveGroupResponse_v1(0, err)
 
     def sessions_dropped(self) -> None:
         self._sessions.clear()

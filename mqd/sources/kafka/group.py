@@ -8,12 +8,15 @@ names and hands every member its share in SyncGroup; the protocol name is "mqd-<
 member with another strategy cannot join the same generation. Each member's subscription names what it
 owns and in which generation, so the ``sticky`` strategy keeps every partition where it is unless
 balance needs it elsewhere (a claim from an older generation than the newest claimed is stale and
-ignored, as in Kafka's cooperative sticky assignor). ``group_instance_id`` makes a member's
-name stable: it rides in the subscription's user data and the strategy sees it instead of the
-broker-made member id, so a restarted daemon gets the same share back (no reshuffle; a stop still
-leaves, so the others take its partitions at once). It is not sent as Kafka's own static membership
-(KIP-345): Tansu rebalanced without end when a static member restarted (measured), and mqd's
-exactly-once does not need the rebalance avoided, only the shares kept. Offsets are committed with
+ignored, as in Kafka's cooperative sticky assignor). ``group_instance_id`` makes the member static
+(KIP-345): JoinGroup and SyncGroup carry it, and a stopping static member does not leave, so a daemon
+restarted within ``session_timeout`` takes its place again without the group reshuffling (the others
+keep what they own; its own partitions wait for it, Kafka's trade). The same name rides in the
+subscription's user data and the strategy sees it instead of the broker-made member id, so even a
+broker without static membership (JoinGroup below v5) hands it the same share. A coordinator that
+answers FENCED_INSTANCE_ID (another live process joined with this instance id: a configuration
+error) makes this member stop rejoining, own nothing and say so, rather than fence the other in
+turn. Offsets are committed with
 the generation and member id, after publication (the engine's commit loop); the landing stays the
 source of truth on restart.
 """
@@ -147,6 +150,7 @@ class KafkaGroup:
         self._rejoin = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._in_generation = False  # joined and synced; False from a rejoin's start to its end
+        self.fenced = False  # another member took our group_instance_id (until stop)
 
     # -- Membership --------------------------------------------------------------------------------
 
@@ -158,11 +162,19 @@ class KafkaGroup:
         task, self._task = self._task, None
         await cancel_and_wait(task)
         client = self._client_of()
-        # a member leaves (the others rebalance now, not after a session timeout), except while the
-        # group re-forms: Tansu keeps a leader that leaves then as the leader, and the group never
-        # forms again until Tansu restarts (docs/architecture.md, "The Kafka chaos run"); the
-        # coordinator drops a member that left silently after its session
-        if self.member_id and client is not None and self.coordinator_id is not None:
+        # a member leaves (the others rebalance now, not after a session timeout), except a static
+        # one (its restart takes its place back) and while the group re-forms: Tansu keeps a leader
+        # that leaves then as the leader, and the group never forms again until Tansu restarts
+        # (docs/architecture.md, "The Kafka chaos run"); the coordinator drops a member that left
+        # silently after its session
+        if self.instance_id and self.member_id:
+            log.info(
+                "static member: not leaving; the group keeps its partitions for it until its session ends",
+                group=self._settings.group,
+                group_instance_id=self.instance_id,
+                session_timeout=self._settings.session_timeout,
+            )
+        elif self.member_id and client is not None and self.coordinator_id is not None:
             group, coordinator = self._settings.group, self.coordinator_id
             with contextlib.suppress(KafkaError, OSError, TimeoutError):
                 async with asyncio.timeout(self._settings.request_timeout):
@@ -181,6 +193,7 @@ class KafkaGroup:
                         )
         self.member_id, self.generation, self._assigned = "", None, None
         self._in_generation = False
+        self.fenced = False
 
     async def _stable(self, client: AIOKafkaClient, coordinator: int) -> bool:
         """This member is in a generation the coordinator still runs (a heartbeat says so)."""
@@ -194,6 +207,8 @@ class KafkaGroup:
         return not resp.error_code
 
     def assignment(self, partitions: Sequence[TopicPartition]) -> Assignment | None:
+        if self.fenced:
+            return Assignment(frozenset(), self.generation or 0, ())
         if self._assigned is None or self.generation is None:
             return None
         if self.session_expired():
@@ -268,7 +283,10 @@ class KafkaGroup:
                 self._last_error = str(exc) or type(exc).__name__
                 if code in COORDINATOR_ERRORS or not isinstance(exc, GroupError):
                     self.coordinator_id = None  # find it again (it moved, or the node is gone)
-                if code in (UNKNOWN_MEMBER_ID, FENCED_INSTANCE_ID):
+                if code == FENCED_INSTANCE_ID:
+                    self._fenced()
+                    return
+                if code == UNKNOWN_MEMBER_ID:
                     self.member_id = ""
                 if code == REBALANCE_IN_PROGRESS:
                     # the coordinator still knows us: a slow rebalance is no expired session
@@ -284,6 +302,15 @@ class KafkaGroup:
             except Exception:  # a bug must not end membership for good
                 log.exception("consumer group loop failed", group=self._settings.group)
                 await asyncio.sleep(self._backoff.next())
+
+    def _fenced(self) -> None:
+        self.fenced, self._assigned, self.member_id = True, frozenset(), ""
+        self._last_error = (
+            f"fenced: another member of group {self._settings.group!r} uses group_instance_id "
+            f"{self.instance_id!r}; this daemon owns nothing until it is restarted with its own"
+        )
+        log.error("consumer group: " + self._last_error)
+        self._on_change()
 
     async def _join(self) -> None:
         s = self._settings
@@ -302,7 +329,7 @@ class KafkaGroup:
                     session_ms,
                     session_ms,
                     self.member_id,
-                    None,  # no KIP-345 static membership (module docstring)
+                    self.instance_id,  # KIP-345 (JoinGroup v5+)
                     "consumer",
                     [(protocol, meta)],
                 ),
@@ -322,7 +349,8 @@ class KafkaGroup:
         if resp.leader_id == resp.member_id:
             assignments, names = self._assign(resp.members)
         sync = await self.send(
-            SyncGroupRequest(s.group, generation, self.member_id, None, assignments), held=True
+            SyncGroupRequest(s.group, generation, self.member_id, self.instance_id, assignments),
+            held=True,
         )
         if sync.error_code:
             raise GroupError("sync group", sync.error_code)
@@ -387,6 +415,8 @@ class KafkaGroup:
             if await wait_event(self._rejoin, s.heartbeat_interval):
                 return
             assert self.generation is not None
+            # v1 (aiokafka's): a v3 heartbeat naming the instance made Tansu 0.6 re-form the group
+            # without end after a static member's restart (measured, docs/architecture.md)
             resp = await self.send(HeartbeatRequest(s.group, self.generation, self.member_id))
             if resp.error_code:
                 raise GroupError("heartbeat", resp.error_code)

@@ -5,6 +5,7 @@ nothing in their shared landing directory; static membership keeps a restarted m
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from support.kafka import Produced, kafka_daemon_config, landed_rows, produce
 
 from mqd.consumer import Consumer
 from mqd.daemon import Daemon
+from mqd.sources.kafka.group import KafkaGroup
 from mqd.testing.tansu import Tansu
 from mqd.waiting import wait_until
 
@@ -74,9 +76,11 @@ async def test_two_daemons_join_and_leave_under_load_exactly_once(tansu: Tansu, 
 
 
 async def test_group_instance_id_keeps_a_restarted_members_share(tansu: Tansu, tmp_path: Path) -> None:
-    """The strategy runs over group_instance_ids, not broker-made member ids: a member restarted
-    with another client id (so another member id, sorting elsewhere) gets the same partitions back,
-    and so does the member that stayed."""
+    """group_instance_id makes a member static (KIP-345): stopped, it does not leave, so the member
+    that stayed keeps its generation and its partitions through heartbeats while the other is away
+    (a leave would have re-formed the group around it alone) and never holds more than its share;
+    restarted with another client id (another member id, sorting elsewhere), the static member gets
+    the same partitions back, since the strategy runs over the instance ids."""
     tansu.create_topic("events", 4)
 
     def member(client_id: str, instance: str) -> Consumer:
@@ -87,6 +91,7 @@ async def test_group_instance_id_keeps_a_restarted_members_share(tansu: Tansu, t
                 "mode": "cluster",
                 "group": "g",
                 "client_id": client_id,
+                "heartbeat_interval": "0.5s",
                 "kafka": {"group_instance_id": instance},
             },
         ).consumer
@@ -95,18 +100,74 @@ async def test_group_instance_id_keeps_a_restarted_members_share(tansu: Tansu, t
     zeta, alpha = member("a-first", "zeta"), member("b-second", "alpha")
     await zeta.start()
     await alpha.start()
+    most_alpha_held = 0
+    watching = True
+
+    async def watch_alpha() -> None:
+        nonlocal most_alpha_held
+        while watching:
+            most_alpha_held = max(most_alpha_held, len(alpha.assignment()))
+            await asyncio.sleep(0.02)
+
+    watcher = asyncio.create_task(watch_alpha())
     try:
         await wait_until(lambda: len(zeta.assignment()) == len(alpha.assignment()) == 2, 30, "split")
         before = (zeta.assignment(), alpha.assignment())
         assert {tp.partition for tp in before[1]} == {0, 1}  # "alpha" sorts first, whatever the ids
+        generation = alpha.snapshot().member_version
         await zeta.stop()
+        stopped = time.monotonic()
+        group = alpha._membership  # its heartbeat clock: no public view needed elsewhere
+        assert isinstance(group, KafkaGroup)
+        await wait_until(
+            lambda: (group.last_success or 0) > stopped + 1.5, 30, "alpha heartbeats on without zeta"
+        )
+        assert alpha.snapshot().member_version == generation and alpha.assignment() == before[1]
         zeta = member("c-restarted", "zeta")  # its member id now sorts after alpha's
         await zeta.start()
         await wait_until(lambda: len(zeta.assignment()) == len(alpha.assignment()) == 2, 30, "rejoined")
         assert (zeta.assignment(), alpha.assignment()) == before
+        assert most_alpha_held == 2
     finally:
+        watching = False
+        await watcher
         await zeta.stop()
         await alpha.stop()
+
+
+async def test_two_daemons_with_one_instance_id_still_land_exactly_once(tansu: Tansu, tmp_path: Path) -> None:
+    """A misconfiguration Tansu cannot fence: two live daemons with one group_instance_id. Tansu
+    hands the second the first one's member id, so both believe they own every partition (Kafka
+    would answer FENCED_INSTANCE_ID, tested on the scripted broker in
+    test_kafka_static_membership.py). Both fetch and publish the same records; the landing's
+    conditional publication keeps every record exactly once."""
+    tansu.create_topic("events", PARTITIONS)
+    landing = tmp_path / "landing"
+    records: list[Produced] = [(i % PARTITIONS, None, b"%d" % i, []) for i in range(12_000)]
+    twins = [group_daemon(tansu, tmp_path, landing, name, group_instance_id="same") for name in ("a", "b")]
+    stops = [asyncio.Event(), asyncio.Event()]
+    runs = [asyncio.create_task(d.run(s.wait())) for d, s in zip(twins, stops, strict=True)]
+    try:
+        await wait_until(
+            lambda: all(len(d.consumer.assignment()) == PARTITIONS for d in twins),
+            60,
+            "both own every partition",
+        )
+        await asyncio.to_thread(produce, tansu.bootstrap, records)
+        await wait_until(
+            lambda: sum(len(r) for r in landed_rows(landing).values()) >= len(records),
+            60,
+            "everything landed",
+        )
+    finally:
+        for s in stops:
+            s.set()
+        for run in runs:
+            await asyncio.wait_for(run, 30)
+    got = landed_rows(landing)
+    for p in range(PARTITIONS):
+        offsets = sorted(r[0] for r in got[p])
+        assert offsets == list(range(len(records) // PARTITIONS)), f"partition {p}: lost or duplicated"
 
 
 async def test_sticky_moves_only_what_a_member_change_must(tansu: Tansu, tmp_path: Path) -> None:
@@ -124,7 +185,6 @@ async def test_sticky_moves_only_what_a_member_change_must(tansu: Tansu, tmp_pat
                 "group": "sticky",
                 "client_id": name,
                 "allocation": "sticky",
-                "kafka": {"group_instance_id": name},
             },
         ).consumer
         return Consumer(cfg)
