@@ -472,6 +472,14 @@ class PartitionRow:
     time_lag_s: float | None = None  # now minus the newest landed record's event time
     stuck: bool = False
     error_age_s: float | None = None  # since ``error`` was last set
+    leader: str = ""  # by the metadata; ``node`` (where it is read) may be a replica
+
+    @property
+    def node_text(self) -> str:
+        """Where the partition is read, and its leader when a replica serves it."""
+        if self.leader and self.node and self.leader != self.node:
+            return f"{self.node} (leader {self.leader})"
+        return self.node or self.leader
 
     @property
     def state(self) -> str:
@@ -542,6 +550,7 @@ def partition_rows(status: Mapping[str, Any]) -> list[PartitionRow]:
                 time_lag_s=_float_or_none(e.get("time_lag_s")),
                 stuck=e.get("stuck") is True,
                 error_age_s=_float_or_none(e.get("last_error_age_s")),
+                leader=str(e.get("leader") or ""),
             )
         )
     rows.sort(key=lambda r: (r.topic, r.partition))

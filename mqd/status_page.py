@@ -131,7 +131,7 @@ def _table(rows: list[PartitionRow]) -> str:
         cells = [
             ("l", f"{r.topic}:{r.partition}"),
             ("l", state),
-            ("l", r.node or None),
+            ("l", r.node_text or None),
             ("", r.position),
             ("", r.committed),
             ("", r.landed),

@@ -284,7 +284,7 @@ def _cells(r: Row) -> dict[str, str]:
     return {
         "TOPIC:PARTITION": f"{p.topic}:{p.partition}",
         "STATE": state,
-        "NODE": p.node or "-",
+        "NODE": p.node_text or "-",
         "POSITION": _dash(p.position),
         "COMMITTED": _dash(p.committed),
         "LANDED": _dash(p.landed),

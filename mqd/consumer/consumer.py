@@ -427,6 +427,7 @@ class Consumer:
         state, budget, m = self._state, self._budget, self._membership
         now = time.monotonic()
         lag = {tp: self._log_end.view(tp, now) for tp in state.partitions}
+        routes = cluster.partitions if (cluster := self._source.cluster) is not None else {}
         partitions = tuple(
             PartitionSnapshot(
                 tp=tp,
@@ -454,6 +455,7 @@ class Consumer:
                 log_end_age_s=lag[tp].log_end_age_s,
                 stalled_polls=lag[tp].stalled_polls,
                 stuck=lag[tp].stuck,
+                leader=route.leader if (route := routes.get(tp)) is not None else None,
             )
             for tp, op in sorted(state.partitions.items())
         )

@@ -50,6 +50,9 @@ class PartitionSnapshot:
     stalled_polls: int = 0  # polls in a row without landed progress while behind
     stuck: bool = False  # stalled for consumer.stuck_intervals polls while the log end grew
     last_error_age_s: float | None = None  # since last_error was last set
+    # the partition's leader (mqd: the master) by the metadata; pull_node differs from it while a
+    # replica serves the reads (the mqd broker's slave suggestion, Kafka's preferred read replica)
+    leader: str | None = None
 
     @property
     def lag(self) -> int | None:
@@ -166,6 +169,7 @@ def consumer_status_json(snap: ConsumerSnapshot) -> dict[str, Any]:
                 "log_end": p.log_end,
                 "lag": p.lag,
                 "pull_node": p.pull_node,
+                "leader": p.leader,
                 "paused": p.paused,
                 "in_flight": p.in_flight,
                 "flow_control": p.flow_control,

@@ -185,3 +185,18 @@ def test_empty_and_partial_status_render() -> None:
     assert "no partitions assigned" in text and "starting" in text
     cols, _, _ = layout([], 80)
     assert cols[:2] == ["TOPIC:PARTITION", "STATE"] and "LAG" in cols
+
+
+def test_a_partition_read_from_a_replica_names_its_leader() -> None:
+    """The NODE column is where the partition is read; when a replica serves it (the mqd broker's
+    slave suggestion, Kafka's preferred read replica) the leader is named beside it."""
+    text = render_text(
+        TopView(),
+        status(partition(0, 10, 20, leader=NODE_B), partition(1, 5, 9, leader=NODE_B)),
+        160,
+        now=1.0,
+    )
+    row0 = next(line for line in lines_of(text) if line.startswith("events:0 "))
+    row1 = next(line for line in lines_of(text) if line.startswith("events:1 "))
+    assert f"{NODE_A} (leader {NODE_B})" in row0
+    assert NODE_B in row1 and "leader" not in row1

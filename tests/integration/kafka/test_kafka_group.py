@@ -195,6 +195,9 @@ async def test_sticky_moves_only_what_a_member_change_must(tansu: Tansu, tmp_pat
     try:
         await wait_until(lambda: len(a.assignment()) == len(b.assignment()) == 3, 30, "a and b split 6")
         a1, b1 = a.assignment(), b.assignment()
+        # status names each partition's leader from Kafka's metadata (Tansu: one node, read there)
+        leaders = [(p.leader, p.pull_node) for p in a.snapshot().partitions]
+        assert len(leaders) == 3 and all(lead is not None and lead == node for lead, node in leaders)
         await c.start()
         await wait_until(
             lambda: len(a.assignment()) == len(b.assignment()) == len(c.assignment()) == 2, 30, "three ways"
