@@ -358,8 +358,11 @@ class KafkaConfig(_Model):
     tls_check_hostname: bool = True
     isolation_level: Literal["read_committed", "read_uncommitted"] = "read_committed"
     client_id: str = Field(default="", max_length=1024)  # default: consumer.client_id's
-    # static membership (KIP-345): a restart under the same id keeps its partitions; "" = dynamic
+    # the member's stable name: the strategy hands a restarted daemon the same share; "" = its member id
     group_instance_id: str = Field(default="", max_length=249)
+    # KIP-345 with group_instance_id: a stop does not leave, so a restart within session_timeout does
+    # not re-form the group (off by default: Tansu 0.6 can keep a stopped static member for good)
+    static_membership: bool = False
     # incremental fetch sessions (KIP-227, Fetch v7+) where the broker grants one; false: full requests
     fetch_sessions: bool = True
 
@@ -373,6 +376,8 @@ class KafkaConfig(_Model):
             )
         if (self.tls_cert_file is None) != (self.tls_key_file is None):
             raise ValueError("tls_cert_file and tls_key_file go together (mutual TLS)")
+        if self.static_membership and not self.group_instance_id:
+            raise ValueError("static_membership needs a group_instance_id (the member's static name)")
         return self
 
 

@@ -51,6 +51,16 @@ def test_sasl_needs_credentials_and_tls_paths_resolve(tmp_path: Path) -> None:
     assert "s3cret" not in repr(cfg)
 
 
+def test_static_membership_needs_an_instance_id(tmp_path: Path) -> None:
+    """KIP-345 is opt-in and needs the member's static name; the error names the section and keys."""
+    msg = config_error(write_file(tmp_path, KAFKA + "[consumer.kafka]\nstatic_membership = true\n"))
+    assert "consumer.kafka" in msg and "static_membership needs a group_instance_id" in msg
+    text = KAFKA + '[consumer.kafka]\nstatic_membership = true\ngroup_instance_id = "host-1"\n'
+    kafka = load_daemon_config(write_file(tmp_path, text), {}).consumer.kafka
+    assert kafka.static_membership and kafka.group_instance_id == "host-1"
+    assert not load_daemon_config(write_file(tmp_path, KAFKA), {}).consumer.kafka.static_membership
+
+
 def test_nested_variables_are_typed_and_named_in_errors(tmp_path: Path) -> None:
     """A nested override takes TOML syntax for non-text keys, and a bad one names the variable."""
     path = write_file(tmp_path, KAFKA)

@@ -8,12 +8,14 @@ names and hands every member its share in SyncGroup; the protocol name is "mqd-<
 member with another strategy cannot join the same generation. Each member's subscription names what it
 owns and in which generation, so the ``sticky`` strategy keeps every partition where it is unless
 balance needs it elsewhere (a claim from an older generation than the newest claimed is stale and
-ignored, as in Kafka's cooperative sticky assignor). ``group_instance_id`` makes the member static
-(KIP-345): JoinGroup and SyncGroup carry it, and a stopping static member does not leave, so a daemon
-restarted within ``session_timeout`` takes its place again without the group reshuffling (the others
-keep what they own; its own partitions wait for it, Kafka's trade). The same name rides in the
-subscription's user data and the strategy sees it instead of the broker-made member id, so even a
-broker without static membership (JoinGroup below v5) hands it the same share. A coordinator that
+ignored, as in Kafka's cooperative sticky assignor). ``group_instance_id`` is the member's stable
+name: it rides in the subscription's user data and the strategy sees it instead of the broker-made
+member id, so a restarted daemon gets the same share back. With ``static_membership`` it is also
+KIP-345's static member id: JoinGroup and SyncGroup carry it, and a stopping static member does not
+leave, so a daemon restarted within ``session_timeout`` takes its place again without the group
+re-forming (the others keep what they own; its own partitions wait for it, Kafka's trade). Off by
+default: Tansu 0.6 can keep a stopped static member for good, its partitions unconsumed (measured:
+a static member that joined after another had expired was never expired itself). A coordinator that
 answers FENCED_INSTANCE_ID (another live process joined with this instance id: a configuration
 error) makes this member stop rejoining, own nothing and say so, rather than fence the other in
 turn. Offsets are committed with
@@ -132,11 +134,15 @@ class KafkaGroup:
         on_change: Callable[[], None],
         instance_id: str | None,
         error_backoff: float,
+        static: bool = False,
     ) -> None:
         self._client_of = client
         self._cluster_of = cluster
         self._on_change = on_change
         self.instance_id = instance_id
+        # KIP-345: the broker knows the member by instance_id (JoinGroup/SyncGroup carry it) and a
+        # stop does not leave
+        self.static_id = instance_id if static else None
         self._settings = settings
         get_strategy(settings.allocation)  # an unknown name fails here, not at the first join
         self._backoff = Backoff(error_backoff, 5.0)
@@ -167,11 +173,11 @@ class KafkaGroup:
         # that leaves then as the leader, and the group never forms again until Tansu restarts
         # (docs/architecture.md, "The Kafka chaos run"); the coordinator drops a member that left
         # silently after its session
-        if self.instance_id and self.member_id:
+        if self.static_id and self.member_id:
             log.info(
                 "static member: not leaving; the group keeps its partitions for it until its session ends",
                 group=self._settings.group,
-                group_instance_id=self.instance_id,
+                group_instance_id=self.static_id,
                 session_timeout=self._settings.session_timeout,
             )
         elif self.member_id and client is not None and self.coordinator_id is not None:
@@ -329,7 +335,7 @@ class KafkaGroup:
                     session_ms,
                     session_ms,
                     self.member_id,
-                    self.instance_id,  # KIP-345 (JoinGroup v5+)
+                    self.static_id,  # KIP-345 (JoinGroup v5+)
                     "consumer",
                     [(protocol, meta)],
                 ),
@@ -349,7 +355,7 @@ class KafkaGroup:
         if resp.leader_id == resp.member_id:
             assignments, names = self._assign(resp.members)
         sync = await self.send(
-            SyncGroupRequest(s.group, generation, self.member_id, self.instance_id, assignments),
+            SyncGroupRequest(s.group, generation, self.member_id, self.static_id, assignments),
             held=True,
         )
         if sync.error_code:

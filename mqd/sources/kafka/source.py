@@ -680,6 +680,7 @@ class KafkaSource:
             settings=settings,
             on_change=on_change,
             instance_id=self._config.kafka.group_instance_id or None,
+            static=self._config.kafka.static_membership,
             error_backoff=self._config.error_backoff_ms / 1000,
         )
         return ConsumerGroup(group, KafkaOffsetStore(group, settings))

