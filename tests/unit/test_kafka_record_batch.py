@@ -205,3 +205,21 @@ def test_header_key_not_utf8_is_a_malformed_batch(compiled: bool) -> None:
         and "record 1: a header key is not valid UTF-8" in d.error
     )
     assert [(x.first_offset, x.next_offset) for x in d.batches] == [(0, 1)]
+
+
+def test_a_cut_control_record_is_a_clear_error() -> None:
+    """A transaction marker's type is read with the decoder's own varint reader: every cut of the
+    record before its key ends is a RecordBatchError saying what is wrong (an IndexError before);
+    whole markers give their type."""
+    from mqd.sources.kafka.record_batch import HEADER_SIZE, RecordBatchError, _control_type
+
+    commit, abort = control(0, 7, True)[HEADER_SIZE:], control(0, 7, False)[HEADER_SIZE:]
+    assert (_control_type(commit), _control_type(abort)) == (1, 0)
+    cuts = []
+    for cut in range(len(commit)):
+        try:
+            assert _control_type(commit[:cut]) == 1
+        except RecordBatchError as exc:
+            cuts.append(str(exc))
+    assert len(cuts) >= 6 and cuts[0] == "control record 0: a record field runs past its record"
+    assert "control record key too short" in cuts

@@ -26,7 +26,7 @@ from mqd import metrics
 from mqd.consumer.source import Decoded, DecodedBatch
 from mqd.format import HEADERS_TYPE, RECORD_SCHEMA
 from mqd.sources.kafka import records_kernel
-from mqd.sources.kafka.records_kernel import NO_TS, KernelError, Segments
+from mqd.sources.kafka.records_kernel import NO_TS, KernelError, Segments, zigzag_varint
 from mqd.topic_partition import TopicPartition
 
 # baseOffset batchLength partitionLeaderEpoch magic crc attributes lastOffsetDelta baseTimestamp
@@ -105,21 +105,16 @@ _CODECS = {0: "none", 1: "gzip", 2: "snappy", 3: "lz4", 4: "zstd"}
 def _control_type(records: bytes | cramjam.Buffer | memoryview) -> int:
     """The type of a control batch's first record (0 abort, 1 commit): key = version int16, type int16."""
     buf = memoryview(records).cast("B")
-    pos = 0
-    vals = []
-    for _ in range(4):  # length, attributes(1 byte) handled below, timestampDelta, offsetDelta, keyLength
-        v = shift = 0
-        while True:
-            b = buf[pos]
-            pos += 1
-            v |= (b & 0x7F) << shift
-            if not b & 0x80:
-                break
-            shift += 7
-        vals.append((v >> 1) ^ -(v & 1))
-        if len(vals) == 1:
-            pos += 1  # attributes
-    if vals[3] < 4:
+    end = len(buf)
+    try:
+        _, pos = zigzag_varint(buf, 0, end, 0, 0)  # length
+        pos += 1  # attributes
+        _, pos = zigzag_varint(buf, pos, end, 0, 0)  # timestampDelta
+        _, pos = zigzag_varint(buf, pos, end, 0, 0)  # offsetDelta
+        key_len, pos = zigzag_varint(buf, pos, end, 0, 0)
+    except KernelError as exc:
+        raise RecordBatchError(f"control {exc}") from None
+    if key_len < 4 or pos + 4 > end:
         raise RecordBatchError("control record key too short")
     return int(struct.unpack_from(">h", buf, pos + 2)[0])
 

@@ -205,7 +205,9 @@ def _view(table: npt.NDArray[np.int64], s: int) -> memoryview:
     return memoryview((ctypes.c_ubyte * n).from_address(int(table[s, S_PTR]))).cast("B")
 
 
-def _varint(buf: memoryview, p: int, end: int, s: int, i: int) -> tuple[int, int]:
+def zigzag_varint(buf: memoryview, p: int, end: int, s: int, i: int) -> tuple[int, int]:
+    """The zigzag varint at ``p`` (read no further than ``end``) and the position after it;
+    KernelError naming segment ``s`` and record ``i`` when it is cut or longer than 64 bits."""
     v = shift = 0
     while p < end:
         b = buf[p]
@@ -231,19 +233,19 @@ def _py_scan(table: npt.NDArray[np.int64], totals: npt.NDArray[np.int64]) -> Non
                 raise KernelError(-2, s, i)  # noqa: B023 (used at once)
 
         for i in range(int(table[s, S_COUNT])):
-            ln, p = _varint(buf, p, end, s, i)
+            ln, p = zigzag_varint(buf, p, end, s, i)
             need(ln, end, p)
             if ln < 1:
                 raise KernelError(-2, s, i)
             rend = p + ln
             p += 1
-            _, p = _varint(buf, p, rend, s, i)
-            od, p = _varint(buf, p, rend, s, i)
+            _, p = zigzag_varint(buf, p, rend, s, i)
+            od, p = zigzag_varint(buf, p, rend, s, i)
             if od <= prev or od > last_delta:
                 raise KernelError(-3, s, i)
             prev = od
             for k, nulls in ((0, 5), (1, 6)):
-                ln, p = _varint(buf, p, rend, s, i)
+                ln, p = zigzag_varint(buf, p, rend, s, i)
                 if ln < -1:
                     raise KernelError(-2, s, i)
                 if ln >= 0:
@@ -252,14 +254,14 @@ def _py_scan(table: npt.NDArray[np.int64], totals: npt.NDArray[np.int64]) -> Non
                     t[k] += ln
                 else:
                     t[nulls] += 1
-            hc, p = _varint(buf, p, rend, s, i)
+            hc, p = zigzag_varint(buf, p, rend, s, i)
             need(hc, rend, p)
             for _ in range(hc):
-                ln, p = _varint(buf, p, rend, s, i)
+                ln, p = zigzag_varint(buf, p, rend, s, i)
                 need(ln, rend, p)
                 p += ln
                 t[3] += ln
-                ln, p = _varint(buf, p, rend, s, i)
+                ln, p = zigzag_varint(buf, p, rend, s, i)
                 if ln < -1:
                     raise KernelError(-2, s, i)
                 if ln >= 0:
@@ -286,35 +288,35 @@ def _py_fill(table: npt.NDArray[np.int64], c: Columns) -> None:
         fixed = int(table[s, S_FIXED_TS])
         base_offset, base_ts = int(table[s, S_BASE_OFFSET]), int(table[s, S_BASE_TS])
         for _ in range(int(table[s, S_COUNT])):
-            ln, p = _varint(buf, p, end, s, 0)
+            ln, p = zigzag_varint(buf, p, end, s, 0)
             rend = p + ln
             p += 1
-            tsd, p = _varint(buf, p, end, s, 0)
-            od, p = _varint(buf, p, end, s, 0)
+            tsd, p = zigzag_varint(buf, p, end, s, 0)
+            od, p = zigzag_varint(buf, p, end, s, 0)
             c.offset[r] = base_offset + od
             c.ts[r] = fixed if fixed != NO_TS else base_ts + tsd
-            ln, p = _varint(buf, p, end, s, 0)
+            ln, p = zigzag_varint(buf, p, end, s, 0)
             c.k_valid[r] = ln >= 0
             if ln >= 0:
                 c.k_data[ko : ko + ln] = buf[p : p + ln]
                 p += ln
                 ko += ln
             c.k_off[r + 1] = ko
-            ln, p = _varint(buf, p, end, s, 0)
+            ln, p = zigzag_varint(buf, p, end, s, 0)
             c.v_valid[r] = ln >= 0
             if ln >= 0:
                 c.v_data[vo : vo + ln] = buf[p : p + ln]
                 p += ln
                 vo += ln
             c.v_off[r + 1] = vo
-            hc, p = _varint(buf, p, end, s, 0)
+            hc, p = zigzag_varint(buf, p, end, s, 0)
             for _ in range(hc):
-                ln, p = _varint(buf, p, end, s, 0)
+                ln, p = zigzag_varint(buf, p, end, s, 0)
                 c.hk_data[hko : hko + ln] = buf[p : p + ln]
                 p += ln
                 hko += ln
                 c.hk_off[h + 1] = hko
-                ln, p = _varint(buf, p, end, s, 0)
+                ln, p = zigzag_varint(buf, p, end, s, 0)
                 c.hv_valid[h] = ln >= 0
                 if ln >= 0:
                     c.hv_data[hvo : hvo + ln] = buf[p : p + ln]
