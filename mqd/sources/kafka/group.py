@@ -5,8 +5,8 @@ FindCoordinator, then JoinGroup / SyncGroup / Heartbeat / LeaveGroup on a connec
 (aiokafka's COORDINATION group: a heartbeat never waits behind a long-polling fetch). The elected
 leader runs the configured mqd strategy (averagely, consistent-hash, ...) over the sorted member
 names and hands every member its share in SyncGroup; the protocol name is "mqd-<strategy>", so a
-member with another strategy cannot join the same generation. Each member's subscription names what it
-owns and in which generation, so the ``sticky`` strategy keeps every partition where it is unless
+member with another strategy cannot join the same generation. Each member's subscription names what
+it owns and in which generation, so the ``sticky`` strategy keeps every partition where it is unless
 balance needs it elsewhere (a claim from an older generation than the newest claimed is stale and
 ignored, as in Kafka's cooperative sticky assignor). ``group_instance_id`` is the member's stable
 name: it rides in the subscription's user data and the strategy sees it instead of the broker-made
@@ -18,9 +18,8 @@ default: Tansu 0.6 can keep a stopped static member for good, its partitions unc
 a static member that joined after another had expired was never expired itself). A coordinator that
 answers FENCED_INSTANCE_ID (another live process joined with this instance id: a configuration
 error) makes this member stop rejoining, own nothing and say so, rather than fence the other in
-turn. Offsets are committed with
-the generation and member id, after publication (the engine's commit loop); the landing stays the
-source of truth on restart.
+turn. Offsets are committed with the generation and member id, after publication (the engine's
+commit loop); the landing stays the source of truth on restart.
 """
 
 from __future__ import annotations
