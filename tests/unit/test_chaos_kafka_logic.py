@@ -95,3 +95,15 @@ def test_a_destroyed_logs_unlanded_tail_is_gone_and_a_hole_is_lost() -> None:
     res = check_payloads(ledger, holed, {(0, 0)})
     assert not res.ok and res.lost == 1 and res.gone_with_source == 4
     assert check_payloads(ledger, prefix).lost == 4
+
+
+def test_a_destroyed_log_gets_a_new_producer(tmp_path: Path) -> None:
+    """A memory-storage restart forgets every producer id with the log: new_generation numbers later
+    acks as a new generation and has the next produce round start a new producer (the old one went
+    on retrying into UNKNOWN_PRODUCER_ID for a round's whole deadline: seed 908583)."""
+    ledger = Ledger(tmp_path / "ledger.tsv")
+    load = KafkaLoad("127.0.0.1:1", "t", 2, batch_records=3, interval=1.0, ledger=ledger)
+    load.acked_end = {0: 7, 1: 9}
+    assert not load._fatal
+    load.new_generation()
+    assert load._fatal and load.generation == {0: 1, 1: 1} and load.acked_end == {0: 0, 1: 0}

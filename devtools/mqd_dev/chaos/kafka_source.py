@@ -263,11 +263,15 @@ class KafkaLoad:
             self._producer.poll(0)
 
     def new_generation(self) -> None:
-        """The source log is gone (memory storage restarted): later acks are of a new generation."""
+        """The source log is gone (memory storage restarted): later acks are of a new generation,
+        and a new producer makes them, since the broker forgot every producer id with its log (the
+        old one went on retrying into UNKNOWN_PRODUCER_ID for ~60 s, a round's whole deadline:
+        seed 908583 rounds 6 and 8, before and after session 12's changes alike)."""
         self.drain_reports()
         for p in self.generation:
             self.generation[p] += 1
             self.acked_end[p] = 0
+        self._fatal = True
 
     async def _run(self) -> None:
         while not self._stop.is_set():
