@@ -66,9 +66,9 @@ from mqd.consumer.source import (
     PartitionResult,
     SourceError,
 )
-from mqd.sources.kafka.fetch_answer import MalformedAnswer, parse_fetch_answer
+from mqd.sources.kafka.fetch_answer import MalformedAnswer, parsed_fetch
 from mqd.sources.kafka.fetch_session import SESSION_ERRORS, FetchSession, SessionRequest
-from mqd.sources.kafka.frame_reader import FrameClient, RawAnswer
+from mqd.sources.kafka.frame_reader import FrameClient
 from mqd.sources.kafka.group import KafkaGroup, KafkaOffsetStore
 from mqd.sources.kafka.log_incarnation import LogIncarnations, epoch_before
 from mqd.sources.kafka.metadata import KafkaMetadata
@@ -119,13 +119,6 @@ def _changed(tp: TopicPartition, incarnation: str | None, diverged_at: int, why:
     return PartitionResult(
         tp, FetchStatus.INCARNATION_CHANGED, diverged_at, 0, 0, None, incarnation, why, _no_data, diverged_at
     )
-
-
-def parsed_fetch(resp: Any) -> Any:
-    """A Fetch answer as aiokafka's decoding shapes it: one read in place (a ``RawAnswer``, mqd's
-    v12/v13 of 64 KiB or more) is parsed as views of its body; any other is already parsed.
-    MalformedAnswer when the raw body does not parse."""
-    return parse_fetch_answer(resp) if isinstance(resp, RawAnswer) else resp
 
 
 class KafkaSource:
@@ -440,8 +433,9 @@ class KafkaSource:
                 resp = parsed_fetch(resp)
             except MalformedAnswer as exc:
                 session.reset()
+                version = getattr(resp, "version", "?")
                 raise SourceError(
-                    f"{node_id}: malformed Fetch answer: {exc}", kind="malformed", node_down=True
+                    f"{node_id}: malformed Fetch v{version} answer: {exc}", kind="malformed", node_down=True
                 ) from exc
             self.fetch_version = resp.API_VERSION
             if resp.API_VERSION < 7:
