@@ -77,9 +77,8 @@ def assign_sticky(
         if p in taken:
             continue
         under = [m for m in ms if len(share[m]) < base]
-        if not under:  # everyone at base: the remaining extras go one to a member
+        if not under:  # everyone at base: what is left is the unused extras, one to a member
             under = [m for m in ms if len(share[m]) == base]
-            extras -= 1
         share[max(under, key=lambda m: (score(m, p), m))].append(p)
 
     return {m: sorted(share[m], key=order.__getitem__) for m in ms}
