@@ -47,17 +47,30 @@ DEFAULT_NODE_SETTINGS: dict[str, Any] = {
 }
 
 
+# ports free_port handed out in this process: the kernel offers a port again once the probe socket
+# is closed (134 repeats in 2,000 calls), and two nodes of one cluster then race for it: the loser
+# exits "address already in use" (a CI run failed so)
+_HANDED_OUT: set[int] = set()
+
+
 def free_port(preferred: int | None = None) -> int:
-    """``preferred`` if it can be bound on 127.0.0.1, else a port the kernel considers free right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        if preferred is not None:
-            try:
-                s.bind(("127.0.0.1", preferred))
-                return preferred
-            except OSError:
-                pass
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """``preferred`` if it can be bound on 127.0.0.1, else a port the kernel considers free right now
+    that this process was not given before."""
+    for _ in range(1000):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            if preferred is not None:
+                try:
+                    s.bind(("127.0.0.1", preferred))
+                    _HANDED_OUT.add(preferred)
+                    return preferred
+                except OSError:
+                    preferred = None
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
+    raise OSError("no free port on 127.0.0.1 that was not handed out before")
 
 
 def get_json(
