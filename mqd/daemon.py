@@ -337,12 +337,11 @@ class Daemon:
             # nothing more is coming: do not wait for max_age, finish the open files
             self.sink.start_publications(list(self.sink.pending()), finish=True)
             return
+        due = self.sink.due(now)  # by age or size, also under pressure: else the loop spins on them
         if self.sink.pending_records and (need := self.consumer.memory_shortfall()):
             # the budget is held by answers the sink's buffers pin: cut the biggest buffers, enough
             # to fetch again (not all of them: files stay large), else fetching waits for max_age
-            due = self.sink.pressure_cut(need)
-        else:
-            due = self.sink.due(now)
+            due += [tp for tp in self.sink.pressure_cut(need) if tp not in due]
         self.sink.start_publications(due)
 
     async def _publish(self, tps: list[tuple[str, int]] | None) -> None:

@@ -168,6 +168,29 @@ async def test_small_sink_publishes_while_fetching_and_stop_lands_everything(
         assert await committed(client, cluster, "landing") == {p: 4000 for p in range(4)}
 
 
+async def test_buffers_due_by_age_are_cut_under_memory_pressure(cluster_factory: Any, tmp_path: Path) -> None:
+    """With a budget the sink's buffers fill (4 MiB, records produced while the daemon runs), the
+    buffers and open files due by age are published besides the biggest ones the pressure cuts.
+    Before, pressure replaced the age cut: a due open file nobody cut kept the working loop from
+    ever suspending, heartbeats starved, the member was expelled and its buffers dropped, over and
+    over, and nothing landed."""
+    cluster = cluster_factory(topics={"events": 4}, groups=1)
+    d = Daemon(daemon_config(cluster, tmp_path, max_age=0.5, consumer={"max_buffered_bytes": 4 << 20}))
+    stop = asyncio.Event()
+    run = asyncio.create_task(d.run(stop.wait()))
+    try:
+        await wait_until(lambda: len(d.consumer.assignment()) == 4, 10, "assignment")
+        async with BrokerClient(request_timeout=10) as client:
+            await produce_numbered(client, cluster, 4, 2000, per_batch=100)
+        await wait_until(lambda: d.stats["records_published"] >= 8000, 30, "every record landed")
+    finally:
+        stop.set()
+        await asyncio.wait_for(run, 30)
+    assert_exactly_once(tmp_path / "landing", 4, 2000)
+    assert d.stats["records_dropped"] == 0
+    assert d.consumer.snapshot().totals.rebalances == 1  # never expelled
+
+
 async def test_unwritable_landing_pauses_fetching_and_recovers(cluster_factory: Any, tmp_path: Path) -> None:
     """While the landing directory cannot be written the daemon is degraded with the reason,
     fetching is paused and nothing is committed; once it is writable again everything lands
