@@ -409,8 +409,8 @@ class ConsumerConfig(_Model):
     max_queued_bytes: Bytes = Field(default=100 * MiB, ge=1)
     max_offset_span: int = Field(default=2000, ge=1)
     flow_control_retry_ms: Millis = Field(default=50, ge=1)
-    # daemon-wide budget; the daemon charges whole fetch answers until published. 80 MiB keeps
-    # its peak RSS under 300 MB on any backlog (bench/memab.py, docs/architecture.md)
+    # daemon-wide budget; the daemon charges whole fetch answers until published and counts its
+    # RSS above idle beyond them (consumer/memory_gauge.py): the bound on the process's growth
     max_buffered_bytes: Bytes = Field(default=80 * MiB, ge=1)
     fetch_max_wait_ms: Millis = Field(default=500, ge=0)
     fetch_min_bytes: Bytes = Field(default=1, ge=0)

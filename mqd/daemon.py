@@ -49,6 +49,7 @@ from mqd.consumer import (
     TopicPartition,
     consumer_status_json,
 )
+from mqd.consumer.memory_gauge import MemoryGauge
 from mqd.consumer.source import LandedEpoch
 from mqd.fsutil import LockTimeout
 from mqd.landing import layout
@@ -97,13 +98,17 @@ class Daemon:
             auth_token=config.consumer.auth_token,
             ca_file=config.consumer.tls_ca_file,
         )
-        self.sink = LandingSink(config.landing, on_result=self._apply)
+        # the budget bounds the process's RSS above idle, not only what it charges (memory_gauge.py);
+        # its baseline is taken once the landing encoded once (landing/preflight.py)
+        self.memory = MemoryGauge()
+        self.sink = LandingSink(config.landing, on_result=self._apply, on_warm=self._take_memory_baseline)
         self.consumer = Consumer(
             config.consumer,
             start_position=self._start_position,
             listener=self,
             client=self._client,
             budget_held=True,  # the budget bounds answers until published, not only until drained
+            memory_gauge=self.memory,
         )
         self.state = "created"  # created, starting, running, stopping, stopped, failed
         self.last_loop_time = time.monotonic()
@@ -169,6 +174,7 @@ class Daemon:
             await self._client.close()
             raise
         self._consumer_started = True
+        self.sink.start_preflight()  # after the first fetch: it imports pyarrow (issue 16)
         if self._landing_error is not None:
             self._pause_for_disk(self.consumer.assignment())
         self.state = "running"
@@ -213,6 +219,7 @@ class Daemon:
                 self.state = "stopped"
             await self.sink.close()
             await self._client.close()
+            self.memory.stop()
             return
         self.state = "stopping"
         self._stop_event.set()
@@ -242,6 +249,7 @@ class Daemon:
         await self.consumer.stop()
         await self.sink.close()
         await self._client.close()
+        self.memory.stop()
         self.state = "stopped"
         log.info("daemon stopped", **self.stats)
 
@@ -349,6 +357,9 @@ class Daemon:
         results = await self.sink.publish(tps)  # each one applied by _apply
         if not any(res.error is not None for res in results) and self._landing_error is not None:
             self._clear_landing_error()
+
+    def _take_memory_baseline(self) -> None:
+        self.consumer.take_memory_baseline()
 
     def _apply(self, res: PublishResult) -> None:
         """The sink's result of one publication (called as it ends)."""

@@ -121,6 +121,16 @@ log_end_poll_errors = Counter(
     "mqd_log_end_poll_errors", "Failed log-end lookups (per node and poll)", ["node"], registry=REGISTRY
 )
 buffered_bytes = Gauge("mqd_buffered_bytes", "Bytes held in process queues", registry=REGISTRY)
+memory_outside_budget = Gauge(
+    "mqd_memory_outside_budget_bytes",
+    "RSS above the idle baseline that the byte budget's charges do not cover, counted against it",
+    registry=REGISTRY,
+)
+memory_outside_capped = Counter(
+    "mqd_memory_outside_capped",
+    "Budget readings where memory outside its charges was over half of max_buffered_bytes",
+    registry=REGISTRY,
+)
 rebalances = Counter("mqd_rebalances", "Rebalances that changed the assignment", registry=REGISTRY)
 assigned_partitions = Gauge("mqd_assigned_partitions", "Partitions owned", registry=REGISTRY)
 commit_latency = Histogram(

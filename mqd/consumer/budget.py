@@ -15,6 +15,9 @@ fetchers through ``on_freed``.
   budget does not turn into a loop of answers that are thrown away.
 - ``waiting``: some fetcher is idle because the budget was used up; the end of any fetch in flight
   wakes them all.
+- ``gauge`` (the daemon's, mqd/consumer/memory_gauge.py): the RSS above the idle baseline that the
+  charges above do not cover (the landing's encoder, Python objects, allocator slack) is counted
+  too, so the limit bounds the process's memory, not only what the budget can name.
 
 The limit has no default here: it is the config's ``consumer.max_buffered_bytes``.
 """
@@ -27,14 +30,16 @@ import weakref
 from collections.abc import Callable
 
 from mqd import metrics
+from mqd.consumer.memory_gauge import MemoryGauge
 
 
 class ByteBudget:
     """Reserve / release (fetches in flight), buffer / take (queues), pin / unpin (answer bodies)."""
 
-    def __init__(self, limit: int, *, held: bool = False) -> None:
+    def __init__(self, limit: int, *, held: bool = False, gauge: MemoryGauge | None = None) -> None:
         self.limit = limit
         self.held = held
+        self.gauge = gauge
         self.buffered = 0
         self.reserved = 0
         self.pinned = 0
@@ -45,10 +50,16 @@ class ByteBudget:
         # called when bytes were freed: every node may be able to fetch again
         self.on_freed: Callable[[], None] = lambda: None
 
-    def left(self) -> int:
+    def charged(self) -> int:
+        """Bytes held now by what the budget charges (not the fetches in flight)."""
         # pinned covers every buffered batch once answers are tracked; max() keeps untracked
         # batches (an answer that could not be tracked, hand-made ones) counted
-        held = max(self.pinned, self.buffered) if self.held else self.buffered
+        return max(self.pinned, self.buffered) if self.held else self.buffered
+
+    def left(self) -> int:
+        held = self.charged()
+        if self.gauge is not None:
+            held += self.gauge.excess(held, self.limit)
         return self.limit - held - self.reserved
 
     def exhausted(self) -> bool:

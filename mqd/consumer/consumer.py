@@ -25,6 +25,7 @@ from mqd.consumer.errors import ConsumerError
 from mqd.consumer.fetcher import FetchManager
 from mqd.consumer.log_end_poller import LogEndPoller
 from mqd.consumer.membership import Broadcast
+from mqd.consumer.memory_gauge import MemoryGauge
 from mqd.consumer.offset_store import LocalFileOffsetStore, OffsetStore
 from mqd.consumer.process_queue import FetchedBatch, FlowLimits
 from mqd.consumer.rebalance import RebalanceListener, RebalanceService, StartPositionHook
@@ -114,13 +115,15 @@ class Consumer:
         client: object | None = None,
         auto_mark: bool = False,
         budget_held: bool = False,
+        memory_gauge: MemoryGauge | None = None,
     ) -> None:
         """``source``: where records come from (default: the mqd broker cluster of
         ``config.bootstrap``, over ``client`` when given, a mqd.client.BrokerClient the caller
         starts and closes). ``budget_held``: ``max_buffered_bytes`` bounds every fetch answer still
         in memory, also after its batches were drained, until the caller drops them (the daemon:
         until they are published). Otherwise it bounds the batches buffered here, and what was
-        drained is the caller's."""
+        drained is the caller's. ``memory_gauge``: the budget also counts the process's RSS above
+        its idle baseline beyond its charges, once ``take_memory_baseline`` was called."""
         if source is not None and client is not None:
             raise ValueError("pass a source or a client for the default source, not both")
         self._config = config
@@ -128,7 +131,7 @@ class Consumer:
         get_strategy(config.allocation)  # unknown name: fail early
         self._auto_mark = auto_mark
         self._source = source if source is not None else _default_source(config, client)
-        self._budget = ByteBudget(config.max_buffered_bytes, held=budget_held)
+        self._budget = ByteBudget(config.max_buffered_bytes, held=budget_held, gauge=memory_gauge)
         self._state = SubscriptionState(_limits(config), self._budget)
         self._fetch = FetchManager(config=config, source=self._source, state=self._state)
         self._source.add_metadata_listener(self._fetch.on_metadata)
@@ -261,6 +264,12 @@ class Consumer:
             for b in out:
                 self._offsets.mark(b.tp, b.next_offset)
         return out
+
+    def take_memory_baseline(self) -> None:
+        """The daemon holds its code now (the landing encoded once): the memory gauge's baseline
+        is the RSS less what the budget charges."""
+        if self._budget.gauge is not None:
+            self._budget.gauge.start(self._budget.charged())
 
     def memory_bound(self) -> bool:
         """Fetching is held back by the byte budget (less than one partition's share left, or a
@@ -483,6 +492,7 @@ class Consumer:
                 lost_offsets=self._fetch.lost_offsets,
                 parked=tuple(sorted(str(tp) for tp, op in state.partitions.items() if op.parked)),
                 stuck=tuple(sorted(str(tp) for tp, v in lag.items() if v.stuck)),
+                memory_outside_bytes=budget.gauge.outside if budget.gauge is not None else 0,
             ),
             nodes=self._fetch.snapshot(),
             errors=Errors(

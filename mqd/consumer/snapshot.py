@@ -102,6 +102,8 @@ class Totals:
     reused_offsets: int = 0
     lost_offsets: int = 0
     stuck: tuple[str, ...] = ()  # sorted "topic/partition"
+    # RSS above the idle baseline the charges do not cover (counted against the budget)
+    memory_outside_bytes: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,6 +210,7 @@ def consumer_status_json(snap: ConsumerSnapshot) -> dict[str, Any]:
             "reused_offsets": t.reused_offsets,
             "lost_offsets": t.lost_offsets,
             "stuck": list(t.stuck),
+            "memory_outside_bytes": t.memory_outside_bytes,
         },
         "nodes": nodes,
         "errors": dict(snap.errors.items()),

@@ -41,6 +41,7 @@ import structlog
 
 from mqd import metrics
 from mqd.config import LandingConfig
+from mqd.landing import preflight
 from mqd.landing.layout import FileRange, LandingCorrupt, LandingError
 from mqd.landing.micro_batches import TP, Drained, FileProgress, MicroBatch, MicroBatches
 from mqd.landing.publisher import OpenFile, Publisher, PublishOutcome
@@ -103,6 +104,10 @@ def _ignore(res: PublishResult) -> None:
     pass
 
 
+def _nothing() -> None:
+    pass
+
+
 class LandingSink:
     """Buffers drained batches and schedules their publication. See the module docstring."""
 
@@ -116,6 +121,7 @@ class LandingSink:
         store: LandingStore | None = None,
         head_lock_timeout: float = HEAD_LOCK_TIMEOUT_S,
         trim_after_bytes: int = TRIM_AFTER_BYTES,
+        on_warm: Callable[[], None] = _nothing,
     ) -> None:
         if workers < 1:
             raise ValueError(f"workers must be at least 1, got {workers}")
@@ -156,6 +162,8 @@ class LandingSink:
         self._cleaned = False
         self.trim_after_bytes = trim_after_bytes
         self._written_since_trim = 0  # bytes of micro-batches published since the heap was last trimmed
+        self.on_warm = on_warm  # called once the first encode (preflight.py) succeeded
+        self._preflight: asyncio.Task[None] | None = None
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -173,6 +181,24 @@ class LandingSink:
             if removed:
                 log.info("removed temp files of crashed publications", count=removed)
 
+    def start_preflight(self) -> None:
+        """Run the first encode (preflight.py) in the background, once: its failure becomes the
+        sink's ``failure``, its success calls ``on_warm``. The daemon calls it once its first fetch
+        is out, since it imports pyarrow (issue 16)."""
+        if self._preflight is None and not self._closed:
+            self._preflight = asyncio.create_task(self._run_preflight(), name="mqd-landing-preflight")
+
+    async def _run_preflight(self) -> None:
+        compression = self._config.compression
+        try:
+            size = await self.run_blocking(preflight.encode_check, compression)
+        except preflight.PreflightError as exc:
+            log.error("landing cannot encode", error=str(exc))
+            self.failure = exc
+            return
+        log.debug("landing encoder ready", compression=compression, file_bytes=size)
+        self.on_warm()
+
     async def close(self) -> None:
         """Release the worker threads; buffered records are dropped (not published, not
         committed). A publication still running (abandoned at its deadline) completes on its
@@ -180,6 +206,10 @@ class LandingSink:
         if self._closed:
             return
         self._closed = True
+        if self._preflight is not None and not self._preflight.done():
+            self._preflight.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._preflight
         for f in self._open.values():  # unpublished: forget the staged bytes (the janitor would)
             with contextlib.suppress(Exception):
                 await self.run_blocking(f.writer.abort)

@@ -123,6 +123,7 @@ def test_shape_and_values() -> None:
             "reused_offsets": 6,
             "lost_offsets": 2,
             "stuck": ["events/3"],
+            "memory_outside_bytes": 0,
         },
         "nodes": {
             "n1": {"requests": 7, "errors": 1, "in_flight": True, "last_error": "boom", "backoff_s": 0.25}
