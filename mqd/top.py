@@ -240,12 +240,23 @@ def _header(status: Mapping[str, Any], width: int, rate: float | None, cpu_share
 
 
 def _budget(totals: Mapping[str, Any]) -> str:
-    used, limit = _number(totals.get("buffered_bytes")), _number(totals.get("budget_bytes"))
-    if used is None:
+    """What the byte budget counts: buffered or pinned answers, fetches in flight, and the RSS above
+    idle outside its charges (said apart when there is some)."""
+    buffered, limit = _number(totals.get("buffered_bytes")), _number(totals.get("budget_bytes"))
+    if buffered is None:
         return "-"
-    if not limit:
-        return binary_size(used)
-    return f"{binary_size(used)}/{binary_size(limit)} ({used / limit * 100:.0f}%)"
+    outside = _number(totals.get("memory_outside_bytes")) or 0
+    used = (
+        max(buffered, _number(totals.get("pinned_bytes")) or 0)
+        + (_number(totals.get("reserved_bytes")) or 0)
+        + outside
+    )
+    text = (
+        f"{binary_size(used)}/{binary_size(limit)} ({used / limit * 100:.0f}%)"
+        if limit
+        else binary_size(used)
+    )
+    return f"{text}, {binary_size(outside)} outside" if outside else text
 
 
 def _lag_line(lag: int, held: int, rate: float | None, count: int, width: int) -> Text:

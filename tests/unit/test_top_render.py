@@ -48,7 +48,9 @@ def partition(
     return PartitionSnapshot(**fields)
 
 
-def status(*parts: PartitionSnapshot, published: int = 1_234_567, cpu_s: float = 10.0) -> dict[str, Any]:
+def status(
+    *parts: PartitionSnapshot, published: int = 1_234_567, cpu_s: float = 10.0, totals: Totals | None = None
+) -> dict[str, Any]:
     snap = ConsumerSnapshot(
         member_id="host-1-4711",
         group="landing",
@@ -58,7 +60,7 @@ def status(*parts: PartitionSnapshot, published: int = 1_234_567, cpu_s: float =
         coordinator=NODE_A,
         allocation="averagely",
         partitions=parts,
-        totals=Totals(len(parts), 8 << 20, 1000, 64 << 20, 0, 0, 0, 1, 0, ()),
+        totals=totals or Totals(len(parts), 8 << 20, 1000, 64 << 20, 0, 0, 0, 1, 0, ()),
         nodes=(NodeSnapshot(NODE_A, 10, 0, False, None, 0.0),),
         errors=Errors(None, None, None, None),
     )
@@ -200,3 +202,11 @@ def test_a_partition_read_from_a_replica_names_its_leader() -> None:
     row1 = next(line for line in lines_of(text) if line.startswith("events:1 "))
     assert f"{NODE_A} (leader {NODE_B})" in row0
     assert NODE_B in row1 and "leader" not in row1
+
+
+def test_the_budget_shows_what_it_counts_and_the_memory_outside_its_charges() -> None:
+    """The header's budget is what the byte budget counts: pinned answers (more than the buffered
+    bytes once drained), fetches in flight, and the RSS above idle outside the charges, said apart."""
+    totals = Totals(3, 8 << 20, 1000, 64 << 20, 4 << 20, 20 << 20, 5, 1, 0, (), memory_outside_bytes=6 << 20)
+    header = " ".join(lines_of(render_text(TopView(), status(*busy(), totals=totals), 160, now=1.0))[:4])
+    assert "budget 30.0MiB/64.0MiB (47%), 6.0MiB outside" in header
