@@ -240,17 +240,16 @@ def _header(status: Mapping[str, Any], width: int, rate: float | None, cpu_share
 
 
 def _budget(totals: Mapping[str, Any]) -> str:
-    """What the byte budget counts: buffered or pinned answers, fetches in flight, and the RSS above
-    idle outside its charges (said apart when there is some)."""
-    buffered, limit = _number(totals.get("buffered_bytes")), _number(totals.get("budget_bytes"))
-    if buffered is None:
+    """What the byte budget counts (``budget_used_bytes``: answers, fetches in flight, the RSS above
+    idle outside its charges; the buffered bytes from a daemon that does not say), the RSS outside
+    said apart when there is some."""
+    limit = _number(totals.get("budget_bytes"))
+    used = _number(totals.get("budget_used_bytes"))
+    if used is None:
+        used = _number(totals.get("buffered_bytes"))
+    if used is None:
         return "-"
     outside = _number(totals.get("memory_outside_bytes")) or 0
-    used = (
-        max(buffered, _number(totals.get("pinned_bytes")) or 0)
-        + (_number(totals.get("reserved_bytes")) or 0)
-        + outside
-    )
     text = (
         f"{binary_size(used)}/{binary_size(limit)} ({used / limit * 100:.0f}%)"
         if limit

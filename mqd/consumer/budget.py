@@ -56,6 +56,10 @@ class ByteBudget:
         # batches (an answer that could not be tracked, hand-made ones) counted
         return max(self.pinned, self.buffered) if self.held else self.buffered
 
+    def used(self) -> int:
+        """What ``left()`` last counted against the limit (the gauge is not read again)."""
+        return self.charged() + self.reserved + (self.gauge.counted if self.gauge is not None else 0)
+
     def left(self) -> int:
         held = self.charged()
         if self.gauge is not None:

@@ -493,6 +493,7 @@ class Consumer:
                 parked=tuple(sorted(str(tp) for tp, op in state.partitions.items() if op.parked)),
                 stuck=tuple(sorted(str(tp) for tp, v in lag.items() if v.stuck)),
                 memory_outside_bytes=budget.gauge.outside if budget.gauge is not None else 0,
+                budget_used_bytes=budget.used(),
             ),
             nodes=self._fetch.snapshot(),
             errors=Errors(

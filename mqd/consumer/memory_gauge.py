@@ -42,6 +42,7 @@ class MemoryGauge:
         self.path = path
         self.baseline: int | None = None  # bytes of RSS the daemon holds idle
         self.outside = 0  # bytes above the baseline the budget did not charge, at the last reading
+        self.counted = 0  # of those, what the last reading counted against the limit (the cap applied)
         self.outside_peak = 0
         self.capped = 0  # readings where outside was more than half the limit
         self._fd: int | None = None
@@ -68,6 +69,7 @@ class MemoryGauge:
     def stop(self) -> None:
         fd, self._fd = self._fd, None
         self.baseline = None
+        self.counted = 0
         if fd is not None:
             with contextlib.suppress(OSError):
                 os.close(fd)
@@ -77,17 +79,14 @@ class MemoryGauge:
         charges do not cover, at most half the limit."""
         if self.baseline is None:
             return 0
-        outside = self.rss() - self.baseline - charged
-        if outside <= 0:
-            outside = 0
-        self.outside = outside
+        outside = max(0, self.rss() - self.baseline - charged)
+        self.outside = self.counted = outside
         metrics.memory_outside_budget.set(outside)
-        if not outside:
-            return 0
         self.outside_peak = max(self.outside_peak, outside)
         cap = limit // 2
         if outside <= cap:
             return outside
+        self.counted = cap
         self.capped += 1
         metrics.memory_outside_capped.inc()
         now = time.monotonic()

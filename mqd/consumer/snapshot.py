@@ -104,6 +104,7 @@ class Totals:
     stuck: tuple[str, ...] = ()  # sorted "topic/partition"
     # RSS above the idle baseline the charges do not cover (counted against the budget)
     memory_outside_bytes: int = 0
+    budget_used_bytes: int = 0  # what the budget counts against budget_bytes (ByteBudget.used)
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,6 +212,7 @@ def consumer_status_json(snap: ConsumerSnapshot) -> dict[str, Any]:
             "lost_offsets": t.lost_offsets,
             "stuck": list(t.stuck),
             "memory_outside_bytes": t.memory_outside_bytes,
+            "budget_used_bytes": t.budget_used_bytes,
         },
         "nodes": nodes,
         "errors": dict(snap.errors.items()),

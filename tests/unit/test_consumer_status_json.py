@@ -124,6 +124,7 @@ def test_shape_and_values() -> None:
             "lost_offsets": 2,
             "stuck": ["events/3"],
             "memory_outside_bytes": 0,
+            "budget_used_bytes": 0,
         },
         "nodes": {
             "n1": {"requests": 7, "errors": 1, "in_flight": True, "last_error": "boom", "backoff_s": 0.25}

@@ -113,3 +113,21 @@ def test_the_real_statm_reads_this_process() -> None:
         assert rss > 10 * MIB
     finally:
         gauge.stop()
+
+
+def test_used_is_what_left_counted_without_reading_again(statm: Path) -> None:
+    """``used()`` (the status's budget_used_bytes) is the charges (pinned over buffered), the fetches
+    in flight and what the last reading counted outside them, the cap applied; it reads nothing."""
+    gauge = MemoryGauge(str(statm))
+    budget = ByteBudget(40 * MIB, held=True, gauge=gauge)
+    gauge.start(0)
+    budget.pinned, budget.buffered, budget.reserved = 10 * MIB, 4 * MIB, 3 * MIB
+    set_rss(statm, 116 * MIB)  # 16 above idle, 6 of them outside the charges
+    assert budget.left() == 40 * MIB - 19 * MIB
+    assert budget.used() == 19 * MIB
+    set_rss(statm, 200 * MIB)  # not read by used()
+    assert budget.used() == 19 * MIB
+    budget.left()  # 90 outside: counted at half the limit
+    assert budget.used() == 10 * MIB + 3 * MIB + 20 * MIB
+    gauge.stop()
+    assert budget.used() == 13 * MIB

@@ -60,7 +60,8 @@ def status(
         coordinator=NODE_A,
         allocation="averagely",
         partitions=parts,
-        totals=totals or Totals(len(parts), 8 << 20, 1000, 64 << 20, 0, 0, 0, 1, 0, ()),
+        totals=totals
+        or Totals(len(parts), 8 << 20, 1000, 64 << 20, 0, 0, 0, 1, 0, (), budget_used_bytes=8 << 20),
         nodes=(NodeSnapshot(NODE_A, 10, 0, False, None, 0.0),),
         errors=Errors(None, None, None, None),
     )
@@ -205,8 +206,21 @@ def test_a_partition_read_from_a_replica_names_its_leader() -> None:
 
 
 def test_the_budget_shows_what_it_counts_and_the_memory_outside_its_charges() -> None:
-    """The header's budget is what the byte budget counts: pinned answers (more than the buffered
-    bytes once drained), fetches in flight, and the RSS above idle outside the charges, said apart."""
-    totals = Totals(3, 8 << 20, 1000, 64 << 20, 4 << 20, 20 << 20, 5, 1, 0, (), memory_outside_bytes=6 << 20)
+    """The header's budget is what the byte budget counts (ByteBudget.used, which
+    test_memory_gauge.py checks), and the RSS above idle outside the charges said apart."""
+    totals = Totals(
+        3,
+        8 << 20,
+        1000,
+        64 << 20,
+        4 << 20,
+        20 << 20,
+        5,
+        1,
+        0,
+        (),
+        memory_outside_bytes=6 << 20,
+        budget_used_bytes=30 << 20,
+    )
     header = " ".join(lines_of(render_text(TopView(), status(*busy(), totals=totals), 160, now=1.0))[:4])
     assert "budget 30.0MiB/64.0MiB (47%), 6.0MiB outside" in header

@@ -4,6 +4,7 @@ after it (mqd/consumer/memory_gauge.py), on in-process daemons against real brok
 from __future__ import annotations
 
 import asyncio
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ from mqd.landing import preflight
 from mqd.waiting import wait_until
 
 
-@pytest.mark.parametrize("compression", LandingConfig.model_fields["compression"].annotation.__args__)  # type: ignore[union-attr]
+@pytest.mark.parametrize("compression", typing.get_args(LandingConfig.model_fields["compression"].annotation))
 def test_every_configurable_codec_encodes(compression: str) -> None:
     """Each value ``landing.compression`` accepts encodes a landing file that reads back."""
     assert preflight.encode_check(compression) > 0
