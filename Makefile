@@ -6,7 +6,7 @@ PY     := $(BIN)/python
 
 .PHONY: install check-java test test-fast lint fmt demo bench chaos clean install-systemd screenshots docs
 
-install: check-java $(VENV)/.installed $(VENV)/.compiled
+install: check-java $(VENV)/.installed $(VENV)/.compiled $(VENV)/.spark-packages
 
 # mqd itself, plus the dev package (devtools/: chaos harness, demo) that the mqd wheel does not ship
 $(VENV)/.installed: pyproject.toml devtools/pyproject.toml setup.py mqd/sources/kafka/_rbv2.c
@@ -23,6 +23,15 @@ $(VENV)/.installed: pyproject.toml devtools/pyproject.toml setup.py mqd/sources/
 PY_SOURCES := $(shell find mqd devtools/mqd_dev -name '*.py')
 $(VENV)/.compiled: $(VENV)/.installed $(PY_SOURCES)
 	$(PY) -m compileall -q --invalidation-mode timestamp mqd devtools/mqd_dev
+	touch $@
+
+# Spark's packages (Delta Lake, hadoop-aws, spark-avro, spark-sql-kafka) from Maven Central into mqd's
+# cache (~/.cache/mqd, or MQD_CACHE_DIR): resolved once per machine by Spark itself, so that sessions
+# and tests start from the cache, offline (mqd/spark/packages.py)
+$(VENV)/.spark-packages: $(VENV)/.installed mqd/spark/packages.py
+	@echo "resolving Spark packages into mqd's cache (Maven Central, once per machine)"
+	@$(PY) -m mqd.spark.packages > $(VENV)/spark-packages.log 2>&1 || { tail -40 $(VENV)/spark-packages.log; exit 1; }
+	@tail -1 $(VENV)/spark-packages.log
 	touch $@
 
 check-java:
