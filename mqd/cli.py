@@ -1001,6 +1001,155 @@ def spark(config_path: Path, once: bool, master: str | None) -> None:
     sys.exit(rc if isinstance(rc, int) else EXIT_OK)
 
 
+# -- table (the Delta table's maintenance; mqd/spark/table_maintenance.py) --------------------------
+
+
+@main.group()
+def table() -> None:
+    """The output table: describe it, compact it, vacuum it, convert an old parquet table to Delta."""
+
+
+def _table_session(cfg: Any) -> Any:
+    """A Spark session for one table command, with Delta (and the job's lock held by the caller)."""
+    from mqd.spark import pyspark_problem
+
+    missing = pyspark_problem()
+    if missing is not None:
+        _die(missing, EXIT_CONFIG)
+    from mqd.spark.session import SessionError, open_session
+
+    try:
+        return open_session(
+            cfg.model_copy(update={"spark": cfg.spark.model_copy(update={"table_format": "delta"})})
+        )
+    except SessionError as exc:
+        _die(str(exc), 75)
+
+
+def _table_command(cfg: Any, action: Any) -> None:
+    """Run ``action(spark)`` holding the job's lock: refused while ``mqd spark`` runs."""
+    from mqd.spark.table_maintenance import TableBusy, job_lock
+
+    try:
+        with job_lock(cfg):
+            spark = _table_session(cfg)
+            try:
+                action(spark)
+            finally:
+                spark.stop()
+    except TableBusy as exc:
+        _die(str(exc), 75)
+
+
+def _delta_table(cfg: Any) -> Path:
+    from mqd.spark.table_format import existing_format
+
+    out = Path(cfg.spark.output_dir)
+    found = existing_format(out)
+    if found != "delta":
+        what = "no table" if found is None else f"a table of format {found}"
+        _die(f"{out} is {what}, not a Delta table (spark.output_dir)", EXIT_CONFIG)
+    return out
+
+
+@table.command("describe")
+@_config_option
+@click.option("--json", "as_json", is_flag=True, help="One JSON object.")
+def table_describe(config_path: Path, as_json: bool) -> None:
+    """Version, files, bytes, rows and partition columns of the Delta table (read by delta-rs: no
+    Spark, safe while the job runs)."""
+    from dataclasses import asdict
+
+    from mqd.spark.table_maintenance import describe
+
+    cfg = _load(config_path)
+    info = describe(_delta_table(cfg))
+    if as_json:
+        click.echo(json.dumps(asdict(info)))
+        return
+    click.echo(f"table:   {cfg.spark.output_dir} (delta, version {info.version})")
+    click.echo(f"files:   {info.files} ({info.bytes:,} bytes)")
+    click.echo(f"rows:    {'unknown' if info.rows is None else f'{info.rows:,}'}")
+    click.echo(f"partitioned by: {', '.join(info.partition_columns) or '-'}")
+    click.echo(f"last operation: {info.last_operation or '-'}")
+
+
+@table.command("optimize")
+@_config_option
+def table_optimize(config_path: Path) -> None:
+    """Compact small files to about spark.target_file_size (Delta OPTIMIZE). Refused while the job
+    runs: it does this itself every spark.maintenance_interval."""
+    from mqd.spark.table_maintenance import optimize
+
+    cfg = _load(config_path)
+    out = _delta_table(cfg)
+
+    def act(spark: Any) -> None:
+        r = optimize(spark, out, cfg.spark.target_file_size)
+        parts = r.partitions_optimized
+        click.echo(f"{out}: {r.files_removed} files compacted into {r.files_added} ({parts} partitions)")
+
+    _table_command(cfg, act)
+
+
+@table.command("vacuum")
+@_config_option
+def table_vacuum(config_path: Path) -> None:
+    """Delete files no version younger than spark.vacuum_retention needs (Delta VACUUM). Refused
+    while the job runs."""
+    from mqd.spark.table_maintenance import vacuum
+
+    cfg = _load(config_path)
+    out = _delta_table(cfg)
+
+    def act(spark: Any) -> None:
+        vacuum(spark, out, cfg.spark.vacuum_retention / 3600)
+        click.echo(f"{out}: vacuumed (retention {cfg.spark.vacuum_retention / 3600:g} h)")
+
+    _table_command(cfg, act)
+
+
+@table.command("convert")
+@_config_option
+def table_convert(config_path: Path) -> None:
+    """Make an old parquet table (spark.output_dir, and the quarantine table) a Delta table in place,
+    from the files its _spark_metadata lists; the job's checkpoint stays valid. Idempotent. Then set
+    spark.table_format = "delta". Refused while the job runs."""
+    from mqd.spark.table_format import existing_format
+    from mqd.spark.table_maintenance import convert
+
+    cfg = _load(config_path)
+    sc = cfg.spark
+    tables = [Path(sc.output_dir)] + ([Path(sc.quarantine_dir)] if sc.value_format == "json" else [])
+    tables = [t for t in tables if existing_format(t) is not None]
+    if not tables:
+        _die(f"no table at {sc.output_dir} to convert", EXIT_CONFIG)
+
+    def act(spark: Any) -> None:
+        for t in tables:
+            was = existing_format(t)
+            convert(spark, t, _partition_ddl(spark, t))
+            click.echo(f"{t}: {was} -> {existing_format(t)}")
+
+    _table_command(cfg, act)
+
+
+def _partition_ddl(spark: Any, path: Path) -> str:
+    """The partition columns of a parquet table as DDL (``topic STRING, dt DATE``), as Spark infers
+    them from its folder names."""
+    df = spark.read.parquet(str(path))
+    cols: list[str] = []
+    level = path
+    while True:
+        sub = next((p for p in level.iterdir() if p.is_dir() and "=" in p.name), None)
+        if sub is None:
+            break
+        cols.append(sub.name.split("=", 1)[0])
+        level = sub
+    types = {f.name: f.dataType.simpleString().upper() for f in df.schema.fields}
+    return ", ".join(f"`{c}` {types[c]}" for c in cols)
+
+
 # -- offsets (deliberate replays and skips; mqd/offsets_reset.py) ---------------------------------
 
 

@@ -92,6 +92,20 @@ def _landing_dir(value: Any) -> Any:
     return _non_empty_path(value)
 
 
+def _table_dir(value: Any) -> Any:
+    """A path, or an ``s3://bucket/path`` URI kept as text: the job writes it through S3A."""
+    if isinstance(value, str) and "://" in value:
+        if not value.startswith("s3://"):
+            raise ValueError(
+                f"{value.split('://', 1)[0]}:// cannot be written: a table is a path or an "
+                "s3://bucket/path URI (S3A, with [spark.s3])"
+            )
+        if not value[5:].split("/", 1)[0] or not value[5:].split("/", 1)[1:]:
+            raise ValueError("an s3:// table needs a bucket and a path: s3://bucket/path")
+        return value.rstrip("/")
+    return _non_empty_path(value)
+
+
 def _landing_dir_type(value: Path | str) -> Path | str:
     # validation picks str for any text (it matches exactly): only a URI stays one
     return value if isinstance(value, Path) or value.startswith("s3://") else Path(value)
@@ -181,6 +195,7 @@ Float = FiniteFloat
 ConfigPath = Annotated[Path, BeforeValidator(_non_empty_path)]
 # str: an s3:// URI. str first: validation of text picks the first member that takes it
 LandingDir = Annotated[str | Path, BeforeValidator(_landing_dir), AfterValidator(_landing_dir_type)]
+TableDir = Annotated[str | Path, BeforeValidator(_table_dir), AfterValidator(_landing_dir_type)]
 Token = Annotated[str, AfterValidator(_token)]
 HttpUrl = Annotated[str, AfterValidator(_http_url)]
 BootstrapAddress = Annotated[str, AfterValidator(_bootstrap_address)]
@@ -507,12 +522,39 @@ class LandingConfig(_Model):
     lifecycle: LandingLifecycleConfig = Field(default_factory=LandingLifecycleConfig)
 
 
+class SparkS3Config(_Model):
+    """For an ``s3://`` table: the S3-compatible store S3A writes it to. Unset keys take
+    ``[landing.s3]``'s; credentials come from the AWS chain (variables, profile, instance role)."""
+
+    endpoint_url: Annotated[str, AfterValidator(_endpoint_url)] | None = None
+    region: str | None = None
+    # bucket in the path, not the host name: what MinIO, SeaweedFS and Ceph need; None: on when
+    # endpoint_url is set (a store that is not AWS), off for AWS
+    path_style: bool | None = None
+
+
 class SparkConfig(_Model):
     master: str = "local[*]"
     app_name: str = "mqd-landing"
-    output_dir: ConfigPath = Path("warehouse/events")
+    # a folder, or s3://bucket/path (written through S3A, [spark.s3]); the checkpoint stays local
+    output_dir: TableDir = Path("warehouse/events")
     checkpoint_dir: ConfigPath = Path("warehouse/_checkpoints/events")
-    quarantine_dir: ConfigPath = Path("warehouse/_quarantine/events")
+    quarantine_dir: TableDir = Path("warehouse/_quarantine/events")
+    s3: SparkS3Config = Field(default_factory=SparkS3Config)
+    # delta: a Delta Lake table (every reader sees whole batches); iceberg: an Apache Iceberg table
+    # (format 2, written by pyiceberg from the driver); parquet: the plain folder that mqd wrote
+    # before table formats (mqd/spark/table_format.py)
+    table_format: Literal["delta", "iceberg", "parquet"] = "delta"
+    # iceberg: pyiceberg catalog properties ({ type = "rest", uri = "..." }, or "sql", "glue", ...);
+    # none: the table's folder is its own catalog (no server; mqd/spark/iceberg_sink.py)
+    iceberg_catalog: dict[str, str] | None = None
+    # Delta table maintenance by the job (mqd/spark/table_maintenance.py): compaction to about
+    # target_file_size and VACUUM of what no version younger than vacuum_retention needs, at most
+    # every maintenance_interval (0: never; `mqd table optimize|vacuum` by hand then)
+    maintenance_interval: Seconds = Field(default=3600.0, ge=0)
+    target_file_size: Bytes = Field(default=128 * MiB, ge=1 * MiB)
+    # a reader still on an older version needs its files: Delta's own default is 7 days
+    vacuum_retention: Seconds = Field(default=7 * 86400.0, ge=3600)
     max_files_per_trigger: int = Field(default=1000, ge=1)
     # the duration syntax ("10s", "500ms") or Spark's own ("10 seconds"); Spark gets its own form
     trigger_interval: Annotated[str, BeforeValidator(_spark_seconds)] = Field(
@@ -562,6 +604,15 @@ class SparkConfig(_Model):
         if problem is not None:
             raise ValueError(problem)
         return value
+
+    @model_validator(mode="after")
+    def _iceberg_on_disk(self) -> Self:
+        if self.table_format == "iceberg" and isinstance(self.output_dir, str):
+            raise ValueError(
+                'table_format = "iceberg" writes a table on disk only (its folder catalog has no S3 '
+                'store yet): use table_format = "delta" for an s3:// output_dir'
+            )
+        return self
 
     @model_validator(mode="after")
     def _json_needs_schema(self) -> Self:
@@ -851,7 +902,9 @@ def load_daemon_config(path: str | Path, environ: Mapping[str, str] | None = Non
             ),
             "spark": cfg.spark.model_copy(
                 update={
-                    k: _resolve(base, getattr(cfg.spark, k))
+                    k: getattr(cfg.spark, k)
+                    if isinstance(getattr(cfg.spark, k), str)
+                    else _resolve(base, getattr(cfg.spark, k))
                     for k in ("output_dir", "checkpoint_dir", "quarantine_dir")
                 }
             ),
@@ -938,4 +991,25 @@ def check_file(path: str | Path, environ: Mapping[str, str] | None = None) -> tu
         return kind, load_broker_config(path)[0]
     if kind == "cluster":
         return kind, load_cluster_config(path)
-    return kind, load_daemon_config(path, environ)
+    config = load_daemon_config(path, environ)
+    problem = table_format_problem(config)
+    if problem is not None:
+        raise ConfigError(f"{path}: {problem}")
+    return kind, config
+
+
+def table_format_problem(config: MqdConfig) -> str | None:
+    """Why ``spark.table_format`` cannot write the tables already at the output (and quarantine)
+    folders; looked at by ``mqd config check`` and ``mqd spark``, not by every load (a daemon host
+    need not see the warehouse)."""
+    from mqd.spark.table_format import format_problem
+
+    sc = config.spark
+    places = [sc.output_dir] + ([sc.quarantine_dir] if sc.value_format == "json" else [])
+    for place in places:
+        if isinstance(place, str):  # an s3:// table: the job looks when it starts (no S3 call here)
+            continue
+        problem = format_problem(sc.table_format, place)
+        if problem is not None:
+            return problem
+    return None

@@ -1,4 +1,4 @@
-"""The Structured Streaming job: landing directory -> output table (Parquet), exactly once.
+"""The Structured Streaming job: landing directory -> output table (Delta Lake or Parquet), exactly once.
 
 The source is Spark's file source on the landing directory with an explicit schema (never
 inferred: derived from the landing's Arrow schema, mqd.landing.schema); ``_``/``.`` paths (state,
@@ -7,8 +7,13 @@ manifest, markers, temp files) are ignored by Spark, foreign non-Parquet files b
 fails the query, and the job exits 1 with an error naming the file (``ignoreCorruptFiles`` would
 skip the rest of the file, records that read fine included, and exit 0). The job lists the files
 that are not in the manifest at start. The sink is Spark's file sink, exactly once through its
-checkpoint and ``_spark_metadata`` log: read the output with Spark (or anything that honours that
-log).
+checkpoint. The table is ``spark.table_format`` (mqd/spark/table_format.py): a Delta Lake table by
+default, written by Delta's streaming sink, which commits each micro-batch to the Delta log with the
+query's id and the batch id as a transaction (``txn``), so a batch re-run after a crash is skipped when
+its commit had landed and written whole when it had not; files of a killed batch are in no commit, so
+no Delta reader (Spark, delta-rs, Polars, DuckDB) ever sees them. ``parquet`` keeps the plain folder
+of Spark's file sink, committed only in ``_spark_metadata``: read it with Spark (or anything that
+honours that log).
 
 An ``s3://`` landing (``landing.dir = "s3://bucket/prefix"``) is read instead by mqd's Python data
 source (mqd/spark/landing_source.py: the files the claim chains name, through the store's own S3
@@ -175,10 +180,12 @@ def _source(spark: Any, config: MqdConfig) -> Any:
     )
 
 
-def _queries(spark: Any, config: MqdConfig) -> list[tuple[str, Any, Path, Path, list[str]]]:
-    """(name, dataframe, output path, checkpoint, partition columns) per streaming query."""
+def _queries(spark: Any, config: MqdConfig) -> list[tuple[str, Any, str, Path, list[str]]]:
+    """(name, dataframe, output location, checkpoint, partition columns) per streaming query."""
     from pyspark.sql import functions as F
     from pyspark.sql.types import StringType, StructField, StructType
+
+    from mqd.spark.table_format import spark_location
 
     sc = config.spark
     checkpoint = Path(sc.checkpoint_dir)
@@ -192,7 +199,7 @@ def _queries(spark: Any, config: MqdConfig) -> list[tuple[str, Any, Path, Path, 
             (
                 query_name(config),
                 df.where(~foreign).select(*output_columns()),
-                Path(sc.output_dir),
+                spark_location(sc.output_dir),
                 checkpoint / "main",
                 sc.partition_by,
             )
@@ -244,11 +251,11 @@ def _queries(spark: Any, config: MqdConfig) -> list[tuple[str, Any, Path, Path, 
     )
     qparts = [c for c in sc.partition_by if c in _LANDING_COLUMNS]
     return [
-        (query_name(config), good, Path(sc.output_dir), checkpoint / "main", sc.partition_by),
+        (query_name(config), good, spark_location(sc.output_dir), checkpoint / "main", sc.partition_by),
         (
             query_name(config, quarantine=True),
             bad,
-            Path(sc.quarantine_dir),
+            spark_location(sc.quarantine_dir),
             checkpoint / "quarantine",
             qparts,
         ),
@@ -313,6 +320,19 @@ def _check_partitioning(partition_by: list[str], columns: list[str]) -> None:
 
 
 def run(config: MqdConfig, *, once: bool, master: str | None = None) -> int:
+    """Run the job, holding the table's job lock (mqd/spark/table_maintenance.py) throughout.
+    Returns what :func:`_run` does, or EXIT_SESSION while ``mqd table`` holds the lock."""
+    from mqd.spark.table_maintenance import TableBusy, job_lock
+
+    try:
+        with job_lock(config):
+            return _run(config, once=once, master=master)
+    except TableBusy as exc:
+        _log.error("spark_table_busy", query=query_name(config), error=str(exc), exit_code=EXIT_SESSION)
+        return EXIT_SESSION
+
+
+def _run(config: MqdConfig, *, once: bool, master: str | None = None) -> int:
     """Run the job. ``once``: process what is in the landing directory (availableNow) and return;
     otherwise run until SIGTERM/SIGINT. Returns a process exit code (0 ok, 1 query failed,
     2 bad configuration, 75 no Spark session: EXIT_SESSION)."""
@@ -349,6 +369,12 @@ def run(config: MqdConfig, *, once: bool, master: str | None = None) -> int:
                 note="not in the manifest: Spark reads them if they are valid Parquet with the "
                 "landing schema; a corrupt one fails the job",
             )
+    from mqd.config import table_format_problem
+
+    problem = table_format_problem(config)
+    if problem is not None:
+        log.error("spark_table_format", error=problem)
+        return 2
     had_session = _session_running()
     if is_object_landing(config):
         python_workers(url)
@@ -388,30 +414,31 @@ def run(config: MqdConfig, *, once: bool, master: str | None = None) -> int:
             log.error("lifecycle_query_name_taken", error=str(exc))
             return 2
         for name, df, out, ckpt, parts in plan:
-            writer = (
-                df.writeStream.format("parquet")
-                .queryName(name)
-                .option("path", str(out))
-                .option("checkpointLocation", str(ckpt))
-                .outputMode("append")
-            )
-            if parts:
-                writer = writer.partitionBy(*parts)
+            writer = _table_writer(config, df.writeStream.queryName(name), out, parts, name)
+            writer = writer.option("checkpointLocation", str(ckpt))
             writer = (
                 writer.trigger(availableNow=True)
                 if once
                 else writer.trigger(processingTime=config.spark.trigger_interval)
             )
             started.append(writer.start())
-            log.info("spark_query_started", query=name, output=str(out), checkpoint=str(ckpt), once=once)
+            log.info("spark_query_started", query=name, output=out, checkpoint=str(ckpt), once=once)
+        maintenance = _maintenance(config, plan)
         if not once:
             threading.Thread(target=recorder.run, args=(stopping,), name="mqd-lifecycle", daemon=True).start()
+            if maintenance is not None:
+                threading.Thread(
+                    target=_maintain, args=(maintenance, spark, stopping), name="mqd-maintenance", daemon=True
+                ).start()
         for q in started:
             q.awaitTermination()
             if q.exception() is not None and not stopping.is_set():
                 _log_failure(log, q.name, str(q.exception()))
                 return 1
+        stopping.set()  # the queries are done: no new maintenance round beside what follows
         recorder.record()
+        if once and maintenance is not None:  # a streaming run's thread did it between batches
+            maintenance.run_if_due(spark)
         for q in started:
             progress = q.lastProgress or {}
             log.info(
@@ -435,6 +462,37 @@ def run(config: MqdConfig, *, once: bool, master: str | None = None) -> int:
             signal.signal(sig, handler)
         if not had_session:
             spark.stop()
+
+
+def _table_writer(config: MqdConfig, writer: Any, out: str, parts: list[str], name: str) -> Any:
+    """The query's sink for ``spark.table_format``: Delta's or Spark's file sink, or, for Iceberg,
+    ``foreachBatch`` into pyiceberg in this driver (no Iceberg runtime exists for Spark 4.2)."""
+    fmt = config.spark.table_format
+    if fmt == "iceberg":
+        from mqd.spark.iceberg_sink import IcebergSink, foreach_batch
+
+        sink = IcebergSink(out, partition_by=parts, catalog=config.spark.iceberg_catalog, query_name=name)
+        return writer.foreachBatch(foreach_batch(sink.start()))
+    writer = writer.format(fmt).option("path", out).outputMode("append")
+    if fmt == "delta":
+        # columns the landing or the value schema gained since the table was made are added
+        writer = writer.option("mergeSchema", "true")
+    return writer.partitionBy(*parts) if parts else writer
+
+
+def _maintenance(config: MqdConfig, plan: list[tuple[str, Any, str, Path, list[str]]]) -> Any:
+    """The Delta tables' maintenance schedule (None for a parquet table)."""
+    if config.spark.table_format != "delta":
+        return None
+    from mqd.spark.table_maintenance import MaintenanceSchedule
+
+    return MaintenanceSchedule(config, [out for _name, _df, out, _ckpt, _parts in plan])
+
+
+def _maintain(schedule: Any, spark: Any, stopping: threading.Event) -> None:
+    """Beside the running queries, in the job's own driver: the one writer of the table's log."""
+    while not stopping.wait(RECORD_INTERVAL_S):
+        schedule.run_if_due(spark)
 
 
 def unreadable_file(error: str) -> str | None:

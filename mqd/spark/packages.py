@@ -106,7 +106,7 @@ PACKAGES = {
 # What the packages depend on that pyspark's own jars already hold, in other versions (Delta pulls
 # Hadoop 3.4's client, Parquet 1.16 and Jackson 2.13 into Spark 4.2's 3.5, 1.17 and 2.19): Spark's
 # copies win on the classpath anyway, so resolving these would only download and load dead weight.
-# tests/integration/spark/test_spark_packages.py checks that no resolved jar is one of pyspark's.
+# tests/integration/spark/test_spark_packages_offline.py checks that no resolved jar is one of pyspark's.
 PROVIDED_BY_PYSPARK = (
     "at.yawk.lz4:lz4-java",
     "com.fasterxml.jackson.core:jackson-annotations",

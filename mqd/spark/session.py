@@ -98,6 +98,11 @@ def build_session(config: MqdConfig, master: str | None = None) -> Any:
         .config("spark.sql.streaming.schemaInference", "false")
         .config("spark.sql.adaptive.enabled", "false")  # AQE brings nothing to small micro-batches
     )
+    if sc.table_format == "delta":
+        for key, value in table_session_options().items():
+            builder = builder.config(key, value)
+    for key, value in s3a_options(config).items():
+        builder = builder.config(key, value)
     if log4j is not None:
         opts = f"-Dlog4j2.configurationFile={log4j.as_uri()}"
         builder = builder.config("spark.driver.extraJavaOptions", opts)
@@ -109,10 +114,51 @@ def build_session(config: MqdConfig, master: str | None = None) -> Any:
             "spark.driver.bindAddress", "127.0.0.1"
         )
     try:
-        return builder.getOrCreate()
+        spark = builder.getOrCreate()
     finally:
         if log4j is not None:
             log4j.unlink(missing_ok=True)
+    # a reused session (tests, the demo) started without them: S3A reads Hadoop's configuration
+    hadoop = spark.sparkContext._jsc.hadoopConfiguration()
+    for key, value in s3a_options(config).items():
+        hadoop.set(key.removeprefix("spark.hadoop."), value)
+    return spark
+
+
+# New Delta tables stay readable by every Delta reader (delta-rs, DuckDB, Polars): no deletion
+# vectors (mqd only appends; compaction rewrites files whole), classic checkpoints, not v2 ones
+_DELTA_TABLE_DEFAULTS = {
+    "spark.databricks.delta.properties.defaults.enableDeletionVectors": "false",
+    "spark.databricks.delta.properties.defaults.checkpointPolicy": "classic",
+}
+
+
+def table_session_options() -> dict[str, str]:
+    """What a session writing Delta tables needs: the packages from mqd's cache (resolved by Spark,
+    mqd/spark/packages.py), Delta's SQL extension and catalog, and the new tables' defaults."""
+    from mqd.spark.packages import session_options
+
+    return {**session_options(), **_DELTA_TABLE_DEFAULTS}
+
+
+def s3a_options(config: MqdConfig) -> dict[str, str]:
+    """Hadoop's S3A settings for an ``s3://`` table (none for a table on disk): ``[spark.s3]``, each
+    unset key from ``[landing.s3]``. Credentials: S3A's default chain (the AWS variables, then the
+    instance role), the same the landing's boto3 uses."""
+    sc = config.spark
+    if not any(isinstance(p, str) for p in (sc.output_dir, sc.quarantine_dir)):
+        return {}
+    endpoint = sc.s3.endpoint_url or config.landing.s3.endpoint_url
+    region = sc.s3.region or config.landing.s3.region
+    path_style = sc.s3.path_style if sc.s3.path_style is not None else endpoint is not None
+    opts = {"spark.hadoop.fs.s3a.path.style.access": "true" if path_style else "false"}
+    if endpoint is not None:
+        opts["spark.hadoop.fs.s3a.endpoint"] = endpoint
+        tls = endpoint.startswith("https")
+        opts["spark.hadoop.fs.s3a.connection.ssl.enabled"] = "true" if tls else "false"
+    if region is not None:
+        opts["spark.hadoop.fs.s3a.endpoint.region"] = region
+    return opts
 
 
 def open_session(config: MqdConfig, master: str | None = None) -> Any:
@@ -148,4 +194,6 @@ __all__ = [
     "build_session",
     "check_reachable",
     "open_session",
+    "s3a_options",
+    "table_session_options",
 ]

@@ -78,7 +78,7 @@ def test_raw_job_drains_landing_once_and_stops_at_corrupt_files(tmp_path: Path, 
     assert out.select("topic", "partition", "offset").distinct().count() == 300
     assert sorted(str(r.dt) for r in out.select("dt").distinct().collect()) == ["2026-01-01"]
     assert sorted(r.hour for r in out.select("hour").distinct().collect()) == [0, 1]
-    assert (cfg.spark.output_dir / "topic=events" / "dt=2026-01-01").is_dir()
+    assert (Path(cfg.spark.output_dir) / "topic=events" / "dt=2026-01-01").is_dir()
 
     publish(pub, "events", 0, 100, [b"c"] * 25, T0 + 7_200_000)
     assert job.run(cfg, once=True) == 0
@@ -122,7 +122,7 @@ def test_bad_partition_column_is_a_config_error(tmp_path: Path, spark: Any) -> N
     assert job.run(cfg, once=True) == 2
 
 
-def _rows(spark: Any, path: Path) -> int:
+def _rows(spark: Any, path: Path | str) -> int:
     """Rows committed to the output table so far (0 before its first micro-batch)."""
     from pyspark.errors import AnalysisException
 

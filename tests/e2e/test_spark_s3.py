@@ -31,6 +31,7 @@ from mqd.landing.claim_chain import ChainState, Claim
 from mqd.landing.object_store import ObjectStore
 from mqd.landing.publisher import file_range
 from mqd.spark import job
+from mqd.spark.table_format import existing_format
 from mqd.testing.seaweedfs import SeaweedFS
 
 pytestmark = pytest.mark.spark
@@ -78,7 +79,7 @@ def s3_config(root: Path, uri: str, endpoint: str, **spark_kw: Any) -> MqdConfig
     )
 
 
-def table_keys(spark: Any, out: Path) -> np.ndarray:
+def table_keys(spark: Any, out: Path | str) -> np.ndarray:
     """(partition, offset) of every row of the output table, read through Spark's sink log."""
     rows = spark.read.parquet(str(out)).select("partition", "offset").collect()
     return np.array([(r.partition, r.offset) for r in rows], dtype=np.int64).reshape(-1, 2)
@@ -231,4 +232,4 @@ def test_a_claimed_file_that_is_gone_fails_the_job_naming_it(
         assert job.run(cfg, once=True) == 1
     [failed] = [e for e in logs if e["event"] == "spark_unreadable_file"]
     assert failed["file"] == f"{store.location}/{gone.path}"
-    assert not (cfg.spark.output_dir / "_spark_metadata" / "0").exists()
+    assert existing_format(Path(cfg.spark.output_dir)) is None  # no batch committed, in no format

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 from support.cli import mqd
 from support.half_claims import claim_unpromoted
@@ -87,7 +86,9 @@ def spark_once(root: Path, uri: str, endpoint: str) -> str:
 
 
 def table_keys(out: Path) -> list[tuple[int, int]]:
-    t = pq.read_table(out, columns=["partition", "offset"])
+    from deltalake import DeltaTable
+
+    t = DeltaTable(str(out)).to_pyarrow_table(columns=["partition", "offset"])
     return sorted(zip(t.column("partition").to_pylist(), t.column("offset").to_pylist(), strict=True))
 
 

@@ -36,6 +36,7 @@ def make_config(root: Path) -> MqdConfig:
             checkpoint_dir=root / "ckpt",
             quarantine_dir=root / "quarantine",
             shuffle_partitions=2,
+            table_format="parquet",  # the table an mqd before table formats wrote (Delta: test_spark_delta)
         ),
     )
 

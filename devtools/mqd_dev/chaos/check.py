@@ -364,5 +364,17 @@ def spark_committed_files(output_dir: Path) -> list[Path]:
 
 
 def read_table_output(output_dir: Path, topic: str) -> pa.Table:
+    """The table's rows of ``topic``. A Delta table (the job's default) is read by delta-rs, a
+    reader that is not Spark: what a user's DuckDB or Polars sees is what is checked. A parquet
+    table is read from the files its ``_spark_metadata`` commits."""
+    from mqd.spark.table_format import existing_format
+
+    if existing_format(output_dir) == "delta":
+        from deltalake import DeltaTable
+
+        rows = DeltaTable(str(output_dir)).to_pyarrow_table(
+            columns=COPY_COLUMNS, filters=[("topic", "=", topic)]
+        )
+        return rows.select(COPY_COLUMNS).cast(COPY_SCHEMA)
     files = [p for p in spark_committed_files(output_dir) if f"topic={topic}" in p.parts]
     return read_parquet_files(files)

@@ -59,7 +59,7 @@ from mqd_dev.chaos.disk import LandingDisk
 from mqd_dev.chaos.ledger import Ledger, read_ledger
 from mqd_dev.chaos.load import ProduceLoad
 from mqd_dev.chaos.lock_freeze import freeze_in_lock
-from mqd_dev.chaos.procs import ChaosCluster, DaemonProc
+from mqd_dev.chaos.procs import ChaosCluster, DaemonProc, Proc
 from mqd_dev.chaos.proxy import Faults
 from mqd_dev.chaos.publish_kill import kill_before_publish, resolved_partitions
 from mqd_dev.chaos.s3_landing import NOT_ON_S3, S3Landing
@@ -85,6 +85,8 @@ CATEGORIES: dict[str, tuple[str, ...]] = {
     "network": ("net_corrupt", "net_truncate", "net_reset", "net_slow", "net_hang"),
     # object-store landings only (s3_landing): the second S3 gateway frozen or killed
     "store": ("gateway_freeze", "gateway_kill"),
+    # the streaming `mqd spark` beside the daemons SIGKILLed wherever it is (mid-batch, mid-compaction)
+    "spark": ("spark_kill",),
 }
 STORE_KINDS: tuple[str, ...] = CATEGORIES["store"]
 ALL_KINDS: tuple[str, ...] = tuple(k for kinds in CATEGORIES.values() for k in kinds)
@@ -249,6 +251,19 @@ class ChaosRun:
         env = self.cluster.env if self.s3 is None else {**self.cluster.env, **self.s3.env()}
         self.daemons = [self._daemon(f"d{i}", env) for i in range(options.daemons)]
         self.extra = self._daemon(f"d{options.daemons}", env)  # joins and leaves (daemon_churn)
+        # spark_kill: the table job streaming all run long, as in production (the end check's
+        # `--once` then finds what the killed batches left)
+        self.spark_job = (
+            Proc(
+                "spark",
+                [sys.executable, "-m", "mqd.cli", "spark", "--config", str(self.daemons[0].config_path)],
+                self.root / "spark-stream.log",
+                self.root,
+                env,
+            )
+            if options.spark and "spark_kill" in options.kinds
+            else None
+        )
         self.client = BrokerClient(request_timeout=5.0)
         self.ledger = Ledger(self.root / "ledger.tsv")
         # kill_before_publish also hits the pipeline's very first start (see _first_start)
@@ -309,6 +324,8 @@ class ChaosRun:
                 "quarantine_dir": str(warehouse / "_quarantine" / "events"),
                 "shuffle_partitions": 2,
                 "driver_memory": "512m",
+                "trigger_interval": "1s",  # the streaming job of spark_kill
+                "maintenance_interval": "10s",  # compaction runs under the faults too
             },
             "admin": {"enabled": False},
             "log": {"level": "info", "format": "json"},
@@ -334,6 +351,8 @@ class ChaosRun:
         else:
             for d in self.daemons:
                 d.start()
+        if self.spark_job is not None:
+            self.spark_job.start()
         self._supervisor = asyncio.create_task(self._supervise())
         self.load.start()
         # round 1 starts from a working pipeline, not from daemons still importing pyarrow
@@ -391,6 +410,14 @@ class ChaosRun:
                 if code is not None:
                     if d is not self.extra:
                         d.start()
+            code = self.spark_job.unasked_exit() if self.spark_job is not None else None
+            if self.spark_job is not None and code is not None:
+                self.crashes["spark"] += 1
+                self.failures.append(
+                    f"the streaming mqd spark exited by itself with {code}:\n{self.spark_job.tail(20)}"
+                )
+                log.error("chaos.spark_crashed", code=code)
+                self.spark_job.start()
             for n in self.cluster.nodes.values():
                 code = n.unasked_exit()
                 if code is not None:
@@ -412,6 +439,8 @@ class ChaosRun:
             # a local landing has no gateway; an object store has no disk, mount or flock to fault
             skip = STORE_KINDS if self.s3 is None else NOT_ON_S3
             ok = [k for k in ok if k not in skip]
+            if cat == "spark" and self.spark_job is None:
+                ok = []
             if ok:
                 out[cat] = ok
         return out
@@ -449,6 +478,12 @@ class ChaosRun:
             await node.stop_async(signal.SIGKILL)
             await asyncio.sleep(hold)
             await self.cluster.restart(node)
+        elif kind == "spark_kill":
+            assert self.spark_job is not None
+            rec.notes.append("SIGKILL mqd spark")
+            await self.spark_job.stop_async(signal.SIGKILL)
+            await asyncio.sleep(hold)
+            self.spark_job.start()
         elif kind == "daemon_kill":
             d = rng.choice(self.daemons)
             rec.notes.append(f"SIGKILL {d.name}")
@@ -666,6 +701,11 @@ class ChaosRun:
         for d in [*self.daemons, self.extra]:
             if d.running:
                 codes[d.name] = await self._stop_clean(d)
+        if self.spark_job is not None and self.spark_job.running:
+            # stopped (it drains its batch) before the end check's `--once`, which needs its lock
+            codes["spark"] = await self.spark_job.stop_async(signal.SIGTERM, timeout=120)
+            if codes["spark"] != 0:
+                self.failures.append(f"the streaming mqd spark stopped with {codes['spark']}")
         return {"log_end": end, "catch_up_s": took, "daemon_exit_codes": codes}
 
     async def _verify(self) -> dict[str, Any]:
@@ -803,6 +843,8 @@ class ChaosRun:
         self.ledger.close()
         for d in [*self.daemons, self.extra]:
             await d.stop_async(signal.SIGKILL)
+        if self.spark_job is not None:
+            await self.spark_job.stop_async(signal.SIGKILL)
         await self.cluster.stop()
         await self.client.close()
         if self.s3 is not None:
@@ -820,6 +862,8 @@ class ChaosRun:
     def kill_all_now(self) -> None:
         for d in [*self.daemons, self.extra]:
             d.kill_now()
+        if self.spark_job is not None:
+            self.spark_job.kill_now()
         self.cluster.kill_all_now()
         if self.s3 is not None:
             self.s3.stop()

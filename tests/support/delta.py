@@ -1,0 +1,62 @@
+"""Helpers of the Delta table tests: land numbered records, a job config, and the check that Spark
+and every other reader see each record once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from mqd import format as fmt
+from mqd.config import LandingConfig, MqdConfig, SparkConfig
+from mqd.landing import LocalStore, Publisher
+from support.table_readers import Key, every_reader_keys, offsets
+
+T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
+
+
+Offsets = list[tuple[str, int, int]]
+
+
+def land(root: Path, partitions: int, files: int, records: int, *, first_file: int = 0) -> Offsets:
+    """``files`` files of ``records`` records into each partition of topic ``events``; their
+    (topic, partition, offset), sorted."""
+    pub = Publisher(LocalStore(root))
+    pub.store.open()
+    keys: Offsets = []
+    for p in range(partitions):
+        for f in range(first_file, first_file + files):
+            values = [b"v%d" % i for i in range(records)]
+            ts = np.full(records, T0 + f * 3_600_000, dtype=np.int64)
+            raw = fmt.encode_batch(values, timestamps=ts, base_offset=f * records)
+            batch = fmt.to_arrow(raw, fmt.scan(raw)[0])
+            pub.publish("events", p, pa.Table.from_batches([batch]), pub.store.head("events", p).last_offset)
+            keys += [("events", p, f * records + i) for i in range(records)]
+    return sorted(keys)
+
+
+def make_config(root: Path, **spark_kw: Any) -> MqdConfig:
+    """A job landing from ``root/landing`` into ``root/events``; ``spark_kw`` overrides any key."""
+    spark = {
+        "output_dir": root / "events",
+        "checkpoint_dir": root / "ckpt",
+        "quarantine_dir": root / "quarantine",
+        "shuffle_partitions": 2,
+        "max_files_per_trigger": 4,
+        **spark_kw,
+    }
+    return MqdConfig(landing=LandingConfig(dir=root / "landing"), spark=SparkConfig(**spark))
+
+
+def spark_keys(spark: Any, path: Path) -> list[Key]:
+    rows = spark.read.format("delta").load(str(path)).select("topic", "partition", "incarnation", "offset")
+    return sorted((r.topic, r.partition, r.incarnation, r.offset) for r in rows.collect())
+
+
+def assert_exact(spark: Any, path: Path, expected: Offsets) -> None:
+    """Spark and every other reader see each expected record once, under one incarnation."""
+    for reader, keys in {"spark": spark_keys(spark, path), **every_reader_keys(path)}.items():
+        assert offsets(keys) == expected, reader
+        assert len(set(keys)) == len(keys), reader
