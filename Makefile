@@ -6,7 +6,7 @@ PY     := $(BIN)/python
 
 .PHONY: install check-java test test-fast lint fmt demo bench chaos clean install-systemd screenshots docs
 
-install: check-java $(VENV)/.installed $(VENV)/.compiled $(VENV)/.spark-packages
+install: check-java $(VENV)/.installed $(VENV)/.compiled $(VENV)/.spark-packages $(VENV)/.kafka-jars
 
 # mqd itself, plus the dev package (devtools/: chaos harness, demo) that the mqd wheel does not ship
 $(VENV)/.installed: pyproject.toml devtools/pyproject.toml setup.py mqd/sources/kafka/_rbv2.c
@@ -32,6 +32,13 @@ $(VENV)/.spark-packages: $(VENV)/.installed mqd/spark/packages.py
 	@echo "resolving Spark packages into mqd's cache (Maven Central, once per machine)"
 	@$(PY) -m mqd.spark.packages > $(VENV)/spark-packages.log 2>&1 || { tail -40 $(VENV)/spark-packages.log; exit 1; }
 	@tail -1 $(VENV)/spark-packages.log
+	touch $@
+
+# Apache Kafka's broker jars for mqd.testing.KafkaCluster (the Kafka source's tests, chaos, bench),
+# resolved by Ivy from Maven Central into mqd's cache once per machine (mqd/testing/maven.py)
+$(VENV)/.kafka-jars: $(VENV)/.installed mqd/testing/kafka_cluster.py mqd/testing/maven.py
+	@echo "resolving Apache Kafka's jars into mqd's cache (Maven Central, once per machine)"
+	@$(PY) -m mqd.testing.maven $$($(PY) -c 'from mqd.testing.kafka_cluster import kafka_coordinates; print(*kafka_coordinates())') > /dev/null
 	touch $@
 
 check-java:

@@ -11,7 +11,10 @@ from typing import Any
 
 import pytest
 from support.harness import Cluster
+from support.kafka import broker as broker  # Tansu and Apache Kafka, one of each per module
+from support.kafka import module_kafka_broker as module_kafka_broker
 from support.kafka import tansu as tansu  # a real Kafka-protocol broker (the Kafka source's tests)
+from support.kafka import topic as topic  # a topic name of the test's own on a shared broker
 from support.seaweedfs import seaweedfs as seaweedfs  # the session's S3 endpoint (object-store tests)
 from support.storage_node import storage_node as storage_node  # a broker Storage without a process
 

@@ -26,6 +26,9 @@ In a pytest suite, make a fixture of it (``tmp_path`` as the root, ``cluster.sto
 ``cluster.dump_logs()`` to print the node logs when a test failed). Nodes can be stopped, killed,
 frozen (SIGSTOP) and restarted to test failover: see :class:`LocalCluster`.
 
+:class:`KafkaCluster` does the same with real Apache Kafka brokers (KRaft mode, jars from Maven
+Central, see :mod:`mqd.testing.kafka_cluster`), for code that reads a Kafka-protocol cluster.
+
 The pieces underneath are public too: :class:`ManagedProcess` (one child process with its log:
 start, wait until ready, signal, stop with a SIGKILL deadline; sync and async) and the config file
 writers in :mod:`mqd.testing.configfiles`.
@@ -49,12 +52,15 @@ from mqd.testing.configfiles import (
     replica_credentials,
     to_toml,
 )
+from mqd.testing.kafka_cluster import KAFKA_VERSION, KafkaCluster
 from mqd.testing.process import START_TIMEOUT, STOP_TIMEOUT, ManagedProcess, ProcessError
 
 __all__ = [
     "DEFAULT_NODE_SETTINGS",
+    "KAFKA_VERSION",
     "START_TIMEOUT",
     "STOP_TIMEOUT",
+    "KafkaCluster",
     "LocalCluster",
     "ManagedProcess",
     "NodeAddress",

@@ -83,6 +83,17 @@ class Tansu:
         ).values():
             fut.result(timeout)
 
+    def delete_topic(self, topic: str, timeout: float = 15.0) -> None:
+        from confluent_kafka.admin import AdminClient
+
+        admin = AdminClient({"bootstrap.servers": self.bootstrap})
+        for fut in admin.delete_topics([topic]).values():
+            fut.result(timeout)
+
+    def dump_logs(self, tail: int = 60) -> str:
+        """The last ``tail`` lines of Tansu's log, for a failing test's output."""
+        return f"----- tansu ({self.process.log_path}) -----\n{self.process.tail(tail)}"
+
     def __enter__(self) -> Tansu:
         return self.start()
 

