@@ -166,6 +166,9 @@ def _host_port(value: str) -> str:
     """HOST:PORT (a Kafka bootstrap server; [v6]:PORT for IPv6)."""
     if "://" in value:
         raise ValueError(f"a Kafka bootstrap server is HOST:PORT, not a URL (got {value!r})")
+    if "," in value:  # Kafka's bootstrap.servers is one string; here each server is an entry
+        servers = ", ".join(f'"{v.strip()}"' for v in value.split(",") if v.strip())
+        raise ValueError(f"one server per entry: bootstrap = [{servers}]")
     host, sep, port = value.rpartition(":")
     if _bad_chars(value) or not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise ValueError(f"a Kafka bootstrap server is HOST:PORT with a port in 1..65535 (got {value!r})")

@@ -27,6 +27,8 @@ def test_kafka_bootstrap_refuses_urls_and_bad_ports(tmp_path: Path) -> None:
         ("http://127.0.0.1:9092", "not a URL"),
         ("localhost", "HOST:PORT"),
         ("h:0", "1..65535"),
+        # Kafka's bootstrap.servers spelling passed host "h1:9092,h2" and failed at connect time
+        ("h1:9092,h2:9092", 'one server per entry: bootstrap = ["h1:9092", "h2:9092"]'),
     ):
         text = f'[consumer]\nsource = "kafka"\nmode = "broadcast"\nbootstrap = ["127.0.0.1:9092", "{bad}"]\n'
         msg = config_error(write_file(tmp_path, text))
