@@ -35,35 +35,30 @@ pyiceberg is imported at module level: import this module only when the table fo
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import structlog
-from pyiceberg.catalog import Catalog, MetastoreCatalog, PropertiesUpdateSummary, load_catalog
+from pyiceberg.catalog import Catalog, load_catalog
 from pyiceberg.exceptions import (
-    CommitFailedException,
-    NamespaceAlreadyExistsError,
     NoSuchTableError,
     TableAlreadyExistsError,
 )
-from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC, PartitionField, PartitionSpec
-from pyiceberg.schema import Schema, assign_fresh_schema_ids
-from pyiceberg.table import CommitTableResponse, Table
-from pyiceberg.table.metadata import TableMetadata, TableMetadataUtil
+from pyiceberg.partitioning import PartitionField, PartitionSpec
+from pyiceberg.schema import assign_fresh_schema_ids
+from pyiceberg.table import Table
 from pyiceberg.table.snapshots import ancestors_of
-from pyiceberg.table.sorting import UNSORTED_SORT_ORDER, SortOrder
-from pyiceberg.table.update import TableRequirement, TableUpdate, update_table_metadata
 from pyiceberg.transforms import IdentityTransform
-from pyiceberg.typedef import EMPTY_DICT, Identifier, Properties, TableVersion
-from pyiceberg.view import View
+from pyiceberg.typedef import TableVersion
 
-from mqd.errors import MqdError
-from mqd.landing.objects import Objects, PreconditionFailed
+from mqd.spark.iceberg_catalog import (
+    DEFAULT_NAMESPACE,
+    FolderCatalog,
+    IcebergSinkError,
+)
 
 _log = structlog.get_logger("mqd.spark")
 
@@ -77,233 +72,9 @@ FOLDER_TABLE_PROPERTIES = {
     "write.metadata.delete-after-commit.enabled": "true",
     "write.metadata.previous-versions-max": "100",
 }
-DEFAULT_NAMESPACE = "mqd"
 DEFAULT_PARTITION_BY = ("topic", "dt")
-METADATA_DIR = "metadata"
-VERSION_HINT = f"{METADATA_DIR}/version-hint.text"
 # Spark sets it on the thread that runs a streaming batch; foreachBatch's function runs within it
 SPARK_QUERY_ID_PROPERTY = "sql.streaming.queryId"
-
-_VERSION_FILE = re.compile(r"v(\d+)\.metadata\.json")
-
-
-class IcebergSinkError(MqdError):
-    """The sink cannot write the table as configured (a partition column missing from the data, a
-    location it cannot hold yet). Not retriable."""
-
-    retriable = False
-
-
-def _metadata_key(version: int) -> str:
-    return f"{METADATA_DIR}/v{version}.metadata.json"
-
-
-def table_objects(location: str) -> Objects:
-    """The object primitives the folder catalog commits through, for a table at ``location``."""
-    if "://" in location and not location.startswith("file://"):
-        # s3:// is mqd.landing.s3_objects.S3Objects (the same create-only put) plus pyiceberg's S3
-        # FileIO properties for the data files: not wired yet
-        raise IcebergSinkError(f"an Iceberg table at {location} is not supported yet: give a local folder")
-    from mqd.landing.local_objects import LocalObjects
-
-    return LocalObjects(Path(location.removeprefix("file://")))
-
-
-def is_iceberg_table(location: str | Path) -> bool:
-    """The folder holds an Iceberg table of the folder catalog (a committed metadata version)."""
-    meta = Path(location) / METADATA_DIR
-    return meta.is_dir() and any(_VERSION_FILE.fullmatch(p.name) for p in meta.iterdir())
-
-
-def _response(metadata: TableMetadata, location: str) -> CommitTableResponse:
-    return CommitTableResponse.model_construct(metadata=metadata, metadata_location=location)
-
-
-@dataclass(frozen=True)
-class _Current:
-    version: int
-    metadata: TableMetadata
-
-
-class FolderCatalog(MetastoreCatalog):
-    """The one Iceberg table at ``location``, its folder its own catalog (module docstring). Every
-    identifier names that table. ``objects`` (default: :func:`table_objects`) is where metadata
-    files are read and created; data files go through pyiceberg's FileIO, chosen by ``location``."""
-
-    def __init__(self, location: str, objects: Objects | None = None, **properties: str) -> None:
-        super().__init__("mqd", **properties)
-        self.location = location.rstrip("/")
-        self.objects = objects if objects is not None else table_objects(self.location)
-
-    # -- the table's versions ---------------------------------------------------------------------
-
-    def metadata_location(self, version: int) -> str:
-        return f"{self.location}/{_metadata_key(version)}"
-
-    def _hinted_version(self) -> int | None:
-        got = self.objects.get(VERSION_HINT)
-        if got is None:
-            return None
-        text = got[0].decode("utf-8", "replace").strip()
-        return int(text) if text.isdigit() else None
-
-    def _listed_version(self) -> int | None:
-        versions = [
-            int(m.group(1))
-            for info in self.objects.list_objects(f"{METADATA_DIR}/v")
-            if (m := _VERSION_FILE.fullmatch(info.key.rsplit("/", 1)[-1]))
-        ]
-        return max(versions, default=None)
-
-    def current_version(self) -> int | None:
-        """The newest committed version: the hint's, or past it (a commit whose hint was not
-        written yet); the listing when there is no usable hint. None: no table."""
-        version = self._hinted_version()
-        if version is None or self.objects.head(_metadata_key(version)) is None:
-            version = self._listed_version()
-        if version is None:
-            return None
-        while self.objects.head(_metadata_key(version + 1)) is not None:
-            version += 1
-        return version
-
-    def _current(self) -> _Current | None:
-        version = self.current_version()
-        if version is None:
-            return None
-        got = self.objects.get(_metadata_key(version))
-        if got is None:  # deleted under us (previous-versions-max): a newer one exists
-            return self._current()
-        return _Current(version, TableMetadataUtil.parse_raw(got[0].decode("utf-8")))
-
-    def sync_hint(self) -> None:
-        """Write ``version-hint.text`` if it lags behind the newest version (a writer that died
-        between its commit and the hint), so readers that trust the hint see the whole table."""
-        version = self.current_version()
-        if version is not None and version != self._hinted_version():
-            self._write_hint(version)
-
-    def _write_hint(self, version: int) -> None:
-        # no newline: pyiceberg's StaticTable reads the text as it is
-        self.objects.put(VERSION_HINT, str(version).encode())
-
-    def _table(self, identifier: str | Identifier, current: _Current) -> Table:
-        location = self.metadata_location(current.version)
-        return Table(
-            identifier=Catalog.identifier_to_tuple(identifier),
-            metadata=current.metadata,
-            metadata_location=location,
-            io=self._load_file_io(current.metadata.properties, location),
-            catalog=self,
-        )
-
-    # -- tables -----------------------------------------------------------------------------------
-
-    def load_table(self, identifier: str | Identifier) -> Table:
-        current = self._current()
-        if current is None:
-            raise NoSuchTableError(f"no Iceberg table at {self.location}")
-        return self._table(identifier, current)
-
-    def create_table(
-        self,
-        identifier: str | Identifier,
-        schema: Schema | pa.Schema,
-        location: str | None = None,
-        partition_spec: PartitionSpec = UNPARTITIONED_PARTITION_SPEC,
-        sort_order: SortOrder = UNSORTED_SORT_ORDER,
-        properties: Properties = EMPTY_DICT,
-    ) -> Table:
-        txn = self.create_table_transaction(
-            identifier, schema, location or self.location, partition_spec, sort_order, properties
-        )
-        try:
-            txn.commit_transaction()
-        except CommitFailedException as exc:
-            raise TableAlreadyExistsError(f"an Iceberg table is at {self.location} already") from exc
-        return self.load_table(identifier)
-
-    def commit_table(
-        self, table: Table, requirements: tuple[TableRequirement, ...], updates: tuple[TableUpdate, ...]
-    ) -> CommitTableResponse:
-        """Version N+1 from the newest version N and ``updates``, created only if no other writer
-        created it first (CommitFailedException then: nothing written). A failure of the store
-        itself (ObjectStoreError) leaves the outcome unknown: the file may have been created."""
-        current = self._current()
-        base = current.metadata if current is not None else None
-        for requirement in requirements:
-            requirement.validate(base)  # CommitFailedException when the table moved on
-        updated = update_table_metadata(
-            base_metadata=base if base is not None else self._empty_table_metadata(),
-            updates=updates,
-            enforce_validation=current is None,
-            metadata_location=self.metadata_location(current.version) if current is not None else None,
-        )
-        if current is not None and updated == current.metadata:
-            return _response(current.metadata, self.metadata_location(current.version))
-        if updated.location.rstrip("/") != self.location:
-            raise IcebergSinkError(f"the table's location {updated.location} is not {self.location}")
-        version = current.version + 1 if current is not None else 1
-        data = updated.model_dump_json(exclude_none=True).encode()
-        try:
-            self.objects.put(_metadata_key(version), data, if_absent=True)
-        except PreconditionFailed:
-            raise CommitFailedException(
-                f"{self.location}: version {version} was committed by another writer"
-            ) from None
-        try:
-            self._write_hint(version)
-        except MqdError as exc:  # the commit stands; the next commit or sync_hint writes it
-            _log.warning("iceberg_version_hint_failed", table=self.location, version=version, error=str(exc))
-        return _response(updated, self.metadata_location(version))
-
-    def register_table(
-        self, identifier: str | Identifier, metadata_location: str, overwrite: bool = False
-    ) -> Table:
-        raise NotImplementedError("the folder catalog holds the table at its location only")
-
-    def drop_table(self, identifier: str | Identifier) -> None:
-        raise NotImplementedError("delete the table's folder")
-
-    def rename_table(self, from_identifier: str | Identifier, to_identifier: str | Identifier) -> Table:
-        raise NotImplementedError("the folder catalog's table has no name but its folder")
-
-    def list_tables(self, namespace: str | Identifier) -> list[Identifier]:
-        return [(DEFAULT_NAMESPACE, Path(self.location).name)] if self.current_version() is not None else []
-
-    # -- namespaces and views: none -----------------------------------------------------------------
-
-    def create_namespace(self, namespace: str | Identifier, properties: Properties = EMPTY_DICT) -> None:
-        raise NamespaceAlreadyExistsError("the folder catalog has one namespace")
-
-    def drop_namespace(self, namespace: str | Identifier) -> None:
-        raise NotImplementedError("the folder catalog has one namespace")
-
-    def list_namespaces(self, namespace: str | Identifier = ()) -> list[Identifier]:
-        return [(DEFAULT_NAMESPACE,)]
-
-    def load_namespace_properties(self, namespace: str | Identifier) -> Properties:
-        return {}
-
-    def update_namespace_properties(
-        self, namespace: str | Identifier, removals: set[str] | None = None, updates: Properties = EMPTY_DICT
-    ) -> PropertiesUpdateSummary:
-        raise NotImplementedError("the folder catalog's namespace has no properties")
-
-    def list_views(self, namespace: str | Identifier) -> list[Identifier]:
-        return []
-
-    def load_view(self, identifier: str | Identifier) -> View:
-        raise NotImplementedError("the folder catalog has no views")
-
-    def register_view(self, identifier: str | Identifier, metadata_location: str) -> View:
-        raise NotImplementedError("the folder catalog has no views")
-
-    def view_exists(self, identifier: str | Identifier) -> bool:
-        return False
-
-    def drop_view(self, identifier: str | Identifier) -> None:
-        raise NotImplementedError("the folder catalog has no views")
 
 
 def _nullable_type(t: pa.DataType) -> pa.DataType:
@@ -536,12 +307,8 @@ __all__ = [
     "FORMAT_VERSION",
     "QUERY_ID_PROPERTY",
     "TABLE_PROPERTIES",
-    "FolderCatalog",
     "IcebergSink",
-    "IcebergSinkError",
     "foreach_batch",
-    "is_iceberg_table",
     "streaming_query_id",
-    "table_objects",
     "table_schema",
 ]

@@ -23,13 +23,8 @@ from support.table_readers import offsets
 
 from mqd.config import MqdConfig
 from mqd.spark import job
-from mqd.spark.iceberg_sink import (
-    BATCH_ID_PROPERTY,
-    QUERY_ID_PROPERTY,
-    FolderCatalog,
-    IcebergSink,
-    foreach_batch,
-)
+from mqd.spark.iceberg_catalog import FolderCatalog
+from mqd.spark.iceberg_sink import BATCH_ID_PROPERTY, QUERY_ID_PROPERTY, IcebergSink, foreach_batch
 
 pytestmark = pytest.mark.spark
 

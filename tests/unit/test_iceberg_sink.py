@@ -15,13 +15,11 @@ from pyiceberg.table.update import TableRequirement, TableUpdate
 from support.iceberg_readers import every_iceberg_reader_column, every_iceberg_reader_keys, pyiceberg_keys
 
 from mqd.landing.local_objects import LocalObjects
+from mqd.spark.iceberg_catalog import FolderCatalog, IcebergSinkError, is_iceberg_table
 from mqd.spark.iceberg_sink import (
     BATCH_ID_PROPERTY,
     QUERY_ID_PROPERTY,
-    FolderCatalog,
     IcebergSink,
-    IcebergSinkError,
-    is_iceberg_table,
     streaming_query_id,
     table_schema,
 )
