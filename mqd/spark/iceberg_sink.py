@@ -58,6 +58,7 @@ from mqd.spark.iceberg_catalog import (
     DEFAULT_NAMESPACE,
     FolderCatalog,
     IcebergSinkError,
+    is_iceberg_table,
 )
 
 _log = structlog.get_logger("mqd.spark")
@@ -281,6 +282,20 @@ class IcebergSink:
         return True
 
 
+def iceberg_writer(location: str) -> tuple[str, int] | None:
+    """The newest (query id, batch id) token among the snapshots of the folder-catalog table at
+    ``location`` (read only), None when no snapshot carries one (or there is no table)."""
+    if not is_iceberg_table(location):
+        return None
+    table = FolderCatalog(location).load_table((DEFAULT_NAMESPACE, Path(location).name))
+    for snapshot in ancestors_of(table.current_snapshot(), table.metadata):
+        summary = snapshot.summary
+        query, batch = (summary[QUERY_ID_PROPERTY], summary[BATCH_ID_PROPERTY]) if summary else (None, None)
+        if query is not None and batch is not None:
+            return str(query), int(batch)
+    return None
+
+
 def streaming_query_id(df: Any) -> str:
     """The id of the streaming query running the batch ``df`` is of (inside ``foreachBatch``):
     Spark's, kept in the checkpoint's ``metadata`` file, the same across restarts."""
@@ -309,6 +324,7 @@ __all__ = [
     "TABLE_PROPERTIES",
     "IcebergSink",
     "foreach_batch",
+    "iceberg_writer",
     "streaming_query_id",
     "table_schema",
 ]

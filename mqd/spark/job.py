@@ -407,6 +407,10 @@ def _run(config: MqdConfig, *, once: bool, master: str | None = None) -> int:
         except SparkJobError as exc:
             log.error("spark_job_config", error=str(exc))
             return 2
+        mismatch = _checkpoint_mismatch(spark, config, plan)
+        if mismatch is not None:
+            log.error("spark_checkpoint_mismatch", error=mismatch)
+            return 2
         recorder = _Recorder(config, [(name, ckpt) for name, _df, _out, ckpt, _parts in plan])
         try:
             recorder.register()  # before any query runs: from now on each holds its files back
@@ -462,6 +466,23 @@ def _run(config: MqdConfig, *, once: bool, master: str | None = None) -> int:
             signal.signal(sig, handler)
         if not had_session:
             spark.stop()
+
+
+def _checkpoint_mismatch(
+    spark: Any, config: MqdConfig, plan: list[tuple[str, Any, str, Path, list[str]]]
+) -> str | None:
+    """A query whose table is ahead of its checkpoint, or written by another query
+    (mqd/spark/checkpoint_guard.py): refused before anything runs or is recorded."""
+    from mqd.spark import checkpoint_guard
+
+    fmt = config.spark.table_format
+    if fmt == "iceberg" and config.spark.iceberg_catalog is not None:
+        return None  # a catalog with a server: its table is not a folder to read here
+    for _name, _df, out, ckpt, _parts in plan:
+        found = checkpoint_guard.problem(out, ckpt, checkpoint_guard.table_writer(spark, fmt, out))
+        if found is not None:
+            return found
+    return None
 
 
 def _table_writer(config: MqdConfig, writer: Any, out: str, parts: list[str], name: str) -> Any:
