@@ -91,9 +91,7 @@ def problem(table: str, checkpoint: Path, writer: TableWriter | None) -> str | N
             f"file again (duplicates) or take the table's batches as its own (loss): {fix}"
         )
     if writer.query_id is not None and writer.query_id != query:
-        return (
-            f"{table} was written by query {writer.query_id}, not by the checkpoint's query {query}: {fix}"
-        )
+        return f"{table} was written by query {writer.query_id}, not by the checkpoint's query {query}: {fix}"
     if writer.batch > last + 1:  # one ahead: a commit the checkpoint did not record yet (sinks handle it)
         return (
             f"{table} holds batches up to {writer.batch}, but its checkpoint {checkpoint} committed only "
