@@ -171,6 +171,14 @@ _START_BANNER = b"===== start "  # ManagedProcess writes it to the log at every 
 _STARTED = b'"daemon started"'  # logged after the runner installed its signal handlers
 
 
+_QUERY_STARTED = b"spark_query_started"  # mqd spark: its SIGTERM handler is in place by then
+
+
+def spark_started_in_log(log: bytes) -> bool:
+    """Whether ``mqd spark``'s log shows a query started since the last start banner."""
+    return _QUERY_STARTED in log[log.rfind(_START_BANNER) :]
+
+
 def started_in_log(log: bytes) -> bool:
     """Whether the daemon's JSON log shows it started since the last start banner."""
     return _STARTED in log[log.rfind(_START_BANNER) :]

@@ -59,7 +59,7 @@ from mqd_dev.chaos.disk import LandingDisk
 from mqd_dev.chaos.ledger import Ledger, read_ledger
 from mqd_dev.chaos.load import ProduceLoad
 from mqd_dev.chaos.lock_freeze import freeze_in_lock
-from mqd_dev.chaos.procs import ChaosCluster, DaemonProc, Proc
+from mqd_dev.chaos.procs import ChaosCluster, DaemonProc, Proc, spark_started_in_log
 from mqd_dev.chaos.proxy import Faults
 from mqd_dev.chaos.publish_kill import kill_before_publish, resolved_partitions
 from mqd_dev.chaos.s3_landing import NOT_ON_S3, S3Landing
@@ -702,8 +702,16 @@ class ChaosRun:
             if d.running:
                 codes[d.name] = await self._stop_clean(d)
         if self.spark_job is not None and self.spark_job.running:
-            # stopped (it drains its batch) before the end check's `--once`, which needs its lock
-            codes["spark"] = await self.spark_job.stop_async(signal.SIGTERM, timeout=120)
+            # stopped (it drains its batch) before the end check's `--once`, which needs its lock;
+            # not while its JVM starts after a spark_kill: SIGTERM before its handler kills it
+            job = self.spark_job
+            await wait_until(
+                lambda: spark_started_in_log(job.log_path.read_bytes()) or not job.running,
+                120,
+                "the streaming mqd spark to start its query",
+                interval=0.2,
+            )
+            codes["spark"] = await job.stop_async(signal.SIGTERM, timeout=120)
             if codes["spark"] != 0:
                 self.failures.append(f"the streaming mqd spark stopped with {codes['spark']}")
         return {"log_end": end, "catch_up_s": took, "daemon_exit_codes": codes}
