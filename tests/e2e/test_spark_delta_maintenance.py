@@ -67,6 +67,13 @@ def test_compaction_beside_a_streaming_append_is_exact(tmp_path: Path, spark: An
             timeout=240,
             what="every record in the table, maintained since",
         )
+        # the file bound holds after a compaction that saw every batch: one run after the last
+        everything_in = time.time()
+        wait_until_sync(
+            lambda: stamp.stat().st_mtime > everything_in,
+            timeout=120,
+            what="a maintenance run after the last batch",
+        )
     finally:
         deadline = time.monotonic() + 120
         while worker.is_alive() and time.monotonic() < deadline:
