@@ -277,7 +277,9 @@ async def test_a_log_truncated_by_an_unclean_election_lands_as_a_new_incarnation
     from confluent_kafka import TopicPartition as KafkaPartition
     from confluent_kafka.admin import NewTopic  # type: ignore[attr-defined]
 
-    cluster = KafkaCluster(tmp_path / "kafka", 3, controllers=1)
+    # a frozen follower leaves the ISR after replica.lag.time.max.ms (30 s by default, checked every
+    # half of it): the wait below for that was as long, and lost the race in 1 of 3 CI runs
+    cluster = KafkaCluster(tmp_path / "kafka", 3, controllers=1, settings={"replica.lag.time.max.ms": "3000"})
     await asyncio.to_thread(cluster.start)
     config = kafka_daemon_config(cluster.bootstrap, tmp_path / "d", topic="cut")
 
