@@ -16,11 +16,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from support.spark_job import start_streaming, stop_streaming
 
 from mqd import format as fmt
 from mqd.config import LandingConfig, MqdConfig, SparkConfig
 from mqd.landing import LocalStore, Publisher
 from mqd.spark import job
+from mqd.spark.table_format import existing_format
 
 pytestmark = pytest.mark.spark
 
@@ -123,13 +125,11 @@ def test_bad_partition_column_is_a_config_error(tmp_path: Path, spark: Any) -> N
 
 
 def _rows(spark: Any, path: Path | str) -> int:
-    """Rows committed to the output table so far (0 before its first micro-batch)."""
-    from pyspark.errors import AnalysisException
-
-    try:
-        return int(spark.read.parquet(str(path)).count())
-    except AnalysisException:  # no committed file yet: nothing to infer a schema from
+    """Rows committed to the (Delta) output table so far (0 before its first micro-batch). Through
+    its log: a folder read also lists the file a running batch is writing, and failed on its footer."""
+    if existing_format(Path(path)) != "delta":
         return 0
+    return int(spark.read.format("delta").load(str(path)).count())
 
 
 def test_run_from_another_thread_leaves_the_callers_session_running(tmp_path: Path, spark: Any) -> None:
@@ -154,9 +154,7 @@ def test_continuous_mode_appends_new_files_until_stopped(tmp_path: Path, spark: 
     pub = Publisher(LocalStore(Path(cfg.landing.dir)))
     pub.store.open()
     publish(pub, "events", 0, 0, [b"x"] * 10, T0)
-    result: dict[str, int] = {}
-    worker = threading.Thread(target=lambda: result.setdefault("code", job.run(cfg, once=False)))
-    worker.start()
+    worker, result = start_streaming(cfg)
     try:
         for want in (10, 15):
             deadline = time.monotonic() + 60
@@ -167,9 +165,5 @@ def test_continuous_mode_appends_new_files_until_stopped(tmp_path: Path, spark: 
                 publish(pub, "events", 0, 10, [b"y"] * 5, T0 + 1)
         assert _rows(spark, cfg.spark.output_dir) == 15
     finally:
-        deadline = time.monotonic() + 30
-        while worker.is_alive() and time.monotonic() < deadline:
-            for q in spark.streams.active:
-                q.stop()
-            worker.join(0.5)
+        stop_streaming(spark, worker, timeout=30)
     assert not worker.is_alive() and result["code"] == 0
