@@ -5,7 +5,6 @@ an old parquet table converts to Delta from what its _spark_metadata lists, not 
 from __future__ import annotations
 
 import math
-import threading
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -16,6 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 from support.cli import mqd
 from support.delta import assert_exact, land, make_config
+from support.spark_job import start_streaming, stop_streaming
 from support.table_readers import every_reader_keys, offsets
 
 from mqd.spark import job
@@ -54,9 +54,7 @@ def test_compaction_beside_a_streaming_append_is_exact(tmp_path: Path, spark: An
     root = Path(cfg.landing.dir)
     expected = land(root, partitions=2, files=3, records=200)
     stamp = Path(cfg.spark.checkpoint_dir) / LAST_RUN_NAME
-    result: dict[str, int] = {}
-    worker = threading.Thread(target=lambda: result.setdefault("code", job.run(cfg, once=False)))
-    worker.start()
+    worker, result = start_streaming(cfg)
     try:
         # maintenance has run at least twice while batches were still being appended
         wait_until_sync(lambda: stamp.exists(), timeout=120, what="the first maintenance look")
@@ -75,11 +73,7 @@ def test_compaction_beside_a_streaming_append_is_exact(tmp_path: Path, spark: An
             what="a maintenance run after the last batch",
         )
     finally:
-        deadline = time.monotonic() + 120
-        while worker.is_alive() and time.monotonic() < deadline:
-            for q in spark.streams.active:
-                q.stop()
-            worker.join(0.5)
+        stop_streaming(spark, worker, timeout=120)
     assert not worker.is_alive() and result["code"] == 0
     out = Path(cfg.spark.output_dir)
     assert_exact(spark, out, expected)
