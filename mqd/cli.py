@@ -73,8 +73,9 @@ def main() -> None:
     Daemon:      run, start, stop, status, top, reload, pause, resume
     Config:      config check
     Landing:     landing migrate, landing clean
+    Offsets:     offsets show, offsets reset
     Cluster:     broker, broker-credentials, broker-init, produce
-    Spark:       spark
+    Spark:       spark, table describe, table optimize, table vacuum, table convert
     \b
     Exit codes: 0 ok/healthy, 1 failed/degraded, 2 bad config or usage, 3 not running.
     Every command takes --help, with examples.

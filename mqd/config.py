@@ -638,10 +638,19 @@ class LogConfig(_Model):
 
 class DaemonSection(_Model):
     state_dir: ConfigPath = Path("state")
-    pid_file: ConfigPath = Path("state/mqd.pid")
-    log_file: ConfigPath = Path("state/mqd.log")
+    pid_file: ConfigPath = Path("state/mqd.pid")  # default: <state_dir>/mqd.pid
+    log_file: ConfigPath = Path("state/mqd.log")  # default: <state_dir>/mqd.log
     shutdown_timeout: Seconds = Field(default=30.0, gt=0)
     watchdog: bool = True
+
+    @model_validator(mode="after")
+    def _files_follow_state_dir(self) -> Self:
+        # A second daemon on one host sets state_dir only: its pid and log files must not be the
+        # first daemon's (it would refuse to start, or both would write one log).
+        for key, name in (("pid_file", "mqd.pid"), ("log_file", "mqd.log")):
+            if key not in self.model_fields_set:
+                object.__setattr__(self, key, self.state_dir / name)
+        return self
 
 
 class MqdConfig(_Model):

@@ -26,8 +26,9 @@ and each replayed record lands exactly once more; the table's ``incarnation`` co
 rows are the replay. A restart in the middle resumes the replay (the landed head then carries the
 replay id, which the start hook maps back to the log's incarnation: the broker never sees it).
 The record is removed once the partition landed past L under the log's incarnation. A replay needs
-the landed incarnation to be known (mqd brokers; not yet the Kafka source, whose logs have no
-incarnation): otherwise it is refused. A partition with nothing landed can be reset anywhere.
+the landed incarnation to be known (mqd brokers; the Kafka source's topic id and leader-epoch
+lineage, sources/kafka/log_incarnation.py): otherwise (format-1 files, a Kafka broker without topic
+ids) it is refused. A partition with nothing landed can be reset anywhere.
 
 The daemon must be stopped (``mqd offsets reset`` refuses when it runs); other members of the
 same group must be too, or they may land the partition in between (the record then goes stale).

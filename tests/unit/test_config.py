@@ -180,6 +180,19 @@ def test_relative_paths_resolve_against_the_file(tmp_path: Path) -> None:
     assert cfg.landing.dir == tmp_path / "../l"
 
 
+def test_pid_and_log_files_follow_state_dir(tmp_path: Path) -> None:
+    """A second daemon on one host sets only state_dir: its pid and log files move with it, unless
+    they are set themselves (environment overrides included)."""
+    path = _write(tmp_path, '[daemon]\nstate_dir = "second"\n')
+    cfg = load_daemon_config(path, {})
+    assert cfg.daemon.pid_file == tmp_path / "second" / "mqd.pid"
+    assert cfg.daemon.log_file == tmp_path / "second" / "mqd.log"
+    cfg = load_daemon_config(path, {"MQD_DAEMON__LOG_FILE": "/var/log/mqd/second.log"})
+    assert cfg.daemon.pid_file == tmp_path / "second" / "mqd.pid"
+    assert cfg.daemon.log_file == Path("/var/log/mqd/second.log")
+    assert MqdConfig().daemon.pid_file == Path("state/mqd.pid")
+
+
 def test_config_is_frozen() -> None:
     """Models are immutable: a reload builds a new one."""
     cfg = MqdConfig()
