@@ -342,7 +342,8 @@ def plan_row(
                 row,
                 "refused",
                 f"offsets {new}..{landed_next - 1} are landed and their log incarnation is unknown "
-                "(format-1 files, or a Kafka broker without topic ids): a replay cannot be told apart from them",
+                "(format-1 files, or a Kafka broker without topic ids): "
+                "a replay cannot be told apart from them",
             )
         again = f"replays {landed_next - new} offsets ({new}..{landed_next - 1}): they land once more"
         return _with(row, "replay", f"{note}; {again}" if note else again)
