@@ -3,7 +3,8 @@
 - ``GET /healthz``  liveness: 200 while the working loop turns, 503 when it is stuck.
 - ``GET /readyz``   readiness: 200 when running and healthy, 503 with the reasons otherwise.
 - ``GET /metrics``  Prometheus text format (``mqd.metrics.REGISTRY``).
-- ``GET /status``   JSON: state, health, assignment, positions, lag, pull node, flow-control, errors.
+- ``GET /status``   JSON: state, health, assignment, positions, lag (log end minus landed), fetch lag,
+  time lag, pull node, flow-control, errors.
 - ``GET /``         the HTML status page (:mod:`mqd.status_page`), reloaded every 2 s.
 - ``POST /pause``, ``POST /resume``  body ``{"partitions": ["topic", "topic:3"]}`` (or
   ``?partition=topic:3``, repeatable): a bare topic means every owned partition of it.
@@ -54,6 +55,7 @@ from mqd.config import AdminConfig
 from mqd.errors import MqdError
 from mqd.header_deadline import BoundedAppRunner
 from mqd.topic_name import topic_name_problem
+from mqd.waiting import cancel_and_wait
 
 log = structlog.get_logger(__name__)
 
@@ -85,6 +87,7 @@ REALM = "mqd"
 HEADER_TIMEOUT_S = 10.0
 BODY_TIMEOUT_S = 10.0
 KEEPALIVE_TIMEOUT_S = 75.0  # aiohttp: 3630 s, one fd each that long
+THROUGHPUT_SAMPLE_S = 1.0  # the status page's records/s: a sample of the published total this often
 LOOPBACK_NAMES = frozenset({"localhost", "localhost."})
 
 
@@ -254,6 +257,7 @@ class AdminServer:
         from mqd.status_page import Throughput  # it imports this module's views
 
         self._throughput = Throughput()
+        self._sampler: asyncio.Task[None] | None = None
 
     @property
     def url(self) -> str:
@@ -285,15 +289,25 @@ class AdminServer:
                 retriable=True,
             ) from exc
         self._runner = runner
+        self._throughput.observe(published_records(), time.monotonic())
+        self._sampler = asyncio.create_task(self._sample_throughput(), name="mqd-admin-throughput")
         host, port = runner.addresses[0][:2]
         host = f"[{host}]" if ":" in host else host
         self._url = f"http://{host}:{port}"
         log.info("admin endpoint listening", url=self._url)
 
     async def stop(self) -> None:
+        sampler, self._sampler = self._sampler, None
+        await cancel_and_wait(sampler)
         if self._runner is not None:
             runner, self._runner = self._runner, None
             await runner.cleanup()
+
+    async def _sample_throughput(self) -> None:
+        # samples taken only on page loads left the first load with one sample and no rate
+        while True:
+            await asyncio.sleep(THROUGHPUT_SAMPLE_S)
+            self._throughput.observe(published_records(), time.monotonic())
 
     # -- handlers --------------------------------------------------------------------------------
 
@@ -371,8 +385,7 @@ class AdminServer:
 
         status = self._target.status()
         status.setdefault("process", self._process.status())
-        stats = _section(status, "stats")
-        rate = self._throughput.observe(_int_or_none(stats.get("records_published")), time.monotonic())
+        rate = self._throughput.observe(published_records(), time.monotonic())
         return web.Response(text=status_page.render_page(status, rate), content_type="text/html")
 
     async def _pause(self, request: web.Request) -> web.Response:
@@ -444,6 +457,16 @@ async def _close_after(request: web.Request, response: web.Response) -> None:
         request.protocol.force_close()
 
 
+def published_records() -> int:
+    """Records published by this process (``mqd_published_records_total`` over its topics): what
+    the status page's records/s is measured on. A process-wide counter rather than the status's
+    ``records_published``, which costs a full status to read."""
+    total = 0.0
+    for family in metrics.records_published.collect():
+        total += sum(s.value for s in family.samples if s.name.endswith("_total"))
+    return int(total)
+
+
 def _error(status: int, code: str, reason: str) -> web.Response:
     return web.json_response({"error": code, "reason": reason}, status=status)
 
@@ -469,7 +492,8 @@ class PartitionRow:
     parked: bool
     error: str
     landed: int | None = None
-    time_lag_s: float | None = None  # now minus the newest landed record's event time
+    time_lag_s: float | None = None  # the age of the oldest record not landed yet (0: caught up)
+    fetch_lag: int | None = None  # the log end minus the fetch position: records not fetched yet
     stuck: bool = False
     error_age_s: float | None = None  # since ``error`` was last set
     leader: str = ""  # by the metadata; ``node`` (where it is read) may be a replica
@@ -527,9 +551,15 @@ def partition_rows(status: Mapping[str, Any]) -> list[PartitionRow]:
             continue
         position = _int_or_none(_first(e, "position", "offset"))
         log_end = _int_or_none(_first(e, "log_end", "max_offset"))
+        landed = _int_or_none(e.get("landed"))
+        committed = _int_or_none(e.get("committed"))
+        fetch_lag = _int_or_none(e.get("fetch_lag"))
+        if fetch_lag is None and position is not None and log_end is not None:
+            fetch_lag = max(0, log_end - position)
         lag = _int_or_none(e.get("lag"))
-        if lag is None and position is not None and log_end is not None:
-            lag = max(0, log_end - position)
+        done = landed if landed is not None else committed
+        if lag is None and done is not None and log_end is not None:
+            lag = max(0, log_end - done)
         flow = _first(e, "flow_control", "flow", "flow_state", default="")
         if isinstance(flow, Mapping):
             flow = flow.get("reason") or flow.get("state") or ""
@@ -538,7 +568,7 @@ def partition_rows(status: Mapping[str, Any]) -> list[PartitionRow]:
                 topic=topic,
                 partition=part,
                 position=position,
-                committed=_int_or_none(e.get("committed")),
+                committed=committed,
                 log_end=log_end,
                 lag=lag,
                 node=str(_first(e, "pull_node", "node", default="")),
@@ -546,8 +576,9 @@ def partition_rows(status: Mapping[str, Any]) -> list[PartitionRow]:
                 paused=bool(e.get("paused")),
                 parked=bool(e.get("parked")),
                 error=str(_first(e, "last_error", "error", default="")),
-                landed=_int_or_none(e.get("landed")),
+                landed=landed,
                 time_lag_s=_float_or_none(e.get("time_lag_s")),
+                fetch_lag=fetch_lag,
                 stuck=e.get("stuck") is True,
                 error_age_s=_float_or_none(e.get("last_error_age_s")),
                 leader=str(e.get("leader") or ""),
@@ -623,7 +654,10 @@ def render_summary(status: Mapping[str, Any]) -> str:
     lag = sum(r.lag or 0 for r in rows)
     paused = sum(1 for r in rows if r.paused)
     errors = [r for r in rows if r.error]
-    lines.append(f"  {len(rows)} partitions assigned, {paused} paused, total lag {lag}" + _published(status))
+    lines.append(
+        f"  {len(rows)} partitions assigned, {paused} paused, total lag {lag} records not landed"
+        + _published(status)
+    )
     totals = _section(consumer, "totals")
     if totals.get("incarnation_changes") or totals.get("lost_offsets"):
         lines.append(
@@ -653,7 +687,8 @@ def _cell(v: object) -> str:
 
 
 def _offsets_table(rows: list[PartitionRow]) -> str:
-    """Exact offsets per partition: committed, landed, log end, lag and the time lag."""
+    """Exact offsets per partition: committed, landed, log end, lag (log end minus landed) and the
+    time lag (the age of the oldest record not landed yet)."""
     header = ("TOPIC", "PART", "COMMITTED", "LANDED", "LOG-END", "LAG", "TIME-LAG", "STATE")
     table = [header]
     for r in rows:

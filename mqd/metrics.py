@@ -6,8 +6,9 @@ per batch, never per record.
 Names follow the Prometheus conventions: the unit ends the name, before the ``_total`` the client
 adds to counters (``mqd_fetched_bytes_total``); no ``*_created`` series (they double every counter
 and histogram and no dashboard reads them); ``mqd_build_info{version}`` is 1. The per-partition
-offset gauges (committed, landed, log end, lag, freshness) are set by the log-end poller
-(mqd.consumer.log_end_poller) on its timer, whatever the partition's state.
+offset gauges (committed, landed, log end, lag, time lag, freshness) are set by the log-end poller
+(mqd.consumer.log_end_poller) on its timer, whatever the partition's state; the fetch lag also by
+each fetch answer.
 """
 
 from __future__ import annotations
@@ -85,9 +86,25 @@ offset_resets = Counter(
 stale_responses = Counter(
     "mqd_stale_responses", "Partition results dropped by the response callback", ["reason"], registry=REGISTRY
 )
+# lag as kafka-consumer-groups means it (kafka_consumergroup_lag): records not committed, which in
+# mqd is not landed; the fetch position's figure is 0 while fetched records wait to land
 consumer_lag = Gauge(
     "mqd_consumer_lag",
-    "Log end offset minus the fetch position (log end polled on a timer, also while paused)",
+    "Records not landed yet: log end offset (last stable under read_committed) minus the landed "
+    "offset, polled on a timer whatever the partition's state",
+    ["topic", "partition"],
+    registry=REGISTRY,
+)
+consumer_fetch_lag = Gauge(
+    "mqd_consumer_fetch_lag",
+    "Records not fetched yet: log end offset minus the fetch position (fetched records may still "
+    "wait to land: see mqd_consumer_lag)",
+    ["topic", "partition"],
+    registry=REGISTRY,
+)
+consumer_time_lag = Gauge(
+    "mqd_consumer_time_lag_seconds",
+    "Age of the oldest record not landed yet (since the log-end poller saw it in the log), 0 when caught up",
     ["topic", "partition"],
     registry=REGISTRY,
 )
@@ -207,7 +224,7 @@ class PartitionChildren:
     """The per-partition children of one metric labelled ``[topic, partition]``, made once.
 
     ``labels()`` validates and converts its labels and takes the metric's lock on every call; the
-    log-end poller sets five such gauges for every owned partition each interval. A child is made
+    log-end poller sets seven such gauges for every owned partition each interval. A child is made
     on first use (a series appears only once it is set, as before), and :meth:`remove` drops the
     series and the cached child together, so a removed child is never set again.
     """
@@ -235,6 +252,8 @@ committed_offset_of = PartitionChildren(committed_offset)
 landed_offset_of = PartitionChildren(landed_offset)
 log_end_offset_of = PartitionChildren(log_end_offset)
 consumer_lag_of = PartitionChildren(consumer_lag)
+consumer_fetch_lag_of = PartitionChildren(consumer_fetch_lag)
+consumer_time_lag_of = PartitionChildren(consumer_time_lag)
 landing_freshness_of = PartitionChildren(landing_freshness)
 
 # -- process (mqd.runner) ---------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """The admin endpoint's HTML status page (``GET /``): one self-contained page rendered on the server.
 
 The page is a pure function of the status JSON (:func:`render_page`), like ``mqd status`` and
-``mqd top``, plus the throughput the server measures between page loads (:class:`Throughput`). It
+``mqd top``, plus the throughput the server measures (:class:`Throughput`, sampled every second from
+the endpoint's start, so the first page load has a figure). It
 reloads itself every :data:`REFRESH_S` seconds with a ``<meta http-equiv="refresh">``: no script, no
 external asset (no CDN, no web font), so it works offline, behind the admin token (the browser resends
 its Basic credentials on the reload) and with JavaScript disabled. Every value is escaped; an empty
@@ -100,6 +101,7 @@ _HEADERS = (
     "landed",
     "log end",
     "lag",
+    "fetch lag",
     "time lag",
     "error",
 )
@@ -137,6 +139,7 @@ def _table(rows: list[PartitionRow]) -> str:
             ("", r.landed),
             ("", r.log_end),
             ("", r.lag),
+            ("", r.fetch_lag),
             ("", _duration(r.time_lag_s)),
             ("l err" if error else "l", error),
         ]

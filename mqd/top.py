@@ -16,9 +16,14 @@ Layout decisions:
   error is never cut.
 - The header is laid out in segments that never wrap mid-segment: a segment that does not fit on the
   line starts the next one.
+- LAG is what ``kafka-consumer-groups`` calls lag: the log end minus the committed offset, which in
+  mqd is the landed one (records not landed yet); FETCH-LAG is the log end minus the fetch position
+  (records not fetched yet; fetched records wait in buffers until their file is cut). TIME-LAG is
+  the age of the oldest record not landed yet, 0 when caught up.
 - The lag bar is drawn from the lag itself, in seconds of work at the current rate (full at
   :data:`LAG_BAR_FULL_S`), so steady load (a small lag drained continuously) shows an almost empty
-  bar, never a stale ``100%``.
+  bar, never a stale ``100%``; records waiting for their file's cut count (at most
+  ``landing.max_age`` of them).
 - The loop never exits on a connection error or a stopped daemon: it says so and waits for the
   daemon to come back (systemd restarts, upgrades).
 """
@@ -52,15 +57,17 @@ COLUMNS: tuple[str, ...] = (
     "LANDED",
     "LOG-END",
     "LAG",
+    "FETCH-LAG",
     "TIME-LAG",
     "RATE",
     "ERROR",
 )
 LEFT = frozenset({"TOPIC:PARTITION", "STATE", "NODE", "ERROR"})
-# least important first: POSITION and COMMITTED trail LANDED (the source of truth); LAG and TIME-LAG
-# are what a lag alert is about, so they stay longest
+# least important first: FETCH-LAG says only how much is left to fetch; POSITION and COMMITTED trail
+# LANDED (the source of truth); LAG and TIME-LAG are what a lag alert is about, so they stay longest
 SHORTEN_NODE = "~NODE"  # a step of DROP_ORDER: node names cut (with an ellipsis) to what fits
 DROP_ORDER: tuple[str, ...] = (
+    "FETCH-LAG",
     "COMMITTED",
     "POSITION",
     "RATE",
@@ -264,7 +271,7 @@ def _lag_line(lag: int, held: int, rate: float | None, count: int, width: int) -
     said apart and left out of the bar: no rate drains it. With no rate known yet (the first sample)
     the bar is not drawn: it would be a guess."""
     text = Text(no_wrap=True, overflow="ellipsis")
-    text.append(f"{count} partitions  lag {lag} records")
+    text.append(f"{count} partitions  lag {lag} records not landed")
     if held:
         text.append(f" ({held} paused or parked)")
     lag -= held
@@ -300,6 +307,7 @@ def _cells(r: Row) -> dict[str, str]:
         "LANDED": _dash(p.landed),
         "LOG-END": _dash(p.log_end),
         "LAG": _dash(p.lag),
+        "FETCH-LAG": _dash(p.fetch_lag),
         "TIME-LAG": "-" if p.time_lag_s is None else duration(p.time_lag_s),
         "RATE": "-" if r.rate is None else f"{r.rate:.0f}",
         "ERROR": error or "-",

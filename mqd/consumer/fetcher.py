@@ -603,7 +603,9 @@ class FetchManager:
             # else: we failed to reach that node moments ago; the suggesting node has not noticed
             # yet (its liveness view lags) and following it would bounce between the two
         if op.log_end is not None:
-            metrics.consumer_lag_of.get(tp).set(max(0, op.log_end - op.position))
+            # the fetch position's lag only: the landed lag (mqd_consumer_lag) needs the landed
+            # offset, which the log-end poller owns
+            metrics.consumer_fetch_lag_of.get(tp).set(max(0, op.log_end - op.position))
 
     def _incarnation_changed(
         self, node_id: str, op: OwnedPartition, offset: int, res: PartitionResult

@@ -4,7 +4,21 @@ A partition's log end otherwise moves only when a fetch answer arrives, so a pau
 or held-back partition would look caught up. Like ``kafka-consumer-groups --describe``, this timer
 asks the source for the log end of every owned partition (the Source seam's ``list_offsets(...,
 "latest")``: the mqd broker and the Kafka source alike), one request per serving node, whatever the
-partition's state, and sets the per-partition gauges (log end, committed, landed, lag, freshness).
+partition's state, and sets the per-partition gauges (log end, committed, landed, lag, fetch lag,
+time lag, freshness).
+
+**Lag** is the log end minus the landed offset (the committed one while nothing is marked), as
+``kafka-consumer-groups`` computes it from the committed offset: the daemon commits only what
+landed. The log end is what the source answers for "latest": the Kafka source asks under its
+isolation level, so under ``read_committed`` it is the last stable offset.
+
+**Time lag** is the age of the oldest record not landed yet, 0 when caught up (an idle topic's time
+lag does not grow). The poller keeps, per partition, when it saw the log end move
+(:class:`ArrivalClock`): the record at the landed offset entered the log between the last poll that
+saw the log end at or below it and the first that saw it above, and its time is interpolated in
+between by offset. A backlog already there at the first poll is dated from that poll (a lower
+bound). Poll times need no record timestamps, so a producer's clock or event-time stamps in the
+past do not count as lag.
 
 **Stuck**: a partition is stuck when nothing more was landed for ``stuck_intervals`` polls in a row
 while it is behind and its log end grew meanwhile (:class:`StuckTracker`). A partition with nothing
@@ -69,6 +83,43 @@ class StuckTracker:
         self._progress.pop(tp, None)
 
 
+class ArrivalClock:
+    """Per partition: the wall-clock times at which the poller saw the log end move, to date the
+    first record not landed yet. A point is ``[log end, first seen ms, last seen ms]``; points are
+    in log-end order, the first being the newest one at or below the landed offset."""
+
+    MAX_POINTS = 64  # per partition; past it every other point is dropped (coarser, never wrong)
+
+    def __init__(self) -> None:
+        self._points: dict[TopicPartition, list[list[int]]] = {}
+
+    def observe(self, tp: TopicPartition, log_end: int, landed: int | None, now_ms: int) -> int | None:
+        """Record one poll's log end; returns when the record at ``landed`` entered the log (ms,
+        interpolated between polls), or None when nothing is behind (or ``landed`` is unknown)."""
+        points = self._points.setdefault(tp, [])
+        while points and points[-1][0] > log_end:
+            points.pop()  # a shorter log (replaced, truncated, or a replica behind): forget beyond it
+        if points and points[-1][0] == log_end:
+            points[-1][2] = now_ms
+        else:
+            points.append([log_end, now_ms, now_ms])
+        if landed is None or landed >= log_end:
+            del points[:-1]  # caught up: only the present is a base for what comes next
+            return None
+        while len(points) > 1 and points[1][0] <= landed:
+            del points[0]  # history wholly landed: the next point at or below landed is the base
+        if len(points) > self.MAX_POINTS:
+            del points[2:-1:2]
+        if points[0][0] > landed:
+            return points[0][1]  # behind since the first poll we know of
+        base, after = points[0], points[1]
+        share = (landed - base[0] + 1) / (after[0] - base[0])  # its place among the records added
+        return round(base[2] + share * (after[1] - base[2]))
+
+    def forget(self, tp: TopicPartition) -> None:
+        self._points.pop(tp, None)
+
+
 @dataclass(frozen=True, slots=True)
 class LagView:
     """What the poller knows of one partition, for the snapshot."""
@@ -78,6 +129,9 @@ class LagView:
     log_end_age_s: float | None  # since the last log-end answer (None: none yet)
     stalled_polls: int
     stuck: bool
+    # when the first record not landed yet entered the log (wall-clock ms, see ArrivalClock); None:
+    # caught up at the last poll, or no poll yet
+    unlanded_since_ms: int | None = None
 
 
 class LogEndPoller:
@@ -103,6 +157,8 @@ class LogEndPoller:
         self.interval = interval
         self.timeout = timeout
         self.stuck = StuckTracker(stuck_intervals)
+        self.arrivals = ArrivalClock()
+        self._unlanded_since: dict[TopicPartition, int] = {}
         self._polled_at: dict[TopicPartition, float] = {}
         self._event_ms: dict[TopicPartition, int] = {}
         self._labelled: set[TopicPartition] = set()
@@ -133,6 +189,7 @@ class LogEndPoller:
             log_end_age_s=None if at is None else round(now - at, 3),
             stalled_polls=self.stuck.stalled(tp),
             stuck=self.stuck.is_stuck(tp),
+            unlanded_since_ms=self._unlanded_since.get(tp),
         )
 
     async def _run(self) -> None:
@@ -183,7 +240,9 @@ class LogEndPoller:
         for tp in [tp for tp in self._polled_at if tp not in owned]:
             self._polled_at.pop(tp, None)
             self._event_ms.pop(tp, None)
+            self._unlanded_since.pop(tp, None)
             self.stuck.forget(tp)
+            self.arrivals.forget(tp)
         wall_ms = time.time() * 1000
         stuck = 0
         labelled = self._labelled
@@ -200,7 +259,17 @@ class LogEndPoller:
             if op.log_end is None or tp not in self._polled_at:
                 continue
             metrics.log_end_offset_of.get(tp).set(op.log_end)
-            metrics.consumer_lag_of.get(tp).set(max(0, op.log_end - op.position))
+            metrics.consumer_fetch_lag_of.get(tp).set(max(0, op.log_end - op.position))
+            done = landed if landed is not None else committed
+            since = self.arrivals.observe(tp, op.log_end, done, int(wall_ms))
+            if since is None:
+                self._unlanded_since.pop(tp, None)
+            else:
+                self._unlanded_since[tp] = since
+            if done is not None:
+                metrics.consumer_lag_of.get(tp).set(max(0, op.log_end - done))
+                age = 0.0 if since is None else max(0.0, (wall_ms - since) / 1000)
+                metrics.consumer_time_lag_of.get(tp).set(age)
             was_stuck = self.stuck.is_stuck(tp)
             if self.stuck.observe(tp, landed, op.log_end):
                 stuck += 1
@@ -227,6 +296,8 @@ class LogEndPoller:
             metrics.landed_offset_of,
             metrics.log_end_offset_of,
             metrics.consumer_lag_of,
+            metrics.consumer_fetch_lag_of,
+            metrics.consumer_time_lag_of,
             metrics.landing_freshness_of,
         ):
             gauge.remove(tp)

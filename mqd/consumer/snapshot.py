@@ -8,10 +8,14 @@ assignment entry (the assignment epoch), ``ConsumerSnapshot.member_version`` is 
 ``"generation"`` (the consumer group's member-list version); ``Totals.pinned_bodies`` is
 ``"pinned_answers"``.
 
-Lag figures: ``log_end`` is refreshed by the log-end poller on a timer whatever the partition's state
-(``log_end_age_s`` says how old it is); ``landed`` is what the owner marked handled (the daemon marks
-what it published); ``time_lag_s`` is now minus the newest landed record's event time (None until
-something lands after start); ``stuck`` is the poller's verdict (mqd.consumer.log_end_poller).
+Lag figures, as ``kafka-consumer-groups`` means them: ``log_end`` is refreshed by the log-end poller
+on a timer whatever the partition's state (``log_end_age_s`` says how old it is; under Kafka's
+``read_committed`` it is the last stable offset); ``landed`` is what the owner marked handled (the
+daemon marks what it published, and commits only that). ``lag`` is the log end minus the landed
+offset (the committed one when nothing is marked): records not landed yet, the figure a lag alert
+wants. ``fetch_lag`` is the log end minus the fetch position: records not fetched yet, which is 0
+while fetched records wait in buffers to land. ``time_lag_s`` is the age of the oldest record not
+landed yet (0 when caught up); ``stuck`` is the poller's verdict (mqd.consumer.log_end_poller).
 """
 
 from __future__ import annotations
@@ -53,27 +57,56 @@ class PartitionSnapshot:
     # the partition's leader (mqd: the master) by the metadata; pull_node differs from it while a
     # replica serves the reads (the mqd broker's slave suggestion, Kafka's preferred read replica)
     leader: str | None = None
+    # wall-clock ms at which the first record not landed yet entered the log, as the log-end poller
+    # saw it (LagView.unlanded_since_ms); None: caught up, or not polled yet
+    unlanded_since_ms: int | None = None
 
     @property
     def lag(self) -> int | None:
-        return None if self.log_end is None else max(0, self.log_end - self.position)
+        """Records in the log not landed yet: the log end minus the landed offset, or minus the
+        committed one when nothing is marked (None when neither is known, as Kafka's tools show)."""
+        done = self.landed if self.landed is not None else self.committed
+        return records_behind(self.log_end, done)
+
+    @property
+    def fetch_lag(self) -> int | None:
+        """Records in the log not fetched yet (the log end minus the fetch position)."""
+        return records_behind(self.log_end, self.position)
 
     @property
     def landed_lag(self) -> int | None:
-        """Records in the log not landed yet (the log end minus the landed offset)."""
-        if self.log_end is None or self.landed is None:
-            return None
-        return max(0, self.log_end - self.landed)
+        """The log end minus the landed offset (kept beside ``lag``, which falls back to committed)."""
+        return records_behind(self.log_end, self.landed)
 
     def time_lag_s(self, now_ms: float) -> float | None:
-        """Now minus the newest landed record's event time (None: nothing landed since start)."""
-        if self.landed_event_time_ms is None:
-            return None
-        return round(max(0.0, now_ms - self.landed_event_time_ms) / 1000, 3)
+        """The age of the oldest record not landed yet, in seconds: 0 when caught up, so an idle
+        topic's time lag does not grow. Before the poller knows when that record arrived: now minus
+        the newest landed record's event time (None when nothing landed since start)."""
+        return unlanded_age_s(self.lag, self.unlanded_since_ms, self.landed_event_time_ms, now_ms)
 
     def at_log_end(self) -> bool:
         """Fetched up to the last known log end and nothing of it is buffered."""
         return self.log_end is not None and self.position >= self.log_end and not self.buffered_records
+
+
+def records_behind(log_end: int | None, offset: int | None) -> int | None:
+    """Records from ``offset`` to the log end (never negative: a log end polled before a fetch answer
+    moved past it); None when either is unknown."""
+    if log_end is None or offset is None:
+        return None
+    return max(0, log_end - offset)
+
+
+def unlanded_age_s(
+    lag: int | None, unlanded_since_ms: int | None, landed_event_time_ms: int | None, now_ms: float
+) -> float | None:
+    """See :meth:`PartitionSnapshot.time_lag_s`; a time in the future counts as 0, not negative."""
+    if lag == 0:
+        return 0.0
+    since = unlanded_since_ms if unlanded_since_ms is not None else landed_event_time_ms
+    if since is None:
+        return None
+    return round(max(0.0, now_ms - since) / 1000, 3)
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,6 +204,7 @@ def consumer_status_json(snap: ConsumerSnapshot) -> dict[str, Any]:
                 "log_start": p.log_start,
                 "log_end": p.log_end,
                 "lag": p.lag,
+                "fetch_lag": p.fetch_lag,
                 "pull_node": p.pull_node,
                 "leader": p.leader,
                 "paused": p.paused,
@@ -189,6 +223,7 @@ def consumer_status_json(snap: ConsumerSnapshot) -> dict[str, Any]:
                 "landed_lag": p.landed_lag,
                 "landed_event_time_ms": p.landed_event_time_ms,
                 "time_lag_s": p.time_lag_s(now_ms),
+                "unlanded_since_ms": p.unlanded_since_ms,
                 "log_end_age_s": p.log_end_age_s,
                 "stalled_polls": p.stalled_polls,
                 "stuck": p.stuck,

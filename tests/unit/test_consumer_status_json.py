@@ -1,10 +1,13 @@
 """The status JSON made at the edge from the typed snapshot has exactly the documented shape and
 keys (the admin endpoint, ``mqd status --json`` and the chaos harness read it): the assignment
 epoch is "generation" per partition, the member version the top-level "generation", pinned bodies
-"pinned_answers"; the log incarnation fields (issue 12) and the true-lag fields (issue 17) are added
-keys, none renamed."""
+"pinned_answers"; the log incarnation fields (issue 12), the true-lag fields (issue 17) and
+``fetch_lag`` / ``unlanded_since_ms`` (issue 31) are added keys, none renamed. Since issue 31 "lag" is
+the log end minus the landed offset, as Kafka's tools mean it."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from mqd.config import ConsumerConfig
 from mqd.consumer import Consumer
@@ -83,7 +86,8 @@ def test_shape_and_values() -> None:
                 "marked": 35,
                 "log_start": 0,
                 "log_end": 100,
-                "lag": 60,
+                "lag": 65,
+                "fetch_lag": 60,
                 "pull_node": "n1",
                 "leader": "n0",
                 "paused": False,
@@ -102,6 +106,7 @@ def test_shape_and_values() -> None:
                 "landed_lag": 65,
                 "landed_event_time_ms": None,
                 "time_lag_s": None,
+                "unlanded_since_ms": None,
                 "log_end_age_s": 1.5,
                 "stalled_polls": 3,
                 "stuck": True,
@@ -145,26 +150,45 @@ def test_broadcast_consumer_before_start() -> None:
     assert out["totals"]["budget_bytes"] == ConsumerConfig().max_buffered_bytes
 
 
-def test_time_lag_is_now_minus_the_newest_landed_event_time() -> None:
-    """time_lag_s is the wall clock minus the landed event time, in seconds, never negative."""
-    p = PartitionSnapshot(
-        TP,
-        1,
-        0,
-        None,
-        None,
-        None,
-        None,
-        None,
-        False,
-        False,
-        None,
-        0,
-        0,
-        None,
-        None,
-        landed_event_time_ms=10_000,
-    )
-    assert p.time_lag_s(12_500.0) == 2.5
-    assert p.time_lag_s(9_000.0) == 0.0  # an event stamped in the future is fresh, not negative
-    assert p.landed_lag is None  # no log end known yet
+def snapshot(
+    position: int, log_end: int | None, *, landed: int | None, committed: int | None = None, **kw: Any
+) -> PartitionSnapshot:
+    return PartitionSnapshot(
+        TP, 1, position, committed, landed, 0, log_end, None, False, False, None, 0, 0, None, None,
+        landed=landed, **kw,
+    )  # fmt: skip
+
+
+def test_lag_is_the_log_end_minus_landed_not_the_fetch_position() -> None:
+    """Everything fetched, nothing landed: the lag is every record (the issue's "total lag 0" with 0
+    of 100,000 landed), the fetch lag 0. Nothing marked: the committed offset counts, as in
+    kafka-consumer-groups; neither known: no figure, not 0."""
+    p = snapshot(100_000, 100_000, landed=0)
+    assert (p.lag, p.fetch_lag, p.landed_lag) == (100_000, 0, 100_000)
+    assert consumer_status_json(_one(p))["assignment"]["events/3"]["lag"] == 100_000
+    assert snapshot(90, 100, landed=None, committed=40).lag == 60
+    assert snapshot(90, 100, landed=None).lag is None
+    assert snapshot(90, None, landed=50).lag is None  # no log end polled yet
+    assert snapshot(120, 100, landed=110).lag == 0  # a log end older than the landing: not negative
+
+
+def test_time_lag_is_the_age_of_the_oldest_record_not_landed() -> None:
+    """0 when caught up however old the newest landed record is (an idle topic's time lag does not
+    grow); behind, now minus when the first unlanded record entered the log; before the poller
+    dated it, now minus the newest landed event time; a time in the future counts as 0."""
+    idle = snapshot(500, 500, landed=500, landed_event_time_ms=10_000)
+    assert idle.time_lag_s(10_000.0 + 3_600_000) == 0.0
+    behind = snapshot(500, 510, landed=500, landed_event_time_ms=1_000, unlanded_since_ms=10_000)
+    assert behind.time_lag_s(12_500.0) == 2.5
+    assert behind.time_lag_s(9_000.0) == 0.0
+    undated = snapshot(500, 510, landed=500, landed_event_time_ms=10_000)
+    assert undated.time_lag_s(12_500.0) == 2.5
+    assert snapshot(500, 510, landed=500).time_lag_s(12_500.0) is None
+    assert snapshot(500, None, landed=None).time_lag_s(12_500.0) is None  # nothing known
+
+
+def _one(p: PartitionSnapshot) -> ConsumerSnapshot:
+    return ConsumerSnapshot(
+        "m", "g", "broadcast", None, ("m",), None, "averagely", (p,),
+        Totals(1, 0, 0, 0, 0, 0, 0, 0, 0, ()), (), Errors(None, None, None, None),
+    )  # fmt: skip

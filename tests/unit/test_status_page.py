@@ -67,7 +67,7 @@ def test_empty_cells_are_dashes_and_nothing_is_loaded_from_elsewhere() -> None:
     row = re.search(r'<tr class="s-ok" id="p-events-0">(.*?)</tr>', page)
     assert row is not None
     cells = re.findall(r"<td[^>]*>(.*?)</td>", row.group(1))
-    assert cells == ["events:0", "ok", "-", "7", "-", "-", "9", "2", "-", "-"]
+    assert cells == ["events:0", "ok", "-", "7", "-", "-", "9", "2", "2", "-", "-"]
     assert "<td></td>" not in page
     assert '<dd id="records-s">-</dd>' in page  # no throughput known yet
     assert not re.search(r"(src|href)=\"(https?:)?//", page)

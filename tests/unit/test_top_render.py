@@ -99,11 +99,12 @@ def lines_of(text: str) -> list[str]:
 
 
 def test_wide_terminal_shows_every_column_exact_offsets_full_node_names() -> None:
-    """160 columns: all eleven columns, offsets digit for digit, full node names, the error with its
-    age in the ERROR column; no line is wider than the terminal."""
-    text = render_text(TopView(), status(*busy()), 160, now=1.0)
+    """172 columns: all twelve columns, offsets digit for digit, full node names, the error with its
+    age in the ERROR column; no line is wider than the terminal. LAG is the log end minus landed,
+    FETCH-LAG the log end minus the fetch position."""
+    text = render_text(TopView(), status(*busy()), 172, now=1.0)
     lines = lines_of(text)
-    assert all(len(line) <= 160 for line in lines)
+    assert all(len(line) <= 172 for line in lines)
     head = next(line for line in lines if line.startswith("TOPIC:PARTITION"))
     assert head.split() == list(COLUMNS)
     assert "18352001" in text and "18352100" in text and "18350000" in text and "1218352" in text
@@ -111,13 +112,16 @@ def test_wide_terminal_shows_every_column_exact_offsets_full_node_names() -> Non
     assert NODE_A in text and NODE_B in text
     row1 = next(line for line in lines if line.startswith("events:1 "))
     assert "paused" in row1 and "18352" in row1.split() and "1m3" in row1  # TIME-LAG ~1m30s
+    row0 = next(line for line in lines if line.startswith("events:0 ")).split()
+    assert row0[COLUMNS.index("LAG")] == "2100" and row0[COLUMNS.index("FETCH-LAG")] == "99"
     assert "timeout" in row1
     # the column is narrower than this error: it is also listed whole under the table
     assert f"events:1: {NODE_B}: timeout (12s ago)" in text
 
 
 def test_80_columns_drop_the_least_important_columns_and_never_wrap_the_header() -> None:
-    """80 columns: COMMITTED and POSITION go first; TOPIC:PARTITION, LAG, TIME-LAG and LANDED stay;
+    """80 columns: FETCH-LAG, COMMITTED and POSITION go first; TOPIC:PARTITION, LAG, TIME-LAG and
+    LANDED stay;
     every line fits; the error moves under the table with its age; the header's segments
     (group, member, generation, uptime, version, records/s, CPU, RSS, budget) are whole."""
     text = render_text(TopView(), status(*busy()), 80, now=1.0)
@@ -125,6 +129,7 @@ def test_80_columns_drop_the_least_important_columns_and_never_wrap_the_header()
     assert all(len(line) <= 80 for line in lines), [line for line in lines if len(line) > 80]
     head = next(line for line in lines if line.startswith("TOPIC:PARTITION")).split()
     assert "COMMITTED" not in head and "POSITION" not in head and "RATE" not in head
+    assert "FETCH-LAG" not in head
     for keep in ("NODE", "LAG", "TIME-LAG", "LANDED", "LOG-END", "STATE"):
         assert keep in head
     assert "broker-a-0.eu" in text and NODE_A not in text  # node names cut before a column goes
@@ -146,8 +151,8 @@ def test_80_columns_drop_the_least_important_columns_and_never_wrap_the_header()
 
 def test_rates_cpu_and_a_lag_bar_that_is_not_full_under_steady_load() -> None:
     """Second sample 2 s later: RATE per partition, records/s and CPU in the header. Steady load (a
-    lag of 99 records drained at 5000/s) draws an empty bar, never 100%; a lag of minutes of work
-    fills it."""
+    lag of 2100 records not landed, drained at 5000/s) draws an empty bar, never 100%; a lag of
+    minutes of work fills it."""
     view = TopView()
     steady = (busy()[0], busy()[2])
     render_text(view, status(*steady), 160, now=10.0)
@@ -156,20 +161,22 @@ def test_rates_cpu_and_a_lag_bar_that_is_not_full_under_steady_load() -> None:
     assert "records/s 5,000" in text and "CPU 50%" in text
     row0 = next(line for line in lines_of(text) if line.startswith("events:0 "))
     assert row0.split()[-2] == "5000"  # RATE, before the ERROR column's "-"
-    bar = next(line for line in lines_of(text) if line.startswith("2 partitions  lag 99 records"))
+    bar = next(
+        line for line in lines_of(text) if line.startswith("2 partitions  lag 2100 records not landed")
+    )
     assert "[....................]" in bar and "100%" not in text
     far = (partition(0, 18_372_001, 19_372_001, landed=18_370_000), busy()[2])
     text = render_text(view, status(*far, cpu_s=12.0), 160, now=14.0)
-    bar = next(line for line in lines_of(text) if line.startswith("2 partitions  lag 1000000 records"))
+    bar = next(line for line in lines_of(text) if line.startswith("2 partitions  lag 1002001 records"))
     assert "[####################] 3m20s to drain" in bar
     # nothing drains the lag (no rate), the bar says so instead of a time
     text = render_text(view, status(*far, cpu_s=12.0), 160, now=16.0)
-    bar = next(line for line in lines_of(text) if line.startswith("2 partitions  lag 1000000 records"))
+    bar = next(line for line in lines_of(text) if line.startswith("2 partitions  lag 1002001 records"))
     assert "[####################] not draining" in bar
     # a paused partition's lag is said apart and stays out of the bar: nothing drains it
     ahead = partition(0, 18_382_001, 18_382_100, landed=18_380_000)
     text = render_text(view, status(ahead, busy()[1], cpu_s=13.0), 160, now=18.0)
-    bar = next(line for line in lines_of(text) if line.startswith("2 partitions  lag 18451 records"))
+    bar = next(line for line in lines_of(text) if line.startswith("2 partitions  lag 20452 records"))
     assert "(18352 paused or parked)" in bar and "[....................]" in bar
 
 

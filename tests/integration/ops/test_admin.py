@@ -4,6 +4,7 @@ status views the endpoint and the CLI share."""
 from __future__ import annotations
 
 import base64
+import re
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -182,6 +183,26 @@ async def test_status_json_and_html_page(served: Any) -> None:
         page = await r.text()
     assert r.headers["Content-Type"].startswith("text/html")
     assert "broker-b-1" in page and "&lt;b&gt;boom&lt;/b&gt;" in page and "<b>boom" not in page
+
+
+async def test_the_first_page_load_shows_a_records_per_second_figure() -> None:
+    """The page's records/s used to be measured between page loads, so the first load had one
+    sample and showed `-`; the endpoint samples the published total from its start, so the first
+    load already has a figure, and records published since show in it."""
+    server = AdminServer(AdminConfig(port=0, auth_token=TOKEN), Target())
+    await server.start()
+    try:
+        metrics.records_published.labels("events").inc(500)
+        async with (
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as s,
+            s.get(f"{server.url}/", headers=AUTH) as r,
+        ):
+            page = await r.text()
+    finally:
+        await server.stop()
+    shown = re.search(r'<dd id="records-s">([^<]*)</dd>', page)
+    assert shown is not None and shown.group(1) != "-", page
+    assert float(shown.group(1).replace(",", "")) > 0
 
 
 async def test_pause_resume_need_the_token_and_valid_partitions(served: Any) -> None:

@@ -112,7 +112,7 @@ def test_the_browser_renders_partitions_totals_and_version(daemon: tuple[Path, s
 
     def loaded() -> bool:
         nonlocal page
-        page = rendered(page_url)  # twice or more: the throughput needs two page loads
+        page = rendered(page_url)  # again while the second partition or its landing is not shown yet
         return "p-events-1" in page.rows and page.by_id.get("records-s", "-") != "-"
 
     wait_until_sync(loaded, timeout=90, what="the rendered page with both partitions and a throughput")
@@ -129,11 +129,13 @@ def test_the_browser_renders_partitions_totals_and_version(daemon: tuple[Path, s
     assert "ok" in page.by_id["state"]
     for p in (0, 1):
         cells = page.rows[f"p-events-{p}"]
-        # partition, state, node, position, committed, landed, log end, lag, time lag, error
+        # partition, state, node, position, committed, landed, log end, lag, fetch lag, time lag,
+        # error
         assert cells[0] == f"events:{p}" and cells[1] == "ok" and cells[2] != "-"
         landed = st["consumer"]["assignment"][f"events/{p}"]["landed"]
         assert cells[5] == str(landed) and cells[6] == str(landed) and cells[7] == "0"
-        assert cells[9] == "-"  # no error: a dash, not an empty cell
+        assert cells[8] == "0" and cells[9] == "0.0s"  # all landed: no lag in records or in time
+        assert cells[10] == "-"  # no error: a dash, not an empty cell
     assert sum(int(page.rows[f"p-events-{p}"][5]) for p in (0, 1)) == 3000
 
 
