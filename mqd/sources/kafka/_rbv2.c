@@ -141,8 +141,10 @@ int rbv2_fill(int32_t nseg, const int64_t *seg, const uint64_t *out) {
             p++;
             RD(tsd);
             RD(offd);
-            off_out[r] = base_offset + offd;
-            ts_out[r] = fixed_ts != INT64_MIN ? fixed_ts : base_ts + tsd;
+            off_out[r] = base_offset + offd; /* no overflow: the caller checked base + lastOffsetDelta */
+            /* any int64 delta is legal on the wire: wrap as Java's long does (signed overflow is
+             * undefined in C, unsigned is not) */
+            ts_out[r] = fixed_ts != INT64_MIN ? fixed_ts : (int64_t)((uint64_t)base_ts + (uint64_t)tsd);
             RD(kl);
             if (kl >= 0) {
                 memcpy(k_data + ko, p, (size_t)kl);

@@ -7,11 +7,18 @@ read_committed, the batches of aborted transactions (the answer's aborted-transa
 own algorithm). Per record: the records kernel (records_kernel), one call for all batches of the
 answer. A partial trailing batch (the broker cuts at max_bytes) ends the walk without an error; magic
 0/1, a bad CRC, a bad length or malformed records stop it with an error naming the topic-partition,
-returning the good batches before it.
+returning the good batches before it: whatever the bytes, decode_partition returns, it never raises
+(the engine parks a partition whose answers keep failing; an exception would skip that).
+
+Offsets only go up: a batch that overlaps or lies behind what the same answer already gave (a buggy
+or hostile broker; Kafka's own never sends one) is cut to its records past the highest offset so far,
+counted (mqd_kafka_out_of_order_records_total) and logged with the broker named, so no offset lands
+twice.
 """
 
 from __future__ import annotations
 
+import itertools
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -20,6 +27,7 @@ import cramjam
 import crc32c
 import numpy as np
 import pyarrow as pa
+import structlog
 from prometheus_client import Counter
 
 from mqd import metrics
@@ -28,6 +36,8 @@ from mqd.format import HEADERS_TYPE, RECORD_SCHEMA
 from mqd.sources.kafka import records_kernel
 from mqd.sources.kafka.records_kernel import NO_TS, KernelError, Segments, zigzag_varint
 from mqd.topic_partition import TopicPartition
+
+log = structlog.get_logger("mqd.sources.kafka.record_batch")
 
 # baseOffset batchLength partitionLeaderEpoch magic crc attributes lastOffsetDelta baseTimestamp
 # maxTimestamp producerId producerEpoch baseSequence recordsCount
@@ -40,6 +50,7 @@ TIMESTAMP_LOG_APPEND = 0x08
 TRANSACTIONAL = 0x10
 CONTROL = 0x20
 _XERIAL = b"\x82SNAPPY\x00"
+_MAX_OFFSET = 2**63 - 1  # offsets are int64 everywhere after the decoder (Arrow, the landing)
 
 aborted_records = Counter(
     "mqd_kafka_aborted_records_total",
@@ -50,6 +61,13 @@ aborted_records = Counter(
 control_records = Counter(
     "mqd_kafka_control_records_total",
     "Transaction markers (control batches) skipped: offsets, not data",
+    ["topic", "partition"],
+    registry=metrics.REGISTRY,
+)
+out_of_order_records = Counter(
+    "mqd_kafka_out_of_order_records_total",
+    "Records dropped because their batch overlapped or went behind offsets the same Fetch answer "
+    "already held (a buggy or hostile broker): each offset is delivered once",
     ["topic", "partition"],
     registry=metrics.REGISTRY,
 )
@@ -119,6 +137,9 @@ def _control_type(records: bytes | cramjam.Buffer | memoryview) -> int:
     return int(struct.unpack_from(">h", buf, pos + 2)[0])
 
 
+_Row = tuple[int, int, int, int, int, int, int]  # a row of records_kernel's segment table
+
+
 def decode_partition(
     data: bytes | memoryview,
     start: int,
@@ -127,20 +148,26 @@ def decode_partition(
     tp: TopicPartition,
     aborted: Sequence[AbortedTxn] | None = None,
     compiled: bool | None = None,
+    broker: str | None = None,
 ) -> Decoded:
-    """Records from ``start`` on as one DecodedBatch (first_offset ``start``; next_offset after the
-    last whole batch). ``aborted``: the answer's aborted transactions under read_committed, None
-    under read_uncommitted."""
+    """Records from ``start`` on, offsets strictly increasing, as DecodedBatches from ``start`` to
+    the end of the last whole batch (one, or one per run of kept records where the answer overlapped
+    itself). ``aborted``: the answer's aborted transactions under read_committed, None under
+    read_uncommitted. ``broker`` names the node in the log line of an out-of-order answer."""
     mv = memoryview(data).cast("B")
     size = len(mv)
     pos = 0
-    expected = start
+    expected = start  # the lowest offset not delivered yet: start, then the highest batch end so far
     next_offset: int | None = None
     wire = 0
     error: str | None = None
     keep: list[object] = []  # decompressed sections: alive until the kernel copied them
-    rows: list[tuple[int, int, int, int, int, int, int]] = []  # records_kernel's segment table
+    rows: list[_Row] = []  # records_kernel's segment table
     seg_start_next: list[int | None] = []  # next_offset before each segment (a kernel error cuts there)
+    floors: list[int] = []  # per segment: its records below this one are not delivered
+    # batches behind what this answer already gave: (segment it precedes or is, base offset,
+    # records dropped; -1 for a segment whose cut the decoded offsets tell)
+    disorder: list[tuple[int, int, int]] = []
     txns = sorted(aborted or (), key=lambda a: a.first_offset)
     ti = 0
     aborted_pids: set[int] = set()
@@ -166,6 +193,10 @@ def decode_partition(
             error = f"{tp}: record batch at offset {base}: CRC-32C mismatch (corrupt data)"
             break
         batch_next = base + last_delta + 1
+        if count < 0 or batch_next > _MAX_OFFSET:
+            what = f"a negative record count {count}" if count < 0 else "offsets past 2^63-1"
+            error = f"{tp}: record batch at offset {base} has {what}"
+            break
         here = pos
         pos += total
         skip = False
@@ -174,7 +205,10 @@ def decode_partition(
                 aborted_pids.add(txns[ti].producer_id)
                 ti += 1
         if batch_next <= expected:
+            if next_offset is not None:  # behind this answer's own batches, not only before start
+                disorder.append((len(rows), base, 0 if attrs & CONTROL else count))
             continue
+        overlaps = next_offset is not None and base < expected
         codec = attrs & COMPRESSION_MASK
         try:
             if attrs & CONTROL:
@@ -197,14 +231,19 @@ def decode_partition(
                     keep.append(arr)
                     addr, n = (arr.ctypes.data if len(arr) else 0), len(arr)
                 fixed = max_ts if attrs & TIMESTAMP_LOG_APPEND else NO_TS
+                if overlaps:
+                    disorder.append((len(rows), base, -1))
                 rows.append((addr, n, count, last_delta, base, base_ts, fixed))
                 seg_start_next.append(next_offset)
+                floors.append(expected)
+            elif overlaps:
+                disorder.append((len(rows), base, 0))  # nothing of it delivered anyway
         except (RecordBatchError, IndexError, struct.error) as exc:
             error = f"{tp}: record batch at offset {base}: {exc}"
             break
         wire += total
         next_offset = batch_next
-        expected = max(expected, batch_next)
+        expected = batch_next
     if dropped or controls:
         label = (tp.topic, str(tp.partition))
         if dropped:
@@ -213,25 +252,100 @@ def decode_partition(
             control_records.labels(*label).inc(controls)
     records: pa.RecordBatch | None = None
     held: tuple[tuple[object, int], ...] = ()
-    if rows:
+    while rows:  # each error cuts before an earlier segment: ends
         try:
             records, held = _to_arrow(rows, compiled)
+            break
         except KernelError as exc:
-            bad = exc.segment
+            bad = min(max(exc.segment, 0), len(rows) - 1)
             error = f"{tp}: record batch at offset {rows[bad][records_kernel.S_BASE_OFFSET]}: {exc}"
             next_offset = seg_start_next[bad]
             wire = 0  # unknown split: charge nothing rather than wrongly; the budget pins the body
-            records, held = _to_arrow(rows[:bad], compiled) if bad else (None, ())
+            del rows[bad:]
     del keep
     if next_offset is None or next_offset <= start:
         return Decoded([], error)
+    nseg = len(rows)
+    # what an error cut off was not delivered: neither are its out-of-order batches
+    disorder = [d for d in disorder if d[0] < nseg or (d[0] == nseg and d[2] >= 0)]
+    late = 0
     if records is None:
-        records = _empty()
+        pieces = [DecodedBatch(_empty(), start, next_offset, wire)]
     else:
-        cut = int(np.searchsorted(records.column(0).to_numpy(), start))
-        if cut:
-            records = records.slice(cut)
-    return Decoded([DecodedBatch(records, start, next_offset, wire)], error, held)
+        overlapping = [s for s, _, k in disorder if k < 0]
+        pieces, late = _cut(records, rows, floors, overlapping, start, next_offset, wire)
+    if disorder:
+        _report(tp, broker, start, disorder, late)
+    return Decoded(pieces, error, held)
+
+
+def _cut(
+    records: pa.RecordBatch,
+    rows: list[_Row],
+    floors: list[int],
+    overlapping: list[int],
+    start: int,
+    next_offset: int,
+    wire: int,
+) -> tuple[list[DecodedBatch], int]:
+    """``records`` without what lies below each segment's floor, as zero-copy slices: the first
+    segment's records before ``start`` (the batch holding it begins earlier) and the overlapping
+    segments' records the answer gave before; the number of the latter."""
+    offsets = records.column(0).to_numpy()
+    first_count = rows[0][records_kernel.S_COUNT]
+    cut = int(np.searchsorted(offsets[:first_count], floors[0]))
+    if not overlapping:
+        return [DecodedBatch(records.slice(cut) if cut else records, start, next_offset, wire)], 0
+    # each overlapping segment loses a prefix (its offsets increase, the kernel checked): the kept
+    # rows are runs between those prefixes, each its own slice of the one allocation
+    runs: list[tuple[int, int]] = []
+    late = 0
+    seg_rows = [0, *itertools.accumulate(r[records_kernel.S_COUNT] for r in rows)]
+    lo = cut
+    for s in overlapping:
+        r0, r1 = seg_rows[s], seg_rows[s + 1]
+        if s == 0:
+            late += cut
+            continue
+        n = int(np.searchsorted(offsets[r0:r1], floors[s]))
+        if n:
+            runs.append((lo, r0))
+            lo = r0 + n
+            late += n
+    runs.append((lo, len(records)))
+    runs = [(a, b) for a, b in runs if b > a]
+    if not runs:
+        return [DecodedBatch(records.slice(0, 0), start, next_offset, wire)], late
+    kept = sum(b - a for a, b in runs)
+    pieces: list[DecodedBatch] = []
+    charged = 0
+    for i, (a, b) in enumerate(runs):
+        last = i == len(runs) - 1
+        first = start if i == 0 else int(offsets[a])
+        upto = next_offset if last else int(offsets[runs[i + 1][0]])
+        nbytes = wire - charged if last else wire * (b - a) // kept
+        charged += nbytes
+        pieces.append(DecodedBatch(records.slice(a, b - a), first, upto, nbytes))
+    return pieces, late
+
+
+def _report(
+    tp: TopicPartition, broker: str | None, start: int, disorder: list[tuple[int, int, int]], late: int
+) -> None:
+    """Count and log an answer whose batches overlapped or went behind each other."""
+    records = late + sum(k for _, _, k in disorder if k > 0)
+    if records:
+        out_of_order_records.labels(tp.topic, str(tp.partition)).inc(records)
+    log.warning(
+        "kafka fetch answer with overlapping or backward record batches: cut to increasing offsets",
+        topic=tp.topic,
+        partition=tp.partition,
+        broker=broker or "unknown",
+        fetch_offset=start,
+        batches=len(disorder),
+        first_batch_offset=disorder[0][1],
+        records_dropped=records,
+    )
 
 
 def _empty() -> pa.RecordBatch:
@@ -262,7 +376,7 @@ def _check_header_keys(hkeys: pa.Array, c: records_kernel.Columns, seg: Segments
 
 
 def _to_arrow(
-    rows: list[tuple[int, int, int, int, int, int, int]], compiled: bool | None
+    rows: list[_Row], compiled: bool | None
 ) -> tuple[pa.RecordBatch, tuple[tuple[object, int], ...]]:
     """The records as Arrow, and the allocation their buffers live in (Decoded.held)."""
     seg = Segments.of(rows)
@@ -301,7 +415,8 @@ def batch_heads(data: bytes | memoryview) -> tuple[list[tuple[int, int]], int | 
     (base offset, partition leader epoch) where the epoch changes, first batch included (a batch
     without an epoch, -1 in old producers' logs, ends these), and the offset after the last complete
     batch, where the next fetch starts when every batch decodes (None without one). Anything not v2
-    or with a bad length ends the walk (decoding stops there too)."""
+    or with a bad length ends the walk (decoding stops there too). A batch that ends at or behind
+    one before it moves neither (decode_partition drops it)."""
     epochs: list[tuple[int, int]] = []
     end: int | None = None
     with_epochs = True
@@ -310,10 +425,13 @@ def batch_heads(data: bytes | memoryview) -> tuple[list[tuple[int, int]], int | 
         base, length, epoch, magic, _, _, last_delta = _HEAD_START.unpack_from(data, pos)
         if magic != 2 or length < HEADER_SIZE - LOG_OVERHEAD or pos + LOG_OVERHEAD + length > size:
             break
+        pos += LOG_OVERHEAD + length
+        if end is not None and base + last_delta + 1 <= end:
+            continue
         if epoch < 0:
             with_epochs = False
         elif with_epochs and (not epochs or epochs[-1][1] != epoch):
-            epochs.append((base, epoch))
+            # an overlapping batch delivers records from the previous end on, not from its base
+            epochs.append((base if end is None else max(base, end), epoch))
         end = base + last_delta + 1
-        pos += LOG_OVERHEAD + length
     return epochs, end

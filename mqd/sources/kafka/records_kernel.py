@@ -274,9 +274,15 @@ def _py_scan(table: npt.NDArray[np.int64], totals: npt.NDArray[np.int64]) -> Non
             if p != rend:
                 raise KernelError(-4, s, i)
         if p != end:
-            raise KernelError(-4, s, i)
+            raise KernelError(-4, s, int(table[s, S_COUNT]))  # past the last record, as _rbv2.c says
         t[8] += int(table[s, S_COUNT])
     totals[:9] = t
+
+
+def _wrap64(v: int) -> int:
+    """``v`` as int64 arithmetic leaves it (Java's long, the C kernel): a timestamp delta may be any
+    int64, and a Python int past the range would not fit the column."""
+    return (v + 2**63) % 2**64 - 2**63
 
 
 def _py_fill(table: npt.NDArray[np.int64], c: Columns) -> None:
@@ -294,7 +300,7 @@ def _py_fill(table: npt.NDArray[np.int64], c: Columns) -> None:
             tsd, p = zigzag_varint(buf, p, end, s, 0)
             od, p = zigzag_varint(buf, p, end, s, 0)
             c.offset[r] = base_offset + od
-            c.ts[r] = fixed if fixed != NO_TS else base_ts + tsd
+            c.ts[r] = fixed if fixed != NO_TS else _wrap64(base_ts + tsd)
             ln, p = zigzag_varint(buf, p, end, s, 0)
             c.k_valid[r] = ln >= 0
             if ln >= 0:

@@ -105,10 +105,17 @@ def _decode(
     tp: TopicPartition,
     aborted: list[AbortedTxn] | None,
     epochs: list[tuple[int, int]],
+    broker: str,
 ) -> Decoded:
     """decode_partition, each batch stamped with the leader epoch of its last record (the landing
-    keeps it so a restart can validate the landed position, KIP-320)."""
-    decoded = decode_partition(records, start, check_crc, tp=tp, aborted=aborted)
+    keeps it so a restart can validate the landed position, KIP-320). Never raises: an exception
+    would reach the fetcher's catch-all, which drops the node's whole answer and fetches the same
+    bytes again at once, while an error here parks this partition with backoff."""
+    try:
+        decoded = decode_partition(records, start, check_crc, tp=tp, aborted=aborted, broker=broker)
+    except Exception as exc:  # a decoder bug: the fuzz tests find none, the traceback says where
+        log.exception("kafka record decoding failed", topic=tp.topic, partition=tp.partition, broker=broker)
+        return Decoded([], f"{tp}: record batches at offset {start} from {broker}: decoder failed: {exc!r}")
     if not epochs:
         return decoded
     batches = [replace(d, leader_epoch=epoch_before(epochs, d.next_offset)) for d in decoded.batches]
@@ -301,6 +308,7 @@ class KafkaSource:
         suspect: dict[TopicPartition, int] = {}  # answers a truncated or recreated log also gives
         answered: set[TopicPartition] = set()
         nbytes = _HEAD_BYTES
+        broker = self._broker_name(node_id)
         for part in fetched_partitions(resp, names):
             if part.topic is None:
                 log.warning("kafka fetch answer: unknown topic id", node=node_id, topic_id=part.topic_id)
@@ -341,7 +349,9 @@ class KafkaSource:
                     aborted = [AbortedTxn(pid, first) for pid, first in part.aborted]
                 status, error = FetchStatus.FOUND, None
                 transitions, found_end = batch_heads(records)
-                decode = functools.partial(_decode, records, tp=tp, aborted=aborted, epochs=transitions)
+                decode = functools.partial(
+                    _decode, records, tp=tp, aborted=aborted, epochs=transitions, broker=broker
+                )
                 if current[tp] is not None:
                     self.incarnations.saw_batches(tp, transitions)
             elif offset > highwater >= 0:
@@ -451,6 +461,11 @@ class KafkaSource:
                 )
             log.info("kafka fetch session reset", node=node_id, error=for_code(top_error).__name__)
         raise AssertionError("unreachable")
+
+    def _broker_name(self, node_id: str) -> str:
+        """``node <id> (<host>:<port>)`` as the cluster's metadata names it, for log lines."""
+        meta = None if self._client is None else self._client.cluster.broker_metadata(int(node_id))
+        return f"node {node_id}" if meta is None else f"node {node_id} ({meta.host}:{meta.port})"
 
     def _forgotten_ids(self, forgotten: dict[str, list[int]]) -> dict[str, str]:
         """Topic ids of the partitions a session forgets (v13 names them by id too)."""
