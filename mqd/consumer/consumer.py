@@ -464,6 +464,7 @@ class Consumer:
                 log_end_age_s=lag[tp].log_end_age_s,
                 stalled_polls=lag[tp].stalled_polls,
                 stuck=lag[tp].stuck,
+                unlanded_since_ms=lag[tp].unlanded_since_ms,
                 leader=route.leader if (route := routes.get(tp)) is not None else None,
             )
             for tp, op in sorted(state.partitions.items())

@@ -108,6 +108,8 @@ def test_records_fetched_but_not_landed_are_lag(cluster: Cluster, waiting_daemon
     assert sum(p["lag"] for p in parts.values()) == RECORDS, parts
     assert all(p["landed"] == 0 and p["lag"] == p["log_end"] for p in parts.values()), parts
     assert sum(gauge(state, "mqd_consumer_fetch_lag").values()) == 0
+    # /status dates the waiting records as the metric does: by the log-end poller, not by event time
+    assert all(p["unlanded_since_ms"] is not None and p["time_lag_s"] > 0 for p in parts.values()), parts
     cfg = state.parent / "mqd.toml"
     res = CliRunner().invoke(main, ["status", "-c", str(cfg)])
     assert f"total lag {RECORDS} records not landed" in res.stdout, res.stdout
