@@ -252,7 +252,7 @@ def decode_partition(
             control_records.labels(*label).inc(controls)
     records: pa.RecordBatch | None = None
     held: tuple[tuple[object, int], ...] = ()
-    while rows:  # each error cuts before an earlier segment: ends
+    while rows:  # a failing segment goes with all after it, so this ends; the last error is the earliest
         try:
             records, held = _to_arrow(rows, compiled)
             break
