@@ -565,7 +565,9 @@ class SparkConfig(_Model):
     )
     value_format: Literal["raw", "json"] = "raw"
     value_schema: str = ""  # Spark DDL, for value_format = "json"
-    partition_by: list[str] = Field(default_factory=lambda: ["topic", "dt"])  # after what it checks against
+    # columns, named expressions ("to_date(ts) AS dt"), Iceberg transforms ("days(timestamp)"):
+    # mqd/spark/partitioning.py; after what it checks against
+    partition_by: list[str] = Field(default_factory=lambda: ["topic", "dt"])
     shuffle_partitions: int = Field(default=4, ge=1)
     driver_memory: str = "1g"  # the JVM's "1g", "512m" (1024-based) or the size syntax ("2GiB")
     log_level: Literal["ALL", "TRACE", "DEBUG", "INFO", "WARN", "ERROR", "FATAL", "OFF"] = "WARN"  # log4j's
@@ -601,21 +603,13 @@ class SparkConfig(_Model):
         from mqd.spark.static_checks import partition_problem, table_columns
 
         fmt, schema = info.data.get("value_format"), info.data.get("value_schema")
-        if fmt is None or schema is None:  # reported on their own keys
+        table_format = info.data.get("table_format")
+        if fmt is None or schema is None or table_format is None:  # reported on their own keys
             return value
-        problem = partition_problem(value, table_columns(fmt, schema))
+        problem = partition_problem(value, table_columns(fmt, schema), table_format)
         if problem is not None:
             raise ValueError(problem)
         return value
-
-    @model_validator(mode="after")
-    def _iceberg_on_disk(self) -> Self:
-        if self.table_format == "iceberg" and isinstance(self.output_dir, str):
-            raise ValueError(
-                'table_format = "iceberg" writes a table on disk only (its folder catalog has no S3 '
-                'store yet): use table_format = "delta" for an s3:// output_dir'
-            )
-        return self
 
     @model_validator(mode="after")
     def _json_needs_schema(self) -> Self:

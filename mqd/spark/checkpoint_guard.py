@@ -100,8 +100,11 @@ def problem(table: str, checkpoint: Path, writer: TableWriter | None) -> str | N
     return None
 
 
-def table_writer(spark: Any, table_format: str, location: str) -> TableWriter | None:
-    """What the table at ``location`` says its streaming writer committed."""
+def table_writer(
+    spark: Any, table_format: str, location: str, file_io: dict[str, str] | None = None
+) -> TableWriter | None:
+    """What the table at ``location`` says its streaming writer committed (``file_io``: an Iceberg
+    table's FileIO properties, for one on S3)."""
     if table_format == "parquet":
         return file_sink_writer(Path(location))
     if table_format == "delta":
@@ -114,7 +117,7 @@ def table_writer(spark: Any, table_format: str, location: str) -> TableWriter | 
     if table_format == "iceberg":
         from mqd.spark.iceberg_sink import iceberg_writer
 
-        found = iceberg_writer(location)
+        found = iceberg_writer(location, file_io)
         return None if found is None else TableWriter(*found)
     return None
 

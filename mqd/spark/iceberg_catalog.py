@@ -12,7 +12,9 @@ Used by mqd/spark/iceberg_sink.py unless ``spark.iceberg_catalog`` names another
 
 from __future__ import annotations
 
+import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,6 +44,7 @@ _log = structlog.get_logger("mqd.spark")
 DEFAULT_NAMESPACE = "mqd"  # the namespace the one table is listed under
 METADATA_DIR = "metadata"
 VERSION_HINT = f"{METADATA_DIR}/version-hint.text"
+DEFAULT_REGION = "us-east-1"  # S3's own default, when neither the config nor the AWS variables name one
 
 _VERSION_FILE = re.compile(r"v(\d+)\.metadata\.json")
 
@@ -57,19 +60,47 @@ def _metadata_key(version: int) -> str:
     return f"{METADATA_DIR}/v{version}.metadata.json"
 
 
-def table_objects(location: str) -> Objects:
-    """The object primitives the folder catalog commits through, for a table at ``location``."""
+def s3_properties(endpoint_url: str | None, region: str | None, path_style: bool) -> dict[str, str]:
+    """pyiceberg's FileIO properties for a table on S3 (the data files go through pyarrow's S3
+    filesystem). Credentials: the AWS chain, as for the landing. A region is always given: without
+    one pyiceberg asks AWS where the bucket is, which a store that is not AWS cannot answer."""
+    props = {
+        "s3.region": region
+        or os.environ.get("AWS_REGION")
+        or os.environ.get("AWS_DEFAULT_REGION")
+        or "us-east-1",
+        "s3.force-virtual-addressing": "false" if path_style else "true",
+    }
+    if endpoint_url is not None:
+        props["s3.endpoint"] = endpoint_url
+    return props
+
+
+def table_objects(location: str, properties: Mapping[str, str] | None = None) -> Objects:
+    """The object primitives the folder catalog commits through, for a table at ``location``: a
+    local folder, or ``s3://bucket/path`` (the landing's S3 objects: the same create-only put, with
+    ``s3.endpoint`` and ``s3.region`` of ``properties``)."""
+    if location.startswith("s3://"):
+        from mqd.landing.s3_objects import S3Objects
+
+        props = properties or {}
+        return S3Objects(location, endpoint_url=props.get("s3.endpoint"), region=props.get("s3.region"))
     if "://" in location and not location.startswith("file://"):
-        # s3:// is mqd.landing.s3_objects.S3Objects (the same create-only put) plus pyiceberg's S3
-        # FileIO properties for the data files: not wired yet
-        raise IcebergSinkError(f"an Iceberg table at {location} is not supported yet: give a local folder")
+        raise IcebergSinkError(f"an Iceberg table at {location}: give a local folder or an s3:// URI")
     from mqd.landing.local_objects import LocalObjects
 
     return LocalObjects(Path(location.removeprefix("file://")))
 
 
-def is_iceberg_table(location: str | Path) -> bool:
-    """The folder holds an Iceberg table of the folder catalog (a committed metadata version)."""
+def is_iceberg_table(location: str | Path, properties: Mapping[str, str] | None = None) -> bool:
+    """The folder (or ``s3://`` prefix) holds an Iceberg table of the folder catalog (a committed
+    metadata version)."""
+    if isinstance(location, str) and location.startswith("s3://"):
+        objects = table_objects(location, properties)
+        return any(
+            _VERSION_FILE.fullmatch(info.key.rsplit("/", 1)[-1])
+            for info in objects.list_objects(f"{METADATA_DIR}/v")
+        )
     meta = Path(location) / METADATA_DIR
     return meta.is_dir() and any(_VERSION_FILE.fullmatch(p.name) for p in meta.iterdir())
 
@@ -89,10 +120,12 @@ class FolderCatalog(MetastoreCatalog):
     identifier names that table. ``objects`` (default: :func:`table_objects`) is where metadata
     files are read and created; data files go through pyiceberg's FileIO, chosen by ``location``."""
 
-    def __init__(self, location: str, objects: Objects | None = None, **properties: str) -> None:
-        super().__init__("mqd", **properties)
+    def __init__(
+        self, location: str, objects: Objects | None = None, properties: Mapping[str, str] | None = None
+    ) -> None:
+        super().__init__("mqd", **(properties or {}))
         self.location = location.rstrip("/")
-        self.objects = objects if objects is not None else table_objects(self.location)
+        self.objects = objects if objects is not None else table_objects(self.location, properties)
 
     # -- the table's versions ---------------------------------------------------------------------
 
@@ -272,5 +305,6 @@ __all__ = [
     "FolderCatalog",
     "IcebergSinkError",
     "is_iceberg_table",
+    "s3_properties",
     "table_objects",
 ]

@@ -26,7 +26,8 @@ for a moment; this module's loader looks past it). So the folder alone is the ta
 JDBC database through pyiceberg's SQL catalog, Glue, Hive) is chosen by passing its pyiceberg
 properties (``{"type": "rest", "uri": ...}``).
 
-Format version 2; identity partitions on the configured columns; schema evolution by name (a column
+Format version 2; partitioned by the configured columns (identity) and Iceberg's hidden transforms
+(``days(timestamp)``, ``bucket(16, id)``: mqd/spark/partitioning.py); schema evolution by name (a column
 new in a batch is added to the table in the same commit as the batch; earlier rows read it as null).
 
 No pyspark import: :func:`foreach_batch` only calls methods of the DataFrame Spark passes in.
@@ -51,7 +52,16 @@ from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.schema import assign_fresh_schema_ids
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import ancestors_of
-from pyiceberg.transforms import IdentityTransform
+from pyiceberg.transforms import (
+    BucketTransform,
+    DayTransform,
+    HourTransform,
+    IdentityTransform,
+    MonthTransform,
+    Transform,
+    TruncateTransform,
+    YearTransform,
+)
 from pyiceberg.typedef import TableVersion
 
 from mqd.spark.iceberg_catalog import (
@@ -60,6 +70,8 @@ from mqd.spark.iceberg_catalog import (
     IcebergSinkError,
     is_iceberg_table,
 )
+from mqd.spark.partitioning import PartitionField as SparkPartitionField
+from mqd.spark.partitioning import parse as parse_partition
 
 _log = structlog.get_logger("mqd.spark")
 
@@ -115,8 +127,10 @@ class IcebergSink:
     "uri": "postgresql+psycopg2://..."}``) or a pyiceberg Catalog; None: the folder catalog (no
     server). ``table_name`` and ``namespace`` name the table in such a catalog (default: the
     folder's name, in ``mqd``).
-    ``partition_by``: identity partitions of a new table (an existing table keeps its own spec).
-    ``schema``: of a new table; None: the first batch's. ``query_name``: for the logs."""
+    ``partition_by``: the partition spec of a new table, as spark.partition_by entries (an existing
+    table keeps its own spec).
+    ``schema``: of a new table; None: the first batch's. ``query_name``: for the logs.
+    ``file_io``: pyiceberg FileIO properties (a table on S3: iceberg_catalog.s3_properties)."""
 
     def __init__(
         self,
@@ -128,6 +142,7 @@ class IcebergSink:
         namespace: str = DEFAULT_NAMESPACE,
         schema: pa.Schema | None = None,
         query_name: str | None = None,
+        file_io: Mapping[str, str] | None = None,
     ) -> None:
         self.location = str(location).rstrip("/")
         self.partition_by = list(partition_by)
@@ -135,6 +150,7 @@ class IcebergSink:
         self.identifier = (namespace, table_name or Path(self.location).name or "table")
         self.schema = schema
         self.query_name = query_name
+        self.file_io = dict(file_io or {})
         self._catalog: Catalog | None = catalog if isinstance(catalog, Catalog) else None
         self._table: Table | None = None
 
@@ -142,9 +158,9 @@ class IcebergSink:
     def catalog(self) -> Catalog:
         if self._catalog is None:
             if self.catalog_properties is None:
-                self._catalog = FolderCatalog(self.location)
+                self._catalog = FolderCatalog(self.location, properties=self.file_io)
             else:
-                props = dict(self.catalog_properties)
+                props = {**self.file_io, **self.catalog_properties}
                 self._catalog = load_catalog(props.pop("name", "mqd"), **props)
         return self._catalog
 
@@ -176,19 +192,20 @@ class IcebergSink:
 
     def _create(self, arrow_schema: pa.Schema) -> Table:
         arrow_schema = table_schema(arrow_schema)
-        missing = [c for c in self.partition_by if c not in arrow_schema.names]
+        fields = [parse_partition(entry) for entry in self.partition_by]
+        missing = [f.source or f.name for f in fields if (f.source or f.name) not in arrow_schema.names]
         if missing:
             raise IcebergSinkError(f"partition columns {missing} are not in the data: {arrow_schema.names}")
         schema = assign_fresh_schema_ids(Catalog._convert_schema_if_needed(arrow_schema, FORMAT_VERSION))
         spec = PartitionSpec(
             *[
                 PartitionField(
-                    source_id=schema.find_field(name).field_id,
+                    source_id=schema.find_field(f.source or f.name).field_id,
                     field_id=1000 + i,
-                    transform=IdentityTransform(),
-                    name=name,
+                    transform=_transform(f),
+                    name=f.name,
                 )
-                for i, name in enumerate(self.partition_by)
+                for i, f in enumerate(fields)
             ]
         )
         catalog = self.catalog
@@ -223,7 +240,7 @@ class IcebergSink:
             with table.transaction() as txn:
                 txn.set_properties(wanted)
         spec = [f.name for f in table.spec().fields]
-        if spec != self.partition_by:
+        if spec != [parse_partition(entry).name for entry in self.partition_by]:
             _log.warning(
                 "iceberg_partitioning_kept",
                 query=self.query_name,
@@ -282,12 +299,29 @@ class IcebergSink:
         return True
 
 
-def iceberg_writer(location: str) -> tuple[str, int] | None:
+def _transform(field: SparkPartitionField) -> Transform[Any, Any]:
+    """Iceberg's transform for a ``spark.partition_by`` entry (a column: identity)."""
+    n = field.argument or 0
+    kinds: dict[str | None, Callable[[], Transform[Any, Any]]] = {
+        None: IdentityTransform,
+        "identity": IdentityTransform,
+        "year": YearTransform,
+        "month": MonthTransform,
+        "day": DayTransform,
+        "hour": HourTransform,
+        "bucket": lambda: BucketTransform(n),
+        "trunc": lambda: TruncateTransform(n),
+    }
+    return kinds[field.transform]()
+
+
+def iceberg_writer(location: str, file_io: Mapping[str, str] | None = None) -> tuple[str, int] | None:
     """The newest (query id, batch id) token among the snapshots of the folder-catalog table at
     ``location`` (read only), None when no snapshot carries one (or there is no table)."""
-    if not is_iceberg_table(location):
+    if not is_iceberg_table(location, file_io):
         return None
-    table = FolderCatalog(location).load_table((DEFAULT_NAMESPACE, Path(location).name))
+    catalog = FolderCatalog(location, properties=file_io)
+    table = catalog.load_table((DEFAULT_NAMESPACE, Path(location).name))
     for snapshot in ancestors_of(table.current_snapshot(), table.metadata):
         summary = snapshot.summary
         query, batch = (summary[QUERY_ID_PROPERTY], summary[BATCH_ID_PROPERTY]) if summary else (None, None)

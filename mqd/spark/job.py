@@ -68,14 +68,19 @@ from mqd.errors import MqdError
 from mqd.landing.chain_reader import ChainReader
 from mqd.landing.schema import LANDING_SCHEMA, PARTITION_COLUMNS, landing_columns, landing_ddl, spark_type
 from mqd.landing.store import open_store
+from mqd.spark.batch_log import BatchLog
+from mqd.spark.partitioning import PartitionField, parse_all
 from mqd.spark.session import EXIT_SESSION, SessionError, build_session, open_session
 from mqd.spark.static_checks import RAW_TIMESTAMP_COLUMN, master_problem, partition_problem
 
 _log = structlog.get_logger("mqd.spark")
 
+BATCH_LOG_INTERVAL_S = 2.0  # between reads of the queries' progress for the per-batch log line
 RECORD_INTERVAL_S = 5.0  # between lifecycle records of a running query (cheap when no batch committed)
 
 CORRUPT_COLUMN = "_mqd_corrupt_record"
+EXTRA_COLUMN = "_extra"  # JSON mode: the value's fields that value_schema does not name, as JSON
+BATCH_METRICS = "mqd_batch"  # the name of each main query's observed metrics (Dataset.observe)
 LANDING_DDL = landing_ddl()  # derived from the Arrow schema (mqd.landing.schema)
 _LANDING_COLUMNS = landing_columns()
 # the landing's folder range (layout.folder_hours), in epoch ms: 1970-01-01 .. 9999-12-31T23:59:59.999Z
@@ -185,23 +190,23 @@ def _queries(spark: Any, config: MqdConfig) -> list[tuple[str, Any, str, Path, l
     from pyspark.sql import functions as F
     from pyspark.sql.types import StringType, StructField, StructType
 
-    from mqd.spark.table_format import spark_location
-
     sc = config.spark
     checkpoint = Path(sc.checkpoint_dir)
     df = _source(spark, config)
     # a foreign Parquet file read with the landing schema yields rows without partition/offset
     foreign = F.col("partition").isNull() | F.col("offset").isNull()
+    fields = parse_all(sc.partition_by)  # checked by the config's load
     if sc.value_format == "raw":
         # reported by unlisted_files() at start; there is no quarantine table in raw mode
-        _check_partitioning(sc.partition_by, output_columns())
+        _check_partitioning(sc.partition_by, output_columns(), sc.table_format)
+        main = _partitioned(df.where(~foreign).select(*output_columns()), fields, extra=None)
         return [
             (
                 query_name(config),
-                df.where(~foreign).select(*output_columns()),
-                spark_location(sc.output_dir),
+                main,
+                _table_location(sc.table_format, sc.output_dir),
                 checkpoint / "main",
-                sc.partition_by,
+                _sink_parts(fields),
             )
         ]
 
@@ -230,13 +235,16 @@ def _queries(spark: Any, config: MqdConfig) -> list[tuple[str, Any, str, Path, l
     )
     checked = parsed.withColumn("_reason", reason)
     keep = [c for c in output_columns() if c != "value"]
-    good = checked.where(F.col("_reason").isNull()).select(
-        *keep, *[F.col(f"_v.{f.name}").alias(f.name) for f in value_schema.fields]
-    )
-    clash = set(keep) & set(value_schema.fieldNames())
+    clash = {*keep, EXTRA_COLUMN} & set(value_schema.fieldNames())
     if clash:
-        raise SparkJobError(f"spark.value_schema fields clash with landing columns: {sorted(clash)}")
-    _check_partitioning(sc.partition_by, good.columns)
+        raise SparkJobError(f"spark.value_schema fields clash with the table's columns: {sorted(clash)}")
+    good = checked.where(F.col("_reason").isNull()).select(
+        *keep,
+        *[F.col(f"_v.{f.name}").alias(f.name) for f in value_schema.fields],
+        _extra_fields(value_schema.fieldNames()).alias(EXTRA_COLUMN),
+    )
+    _check_partitioning(sc.partition_by, good.columns, sc.table_format)
+    good = _partitioned(good, fields, extra=EXTRA_COLUMN)
     if is_object_landing(config):
         from mqd.spark.landing_source import SOURCE_FILE_COLUMN
 
@@ -249,17 +257,82 @@ def _queries(spark: Any, config: MqdConfig) -> list[tuple[str, Any, str, Path, l
         source_file.alias("source_file"),
         F.current_timestamp().alias("quarantined_at"),
     )
-    qparts = [c for c in sc.partition_by if c in _LANDING_COLUMNS]
+    bad = bad.observe(BATCH_METRICS, F.count(F.lit(1)).alias("rows"))
+    qparts = [f.name for f in fields if f.is_column and f.name in _LANDING_COLUMNS]
     return [
-        (query_name(config), good, spark_location(sc.output_dir), checkpoint / "main", sc.partition_by),
+        (
+            query_name(config),
+            good,
+            _table_location(sc.table_format, sc.output_dir),
+            checkpoint / "main",
+            _sink_parts(fields),
+        ),
         (
             query_name(config, quarantine=True),
             bad,
-            spark_location(sc.quarantine_dir),
+            _table_location(sc.table_format, sc.quarantine_dir),
             checkpoint / "quarantine",
             qparts,
         ),
     ]
+
+
+def _extra_fields(known: list[str]) -> Any:
+    """The value's top-level fields that ``value_schema`` does not name, as a JSON object (their
+    values as they were: numbers, strings, objects), null when there are none: kept, not dropped.
+    The value is parsed a second time only for records that have such fields."""
+    from pyspark.sql import functions as F
+
+    text = F.col("value").cast("string")
+    names = F.array(*[F.lit(n) for n in known]) if known else F.array().cast("array<string>")
+    unknown = F.array_except(F.json_object_keys(text), names)
+    fields = F.from_json(text, "map<string, variant>")
+    return F.when(
+        F.size(unknown) > 0, F.to_json(F.map_filter(fields, lambda k, _v: ~F.array_contains(names, k)))
+    )
+
+
+def _partitioned(df: Any, fields: list[PartitionField], extra: str | None) -> Any:
+    """``df`` with each expression of ``spark.partition_by`` as its column, observed per batch
+    (BATCH_METRICS: rows out, rows in the default partition, rows with extra fields) for the job's
+    per-batch log line (mqd/spark/batch_log.py)."""
+    from pyspark.errors import AnalysisException
+    from pyspark.sql import functions as F
+
+    for f in fields:
+        if f.expression is None:
+            continue
+        try:
+            df = df.withColumn(f.name, F.expr(f.expression))
+            df.schema  # noqa: B018 -- analysis happens here: a bad expression fails now, not in a batch
+        except (AnalysisException, ValueError) as exc:
+            raise SparkJobError(f"spark.partition_by {f.entry!r}: {str(exc).splitlines()[0]}") from None
+    nullable = [F.col(c).isNull() for f in fields if (c := f.nullable_input) is not None]
+    default = F.lit(False)
+    for cond in nullable:
+        default = default | cond
+    metrics = [
+        F.count(F.lit(1)).alias("rows"),
+        F.sum(F.when(default, 1).otherwise(0)).alias("default_partition_rows"),
+        F.sum(F.when(F.col(extra).isNotNull(), 1).otherwise(0) if extra else F.lit(0)).alias(
+            "extra_field_rows"
+        ),
+    ]
+    return df.observe(BATCH_METRICS, *metrics)
+
+
+def _sink_parts(fields: list[PartitionField]) -> list[str]:
+    """What the sink partitions by: the table's columns (a computed one by its name), and for an
+    Iceberg table the transforms as written (iceberg_sink parses them)."""
+    return [f.entry if f.transform is not None else f.name for f in fields]
+
+
+def _table_location(table_format: str, place: Path | str) -> str:
+    """Where the sink writes: Spark's (S3A: ``s3a://``) for Delta and Parquet; for Iceberg,
+    written by pyiceberg and named in its metadata, the configured ``s3://`` URI as it is."""
+    from mqd.spark.table_format import spark_location
+
+    return str(place) if table_format == "iceberg" else spark_location(place)
 
 
 def _landing_store(config: MqdConfig) -> Any:
@@ -313,8 +386,8 @@ class _Recorder:
             self.record()
 
 
-def _check_partitioning(partition_by: list[str], columns: list[str]) -> None:
-    problem = partition_problem(partition_by, columns)
+def _check_partitioning(partition_by: list[str], columns: list[str], table_format: str) -> None:
+    problem = partition_problem(partition_by, columns, table_format)
     if problem is not None:
         raise SparkJobError(f"spark.partition_by {problem}")
 
@@ -390,6 +463,7 @@ def _run(config: MqdConfig, *, once: bool, master: str | None = None) -> int:
         )
         return EXIT_SESSION
     started: list[Any] = []
+    batch_log = BatchLog(BATCH_METRICS)
     stopping = threading.Event()
 
     def _stop(signum: int, frame: FrameType | None) -> None:
@@ -401,6 +475,9 @@ def _run(config: MqdConfig, *, once: bool, master: str | None = None) -> int:
     if not once and threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):
             restore.append((sig, signal.signal(sig, _stop)))
+    # partition expressions give null (the default partition) for a value they cannot parse, never
+    # a failed batch that would fail again at every restart (mqd/spark/partitioning.py)
+    spark.conf.set("spark.sql.ansi.enabled", "false")
     try:
         try:
             plan = _queries(spark, config)
@@ -428,6 +505,10 @@ def _run(config: MqdConfig, *, once: bool, master: str | None = None) -> int:
             started.append(writer.start())
             log.info("spark_query_started", query=name, output=out, checkpoint=str(ckpt), once=once)
         maintenance = _maintenance(config, plan)
+        # a --once run too: Spark keeps the progress of the last 100 batches only
+        threading.Thread(
+            target=_log_batches, args=(batch_log, started, stopping), name="mqd-batch-log", daemon=True
+        ).start()
         if not once:
             threading.Thread(target=recorder.run, args=(stopping,), name="mqd-lifecycle", daemon=True).start()
             if maintenance is not None:
@@ -441,6 +522,7 @@ def _run(config: MqdConfig, *, once: bool, master: str | None = None) -> int:
                 return 1
         stopping.set()  # the queries are done: no new maintenance round beside what follows
         recorder.record()
+        batch_log.poll(started)
         if once and maintenance is not None:  # a streaming run's thread did it between batches
             maintenance.run_if_due(spark)
         for q in started:
@@ -479,7 +561,8 @@ def _checkpoint_mismatch(
     if fmt == "iceberg" and config.spark.iceberg_catalog is not None:
         return None  # a catalog with a server: its table is not a folder to read here
     for _name, _df, out, ckpt, _parts in plan:
-        found = checkpoint_guard.problem(out, ckpt, checkpoint_guard.table_writer(spark, fmt, out))
+        writer = checkpoint_guard.table_writer(spark, fmt, out, iceberg_file_io(config))
+        found = checkpoint_guard.problem(out, ckpt, writer)
         if found is not None:
             return found
     return None
@@ -492,13 +575,30 @@ def _table_writer(config: MqdConfig, writer: Any, out: str, parts: list[str], na
     if fmt == "iceberg":
         from mqd.spark.iceberg_sink import IcebergSink, foreach_batch
 
-        sink = IcebergSink(out, partition_by=parts, catalog=config.spark.iceberg_catalog, query_name=name)
+        sink = IcebergSink(
+            out,
+            partition_by=parts,
+            catalog=config.spark.iceberg_catalog,
+            query_name=name,
+            file_io=iceberg_file_io(config),
+        )
         return writer.foreachBatch(foreach_batch(sink.start()))
     writer = writer.format(fmt).option("path", out).outputMode("append")
     if fmt == "delta":
         # columns the landing or the value schema gained since the table was made are added
         writer = writer.option("mergeSchema", "true")
     return writer.partitionBy(*parts) if parts else writer
+
+
+def iceberg_file_io(config: MqdConfig) -> dict[str, str]:
+    """pyiceberg's FileIO properties for the job's tables: S3's when they live on S3."""
+    sc = config.spark
+    if not any(isinstance(p, str) for p in (sc.output_dir, sc.quarantine_dir)):
+        return {}
+    from mqd.spark.iceberg_catalog import s3_properties
+    from mqd.spark.session import table_s3
+
+    return s3_properties(*table_s3(config))
 
 
 def _maintenance(config: MqdConfig, plan: list[tuple[str, Any, str, Path, list[str]]]) -> Any:
@@ -508,6 +608,14 @@ def _maintenance(config: MqdConfig, plan: list[tuple[str, Any, str, Path, list[s
     from mqd.spark.table_maintenance import MaintenanceSchedule
 
     return MaintenanceSchedule(config, [out for _name, _df, out, _ckpt, _parts in plan])
+
+
+def _log_batches(batch_log: BatchLog, queries: list[Any], stopping: threading.Event) -> None:
+    while not stopping.wait(BATCH_LOG_INTERVAL_S):
+        try:
+            batch_log.poll(queries)
+        except Exception as exc:  # a py4j error of a query that just stopped: logged, never fatal
+            _log.debug("spark_batch_log_failed", error=str(exc))
 
 
 def _maintain(schedule: Any, spark: Any, stopping: threading.Event) -> None:

@@ -141,6 +141,16 @@ def table_session_options() -> dict[str, str]:
     return {**session_options(), **_DELTA_TABLE_DEFAULTS}
 
 
+def table_s3(config: MqdConfig) -> tuple[str | None, str | None, bool]:
+    """(endpoint URL, region, path-style) of the tables' S3 store: ``[spark.s3]``, each unset key
+    from ``[landing.s3]``; path-style on when an endpoint is set (a store that is not AWS)."""
+    sc = config.spark
+    endpoint = sc.s3.endpoint_url or config.landing.s3.endpoint_url
+    region = sc.s3.region or config.landing.s3.region
+    path_style = sc.s3.path_style if sc.s3.path_style is not None else endpoint is not None
+    return endpoint, region, path_style
+
+
 def s3a_options(config: MqdConfig) -> dict[str, str]:
     """Hadoop's S3A settings for an ``s3://`` table (none for a table on disk): ``[spark.s3]``, each
     unset key from ``[landing.s3]``. Credentials: S3A's default chain (the AWS variables, then the
@@ -148,9 +158,7 @@ def s3a_options(config: MqdConfig) -> dict[str, str]:
     sc = config.spark
     if not any(isinstance(p, str) for p in (sc.output_dir, sc.quarantine_dir)):
         return {}
-    endpoint = sc.s3.endpoint_url or config.landing.s3.endpoint_url
-    region = sc.s3.region or config.landing.s3.region
-    path_style = sc.s3.path_style if sc.s3.path_style is not None else endpoint is not None
+    endpoint, region, path_style = table_s3(config)
     opts = {"spark.hadoop.fs.s3a.path.style.access": "true" if path_style else "false"}
     if endpoint is not None:
         opts["spark.hadoop.fs.s3a.endpoint"] = endpoint

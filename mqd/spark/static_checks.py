@@ -122,14 +122,9 @@ def table_columns(value_format: str, value_schema: str) -> list[str]:
     return cols
 
 
-def partition_problem(partition_by: list[str], columns: list[str]) -> str | None:
-    """Why the output table cannot be partitioned by ``partition_by`` given its ``columns``."""
-    dupes = sorted({c for c in partition_by if partition_by.count(c) > 1})
-    if dupes:
-        return f"names columns more than once: {dupes}"
-    missing = [c for c in partition_by if c not in columns]
-    if missing:
-        return f"names unknown columns {missing}; columns are {columns}"
-    if partition_by and len(set(partition_by)) >= len(columns):
-        return "cannot use every column as a partition column"
-    return None
+def partition_problem(partition_by: list[str], columns: list[str], table_format: str = "delta") -> str | None:
+    """Why the output table cannot be partitioned by ``partition_by`` given its ``columns``
+    (column names, named expressions, Iceberg transforms: mqd/spark/partitioning.py)."""
+    from mqd.spark.partitioning import problem
+
+    return problem(partition_by, columns, table_format)

@@ -4,7 +4,6 @@ endpoint of `[landing.s3]`, and read exactly by Spark, delta-rs, Polars and Duck
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,6 +11,7 @@ from typing import Any
 import pytest
 from support.delta import land, make_config
 from support.seaweedfs import fresh_uri
+from support.seaweedfs import signing_gateway as signing_gateway  # the fixture
 from support.table_readers import S3, every_reader_keys, offsets
 
 from mqd.config import LandingS3Config, MqdConfig
@@ -20,20 +20,6 @@ from mqd.spark.session import s3a_options
 from mqd.testing.seaweedfs import ACCESS_KEY, REGION, SECRET_KEY, SeaweedFS
 
 pytestmark = pytest.mark.spark
-
-
-@pytest.fixture(scope="module")
-def signing_gateway(seaweedfs: SeaweedFS, tmp_path_factory: pytest.TempPathFactory) -> str:
-    """A gateway that authenticates, as S3 does: S3A signs its uploads chunk by chunk, which a
-    SeaweedFS gateway without identities refuses ("Signed request requires setting up SeaweedFS S3
-    authentication"). Its endpoint URL."""
-    identities = tmp_path_factory.mktemp("s3-identities") / "s3.json"
-    admin = {"accessKey": ACCESS_KEY, "secretKey": SECRET_KEY}
-    actions = ["Admin", "Read", "List", "Write", "Tagging"]
-    identities.write_text(
-        json.dumps({"identities": [{"name": "admin", "credentials": [admin], "actions": actions}]})
-    )
-    return seaweedfs.add_gateway(f"-config={identities}")
 
 
 @pytest.fixture

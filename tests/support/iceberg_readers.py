@@ -13,13 +13,14 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from support.table_readers import KEY_COLUMNS, Key
+from support.table_readers import KEY_COLUMNS, S3, Key
 
 __all__ = [
     "ICEBERG_READERS",
     "duckdb_iceberg_keys",
     "every_iceberg_reader_column",
     "every_iceberg_reader_keys",
+    "every_s3_iceberg_reader_keys",
     "polars_iceberg_keys",
     "pyiceberg_keys",
 ]
@@ -100,3 +101,63 @@ def every_iceberg_reader_column(path: Path, column: str) -> dict[str, list[tuple
         rows = zip(*(table.column(c).to_pylist() for c in ("partition", "offset", column)), strict=True)
         out[name] = sorted(rows, key=lambda r: (r[0], r[1]))
     return out
+
+
+def _pyiceberg_properties(s3: S3) -> dict[str, str]:
+    return {
+        "s3.endpoint": s3.endpoint,
+        "s3.access-key-id": s3.access_key,
+        "s3.secret-access-key": s3.secret_key,
+        "s3.region": s3.region,
+        "s3.force-virtual-addressing": "false",
+    }
+
+
+def _s3_pyiceberg(uri: str, s3: S3) -> pa.Table:
+    from pyiceberg.table import StaticTable
+
+    table = StaticTable.from_metadata(uri, properties=_pyiceberg_properties(s3))
+    return table.scan(selected_fields=tuple(KEY_COLUMNS)).to_arrow()
+
+
+def _s3_duckdb(uri: str, s3: S3) -> pa.Table:
+    """DuckDB's ``iceberg_scan`` through httpfs with a path-style S3 secret."""
+    import urllib.parse
+
+    import duckdb
+    import duckdb_extension_avro
+    import duckdb_extension_httpfs
+    import duckdb_extension_iceberg
+
+    con = duckdb.connect()
+    try:
+        for module, name in (
+            (duckdb_extension_httpfs, "httpfs"),
+            (duckdb_extension_avro, "avro"),
+            (duckdb_extension_iceberg, "iceberg"),
+        ):
+            ext = next((Path(module.__file__ or "").parent / "extensions").rglob(f"{name}.duckdb_extension"))
+            con.execute(f"LOAD '{ext}'")
+        host = urllib.parse.urlsplit(s3.endpoint)
+        con.execute(
+            f"CREATE SECRET (TYPE s3, KEY_ID '{s3.access_key}', SECRET '{s3.secret_key}', "
+            f"REGION '{s3.region}', ENDPOINT '{host.netloc}', URL_STYLE 'path', USE_SSL false)"
+        )
+        cols = ", ".join(f'"{c}"' for c in KEY_COLUMNS)
+        return con.execute(f"SELECT {cols} FROM iceberg_scan('{uri}')").to_arrow_table()
+    finally:
+        con.close()
+
+
+def _s3_polars(uri: str, s3: S3) -> pa.Table:
+    import polars as pl
+    from pyiceberg.table import StaticTable
+
+    table = StaticTable.from_metadata(uri, properties=_pyiceberg_properties(s3))
+    return pl.scan_iceberg(table).select(KEY_COLUMNS).collect().to_arrow()
+
+
+def every_s3_iceberg_reader_keys(uri: str, s3: S3) -> dict[str, list[Key]]:
+    """Each non-Spark reader's keys of the Iceberg table at ``s3://...`` ``uri``."""
+    readers = {"pyiceberg": _s3_pyiceberg, "duckdb": _s3_duckdb, "polars": _s3_polars}
+    return {name: _keys(read(uri, s3)) for name, read in readers.items()}

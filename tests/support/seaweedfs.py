@@ -4,6 +4,7 @@ tests never see each other's objects. tests/conftest.py re-exports the ``seaweed
 
 from __future__ import annotations
 
+import json
 import secrets
 from collections.abc import Iterator
 
@@ -11,7 +12,7 @@ import pytest
 
 from mqd.landing.object_store import ObjectStore
 from mqd.landing.s3_objects import S3Objects
-from mqd.testing.seaweedfs import SeaweedFS
+from mqd.testing.seaweedfs import ACCESS_KEY, SECRET_KEY, SeaweedFS
 
 
 @pytest.fixture(scope="session")
@@ -27,6 +28,20 @@ def seaweedfs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedFS]:
         raise
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="module")
+def signing_gateway(seaweedfs: SeaweedFS, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A gateway that authenticates, as S3 does: S3A signs its uploads chunk by chunk, which a
+    SeaweedFS gateway without identities refuses ("Signed request requires setting up SeaweedFS S3
+    authentication"). Its endpoint URL."""
+    identities = tmp_path_factory.mktemp("s3-identities") / "s3.json"
+    admin = {"accessKey": ACCESS_KEY, "secretKey": SECRET_KEY}
+    actions = ["Admin", "Read", "List", "Write", "Tagging"]
+    identities.write_text(
+        json.dumps({"identities": [{"name": "admin", "credentials": [admin], "actions": actions}]})
+    )
+    return seaweedfs.add_gateway(f"-config={identities}")
 
 
 def fresh_uri(server: SeaweedFS) -> str:

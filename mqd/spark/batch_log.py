@@ -1,0 +1,69 @@
+"""The job's one log line per micro-batch: rows in, rows written, rows in the default partition, rows
+with fields the schema does not name, for each query (the main table's and the quarantine's).
+
+Spark keeps each batch's progress on the driver (``StreamingQuery.recentProgress``); the figures
+the job adds come from the query's observed metrics (``Dataset.observe`` named ``BATCH_METRICS``,
+mqd/spark/job.py), which Spark computes while it writes the batch, so counting costs no second
+pass over the data. A batch that read no rows logs nothing (a streaming query idles between
+triggers). Figures are per batch; ``spark_query_done`` keeps the last batch's at the end.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import structlog
+
+_log = structlog.get_logger("mqd.spark")
+
+
+def batch_figures(progress: Any, metrics_name: str) -> dict[str, Any]:
+    """The log line's fields of one batch's progress (a StreamingQueryProgress)."""
+    figures: dict[str, Any] = {
+        "query": progress.name,
+        "batch": progress.batchId,
+        "rows_in": progress.numInputRows,
+        "seconds": round((progress.durationMs or {}).get("triggerExecution", 0) / 1000, 3),
+    }
+    observed = (progress.observedMetrics or {}).get(metrics_name)
+    if observed is not None:
+        row = observed.asDict()
+        figures["rows_out"] = int(row.get("rows") or 0)
+        for key in ("default_partition_rows", "extra_field_rows"):
+            if key in row:
+                figures[key] = int(row[key] or 0)
+    return figures
+
+
+class BatchLog:
+    """Logs ``spark_batch_done`` once for each batch of the running queries: ``poll`` reads each
+    query's ``recentProgress`` (the last 100 batches, Spark's default) and logs the batches it has
+    not logged yet. Polled beside the queries and once after they end, so a ``--once`` run logs
+    every batch before it returns (a listener's events arrive on Spark's bus, possibly later)."""
+
+    def __init__(self, metrics_name: str) -> None:
+        self.metrics_name = metrics_name
+        self._logged: dict[str, int] = {}  # query run id -> the newest batch logged
+        self._lock = threading.Lock()  # the poller thread and the job's end both poll
+
+    def poll(self, queries: list[Any]) -> None:
+        with self._lock:
+            for query in queries:
+                for progress in query.recentProgress:
+                    run = str(progress.runId)
+                    if progress.batchId <= self._logged.get(run, -1):
+                        continue
+                    self._logged[run] = progress.batchId
+                    if progress.numInputRows:
+                        self._log(progress)
+
+    def _log(self, progress: Any) -> None:
+        figures = batch_figures(progress, self.metrics_name)
+        if figures.get("default_partition_rows"):
+            _log.warning("spark_batch_done", **figures, note="rows in the default (null) partition")
+        else:
+            _log.info("spark_batch_done", **figures)
+
+
+__all__ = ["BatchLog", "batch_figures"]
