@@ -70,13 +70,13 @@ from mqd.spark.iceberg_catalog import (
     IcebergSinkError,
     is_iceberg_table,
 )
+from mqd.spark.iceberg_maintenance import BATCH_ID_PROPERTY, QUERY_ID_PROPERTY, maintain
 from mqd.spark.partitioning import PartitionField as SparkPartitionField
 from mqd.spark.partitioning import parse as parse_partition
+from mqd.spark.table_maintenance import MaintenanceSchedule
 
 _log = structlog.get_logger("mqd.spark")
 
-QUERY_ID_PROPERTY = "mqd.query-id"  # snapshot summary: the streaming query that committed it
-BATCH_ID_PROPERTY = "mqd.batch-id"  # snapshot summary: the query's batch it holds
 FORMAT_VERSION: TableVersion = 2
 # every table the sink makes or writes: commit retries off (module docstring)
 TABLE_PROPERTIES = {"format-version": str(FORMAT_VERSION), "commit.retry.num-retries": "0"}
@@ -130,7 +130,8 @@ class IcebergSink:
     ``partition_by``: the partition spec of a new table, as spark.partition_by entries (an existing
     table keeps its own spec).
     ``schema``: of a new table; None: the first batch's. ``query_name``: for the logs.
-    ``file_io``: pyiceberg FileIO properties (a table on S3: iceberg_catalog.s3_properties)."""
+    ``file_io``: pyiceberg FileIO properties (a table on S3: iceberg_catalog.s3_properties).
+    ``maintenance``: when to compact and expire (mqd/spark/iceberg_maintenance.py), between batches."""
 
     def __init__(
         self,
@@ -143,6 +144,7 @@ class IcebergSink:
         schema: pa.Schema | None = None,
         query_name: str | None = None,
         file_io: Mapping[str, str] | None = None,
+        maintenance: MaintenanceSchedule | None = None,
     ) -> None:
         self.location = str(location).rstrip("/")
         self.partition_by = list(partition_by)
@@ -151,6 +153,7 @@ class IcebergSink:
         self.schema = schema
         self.query_name = query_name
         self.file_io = dict(file_io or {})
+        self.maintenance = maintenance
         self._catalog: Catalog | None = catalog if isinstance(catalog, Catalog) else None
         self._table: Table | None = None
 
@@ -299,6 +302,17 @@ class IcebergSink:
         return True
 
 
+def maintain_if_due(sink: IcebergSink) -> bool:
+    """Compact and expire the sink's table when its schedule says so (after a batch, in the batch's
+    thread: no commit of the sink's own runs beside it)."""
+    schedule = sink.maintenance
+    if schedule is None or sink._table is None or not schedule.due():
+        return False
+    maintain(sink._table, schedule.target_bytes, schedule.retention_s, table_name=sink.location)
+    schedule.done()
+    return True
+
+
 def _transform(field: SparkPartitionField) -> Transform[Any, Any]:
     """Iceberg's transform for a ``spark.partition_by`` entry (a column: identity)."""
     n = field.argument or 0
@@ -347,6 +361,7 @@ def foreach_batch(sink: IcebergSink) -> Callable[[Any, int], None]:
 
     def write(df: Any, batch_id: int) -> None:
         sink.write_batch(df.toArrow(), streaming_query_id(df), int(batch_id))
+        maintain_if_due(sink)
 
     return write
 
@@ -359,6 +374,7 @@ __all__ = [
     "IcebergSink",
     "foreach_batch",
     "iceberg_writer",
+    "maintain_if_due",
     "streaming_query_id",
     "table_schema",
 ]

@@ -464,6 +464,7 @@ def _run(config: MqdConfig, *, once: bool, master: str | None = None) -> int:
         return EXIT_SESSION
     started: list[Any] = []
     batch_log = BatchLog(BATCH_METRICS)
+    iceberg_sinks: list[Any] = []  # each maintains its table between its batches
     stopping = threading.Event()
 
     def _stop(signum: int, frame: FrameType | None) -> None:
@@ -495,7 +496,9 @@ def _run(config: MqdConfig, *, once: bool, master: str | None = None) -> int:
             log.error("lifecycle_query_name_taken", error=str(exc))
             return 2
         for name, df, out, ckpt, parts in plan:
-            writer = _table_writer(config, df.writeStream.queryName(name), out, parts, name)
+            writer = _table_writer(
+                config, df.writeStream.queryName(name), out, parts, name, ckpt, iceberg_sinks
+            )
             writer = writer.option("checkpointLocation", str(ckpt))
             writer = (
                 writer.trigger(availableNow=True)
@@ -525,6 +528,11 @@ def _run(config: MqdConfig, *, once: bool, master: str | None = None) -> int:
         batch_log.poll(started)
         if once and maintenance is not None:  # a streaming run's thread did it between batches
             maintenance.run_if_due(spark)
+        if once and iceberg_sinks:
+            from mqd.spark.iceberg_sink import maintain_if_due
+
+            for sink in iceberg_sinks:
+                maintain_if_due(sink)
         for q in started:
             progress = q.lastProgress or {}
             log.info(
@@ -568,12 +576,17 @@ def _checkpoint_mismatch(
     return None
 
 
-def _table_writer(config: MqdConfig, writer: Any, out: str, parts: list[str], name: str) -> Any:
+def _table_writer(
+    config: MqdConfig, writer: Any, out: str, parts: list[str], name: str, checkpoint: Path, sinks: list[Any]
+) -> Any:
     """The query's sink for ``spark.table_format``: Delta's or Spark's file sink, or, for Iceberg,
-    ``foreachBatch`` into pyiceberg in this driver (no Iceberg runtime exists for Spark 4.2)."""
+    ``foreachBatch`` into pyiceberg in this driver (no Iceberg runtime exists for Spark 4.2), which
+    also maintains the table between batches (its schedule's clock in the query's checkpoint);
+    an Iceberg sink is added to ``sinks``."""
     fmt = config.spark.table_format
     if fmt == "iceberg":
         from mqd.spark.iceberg_sink import IcebergSink, foreach_batch
+        from mqd.spark.table_maintenance import MaintenanceSchedule
 
         sink = IcebergSink(
             out,
@@ -581,7 +594,9 @@ def _table_writer(config: MqdConfig, writer: Any, out: str, parts: list[str], na
             catalog=config.spark.iceberg_catalog,
             query_name=name,
             file_io=iceberg_file_io(config),
+            maintenance=MaintenanceSchedule(config, [out], stamp_dir=checkpoint),
         )
+        sinks.append(sink)
         return writer.foreachBatch(foreach_batch(sink.start()))
     writer = writer.format(fmt).option("path", out).outputMode("append")
     if fmt == "delta":

@@ -135,13 +135,14 @@ class MaintenanceSchedule:
     """Runs optimize then vacuum when ``spark.maintenance_interval`` has passed since the last run
     (the time is a file's mtime in the checkpoint folder, so it spans restarts and ``--once`` runs)."""
 
-    def __init__(self, config: MqdConfig, tables: list[str]) -> None:
+    def __init__(self, config: MqdConfig, tables: list[str], stamp_dir: Path | None = None) -> None:
         sc = config.spark
         self.interval_s = sc.maintenance_interval
         self.target_bytes = sc.target_file_size
         self.retention_hours = sc.vacuum_retention / 3600
+        self.retention_s = sc.vacuum_retention
         self.tables = tables
-        self.stamp = Path(sc.checkpoint_dir) / LAST_RUN_NAME
+        self.stamp = Path(stamp_dir if stamp_dir is not None else sc.checkpoint_dir) / LAST_RUN_NAME
 
     def due(self, now: float | None = None) -> bool:
         """An interval has passed since the last run; a table never maintained counts from its
@@ -154,6 +155,10 @@ class MaintenanceSchedule:
             self._touch()
             return False
         return (now if now is not None else time.time()) - last >= self.interval_s
+
+    def done(self) -> None:
+        """A run is over: the next is due an interval from now."""
+        self._touch()
 
     def _touch(self) -> None:
         self.stamp.parent.mkdir(parents=True, exist_ok=True)

@@ -231,3 +231,33 @@ def test_the_job_writes_an_iceberg_table(tmp_path: Path, spark: Any) -> None:
         assert len(set(keys)) == len(keys), reader
     problem = table_format_problem(make_config(tmp_path))
     assert problem is not None and "'iceberg'" in problem
+
+
+def test_the_job_compacts_its_iceberg_table_between_batches(tmp_path: Path, spark: Any) -> None:
+    """With a short maintenance interval the job compacts between its own batches (the table's one
+    writer): a run of many small batches ends with at most 2 x ceil(bytes / target) files per table
+    partition, every record once for every reader, and a re-run adds nothing."""
+    import structlog
+
+    cfg = make_config(
+        tmp_path,
+        table_format="iceberg",
+        max_files_per_trigger=2,
+        maintenance_interval=0.001,
+        target_file_size="1MiB",
+    )
+    expected = land(Path(cfg.landing.dir), partitions=2, files=8, records=25)
+    with structlog.testing.capture_logs() as logs:
+        assert job.run(cfg, once=True) == 0
+    assert any(e["event"] == "table_maintained" and e["files_removed"] > 0 for e in logs), logs
+    out = Path(cfg.spark.output_dir)
+    table = StaticTable.from_metadata(str(out))
+    sizes: dict[str, list[int]] = {}
+    for task in table.scan().plan_files():
+        sizes.setdefault(repr(task.file.partition), []).append(task.file.file_size_in_bytes)
+    assert sizes and all(len(s) <= 2 * -(-sum(s) // (1 << 20)) for s in sizes.values()), sizes
+    for reader, keys in every_iceberg_reader_keys(out).items():
+        assert offsets(keys) == expected, reader
+    assert job.run(cfg, once=True) == 0
+    for reader, keys in every_iceberg_reader_keys(out).items():
+        assert offsets(keys) == expected, reader
