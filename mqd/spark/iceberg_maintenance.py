@@ -39,6 +39,8 @@ from pyiceberg.manifest import DataFile, ManifestEntryStatus
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot, ancestors_of
 
+from mqd.spark.table_maintenance import TableDescription
+
 _log = structlog.get_logger("mqd.spark")
 
 QUERY_ID_PROPERTY = "mqd.query-id"  # iceberg_sink's token (imported there from here: one name)
@@ -182,6 +184,28 @@ def _delete(table: Table, paths: Iterable[str]) -> int:
     return deleted
 
 
+def describe(table: Table) -> TableDescription:
+    """The table now, from its current snapshot's summary (no data file is read)."""
+    table.refresh()
+    snapshot = table.current_snapshot()
+    summary = snapshot.summary if snapshot is not None and snapshot.summary is not None else None
+
+    def total(key: str) -> int:
+        value = summary[key] if summary is not None else None
+        return int(value) if value is not None else 0
+
+    return TableDescription(
+        version=table.last_sequence_number,
+        files=total("total-data-files"),
+        bytes=total("total-files-size"),
+        partition_columns=[f"{f.name} ({f.transform})" for f in table.spec().fields],
+        rows=total("total-records") if summary is not None else 0,
+        last_operation=(summary[OPERATION_PROPERTY] or summary.operation.value)
+        if summary is not None
+        else None,
+    )
+
+
 def maintain(table: Table, target_bytes: int, retention_s: float, *, table_name: str) -> None:
     """Compaction then expiry, logged; a failure is logged and never fails the caller (the table
     stays correct, only slower to read): tried again at the next run."""
@@ -213,6 +237,7 @@ __all__ = [
     "CompactionResult",
     "ExpiryResult",
     "compact",
+    "describe",
     "expire",
     "maintain",
     "newest_token",

@@ -87,3 +87,24 @@ def test_expiry_deletes_only_the_files_no_kept_snapshot_needs(tmp_path: Path) ->
     for reader, got in every_iceberg_reader_keys(table_dir).items():
         assert got == keys(0, 60), reader
     assert sink.committed_batch("q") == 5 and not sink.write_batch(batch(50, 10), "q", 5)
+
+
+def test_describe_reads_the_current_snapshot(tmp_path: Path) -> None:
+    """Files, rows and the partition spec come from the current snapshot's summary, after appends
+    and after a compaction (which names itself as the last operation)."""
+    from mqd.spark.iceberg_maintenance import describe
+
+    sink = IcebergSink(tmp_path / "events", partition_by=["topic"])
+    for b in range(3):
+        assert sink.write_batch(batch(b * 10, 10), "q", b)
+    info = describe(sink.table)
+    assert (info.files, info.rows, info.partition_columns, info.last_operation) == (
+        3,
+        30,
+        ["topic (identity)"],
+        "append",
+    )
+    compact(sink.table, TARGET)
+    info = describe(sink.table)
+    assert (info.files, info.rows, info.last_operation) == (1, 30, "compaction")
+    assert info.bytes == sum(t.file.file_size_in_bytes for t in sink.table.scan().plan_files())
