@@ -383,6 +383,9 @@ class KafkaConfig(_Model):
     static_membership: bool = False
     # incremental fetch sessions (KIP-227, Fetch v7+) where the broker grants one; false: full requests
     fetch_sessions: bool = True
+    # KIP-392 (Kafka's client.rack): sent as Fetch's rack_id, so a leader with a rack-aware replica
+    # selector can name a same-rack follower to read from; "" = read from leaders only
+    client_rack: str = Field(default="", max_length=255)
 
     @model_validator(mode="after")
     def _complete(self) -> Self:
