@@ -72,7 +72,7 @@ def main() -> None:
     \b
     Daemon:      run, start, stop, status, top, reload, pause, resume
     Config:      config check
-    Landing:     landing migrate, landing clean
+    Landing:     landing migrate, landing clean, landing check
     Offsets:     offsets show, offsets reset
     Cluster:     broker, broker-credentials, broker-init, produce
     Spark:       spark, table describe, table optimize, table vacuum, table convert
@@ -784,6 +784,75 @@ def landing_clean(config_path: Path, deregister_query: str | None, list_only: bo
         f"{', '.join(result.queries) or 'none registered (nothing deleted)'}"
     )
     sys.exit(EXIT_OK)
+
+
+@landing.command("check")
+@_config_option
+@click.option(
+    "--dir",
+    "landing_dir",
+    default=None,
+    metavar="PATH|s3://BUCKET/PREFIX",
+    help="The landing [default: landing.dir of the config; then the config is not read].",
+)
+@click.option("--endpoint-url", default=None, help="With --dir s3://...: the S3-compatible endpoint.")
+@click.option("--region", default=None, help="With --dir s3://...: the S3 region.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def landing_check(
+    config_path: Path, landing_dir: str | None, endpoint_url: str | None, region: str | None, as_json: bool
+) -> None:
+    """List every broken link of the landing's claim chains; read-only.
+
+    A claim deleted, overwritten (by an older claim, or junk), or not starting where the claim
+    before it ended stops the Spark job and the daemon at that partition, naming the first broken
+    object; this lists all of them, and the visible data files no claim names (a claim deleted at
+    the head of its chain). Read and List permissions suffice. Exit code 0 when every chain is
+    whole, 1 when a link is broken (or the store does not answer), 2 on bad usage.
+
+    \b
+    Examples:
+      mqd landing check -c /etc/mqd/mqd.toml
+      mqd landing check --dir /data/landing
+      mqd landing check --dir s3://bucket/landing --endpoint-url http://127.0.0.1:8333 --json
+    """
+    from mqd.errors import MqdError
+    from mqd.landing.chain_check import check_landing, is_landing
+    from mqd.landing.objects import Objects
+
+    if landing_dir is None:
+        config = _load(config_path)
+        root = str(config.landing.dir)
+        endpoint_url = endpoint_url or config.landing.s3.endpoint_url
+        region = region or config.landing.s3.region
+    else:
+        root = landing_dir
+    objects: Objects
+    try:
+        if root.startswith("s3://"):
+            from mqd.landing.s3_objects import S3Objects
+
+            objects = S3Objects(root, endpoint_url=endpoint_url, region=region)
+        else:
+            from mqd.landing.local_objects import LocalObjects
+
+            if not Path(root).is_dir():
+                _die(f"no landing directory at {root}", EXIT_CONFIG)
+            objects = LocalObjects(Path(root))
+        if not is_landing(objects):
+            _die(f"{root}: not a landing (no _format.json and no claim chains under _log/)", EXIT_CONFIG)
+        result = check_landing(objects)
+    except (MqdError, OSError, ValueError) as exc:
+        _die(f"checking {root} failed: {exc}", EXIT_FAIL)
+    if as_json:
+        click.echo(json.dumps(result.to_json(), indent=2))
+    else:
+        for b in result.broken:
+            click.echo(f"{result.location}/{b.key}: {b.problem}")
+        click.echo(
+            f"{result.location}: {result.chains} chains, {result.claims} claims, {result.archived} archived "
+            f"lines, {result.visible} visible files checked; {len(result.broken)} broken"
+        )
+    sys.exit(EXIT_FAIL if result.broken else EXIT_OK)
 
 
 # -- cluster and spark --------------------------------------------------------------------------------

@@ -22,7 +22,12 @@ Failure handling:
 * landing directory unwritable (disk full, read-only, permissions): every owned partition is
   paused, buffered records are kept, nothing is committed; publication is retried every
   ``landing.disk_retry_interval`` and fetching resumes once it succeeds. ``health()`` says
-  degraded with the reason meanwhile.
+  degraded with the reason meanwhile;
+* a broken claim chain (a claim deleted, overwritten or unreadable: claim_chain.ChainBroken) is not
+  the disk's and no retry fixes it: that partition alone stops (paused, its buffered records
+  dropped, nothing committed past the landing), counted, logged naming the object, and reported by
+  ``health()`` (so ``mqd status`` exits 1) until a start position of it reads a whole chain again
+  (a repair, then a restart or a new assignment). A burst run fails on it.
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ from typing import Any
 
 import structlog
 
-from mqd import offsets_reset
+from mqd import metrics, offsets_reset
 from mqd.client import BrokerClient
 from mqd.config import MqdConfig
 from mqd.consumer import (
@@ -53,6 +58,7 @@ from mqd.consumer.memory_gauge import MemoryGauge
 from mqd.consumer.source import LandedEpoch
 from mqd.fsutil import LockTimeout
 from mqd.landing import layout
+from mqd.landing.claim_chain import ChainBroken
 from mqd.landing.layout import LandingCorrupt, LandingError
 from mqd.landing.markers import IDLE_GRACE_MS
 from mqd.landing.sink import LandingSink, PublishResult
@@ -115,6 +121,8 @@ class Daemon:
         self._started_at: float | None = None
         self._user_paused: set[TopicPartition] = set()
         self._disk_paused: set[TopicPartition] = set()
+        self._broken: dict[TopicPartition, ChainBroken] = {}  # partitions stopped on a broken chain
+        self._chain_breaks = 0
         self._landing_error: str | None = None
         self._next_disk_retry = 0.0
         self._stop_event = asyncio.Event()
@@ -279,6 +287,8 @@ class Daemon:
                 self._drain()
                 await self._publish_due()
                 await self._housekeeping()
+                if self.burst and self._broken:
+                    raise next(iter(self._broken.values()))  # a burst cannot finish that partition
                 if self.burst and self._burst_done():
                     await self._housekeeping(force=True)  # idle watermarks and markers, once more
                     log.info("burst complete", **self.stats)
@@ -383,6 +393,8 @@ class Daemon:
             self.consumer.seek(tp, 0 if last is None else last + 1, inc)
         if isinstance(res.error, CommitLockTimeout):
             pass  # one partition's lock held (frozen holder): its batch is kept and retried, the rest go on
+        elif isinstance(res.error, ChainBroken):
+            self._chain_broken(tp, res.error)
         elif res.error is not None:
             self._set_landing_error(res.error)
 
@@ -419,7 +431,7 @@ class Daemon:
     def _clear_landing_error(self) -> None:
         log.info("landing directory writable again; fetching resumes", was=self._landing_error)
         self._landing_error = None
-        resume = [tp for tp in self._disk_paused if tp not in self._user_paused]
+        resume = [tp for tp in self._disk_paused if tp not in self._user_paused and tp not in self._broken]
         self._disk_paused.clear()
         if resume:
             self.consumer.resume(resume)
@@ -434,6 +446,34 @@ class Daemon:
         if self.sink.pending_records == 0:
             self._clear_landing_error()
         return True
+
+    # -- broken claim chains --------------------------------------------------------------------
+
+    def _chain_broken(self, tp: TopicPartition, exc: ChainBroken) -> None:
+        """Stop ``tp`` alone: no retry repairs a chain, and publishing after a broken link would
+        land records that readers never reach (or reach twice)."""
+        first = tp not in self._broken
+        self._broken[tp] = exc
+        if first:
+            self._chain_breaks += 1
+            metrics.landing_chain_broken.labels(tp.topic).inc()
+            log.error(
+                "landing claim chain broken; partition stopped until the chain is repaired",
+                tp=str(tp),
+                object=exc.key,
+                problem=exc.problem,
+            )
+            self._record_error("landing_chain", exc)
+        if tp in self.consumer.assignment():
+            self.consumer.pause([tp])
+            dropped = self.sink.drop(tp)  # never published past the break; fetched again once repaired
+            if dropped:
+                log.info("records of a partition with a broken chain dropped", tp=str(tp), records=dropped)
+
+    def _chain_whole(self, tp: TopicPartition) -> None:
+        """A start position of ``tp`` read its whole chain: a repair (or another owner's fix)."""
+        if self._broken.pop(tp, None) is not None:
+            log.info("landing claim chain readable again; partition resumes", tp=str(tp))
 
     # -- watermarks and completeness markers -----------------------------------------------------
 
@@ -509,6 +549,7 @@ class Daemon:
             self._replays.pop(tp, None)  # a new owner's start hook takes the replay on
             dropped = self.sink.forget(tp)
             self._disk_paused.discard(tp)
+            self._broken.pop(tp, None)  # its new owner finds the break itself (and says so)
             self._watermark_hour.pop(tp, None)
             if dropped:
                 log.info("revoked partition: unpublished records dropped", tp=str(tp), records=dropped)
@@ -528,10 +569,15 @@ class Daemon:
             # this partition waits for the next rebalance round, the others start now
             log.warning("landing lock held too long; partition retried later", tp=str(tp), error=str(exc))
             raise ConsumerError(f"{tp}: landing lock held by another process: {exc}", retriable=True) from exc
+        except ChainBroken as exc:
+            self._chain_broken(tp, exc)
+            # retried with the next rebalance round, like an unreadable state: a repair lets it go on
+            raise ConsumerError(f"{tp}: {exc}", retriable=True) from exc
         except (LandingError, LandingCorrupt) as exc:
             self._record_error("resume_position", exc)
             # retriable: the consumer retries the assignment; nothing is fetched without a position
             raise ConsumerError(f"{tp}: cannot read landing state: {exc}", retriable=True) from exc
+        self._chain_whole(tp)
         position = None if head.last_offset is None else head.last_offset + 1
         position, incarnation = await self._apply_offsets_reset(tp, position, head.incarnation)
         if position is None:
@@ -620,7 +666,7 @@ class Daemon:
     def resume(self, tps: Iterable[Any]) -> None:
         tps = [TopicPartition(*tp) for tp in tps]
         self._user_paused.difference_update(tps)
-        self.consumer.resume([tp for tp in tps if tp not in self._disk_paused])
+        self.consumer.resume([tp for tp in tps if tp not in self._disk_paused and tp not in self._broken])
 
     @property
     def stats(self) -> dict[str, Any]:
@@ -637,6 +683,7 @@ class Daemon:
             "marker_lock_timeouts": self._marker_lock_timeouts,
             "reset_skipped_offsets": self._reset_skipped,
             "reset_replayed_offsets": self._reset_replayed,
+            "chain_breaks": self._chain_breaks,  # partitions found with a broken claim chain
             # landing.lifecycle: files removed as committed by every query, and expired unread
             "lifecycle_files_deleted": 0
             if self._cleaner is None
@@ -650,6 +697,7 @@ class Daemon:
             reasons.append(f"daemon {self.state}")
         if self._landing_error is not None:
             reasons.append(f"landing: {self._landing_error}")
+        reasons.extend(f"{tp}: {exc}" for tp, exc in sorted(self._broken.items()))
         try:
             snap: ConsumerSnapshot | None = self.consumer.snapshot()
         except Exception as exc:  # status must never take the endpoint down
@@ -678,6 +726,7 @@ class Daemon:
                 **self.sink.status(),
                 "error": self._landing_error,
                 "paused_for_disk": sorted(f"{t}/{p}" for t, p in self._disk_paused),
+                "chain_broken": {f"{t}/{p}": exc.key for (t, p), exc in sorted(self._broken.items())},
             },
             "user_paused": sorted(f"{t}/{p}" for t, p in self._user_paused),
             # concrete topics (re: patterns resolved); a pattern matching nothing is a warning

@@ -212,6 +212,12 @@ landing_lock_timeouts = Counter(
     registry=REGISTRY,
 )
 landing_errors = Counter("mqd_landing_errors", "Landing write failures", ["kind"], registry=REGISTRY)
+landing_chain_broken = Counter(
+    "mqd_landing_chain_broken",
+    "Partitions stopped on a broken claim chain (a claim deleted, overwritten or unreadable)",
+    ["topic"],
+    registry=REGISTRY,
+)
 event_time_ahead_records = Counter(
     "mqd_event_time_ahead_records",
     "Records landed in files stamped past landing.max_event_ahead (the watermark ignores them)",

@@ -17,6 +17,12 @@ floor on every call. A reader needs neither:
   Claims archived since the last pass (the floor moved past it: compaction overtook this reader)
   come from the archive objects, of which only those above the last seq are read.
 
+- *Every link checked.* Each claim read is checked against the one before it (or the floor) by
+  ``claim_chain.link_problem``: no hole in the numbering above the floor, the claim's own ``seq``, its
+  ``prev`` state, its range after the previous end (or in another incarnation: a new log or a
+  replay). A broken link raises ``ChainBroken`` naming the object, and the view does not move: nothing
+  is read past it (a reader that skipped a deleted claim used to lose its file silently).
+
 The files are the manifest's (``ObjectStore.manifest``) minus a pending head, in the same order, so
 counts taken here are the same stable positions the s3 source's offsets and the lifecycle's records
 use. Not thread-safe: one reader per thread (the Spark driver and the cleaner each own one).
@@ -30,7 +36,7 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from mqd.landing.claim_chain import Claim, PartitionChain, archive_prefix
+from mqd.landing.claim_chain import ChainState, Claim, PartitionChain, archive_prefix
 from mqd.landing.layout import FileRange, LandingCorrupt
 from mqd.landing.objects import Objects, ObjectStoreError
 from mqd.topic_name import check_topic_name
@@ -52,6 +58,8 @@ class ChainView:
     floor: int = -1  # the floor seen at the last pass
     top: int = -1  # the highest claim listed at the last pass (pending or not)
     pending: FileRange | None = None  # the newest claim's range while its file is not visible
+    state: ChainState = field(default_factory=ChainState)  # the chain's state after ``seq``
+    claim: Claim | None = None  # the claim at ``seq`` (None: at the floor, or not read)
 
     @property
     def claims_above_floor(self) -> int:
@@ -109,23 +117,15 @@ class ChainReader:
         for _ in range(_ATTEMPTS):
             floor, _etag = chain.floor()
             archived: list[FileRange] = []
-            base = view.seq
+            base, base_state, base_claim = view.seq, view.state, view.claim
             if floor.seq > view.seq:
                 # compaction archived claims this reader had not consumed: their live ranges
                 archived = self._archived(topic, partition, view.seq, floor.seq)
-                base = floor.seq
-            listed = chain._listed_seqs(base)
-            if listed and listed[0] != base + 1:
+                base, base_state, base_claim = floor.seq, floor.state, None
+            claims = chain.linked_after(base, base_state, base_claim, floor.seq)
+            if claims is None:
                 continue  # compaction ran between our floor read and the listing
-            claims: list[Claim] = []
-            for seq in listed:
-                c = chain.read_claim(seq)
-                if c is None:
-                    break  # deleted by compaction meanwhile
-                claims.append(c)
-            if len(claims) != len(listed):
-                continue
-            self._consume(view, chain, floor.seq, base, archived, claims)
+            self._consume(view, chain, floor.seq, base, base_state, base_claim, archived, claims)
             return view
         raise ObjectStoreError(f"{chain.base}: the chain kept moving under the reader")
 
@@ -135,20 +135,23 @@ class ChainReader:
         chain: PartitionChain,
         floor: int,
         base: int,
+        base_state: ChainState,
+        base_claim: Claim | None,
         archived: list[FileRange],
         claims: list[Claim],
     ) -> None:
         view.files.extend(archived)
         view.seq, view.floor, view.pending = base, floor, None
+        view.state, view.claim = base_state, base_claim
         view.top = max(view.top, base, claims[-1].seq if claims else base)
         for i, c in enumerate(claims):
             if c.range is None:  # a void record: the claim before it is not in the manifest
-                view.seq = c.seq
+                view.seq, view.state, view.claim = c.seq, c.state, c
                 continue
             if i + 1 < len(claims):
                 if claims[i + 1].voids != c.seq:
                     view.files.append(c.range)
-                view.seq = c.seq
+                view.seq, view.state, view.claim = c.seq, c.state, c
                 continue
             # the newest claim: shown once its file is visible; a reader never promotes or voids
             if self.objects.head(c.range.path) is None:
@@ -156,7 +159,7 @@ class ChainReader:
                 log.debug("landing chain head not visible yet", chain=chain.base, seq=c.seq)
                 return
             view.files.append(c.range)
-            view.seq = c.seq
+            view.seq, view.state, view.claim = c.seq, c.state, c
 
     def _archived(self, topic: str, partition: int, after: int, upto: int) -> list[FileRange]:
         """The live ranges archived with seq in (``after``, ``upto``], in seq order."""

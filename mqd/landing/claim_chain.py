@@ -38,6 +38,16 @@ marker) and the object is deleted. Anyone about to copy a staged object first re
 turns ``pending`` into ``keep``; ``delete`` means do not copy. So no copy is ever in flight while
 its source is deleted, and a void never meets a late copy: the age decides cost, never correctness.
 
+Every reader checks the links it reads (``link_problem``): claims numbered without a hole above
+the floor, each claim's own ``seq`` that of its key, its ``prev`` the state after the claim before
+(the floor's for the first), its state what its range makes of it, and its range after the previous
+end in the same incarnation or anywhere in another known one (the commit condition ``follows``: a new
+log incarnation or a deliberate replay id restarts offsets; a gap inside one incarnation is a source's
+own, e.g. a forward reset or Kafka's compaction). A publisher re-reads the head claim it last saw
+before each commit, so it never writes past a claim deleted or overwritten since (it used to trust
+its cached copy). A broken link raises ``ChainBroken`` naming the object: nothing of the partition is
+read or published past it. ``check_chain`` lists every broken link (``mqd landing check``).
+
 ``unsafe_skip`` (tests only) removes one step of the protocol, so the race test can show that each
 step is needed: ``head_check``, ``claim_condition`` (claims overwrite), ``readback`` (a lost
 response to the claim counts as a win, a 412 as a loss).
@@ -67,6 +77,21 @@ UNSAFE_STEPS = frozenset({"head_check", "claim_condition", "readback"})
 _ATTEMPTS = 8  # bounded retries of a read-modify cycle that lost a race (each loss means progress)
 _SEQ = re.compile(r"^(\d{20})\.json$")
 REAP_SUFFIX = ".reap"
+
+
+class ChainBroken(LandingCorrupt):
+    """A claim chain whose links do not hold (a claim deleted, overwritten, unreadable, or one
+    that does not start where the one before it ended). Not retriable: nothing of the partition is
+    read or published past it until a human repairs the landing (``mqd landing check`` lists
+    every broken link). ``key``: the object, relative to the landing root."""
+
+    def __init__(self, location: str, key: str, problem: str) -> None:
+        self.key = key
+        self.problem = problem
+        super().__init__(
+            f"claim chain broken at {location}/{key}: {problem}; nothing of the partition is read or "
+            "published past it (mqd landing check lists every broken link)"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,14 +227,48 @@ class PartitionChain:
         return f"{self.base}claims/{seq:020d}.json"
 
     def read_claim(self, seq: int) -> Claim | None:
-        got = self.objects.get(self.claim_key(seq))
-        return None if got is None else Claim.from_bytes(got[0], self.claim_key(seq))
+        """Claim ``seq`` (None: no such key, or one compaction has since put below the floor);
+        ChainBroken when the object is not that claim."""
+        key = self.claim_key(seq)
+        got = self.objects.get(key)
+        if got is None:
+            return None
+        try:
+            claim = Claim.from_bytes(got[0], key)
+        except LandingCorrupt as exc:
+            if self._compacted(seq):
+                return None
+            raise self.broken(key, str(exc).removeprefix(f"{key}: ")) from None
+        if claim.seq != seq:
+            if self._compacted(seq):
+                return None
+            raise self.broken(key, f"the claim says it is claim {claim.seq} (a copy of another claim?)")
+        return claim
 
-    def _hinted(self, seq: int) -> Claim | None:
-        """The claim at the hint: claims never change, so the one read last is reused."""
-        if self._hint_claim is not None and self._hint_claim.seq == seq:
-            return self._hint_claim
-        return self.read_claim(seq)
+    def _compacted(self, seq: int) -> bool:
+        """Whether slot ``seq`` is at or below the floor now: what it holds is no claim of the
+        chain any more (a stale publisher may re-create a deleted key there, then delete it), so a
+        problem with it is compaction's doing, not a break."""
+        return self.floor()[0].seq >= seq
+
+    def broken(self, key: str, problem: str) -> ChainBroken:
+        return ChainBroken(self.objects.location, key, problem)
+
+    def _linked(self, seq: int, claim: Claim, before_state: ChainState, before: Claim | None) -> bool:
+        """Whether ``claim`` links to the slot before it; False when compaction moved the floor past
+        it meanwhile (read again); ChainBroken otherwise."""
+        problem = link_problem(self.topic, self.partition, seq, claim, before_state, before)
+        if problem is None:
+            return True
+        if self._compacted(seq):
+            return False
+        raise self.broken(self.claim_key(seq), problem)
+
+    def _gap(self, missing: int, floor_seq: int) -> bool:
+        """Whether claim ``missing`` (not found) is a hole in the chain rather than compaction's
+        doing: compaction writes the floor before it deletes, so a claim missing above a floor read
+        afterwards was deleted by someone else."""
+        return missing > self.floor()[0].seq and missing > floor_seq
 
     def floor(self) -> tuple[Floor, str | None]:
         """The floor and its etag (None: no floor written yet)."""
@@ -232,23 +291,61 @@ class PartitionChain:
         return out
 
     def latest(self) -> tuple[Floor, Claim | None]:
-        """The floor and the highest claim above it (None: nothing above the floor), unresolved."""
+        """The floor and the highest claim above it (None: nothing above the floor), unresolved.
+        ChainBroken when a link up to it does not hold: the claim last seen here is re-read (one
+        GET), so a head deleted or overwritten since is found before anything is written after it."""
         for _ in range(_ATTEMPTS):
             floor, _etag = self.floor()
-            if self._hint > floor.seq:
-                seq = self._hint
+            claim: Claim | None
+            cached = self._hint_claim  # one read: the janitor's thread may move the hint meanwhile
+            if cached is not None and cached.seq > floor.seq:
+                seq, claim = cached.seq, self.read_claim(cached.seq)
+                if claim is None:
+                    if self._gap(seq, floor.seq):
+                        why = "the claim this publisher last saw as the head is gone (deleted?)"
+                        raise self.broken(self.claim_key(seq), why)
+                    self._hint, self._hint_claim = (
+                        -1,
+                        None,
+                    )  # compaction moved the floor past the hint meanwhile: read again
+                    continue
+                if claim != cached:
+                    if not self._compacted(seq):
+                        why = "the claim changed since it was read (overwritten?)"
+                        raise self.broken(self.claim_key(seq), why)
+                    self._hint, self._hint_claim = -1, None
+                    continue
             else:
                 listed = self._listed_seqs(floor.seq)
+                hole = next((floor.seq + 1 + i for i, s in enumerate(listed) if s != floor.seq + 1 + i), None)
+                if hole is not None:
+                    if self._gap(hole, floor.seq):
+                        raise self.broken(self.claim_key(hole), f"missing, but claim {listed[-1]} exists")
+                    continue  # compaction ran between our floor read and the listing
                 seq = listed[-1] if listed else floor.seq
-            claim = self._hinted(seq) if seq > floor.seq else None
-            if seq > floor.seq and claim is None:
-                self._hint = -1  # compaction moved the floor past the hint meanwhile: read again
-                continue
+                claim = self.read_claim(seq) if seq > floor.seq else None
+                if seq > floor.seq and claim is None:
+                    continue  # deleted by compaction meanwhile
+                if claim is not None:  # a first read: its link to the claim (or floor) before it
+                    before = self.read_claim(seq - 1) if seq - 1 > floor.seq else None
+                    if before is None and seq - 1 > floor.seq:
+                        if self._gap(seq - 1, floor.seq):
+                            raise self.broken(self.claim_key(seq - 1), f"missing, but claim {seq} exists")
+                        continue
+                    if not self._linked(seq, claim, floor.state if before is None else before.state, before):
+                        continue
+            whole = True
             while True:  # the chain has no holes above the floor: walk to its end
                 nxt = self.read_claim(seq + 1)
                 if nxt is None:
                     break
+                whole = self._linked(seq + 1, nxt, floor.state if claim is None else claim.state, claim)
+                if not whole:
+                    break
                 seq, claim = seq + 1, nxt
+            if not whole:
+                self._hint, self._hint_claim = -1, None
+                continue
             self._hint, self._hint_claim = seq, claim
             return floor, claim
         raise ObjectStoreError(f"{self.base}: the chain kept moving under the reader")
@@ -395,8 +492,11 @@ class PartitionChain:
             _seq, now = self.head()
             if now.last_offset != st.last_offset:  # another owner landed it since our head read
                 raise self._conflict(expected_last, now)
-            # offsets reused by a new incarnation under names without one, or a file not ours
-            raise LandingCorrupt(f"{rng.path}: a file already has this name; it is not in the chain")
+            # a claim of the chain deleted (its file stays), offsets reused by a new incarnation
+            # under names without one (format 1), or a file not ours: never published twice
+            raise self.broken(
+                rng.path, "a file already has this name, but the chain's head is before it (a claim deleted?)"
+            )
 
     def _conflict(self, expected_last: int | None, landed: ChainState) -> PublishConflict:
         """The answer to a publisher that must resume after the landed head."""
@@ -448,12 +548,37 @@ class PartitionChain:
                     d = json.loads(raw)
                     if int(d["seq"]) <= floor.seq:
                         by_seq[int(d["seq"])] = FileRange.from_json(d["range"])
-            claims = self.claims_above(floor.seq)
-            if claims and claims[0].seq != floor.seq + 1:
+            claims = self.linked_after(floor.seq, floor.state, None, floor.seq)
+            if claims is None:
                 continue  # compaction ran between our floor read and the listing
             by_seq.update(_live_ranges(claims))
             return [by_seq[s] for s in sorted(by_seq)]
         raise ObjectStoreError(f"{self.base}: the chain kept moving under the reader")
+
+    def linked_after(
+        self, base: int, base_state: ChainState, base_claim: Claim | None, floor_seq: int
+    ) -> list[Claim] | None:
+        """The claims after slot ``base`` (whose state is ``base_state``; ``base_claim`` when it is
+        a claim, not the floor), each checked as a link of the chain; None when compaction moved
+        the floor past them meanwhile (read again); ChainBroken at the first broken link."""
+        out: list[Claim] = []
+        before_state, before = base_state, base_claim
+        for i, seq in enumerate(self._listed_seqs(base)):
+            want = base + 1 + i
+            if seq != want:
+                if self._gap(want, floor_seq):
+                    raise self.broken(self.claim_key(want), f"missing, but claim {seq} exists")
+                return None
+            claim = self.read_claim(seq)
+            if claim is None:
+                if self._gap(seq, floor_seq):
+                    raise self.broken(self.claim_key(seq), "listed, then gone (deleted?)")
+                return None
+            if not self._linked(seq, claim, before_state, before):
+                return None
+            out.append(claim)
+            before_state, before = claim.state, claim
+        return out
 
     def compact(self, keep: int) -> int:
         """Archive and delete all but the newest ``keep`` claims (>= 1); returns how many went.
@@ -513,6 +638,121 @@ def follows(
     if first_offset > st.last_offset:
         return True
     return st.incarnation is not None and incarnation is not None and incarnation != st.incarnation
+
+
+def link_problem(
+    topic: str,
+    partition: int,
+    key_seq: int,
+    claim: Claim,
+    before_state: ChainState,
+    before: Claim | None = None,
+) -> str | None:
+    """Why ``claim``, read from the key of slot ``key_seq``, is not a link of the chain (None: it
+    is). ``before_state``: the state after slot ``key_seq - 1`` (the floor's when that is the
+    floor); ``before``: that claim, when read (a void is then checked against what it voids).
+
+    Offsets are checked by the commit condition (``follows``), not for density: a range starts
+    after the previous end in the same incarnation, or anywhere in another known incarnation (a new
+    log, or the replay id of ``mqd offsets reset``: both restart offsets); within one incarnation a
+    source may skip offsets (a forward reset, Kafka's compaction), so only going back is a break."""
+    if claim.seq != key_seq:
+        return f"the claim says it is claim {claim.seq} (a copy of another claim?)"
+    if claim.prev != before_state:
+        return (
+            f"it starts from {_state_text(claim.prev)}, but the chain before it ends at "
+            f"{_state_text(before_state)} (a claim before it deleted or overwritten?)"
+        )
+    if claim.range is None:
+        if claim.voids != key_seq - 1:
+            return f"a void record of claim {claim.voids}, not of the claim before it ({key_seq - 1})"
+        if before is not None and (before.range is None or claim.state != before.prev):
+            return "a void record that does not take the head back to where the voided claim started"
+        return None
+    rng = claim.range
+    if claim.voids is not None:
+        return "both a file and a void record"
+    if (rng.topic, rng.partition) != (topic, partition):
+        return f"it names a file of {rng.topic}/{rng.partition}"
+    if rng.first_offset > rng.last_offset:
+        return f"its range {rng.first_offset}..{rng.last_offset} is empty"
+    st = claim.state
+    if (st.last_offset, st.incarnation, st.files) != (rng.last_offset, rng.incarnation, claim.prev.files + 1):
+        return f"its state {_state_text(st)} is not what its file {rng.path} makes of the chain"
+    prev = claim.prev
+    if prev.last_offset is not None and rng.first_offset <= prev.last_offset:
+        known = prev.incarnation is not None and rng.incarnation is not None
+        if not known or rng.incarnation == prev.incarnation:
+            return (
+                f"its file {rng.path} starts at offset {rng.first_offset}, at or before the previous "
+                f"end {prev.last_offset} of the same log incarnation"
+            )
+    return None
+
+
+def _state_text(st: ChainState) -> str:
+    inc = "unknown incarnation" if st.incarnation is None else f"incarnation {st.incarnation[:8]}"
+    last = "nothing landed" if st.last_offset is None else f"offset {st.last_offset}"
+    return f"{last} ({inc}, {st.files} files)"
+
+
+@dataclass(frozen=True, slots=True)
+class BrokenLink:
+    """One broken link found by ``check_chain``: the object (relative to the landing root) and why."""
+
+    key: str
+    problem: str
+
+
+def check_chain(objects: Objects, topic: str, partition: int) -> tuple[list[BrokenLink], list[FileRange]]:
+    """Every broken link of one chain above its floor (unlike a reader, which stops at the first),
+    and the ranges its claims name (a voided claim's too). Read-only."""
+    chain = PartitionChain(objects, topic, partition)
+    for _ in range(_ATTEMPTS):
+        try:
+            floor, _etag = chain.floor()
+        except LandingCorrupt as exc:
+            return [BrokenLink(f"{chain.base}floor.json", str(exc))], []
+        found = _check_claims(chain, floor)
+        if found is not None:
+            return found
+    raise ObjectStoreError(f"{chain.base}: the chain kept moving under the check")
+
+
+def _check_claims(chain: PartitionChain, floor: Floor) -> tuple[list[BrokenLink], list[FileRange]] | None:
+    out: list[BrokenLink] = []
+    ranges: list[FileRange] = []
+    before_state, before, known = floor.state, None, True  # known: the slot before was read
+    want = floor.seq + 1
+    for seq in chain._listed_seqs(floor.seq):
+        for missing in range(want, seq):
+            if not chain._gap(missing, floor.seq):
+                return None  # compaction since the floor read: check again
+            out.append(BrokenLink(chain.claim_key(missing), f"missing, but claim {seq} exists"))
+            known = False
+        want = seq + 1
+        try:
+            claim = chain.read_claim(seq)
+        except ChainBroken as exc:
+            out.append(BrokenLink(exc.key, exc.problem))
+            known = False
+            continue
+        if claim is None:
+            if not chain._gap(seq, floor.seq):
+                return None
+            out.append(BrokenLink(chain.claim_key(seq), "listed, then gone (deleted?)"))
+            known = False
+            continue
+        if claim.range is not None:
+            ranges.append(claim.range)
+        if known:
+            problem = link_problem(chain.topic, chain.partition, seq, claim, before_state, before)
+            if problem is not None and chain._compacted(seq):
+                return None
+            if problem is not None:
+                out.append(BrokenLink(chain.claim_key(seq), problem))
+        before_state, before, known = claim.state, claim, True
+    return out, ranges
 
 
 def _live_ranges(claims: list[Claim]) -> dict[int, FileRange]:
