@@ -52,7 +52,7 @@ from mqd.testing.configfiles import (
     replica_credentials,
     to_toml,
 )
-from mqd.testing.kafka_cluster import KAFKA_VERSION, KafkaCluster
+from mqd.testing.kafka_cluster import KAFKA_VERSION, KafkaCluster, KafkaSecurity
 from mqd.testing.process import START_TIMEOUT, STOP_TIMEOUT, ManagedProcess, ProcessError
 
 __all__ = [
@@ -61,6 +61,7 @@ __all__ = [
     "START_TIMEOUT",
     "STOP_TIMEOUT",
     "KafkaCluster",
+    "KafkaSecurity",
     "LocalCluster",
     "ManagedProcess",
     "NodeAddress",

@@ -14,6 +14,14 @@ Topics are created with confluent-kafka's admin client (dev extra)::
 Brokers can be stopped, killed (SIGKILL), frozen (SIGSTOP) and restarted on the same ports and data
 to test failover; :meth:`KafkaCluster.leader` says which broker leads a partition.
 
+``security=KafkaSecurity()`` makes the clients' listener SASL_SSL (or SSL, or SASL_PLAINTEXT) with
+SCRAM users and a certificate signed by a CA made at start (:mod:`mqd.testing.certificates`)::
+
+    with KafkaCluster(tmp_path, security=KafkaSecurity(users={"alice": "alice-secret"})) as kafka:
+        kafka.create_topic("events", 3)  # the cluster's own admin: the PLAINTEXT listener
+        producer = confluent_kafka.Producer(kafka.client_config("alice"))  # SASL_SSL, SCRAM-SHA-512
+        mqd_settings = {"kafka": kafka.mqd_kafka_settings("alice")}  # [consumer.kafka] of a daemon
+
 Start-up, measured on a 2-core machine with other work on it: one broker in 1.8 s (storage format
 0.5 s, JVM to ready 1.2 s), three in 3.7 s; the JVM runs with C1 only, the serial GC and a class-data
 archive of Kafka's classes (``<mqd cache>/maven/cds``, ~50 MB, written by the first broker that stops
@@ -26,6 +34,7 @@ import base64
 import hashlib
 import os
 import re
+import secrets
 import signal
 import socket
 import struct
@@ -33,9 +42,12 @@ import subprocess
 import time
 import uuid
 from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+from mqd.testing.certificates import DEFAULT_HOSTS, Certificates, generate_certificates
 from mqd.testing.cluster import free_port
 from mqd.testing.process import STOP_TIMEOUT, ManagedProcess
 from mqd.waiting import wait_until_sync
@@ -92,6 +104,60 @@ def default_settings(brokers: int) -> dict[str, str]:
         "auto.create.topics.enable": "false",
         "num.partitions": "1",
     }
+
+
+SecurityProtocol = Literal["SASL_SSL", "SSL", "SASL_PLAINTEXT"]
+ScramMechanism = Literal["SCRAM-SHA-512", "SCRAM-SHA-256"]
+SCRAM_MECHANISMS: tuple[ScramMechanism, ...] = ("SCRAM-SHA-512", "SCRAM-SHA-256")
+# kafka-storage's --add-scram parses "[name=...,password=...]": these characters cannot break it
+_SCRAM_TEXT = re.compile(r"[A-Za-z0-9._~-]+")
+
+
+def _default_users() -> dict[str, str]:
+    return {"alice": secrets.token_urlsafe(12)}
+
+
+@dataclass(frozen=True)
+class KafkaSecurity:
+    """How the clients' listener of a :class:`KafkaCluster` is secured; the brokers talk to each
+    other and to their controllers over PLAINTEXT listeners on 127.0.0.1 all the same.
+
+    - ``protocol``: ``SASL_SSL`` (default), ``SSL`` (TLS, no SASL) or ``SASL_PLAINTEXT``.
+    - ``users``: SCRAM user name -> password, created with the storage (default: ``alice`` with a
+      random password). Letters, digits and ``._~-`` only (kafka-storage's parser splits on others).
+    - ``mechanisms``: which SCRAM mechanisms the listener offers and every user has credentials for;
+      the first is what :meth:`KafkaCluster.client_config` picks.
+    - ``hosts``: what the broker certificate names (TLS only): clients check it against the address
+      they dialled, 127.0.0.1.
+    """
+
+    protocol: SecurityProtocol = "SASL_SSL"
+    users: Mapping[str, str] = field(default_factory=_default_users)
+    mechanisms: tuple[ScramMechanism, ...] = SCRAM_MECHANISMS
+    hosts: tuple[str, ...] = DEFAULT_HOSTS
+
+    def __post_init__(self) -> None:
+        if self.protocol not in ("SASL_SSL", "SSL", "SASL_PLAINTEXT"):
+            raise ValueError(f"protocol must be SASL_SSL, SSL or SASL_PLAINTEXT (got {self.protocol!r})")
+        object.__setattr__(self, "users", dict(self.users))  # the caller's dict may change later
+        if self.sasl:
+            if not self.users:
+                raise ValueError(f"{self.protocol} needs at least one user")
+            if not self.mechanisms or set(self.mechanisms) - set(SCRAM_MECHANISMS):
+                raise ValueError(f"mechanisms must be some of {SCRAM_MECHANISMS} (got {self.mechanisms})")
+        for name, password in self.users.items():
+            if not (_SCRAM_TEXT.fullmatch(name) and _SCRAM_TEXT.fullmatch(password)):
+                raise ValueError(f"user {name!r}: name and password take letters, digits and ._~- only")
+
+    @property
+    def tls(self) -> bool:
+        """The clients' listener speaks TLS."""
+        return self.protocol in ("SSL", "SASL_SSL")
+
+    @property
+    def sasl(self) -> bool:
+        """The clients' listener asks for a SCRAM login."""
+        return self.protocol.startswith("SASL_")
 
 
 # the slf4j binding of each pinned release (derived by kafka_coordinates for any other), so that
@@ -178,12 +244,16 @@ def _read_exact(s: socket.socket, n: int) -> bytes:
 
 class KafkaNode(ManagedProcess):
     """One broker (a controller voter too when it has a ``controller_port``): its ports, folder and
-    (while running) its JVM."""
+    (while running) its JVM. ``port`` is the clients' listener; with security the brokers and the
+    cluster's own admin use a PLAINTEXT one on ``internal_port``."""
 
-    def __init__(self, index: int, root: Path, port: int, controller_port: int | None) -> None:
+    def __init__(
+        self, index: int, root: Path, port: int, controller_port: int | None, internal_port: int | None = None
+    ) -> None:
         self.index = index
         self.port = port
         self.controller_port = controller_port
+        self.internal_port = internal_port
         self.dir = root / f"broker-{index}"
         self.config_path = self.dir / "server.properties"
         self.data_dir = self.dir / "data"
@@ -192,6 +262,11 @@ class KafkaNode(ManagedProcess):
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def plaintext_port(self) -> int:
+        """The PLAINTEXT listener's port: the internal one under security, else the clients' one."""
+        return self.internal_port or self.port
 
 
 class KafkaCluster:
@@ -206,6 +281,15 @@ class KafkaCluster:
       ``replica.selector.class``, ``unclean.leader.election.enable``).
     - ``broker_settings``: broker index -> settings for that broker only (e.g. ``broker.rack``).
     - ``version``: the Kafka release (Maven Central's ``org.apache.kafka:kafka_2.13``).
+    - ``security``: a :class:`KafkaSecurity` secures the clients' listener (``bootstrap``): SASL_SSL
+      with SCRAM-SHA-512 and -256 users by default. The CA and the broker certificate (for
+      localhost and 127.0.0.1, PEM) are made by the first :meth:`start` under ``root/tls/``
+      (:attr:`ca_file`; :attr:`certificates` has the rest), the users are created when the storage
+      is formatted (:attr:`users`). :meth:`client_config` is a confluent-kafka config that logs in,
+      :meth:`mqd_kafka_settings` the ``[consumer.kafka]`` settings of an mqd daemon that does.
+      The brokers, their controllers and :meth:`admin` stay on PLAINTEXT listeners on 127.0.0.1
+      (``plaintext_bootstrap``), so topics and waits work whatever a test does to the credentials.
+      Costs one keytool pair of JVMs at the first start, beside the storage format.
 
     The constructor only picks ports; :meth:`start` resolves the jars, writes the configs, formats
     each broker's storage (once: a restarted cluster keeps its data) and starts the JVMs.
@@ -221,6 +305,7 @@ class KafkaCluster:
         broker_settings: Mapping[int, Mapping[str, str]] | None = None,
         version: str = KAFKA_VERSION,
         jvm_flags: tuple[str, ...] = JVM_FLAGS,
+        security: KafkaSecurity | None = None,
     ) -> None:
         if brokers < 1:
             raise ValueError("a Kafka cluster needs at least one broker")
@@ -233,13 +318,25 @@ class KafkaCluster:
         self.root = Path(root)
         self.version = version
         self.jvm_flags = tuple(jvm_flags)
+        self.security = security
         self.brokers = [
-            KafkaNode(i, self.root, free_port(), free_port() if i < voters else None) for i in range(brokers)
+            KafkaNode(
+                i,
+                self.root,
+                free_port(),
+                free_port() if i < voters else None,
+                free_port() if security is not None else None,
+            )
+            for i in range(brokers)
         ]
         self.settings = {**default_settings(brokers), **(settings or {})}
         self.broker_settings = {i: dict(s) for i, s in (broker_settings or {}).items()}
         self.cluster_id = new_cluster_id()
         self.bootstrap = ",".join(b.address for b in self.brokers)
+        # what the cluster's own admin uses: the same as bootstrap without security
+        self.plaintext_bootstrap = ",".join(f"127.0.0.1:{b.plaintext_port}" for b in self.brokers)
+        self.certificates: Certificates | None = None  # TLS: made by the first start()
+        self._key_password = secrets.token_urlsafe(18)
         self._admin: Any = None
         self._classpath: list[Path] = []
         self._java_path = "java"  # $JAVA_HOME/bin/java or the one on PATH, found by start()
@@ -254,22 +351,55 @@ class KafkaCluster:
         voters = ",".join(
             f"{x.index}@127.0.0.1:{x.controller_port}" for x in self.brokers if x.controller_port
         )
-        listeners = f"PLAINTEXT://127.0.0.1:{b.port}"
+        # a listener is named after its protocol: a client's metadata answer lists the addresses
+        # of the listener it asked on, so secured clients never see the PLAINTEXT ones
+        advertised = [f"PLAINTEXT://127.0.0.1:{b.plaintext_port}"]
+        protocols = {"PLAINTEXT": "PLAINTEXT", "CONTROLLER": "PLAINTEXT"}
+        sec = self.security
+        if sec is not None:
+            advertised.insert(0, f"{sec.protocol}://127.0.0.1:{b.port}")
+            protocols[sec.protocol] = sec.protocol
+        listeners = list(advertised)
         if b.controller_port:
-            listeners += f",CONTROLLER://127.0.0.1:{b.controller_port}"
+            listeners.append(f"CONTROLLER://127.0.0.1:{b.controller_port}")
         return {
             "process.roles": "broker,controller" if b.controller_port else "broker",
             "node.id": str(i),
             "controller.quorum.voters": voters,
-            "listeners": listeners,
-            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{b.port}",
+            "listeners": ",".join(listeners),
+            "advertised.listeners": ",".join(advertised),
             "controller.listener.names": "CONTROLLER",
-            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "listener.security.protocol.map": ",".join(f"{k}:{v}" for k, v in protocols.items()),
             "inter.broker.listener.name": "PLAINTEXT",
             "log.dirs": str(b.data_dir),
+            **self._security_properties(),
             **self.settings,
             **self.broker_settings.get(i, {}),
         }
+
+    def _tls_dir(self) -> Path:
+        return self.root / "tls"
+
+    def _security_properties(self) -> dict[str, str]:
+        sec = self.security
+        if sec is None:
+            return {}
+        out: dict[str, str] = {}
+        if sec.tls:
+            # Kafka 2.7+ reads a PEM file holding the encrypted PKCS#8 key and the chain (KIP-651):
+            # no JKS or PKCS#12 keystore to build, so keytool runs twice, not five times
+            out["ssl.keystore.type"] = "PEM"
+            out["ssl.keystore.location"] = str(self._tls_dir() / "server.pem")
+            out["ssl.key.password"] = self._key_password
+        if sec.sasl:
+            out["sasl.enabled.mechanisms"] = ",".join(sec.mechanisms)
+            listener = sec.protocol.lower()
+            for mechanism in sec.mechanisms:
+                # a SASL listener needs a login context per mechanism even when it only serves
+                # (the credentials it checks are the SCRAM records in the metadata)
+                key = f"listener.name.{listener}.{mechanism.lower()}.sasl.jaas.config"
+                out[key] = "org.apache.kafka.common.security.scram.ScramLoginModule required;"
+        return out
 
     def _java(self, main: str, *args: str, archive: list[str]) -> list[str]:
         cp = os.pathsep.join(map(str, self._classpath))
@@ -331,7 +461,23 @@ class KafkaCluster:
         for b in self.brokers:
             b.dir.mkdir(parents=True, exist_ok=True)
             b.config_path.write_text(properties(self.server_properties(b.index)))
-        self._format([b for b in self.brokers if not (b.data_dir / "meta.properties").exists()])
+        unformatted = [b for b in self.brokers if not (b.data_dir / "meta.properties").exists()]
+        if self.security is not None and self.security.tls and self.certificates is None:
+            # keytool's two JVMs run while the storage format's JVMs do: they need nothing of each other
+            with ThreadPoolExecutor(1, thread_name_prefix="keytool") as pool:
+                made: Future[Certificates] = pool.submit(
+                    generate_certificates,
+                    self._tls_dir(),
+                    self.security.hosts,
+                    java=self._java_path,
+                    password=self._key_password,
+                )
+                try:
+                    self._format(unformatted)
+                finally:
+                    self.certificates = made.result()
+        else:
+            self._format(unformatted)
         try:
             for b in self.brokers:
                 self._launch(b.index)
@@ -358,6 +504,7 @@ class KafkaCluster:
                 "--cluster-id",
                 self.cluster_id,
                 "--ignore-formatted",
+                *self._scram_arguments(),
                 archive=archive,
             )
             log = open(b.dir / "format.log", "wb")  # closed below, once the JVM is done
@@ -375,6 +522,16 @@ class KafkaCluster:
                 tail = (b.dir / "format.log").read_text(errors="replace")[-2000:]
                 raise RuntimeError(f"formatting kafka-{b.index}'s storage failed ({rc}):\n{tail}")
 
+    def _scram_arguments(self) -> list[str]:
+        sec = self.security
+        if sec is None or not sec.sasl:
+            return []
+        out = []
+        for name, password in sec.users.items():
+            for mechanism in sec.mechanisms:
+                out += ["--add-scram", f"{mechanism}=[name={name},password={password}]"]
+        return out
+
     def _launch(self, i: int) -> None:
         b = self.brokers[i]
         b.argv = self._java("kafka.Kafka", str(b.config_path), archive=self._archive_flags(i))
@@ -382,7 +539,7 @@ class KafkaCluster:
 
     def _answers(self, i: int) -> bool:
         try:
-            api_versions(self.brokers[i].port, timeout=1.0)
+            api_versions(self.brokers[i].plaintext_port, timeout=1.0)
         except OSError:
             return False
         return True
@@ -466,8 +623,68 @@ class KafkaCluster:
 
             # log_level 2: librdkafka's connection-refused lines would flood a test's output whenever
             # a broker is down on purpose; failures still arrive as exceptions
-            self._admin = AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 2})
+            self._admin = AdminClient({"bootstrap.servers": self.plaintext_bootstrap, "log_level": 2})
         return self._admin
+
+    # -- security ----------------------------------------------------------------------------------
+
+    @property
+    def users(self) -> dict[str, str]:
+        """SCRAM user name -> password (empty without SASL)."""
+        sec = self.security
+        return dict(sec.users) if sec is not None and sec.sasl else {}
+
+    @property
+    def ca_file(self) -> Path | None:
+        """The CA certificate (PEM) that signed the brokers' certificate: a client's trust store
+        (None without TLS, or before the first :meth:`start`)."""
+        return self.certificates.ca_file if self.certificates is not None else None
+
+    def _login(self, user: str | None, mechanism: str | None) -> tuple[str, str, str]:
+        sec = self.security
+        assert sec is not None and sec.sasl
+        name = user if user is not None else next(iter(sec.users))
+        if name not in sec.users:
+            raise KeyError(f"no SCRAM user {name!r} in this cluster (users: {sorted(sec.users)})")
+        return name, sec.users[name], mechanism or sec.mechanisms[0]
+
+    def client_config(
+        self, user: str | None = None, *, mechanism: str | None = None, password: str | None = None
+    ) -> dict[str, str]:
+        """A confluent-kafka (librdkafka) config reaching :attr:`bootstrap` as ``user`` (default: the
+        first one) with ``mechanism`` (default: the first offered); ``password`` replaces the user's
+        (a test of a wrong one). Add the producer's or consumer's own settings to it."""
+        out = {"bootstrap.servers": self.bootstrap}
+        sec = self.security
+        if sec is None:
+            return out
+        out["security.protocol"] = sec.protocol
+        if sec.tls:
+            if self.ca_file is None:
+                raise RuntimeError("the cluster's certificates are made by start(): start it first")
+            out["ssl.ca.location"] = str(self.ca_file)
+        if sec.sasl:
+            name, real, mech = self._login(user, mechanism)
+            out |= {"sasl.mechanism": mech, "sasl.username": name, "sasl.password": password or real}
+        return out
+
+    def mqd_kafka_settings(
+        self, user: str | None = None, *, mechanism: str | None = None, password: str | None = None
+    ) -> dict[str, str]:
+        """The ``[consumer.kafka]`` settings of an mqd daemon reading this cluster as ``user`` (see
+        :meth:`client_config`; TOML-ready strings, also what ``ConsumerConfig(kafka=...)`` takes)."""
+        sec = self.security
+        if sec is None:
+            return {}
+        out: dict[str, str] = {"security_protocol": sec.protocol}
+        if sec.tls:
+            if self.ca_file is None:
+                raise RuntimeError("the cluster's certificates are made by start(): start it first")
+            out["tls_ca_file"] = str(self.ca_file)
+        if sec.sasl:
+            name, real, mech = self._login(user, mechanism)
+            out |= {"sasl_mechanism": mech, "sasl_username": name, "sasl_password": password or real}
+        return out
 
     def _metadata(self, topic: str | None = None, timeout: float = 5.0) -> Any:
         from confluent_kafka import KafkaException
@@ -533,8 +750,9 @@ class KafkaCluster:
         return sorted(p.isrs) if p is not None else None
 
     def api_versions(self, i: int = 0) -> dict[int, tuple[int, int]]:
-        """What broker ``i`` answers to ApiVersions: api key -> (min, max) version."""
-        return api_versions(self.brokers[i].port)
+        """What broker ``i`` answers to ApiVersions: api key -> (min, max) version (asked on its
+        PLAINTEXT listener)."""
+        return api_versions(self.brokers[i].plaintext_port)
 
     # -- logs --------------------------------------------------------------------------------------
 
