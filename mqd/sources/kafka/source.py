@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import ssl
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import replace
@@ -48,7 +49,15 @@ from typing import Any
 
 import structlog
 from aiokafka.client import AIOKafkaClient
-from aiokafka.errors import IncompatibleBrokerVersion, KafkaError, for_code
+from aiokafka.conn import create_conn
+from aiokafka.errors import (
+    AuthenticationFailedError,
+    IncompatibleBrokerVersion,
+    KafkaError,
+    SaslAuthenticationFailed,
+    UnsupportedSaslMechanismError,
+    for_code,
+)
 from aiokafka.helpers import create_ssl_context
 from aiokafka.protocol.offset import OffsetRequest
 
@@ -91,6 +100,8 @@ _TOPIC_GONE = frozenset({UNKNOWN_TOPIC_OR_PARTITION, UNKNOWN_TOPIC_ID, INCONSIST
 EARLIEST, LATEST = -2, -1
 READ_COMMITTED = 1
 _HEAD_BYTES = 64  # what the budget charges per answer besides the records
+# a broker's answers to a login that a retry with the same settings gets again
+_LOGIN_REFUSED = (SaslAuthenticationFailed, AuthenticationFailedError, UnsupportedSaslMechanismError)
 
 
 def _no_data(_start: int, _check_crc: bool) -> Decoded:
@@ -137,6 +148,7 @@ class KafkaSource:
         self.client_id = kc.client_id or config.effective_client_id
         self.read_committed = kc.isolation_level == "read_committed"
         self._client: AIOKafkaClient | None = None
+        self._ssl: ssl.SSLContext | None = None
         self.metadata: KafkaMetadata | None = None
         self._listeners: list[Callable[[Cluster], None]] = []
         self._rotation = 0  # rotates the partition order inside every request
@@ -150,12 +162,13 @@ class KafkaSource:
 
     def _make_client(self) -> AIOKafkaClient:
         cfg, kc = self._config, self._config.kafka
-        ssl = None
+        context = None
         if kc.security_protocol in ("SSL", "SASL_SSL"):
-            ssl = create_ssl_context(
+            context = create_ssl_context(
                 cafile=kc.tls_ca_file, certfile=kc.tls_cert_file, keyfile=kc.tls_key_file
             )
-            ssl.check_hostname = kc.tls_check_hostname
+            context.check_hostname = kc.tls_check_hostname
+        self._ssl = context
         return FrameClient(
             bootstrap_servers=list(cfg.bootstrap),
             client_id=self.client_id,
@@ -164,7 +177,7 @@ class KafkaSource:
             retry_backoff_ms=cfg.error_backoff_ms,
             metadata_max_age_ms=int(cfg.metadata_refresh_interval * 1000),
             security_protocol=kc.security_protocol,
-            ssl_context=ssl,
+            ssl_context=context,
             sasl_mechanism=kc.sasl_mechanism,
             sasl_plain_username=kc.sasl_username,
             sasl_plain_password=kc.sasl_password,
@@ -182,6 +195,10 @@ class KafkaSource:
                 await client.bootstrap()
                 break
             except (KafkaError, OSError) as exc:
+                refused = await self._login_refused(client)
+                if refused is not None:  # waiting does not mend a password or a certificate
+                    await self.stop()
+                    raise refused from exc
                 delay = backoff.next()
                 if time.monotonic() + delay > deadline:
                     await self.stop()
@@ -199,6 +216,42 @@ class KafkaSource:
         for fn in self._listeners:
             self.metadata.add_listener(fn)
         await self.metadata.start(timeout=timeout)
+
+    async def _login_refused(self, client: AIOKafkaClient) -> ConsumerError | None:
+        """After a failed bootstrap of a secured source: a non-retriable error when a bootstrap
+        server refused the login or its certificate failed verification. aiokafka's bootstrap only
+        logs each server's reason and raises "Unable to bootstrap", so one more connection asks."""
+        kc = self._config.kafka
+        if kc.security_protocol == "PLAINTEXT":
+            return None
+        for host, port, _family in client.hosts:
+            try:
+                conn = await create_conn(
+                    host,
+                    port,
+                    client_id=self.client_id,
+                    request_timeout_ms=int(self._config.request_timeout * 1000),
+                    ssl_context=self._ssl,
+                    security_protocol=kc.security_protocol,
+                    sasl_mechanism=kc.sasl_mechanism,
+                    sasl_plain_username=kc.sasl_username,
+                    sasl_plain_password=kc.sasl_password,
+                )
+            except ssl.SSLCertVerificationError as exc:
+                ca = kc.tls_ca_file or "the system's CA store"
+                return ConsumerError(
+                    f"TLS certificate verification of Kafka broker {host}:{port} failed: {exc}"
+                    f" (tls_ca_file: {ca}, tls_check_hostname: {str(kc.tls_check_hostname).lower()})"
+                )
+            except _LOGIN_REFUSED as exc:
+                return ConsumerError(
+                    f"SASL authentication failed at Kafka broker {host}:{port} for user"
+                    f" {kc.sasl_username!r} with {kc.sasl_mechanism} over {kc.security_protocol}: {exc}"
+                )
+            except (TimeoutError, KafkaError, OSError):
+                continue  # down or restarting: the bootstrap is retried as before
+            conn.close()
+        return None
 
     async def stop(self) -> None:
         metadata, self.metadata = self.metadata, None
