@@ -1,5 +1,7 @@
 """The job's one log line per micro-batch: rows in, rows written, rows in the default partition, rows
-with fields the schema does not name, for each query (the main table's and the quarantine's).
+with fields the schema does not name, rows dead-lettered per error class, for each query (the main
+table's and the dead-letter table's); and the running totals in the job's metrics file
+(mqd/spark/job_metrics.py).
 
 Spark keeps each batch's progress on the driver (``StreamingQuery.recentProgress``); the figures
 the job adds come from the query's observed metrics (``Dataset.observe`` named ``BATCH_METRICS``,
@@ -14,6 +16,8 @@ import threading
 from typing import Any
 
 import structlog
+
+from mqd.spark.job_metrics import JobMetrics
 
 _log = structlog.get_logger("mqd.spark")
 
@@ -30,9 +34,9 @@ def batch_figures(progress: Any, metrics_name: str) -> dict[str, Any]:
     if observed is not None:
         row = observed.asDict()
         figures["rows_out"] = int(row.get("rows") or 0)
-        for key in ("default_partition_rows", "extra_field_rows"):
-            if key in row:
-                figures[key] = int(row[key] or 0)
+        for key, value in row.items():
+            if key != "rows":  # default_partition_rows, extra_field_rows, dead_letter_<class>
+                figures[key] = int(value or 0)
     return figures
 
 
@@ -42,13 +46,15 @@ class BatchLog:
     not logged yet. Polled beside the queries and once after they end, so a ``--once`` run logs
     every batch before it returns (a listener's events arrive on Spark's bus, possibly later)."""
 
-    def __init__(self, metrics_name: str) -> None:
+    def __init__(self, metrics_name: str, metrics: JobMetrics | None = None) -> None:
         self.metrics_name = metrics_name
+        self.metrics = metrics  # totals written after each poll that logged a batch
         self._logged: dict[str, int] = {}  # query run id -> the newest batch logged
         self._lock = threading.Lock()  # the poller thread and the job's end both poll
 
     def poll(self, queries: list[Any]) -> None:
         with self._lock:
+            logged = False
             for query in queries:
                 for progress in query.recentProgress:
                     run = str(progress.runId)
@@ -57,9 +63,17 @@ class BatchLog:
                     self._logged[run] = progress.batchId
                     if progress.numInputRows:
                         self._log(progress)
+                        logged = True
+            if logged and self.metrics is not None:
+                try:
+                    self.metrics.write()
+                except OSError as exc:  # figures only: never fails the job
+                    _log.warning("spark_metrics_file_failed", file=str(self.metrics.path), error=str(exc))
 
     def _log(self, progress: Any) -> None:
         figures = batch_figures(progress, self.metrics_name)
+        if self.metrics is not None:
+            self.metrics.add_batch(str(progress.name), figures)
         if figures.get("default_partition_rows"):
             _log.warning("spark_batch_done", **figures, note="rows in the default (null) partition")
         else:

@@ -68,6 +68,7 @@ from mqd.errors import MqdError
 from mqd.landing.chain_reader import ChainReader
 from mqd.landing.schema import LANDING_SCHEMA, PARTITION_COLUMNS, landing_columns, landing_ddl, spark_type
 from mqd.landing.store import open_store
+from mqd.spark import dead_letters as dl
 from mqd.spark.batch_log import BatchLog
 from mqd.spark.partitioning import PartitionField, parse_all
 from mqd.spark.session import EXIT_SESSION, SessionError, build_session, open_session
@@ -80,7 +81,8 @@ RECORD_INTERVAL_S = 5.0  # between lifecycle records of a running query (cheap w
 
 CORRUPT_COLUMN = "_mqd_corrupt_record"
 EXTRA_COLUMN = "_extra"  # JSON mode: the value's fields that value_schema does not name, as JSON
-BATCH_METRICS = "mqd_batch"  # the name of each main query's observed metrics (Dataset.observe)
+BATCH_METRICS = "mqd_batch"  # the name of each query's observed metrics (Dataset.observe)
+DEAD_LETTER_PREFIX = "dead_letter_"  # an observed metric per error class: dead_letter_<class>
 LANDING_DDL = landing_ddl()  # derived from the Arrow schema (mqd.landing.schema)
 _LANDING_COLUMNS = landing_columns()
 # the landing's folder range (layout.folder_hours), in epoch ms: 1970-01-01 .. 9999-12-31T23:59:59.999Z
@@ -227,13 +229,14 @@ def _queries(spark: Any, config: MqdConfig) -> list[tuple[str, Any, str, Path, l
             {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT_COLUMN},
         ),
     )
-    reason = (
-        F.when(foreign, F.lit("not an mqd landing record (foreign file)"))
-        .when(F.col("value").isNull(), F.lit("null value"))
-        .when(F.col("_v").isNull(), F.lit("value is not a JSON object"))
-        .when(F.col(f"_v.{CORRUPT_COLUMN}").isNotNull(), F.lit("value does not match value_schema"))
+    # a tombstone (null value) is a row with null value columns, not an error (dead_letters.py)
+    error_class = (
+        F.when(foreign, F.lit(dl.FOREIGN_FILE))
+        .when(F.col("value").isNull(), F.lit(None).cast("string"))
+        .when(F.json_object_keys(F.col("value").cast("string")).isNull(), F.lit(dl.NOT_JSON))
+        .when(F.col(f"_v.{CORRUPT_COLUMN}").isNotNull(), F.lit(dl.SCHEMA_MISMATCH))
     )
-    checked = parsed.withColumn("_reason", reason)
+    checked = parsed.withColumn("_reason", error_class)
     keep = [c for c in output_columns() if c != "value"]
     clash = {*keep, EXTRA_COLUMN} & set(value_schema.fieldNames())
     if clash:
@@ -251,13 +254,24 @@ def _queries(spark: Any, config: MqdConfig) -> list[tuple[str, Any, str, Path, l
         source_file = F.col(SOURCE_FILE_COLUMN)
     else:
         source_file = F.col("_metadata.file_path")
+    message = F.lit(None).cast("string")
+    for name, text in reversed(dl.ERROR_CLASSES.items()):
+        message = F.when(F.col("_reason") == name, F.lit(text)).otherwise(message)
     bad = checked.where(F.col("_reason").isNotNull()).select(
         *output_columns(),
-        F.col("_reason").alias("reason"),
-        source_file.alias("source_file"),
-        F.current_timestamp().alias("quarantined_at"),
+        F.col("_reason").alias(dl.ERROR_CLASS_COLUMN),
+        message.alias(dl.ERROR_MESSAGE_COLUMN),
+        F.lit(None).cast("int").alias(dl.SCHEMA_ID_COLUMN),
+        source_file.alias(dl.SOURCE_FILE_COLUMN),
+        F.current_timestamp().alias(dl.DEAD_LETTERED_AT_COLUMN),
     )
-    bad = bad.observe(BATCH_METRICS, F.count(F.lit(1)).alias("rows"))
+    per_class = [
+        F.sum(F.when(F.col(dl.ERROR_CLASS_COLUMN) == name, 1).otherwise(0)).alias(
+            f"{DEAD_LETTER_PREFIX}{name}"
+        )
+        for name in dl.ERROR_CLASSES
+    ]
+    bad = bad.observe(BATCH_METRICS, F.count(F.lit(1)).alias("rows"), *per_class)
     qparts = [f.name for f in fields if f.is_column and f.name in _LANDING_COLUMNS]
     return [
         (
@@ -463,7 +477,10 @@ def _run(config: MqdConfig, *, once: bool, master: str | None = None) -> int:
         )
         return EXIT_SESSION
     started: list[Any] = []
-    batch_log = BatchLog(BATCH_METRICS)
+    from mqd.spark.job_metrics import FILE_NAME, JobMetrics
+
+    metrics = JobMetrics(Path(config.spark.checkpoint_dir) / FILE_NAME).load()
+    batch_log = BatchLog(BATCH_METRICS, metrics)
     iceberg_sinks: list[Any] = []  # each maintains its table between its batches
     stopping = threading.Event()
 

@@ -43,11 +43,19 @@ def make_config(root: Path, **spark_kw: Any) -> MqdConfig:
     )
 
 
-def publish(pub: Publisher, topic: str, partition: int, first: int, values: list[bytes], ts: int) -> None:
-    raw = fmt.encode_batch(values, timestamps=np.full(len(values), ts, dtype=np.int64), base_offset=first)
-    rb = fmt.to_arrow(raw, fmt.scan(raw)[0])
+def publish(
+    pub: Publisher, topic: str, partition: int, first: int, values: list[bytes | None], ts: int
+) -> None:
+    """``values`` landed from offset ``first``; a None is a tombstone (a null value, as the Kafka
+    source lands one)."""
+    plain = [v if v is not None else b"" for v in values]
+    raw = fmt.encode_batch(plain, timestamps=np.full(len(values), ts, dtype=np.int64), base_offset=first)
+    table = pa.Table.from_batches([fmt.to_arrow(raw, fmt.scan(raw)[0])])
+    if None in values:
+        i = table.schema.get_field_index("value")
+        table = table.set_column(i, table.schema.field(i), pa.array(values, table.schema.field(i).type))
     last = pub.store.head(topic, partition).last_offset
-    pub.publish(topic, partition, pa.Table.from_batches([rb]), last)
+    pub.publish(topic, partition, table, last)
 
 
 def test_raw_job_drains_landing_once_and_stops_at_corrupt_files(tmp_path: Path, spark: Any) -> None:
@@ -89,28 +97,56 @@ def test_raw_job_drains_landing_once_and_stops_at_corrupt_files(tmp_path: Path, 
     assert out.select("topic", "partition", "offset").distinct().count() == 325
 
 
-def test_json_values_become_columns_and_bad_records_are_quarantined(tmp_path: Path, spark: Any) -> None:
-    """value_format = "json": good values become typed columns; malformed JSON and values that do
-    not fit the schema land in the quarantine table with a reason, none are dropped."""
+def test_json_values_become_columns_and_bad_records_are_dead_lettered(tmp_path: Path, spark: Any) -> None:
+    """value_format = "json": good values become typed columns and a tombstone a row with null
+    fields; malformed JSON, a non-object and values that do not fit the schema land in the
+    dead-letter table whole, with their error class and message, none dropped; the batch log
+    lines and the job's metrics file count them per class."""
+    import structlog
+    from prometheus_client.parser import text_string_to_metric_families
+
     cfg = make_config(tmp_path, value_format="json", value_schema="user STRING, amount INT")
     pub = Publisher(LocalStore(Path(cfg.landing.dir)))
     pub.store.open()
-    values = [json.dumps({"user": f"u{i}", "amount": i}).encode() for i in range(20)]
-    values += [b"{not json", b'{"user": "x", "amount": "lots"}', b"[1, 2]"]
+    values: list[bytes | None] = [json.dumps({"user": f"u{i}", "amount": i}).encode() for i in range(20)]
+    values += [b"{not json", b'{"user": "x", "amount": "lots"}', b"[1, 2]", None]
     publish(pub, "payments", 0, 0, values, T0)
     foreign = Path(cfg.landing.dir) / "topic=payments/dt=2026-01-01/hour=00/foreign.parquet"
     pq.write_table(pa.table({"a": [1]}), foreign)
-    assert job.run(cfg, once=True) == 0
-    good = spark.read.parquet(str(cfg.spark.output_dir))
-    bad = spark.read.parquet(str(cfg.spark.quarantine_dir))
-    assert good.count() + bad.count() == 24
-    assert sorted(r.amount for r in good.select("amount").collect()) == list(range(20))
+    with structlog.testing.capture_logs() as logs:
+        assert job.run(cfg, once=True) == 0
+    good = spark.read.format("delta").load(str(cfg.spark.output_dir))
+    bad = spark.read.format("delta").load(str(cfg.spark.quarantine_dir))
+    assert good.count() + bad.count() == 25
+    assert sorted(r.amount for r in good.where("amount IS NOT NULL").select("amount").collect()) == list(
+        range(20)
+    )
+    [tombstone] = good.where("offset = 23").collect()
+    assert tombstone.user is None and tombstone.amount is None
     assert "value" not in good.columns and "user" in good.columns
-    rows = {r.offset: r.reason for r in bad.where("offset IS NOT NULL").select("offset", "reason").collect()}
-    assert sorted(rows) == [20, 21, 22]
-    assert all(rows.values())
+    rows = {r.offset: r for r in bad.where("offset IS NOT NULL").collect()}
+    assert {o: r.error_class for o, r in rows.items()} == {
+        20: "not_json",
+        21: "schema_mismatch",
+        22: "not_json",
+    }
+    assert rows[21].value == b'{"user": "x", "amount": "lots"}' and rows[21].partition == 0
+    assert all(r.error_message and r.schema_id is None and r.dead_lettered_at for r in rows.values())
     [alien] = bad.where("offset IS NULL").collect()
-    assert "foreign" in alien.reason and alien.source_file.endswith("foreign.parquet")
+    assert alien.error_class == "foreign_file" and alien.source_file.endswith("foreign.parquet")
+
+    dead = [e for e in logs if e["event"] == "spark_batch_done" and e["query"].endswith("-quarantine")]
+    assert sum(e["dead_letter_not_json"] for e in dead) == 2
+    assert sum(e["dead_letter_schema_mismatch"] for e in dead) == 1
+    assert sum(e["dead_letter_foreign_file"] for e in dead) == 1
+    text = (Path(cfg.spark.checkpoint_dir) / "metrics.prom").read_text()
+    by_class = {
+        s.labels.get("error_class"): s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+        if s.name == "mqd_spark_dead_letter_rows_total"
+    }
+    assert by_class == {"not_json": 2, "schema_mismatch": 1, "foreign_file": 1}
 
 
 def test_bad_partition_column_is_a_config_error(tmp_path: Path, spark: Any) -> None:
