@@ -12,6 +12,10 @@ Fault kinds: the classic ones (processes, landing disk, network) are applied her
 ones of issue 12 live in their own modules: ``node_data`` (master data-dir loss, a flipped byte or a
 truncated closed segment, a topic recreated under the daemons), ``lock_freeze`` (a daemon frozen
 while it holds a landing lock) and ``publish_kill`` (a fresh daemon killed before it publishes).
+The integrity kinds of issue 31 live in ``integrity``: a claim of the landing deleted or overwritten
+under the daemons (``claim_tamper``), the Spark checkpoint deleted under the streaming job
+(``checkpoint_delete``); each ends with the operator's repair, so the end check still counts every
+record.
 
 ``--landing s3`` (issue 15): the daemons land into ``s3://landing/chaos`` on a SeaweedFS the run
 starts on 127.0.0.1 with two gateways, odd daemons publishing through the second (``s3_landing``);
@@ -50,11 +54,14 @@ import structlog
 
 from mqd.client import BrokerClient, BrokerError
 from mqd.errors import MqdError
+from mqd.landing import lifecycle
+from mqd.landing.local_objects import LocalObjects
+from mqd.landing.objects import Objects
 from mqd.landing.store import LandingStore, open_store
 from mqd.runner import EXIT_TEMPFAIL
 from mqd.testing import ProcessError, daemon_section, to_toml
 from mqd.waiting import wait_until
-from mqd_dev.chaos import check, node_data
+from mqd_dev.chaos import check, integrity, node_data
 from mqd_dev.chaos.disk import LandingDisk
 from mqd_dev.chaos.ledger import Ledger, read_ledger
 from mqd_dev.chaos.load import ProduceLoad
@@ -72,7 +79,15 @@ log = structlog.get_logger("mqd.chaos")
 # One fault per category and round at most: two faults that stop broker nodes, or two that stop
 # daemons, would step on each other's restarts.
 CATEGORIES: dict[str, tuple[str, ...]] = {
-    "daemon": ("daemon_kill", "daemon_freeze", "daemon_churn", "lock_freeze", "kill_before_publish"),
+    # claim_tamper restarts the daemons that report the break: no other daemon fault beside it
+    "daemon": (
+        "daemon_kill",
+        "daemon_freeze",
+        "daemon_churn",
+        "lock_freeze",
+        "kill_before_publish",
+        "claim_tamper",
+    ),
     "broker": (
         "master_kill",
         "slave_kill",
@@ -86,7 +101,7 @@ CATEGORIES: dict[str, tuple[str, ...]] = {
     # object-store landings only (s3_landing): the second S3 gateway frozen or killed
     "store": ("gateway_freeze", "gateway_kill"),
     # the streaming `mqd spark` beside the daemons SIGKILLed wherever it is (mid-batch, mid-compaction)
-    "spark": ("spark_kill",),
+    "spark": ("spark_kill", "checkpoint_delete"),
 }
 STORE_KINDS: tuple[str, ...] = CATEGORIES["store"]
 ALL_KINDS: tuple[str, ...] = tuple(k for kinds in CATEGORIES.values() for k in kinds)
@@ -101,6 +116,8 @@ SAFETY_KINDS: tuple[str, ...] = (
     "kill_before_publish",
 )
 CLASSIC_KINDS: tuple[str, ...] = tuple(k for k in ALL_KINDS if k not in SAFETY_KINDS)
+# issue 31's: a claim object deleted or overwritten, the Spark checkpoint deleted (integrity.py)
+INTEGRITY_KINDS: tuple[str, ...] = ("claim_tamper", "checkpoint_delete")
 # a Kafka source (kafka_source.py): the daemons' faults, the network to Tansu (net_cut: every
 # connection reset), Tansu itself; the mqd broker's storage faults and the landing disk are not drawn
 KAFKA_CATEGORIES: dict[str, tuple[str, ...]] = {
@@ -135,6 +152,7 @@ def expand_kinds(spec: str, source: str = "mqd") -> tuple[str, ...]:
             "all": ALL_KINDS,
             "classic": CLASSIC_KINDS,
             "safety": SAFETY_KINDS,
+            "integrity": INTEGRITY_KINDS,
         }
     )
     out: list[str] = []
@@ -261,7 +279,7 @@ class ChaosRun:
                 self.root,
                 env,
             )
-            if options.spark and "spark_kill" in options.kinds
+            if options.spark and ("spark_kill" in options.kinds or "checkpoint_delete" in options.kinds)
             else None
         )
         self.client = BrokerClient(request_timeout=5.0)
@@ -284,6 +302,7 @@ class ChaosRun:
         self.start_refusals: Counter[str] = Counter()  # exits 75 at start (mqd.runner.EXIT_TEMPFAIL)
         self._supervisor: asyncio.Task[None] | None = None
         self._started = 0.0
+        self.spark_hands_off = False  # an integrity fault stops and starts the streaming job itself
 
     # -- setup -------------------------------------------------------------------------------------
 
@@ -410,7 +429,8 @@ class ChaosRun:
                 if code is not None:
                     if d is not self.extra:
                         d.start()
-            code = self.spark_job.unasked_exit() if self.spark_job is not None else None
+            hands_off = self.spark_hands_off
+            code = self.spark_job.unasked_exit() if self.spark_job is not None and not hands_off else None
             if self.spark_job is not None and code is not None:
                 self.crashes["spark"] += 1
                 self.failures.append(
@@ -521,6 +541,10 @@ class ChaosRun:
                 await asyncio.sleep(hold)
             finally:
                 await self.disk.drain()
+        elif kind == "claim_tamper":
+            await self._claim_tamper(hold, rec)
+        elif kind == "checkpoint_delete":
+            await self._checkpoint_delete(hold, rec)
         elif kind in SAFETY_KINDS:
             await self._safety_fault(kind, hold, rec)
         elif kind in STORE_KINDS:
@@ -572,6 +596,110 @@ class ChaosRun:
             rec.notes.append(await kill_before_publish(d, self.landed_end, fetch_s=fetch_s, timeout=20.0))
             await asyncio.sleep(hold)
             d.start()
+
+    def _landing_objects(self) -> Objects:
+        return self.s3.store.objects if self.s3 is not None else LocalObjects(self.landing)
+
+    async def _claim_tamper(self, hold: float, rec: RoundRecord) -> None:
+        """A partition's head claim deleted or overwritten (integrity.py): its owner stops it naming
+        the object and publishes nothing after the break; the landing check lists it; the claim is
+        put back and the reporters restart. A failure when anything was published past the break
+        or the repair could not be made; a note when no daemon published to it meanwhile (a broker
+        fault of the same round may hold its records back)."""
+        rng = self.target_rng
+        p, how = rng.randrange(self.opts.partitions), rng.choice(integrity.HOWS)
+        objects = self._landing_objects()
+        daemons = [*self.daemons, self.extra]
+        starts = {d.name: integrity.log_size(d.log_path) for d in daemons}
+        spark_start = integrity.log_size(self.spark_job.log_path) if self.spark_job is not None else 0
+        self.spark_hands_off = True  # a Spark read of the broken claim refuses it: judged below
+        try:
+            t = await asyncio.to_thread(integrity.tamper_head, objects, self.topic, p, how)
+            if t is None:
+                rec.notes.append(f"claim_tamper: partition {p}'s chain too short for {how}")
+                await asyncio.sleep(hold)
+                return
+            rec.notes.append(
+                f"claim_tamper: {how} head claim {t.key}" + (f" (raced {t.raced})" if t.raced else "")
+            )
+
+            def reporters() -> list[DaemonProc]:
+                return [d for d in daemons if integrity.reported(d.log_path, starts[d.name], t)]
+
+            try:
+                await wait_until(lambda: bool(reporters()), max(hold, 15.0), "a daemon to report the break")
+            except TimeoutError:
+                rec.notes.append("claim_tamper: no daemon published to the partition meanwhile")
+            await asyncio.sleep(hold)
+            past = await asyncio.to_thread(integrity.published_past, objects, self.topic, t)
+            if past and not t.raced:
+                self.failures.append(
+                    f"round {rec.number}: claim_tamper: claims {past} published past {t.key}"
+                )
+            if not await asyncio.to_thread(integrity.landing_check_names, objects, t):
+                self.failures.append(f"round {rec.number}: claim_tamper: the landing check missed {t.key}")
+            problem = await asyncio.to_thread(integrity.restore, objects, t)
+            if problem is not None:
+                self.failures.append(f"round {rec.number}: claim_tamper: repair failed: {problem}")
+            hit = reporters()
+            rec.notes.append(f"claim_tamper: reported by {[d.name for d in hit]}; claim restored")
+            for d in hit:  # a broken partition stays stopped until its daemon restarts
+                await self._stop_clean(d)
+                if d is not self.extra:
+                    d.start()
+            job = self.spark_job
+            if job is not None and not job.running:
+                if integrity.reported_by_spark(job.log_path, spark_start, t):
+                    rec.notes.append(f"claim_tamper: the streaming mqd spark refused {t.key}; restarted")
+                else:
+                    self.failures.append(
+                        f"the streaming mqd spark exited during claim_tamper:\n{job.tail(20)}"
+                    )
+                job.start()
+        finally:
+            self.spark_hands_off = False
+
+    async def _checkpoint_delete(self, hold: float, rec: RoundRecord) -> None:
+        """The Spark checkpoint deleted under the running streaming job (integrity.py): the restarted
+        job must refuse naming it (exit 2); restoring the copy taken before lets it go on."""
+        job = self.spark_job
+        if job is None:
+            raise ValueError("checkpoint_delete needs the streaming mqd spark")
+        ckpt = self.root / "warehouse" / "_checkpoints" / "events" / "main"  # the main query's
+        copy = self.root / "checkpoint-copies" / f"round{rec.number}"
+        self.spark_hands_off = True
+        try:
+            if not job.running:
+                job.start()
+            await wait_until(
+                lambda: job.running and lifecycle.last_committed_batch(ckpt) is not None,
+                180,
+                "the streaming mqd spark to commit a batch",
+                interval=0.5,
+            )
+            await asyncio.to_thread(integrity.copy_checkpoint, job, ckpt, copy)
+            await asyncio.to_thread(shutil.rmtree, ckpt)
+            rec.notes.append(f"checkpoint_delete: {ckpt} deleted under the running job (copy {copy.name})")
+            await asyncio.sleep(hold)
+            await job.stop_async(signal.SIGKILL)
+            start = integrity.log_size(job.log_path)
+            job.start()
+            await wait_until(lambda: not job.running, 180, "the restarted mqd spark to refuse", interval=0.5)
+            code = job.poll()
+            if code != 2 or not integrity.refused_naming(job.log_path, start, ckpt):
+                self.failures.append(
+                    f"round {rec.number}: checkpoint_delete: the restarted mqd spark exited {code} "
+                    f"without refusing the checkpoint:\n{job.tail(20)}"
+                )
+            else:
+                rec.notes.append(
+                    "checkpoint_delete: the restarted job refused (exit 2) naming the checkpoint"
+                )
+            await asyncio.to_thread(integrity.restore_checkpoint, copy, ckpt)
+            job.start()
+            rec.notes.append("checkpoint_delete: checkpoint restored from the copy; job restarted")
+        finally:
+            self.spark_hands_off = False
 
     async def _topic_recreate(self, group: str, hold: float, rec: RoundRecord) -> None:
         """Drain the group's partitions into the landing (so the deletion loses nothing
