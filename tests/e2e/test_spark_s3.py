@@ -200,7 +200,7 @@ def test_json_mode_quarantines_with_the_objects_uri(
     tmp_path: Path, seaweedfs: SeaweedFS, s3_spark: Any
 ) -> None:
     """value_format = "json" on an s3:// landing: good values become columns, a bad one goes to
-    the quarantine table with its reason and the s3:// URI of the file it came from."""
+    the dead-letter table with its error class and the s3:// URI of the file it came from."""
     store = object_store(seaweedfs)
     cfg = s3_config(tmp_path, store.location, seaweedfs.endpoint, value_format="json", value_schema="n INT")
     values = [b'{"n": %d}' % i for i in range(5)] + [b"{not json"]
@@ -211,7 +211,7 @@ def test_json_mode_quarantines_with_the_objects_uri(
     good = s3_spark.read.parquet(str(cfg.spark.output_dir))
     assert sorted(r.n for r in good.select("n").collect()) == list(range(5))
     [bad] = s3_spark.read.parquet(str(cfg.spark.quarantine_dir)).collect()
-    assert bad.offset == 5 and bad.reason
+    assert bad.offset == 5 and bad.error_class == "not_json" and bad.error_message
     assert bad.source_file == f"{store.location}/{rng.path}"
 
 
