@@ -132,7 +132,7 @@ class KafkaSecurity:
     """
 
     protocol: SecurityProtocol = "SASL_SSL"
-    users: Mapping[str, str] = field(default_factory=_default_users)
+    users: Mapping[str, str] = field(default_factory=_default_users, hash=False)
     mechanisms: tuple[ScramMechanism, ...] = SCRAM_MECHANISMS
     hosts: tuple[str, ...] = DEFAULT_HOSTS
 
