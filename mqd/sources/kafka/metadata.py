@@ -4,8 +4,9 @@ background and on demand.
 One MetadataRequest (aiokafka's struct, version negotiated per connection) to a known broker,
 bootstrap servers last; the answer also feeds aiokafka's own ClusterMetadata so its connections know
 every broker. Node ids are Kafka broker ids as text. A partition's route is its leader, then its
-replicas (KIP-392 preferred read replicas are followed only to those); a partition without a leader
-(-1) is routed to the node "-1", which never exists, so it waits for the next refresh.
+replicas but the offline ones (Metadata v5+: on a failed log directory or a stopped broker); KIP-392
+preferred read replicas are followed only to those; a partition without a leader (-1) is routed to
+the node "-1", which never exists, so it waits for the next refresh.
 """
 
 from __future__ import annotations
@@ -43,9 +44,11 @@ def to_cluster(resp: Any) -> Cluster:
         tps = []
         for p in parts:
             _, partition, leader, replicas = p[0], p[1], p[2], p[3]
+            offline = p[5] if len(p) > 5 else ()
             tp = TopicPartition(topic, partition)
             lead = str(leader) if leader >= 0 else NO_LEADER
-            partitions[tp] = PartitionRoute(lead, tuple(str(r) for r in replicas if r != leader))
+            serving = tuple(str(r) for r in replicas if r != leader and r not in offline)
+            partitions[tp] = PartitionRoute(lead, serving)
             tps.append(tp)
         topics[topic] = sorted(tps)
     return Cluster(nodes=nodes, partitions=partitions, topics=topics)

@@ -422,8 +422,9 @@ class FetchRequest(Request[FetchStruct]):  # type: ignore[misc]  # aiokafka is u
     of a log whose divergence we have not checked; the fetch session (v7+,
     mqd.sources.kafka.fetch_session: its id, epoch and forgotten partitions; aiokafka sends none);
     the leader epoch of the record before each fetch offset (v12+, ``last_epochs``; -1 unknown); and
-    topics by topic id (v13+, ``topic_ids``: topic -> id). v13 is sent only when every topic of the
-    request has an id; otherwise v12 goes out (a broker that knows v13 knows v12).
+    topics by topic id (v13+, ``topic_ids``: topic -> id); the client's rack (v11+, ``rack_id``, KIP-392:
+    a leader with a replica selector may name a follower to read from). v13 is sent only when every
+    topic of the request has an id; otherwise v12 goes out (a broker that knows v13 knows v12).
     ``leader_epochs`` and ``last_epochs``: (topic, partition) -> epoch."""
 
     API_KEY = 1
@@ -441,8 +442,10 @@ class FetchRequest(Request[FetchStruct]):  # type: ignore[misc]  # aiokafka is u
         forgotten: list[tuple[str, list[int]]] | None = None,
         last_epochs: Mapping[TopicPartition, int] | None = None,
         topic_ids: Mapping[str, str] | None = None,
+        rack_id: str = "",
     ) -> None:
         self._args = (max_wait_time, min_bytes, max_bytes, isolation_level)
+        self._rack_id = rack_id
         self._topics = topics
         self._leader_epochs = leader_epochs or {}
         self._session = (session_id, session_epoch, forgotten or [])
@@ -457,7 +460,7 @@ class FetchRequest(Request[FetchStruct]):  # type: ignore[misc]  # aiokafka is u
         version = request_struct_class.API_VERSION
         if version >= 12:
             return self._build_flexible(version)
-        req = _AioFetchRequest(*self._args, self._topics).build(request_struct_class)
+        req = _AioFetchRequest(*self._args, self._topics, self._rack_id).build(request_struct_class)
         if version >= 9 and self._leader_epochs:
             epochs = self._leader_epochs
             req.topics = [
@@ -484,7 +487,7 @@ class FetchRequest(Request[FetchStruct]):  # type: ignore[misc]  # aiokafka is u
             topics.append((key(t), rows, {}))
         gone: list[tuple[Any, ...]] = [(key(t), parts, {}) for t, parts in forgotten]
         cls = FetchRequest_v13 if by_id else FetchRequest_v12
-        return cls(-1, *self._args, session_id, session_epoch, topics, gone, "", {})
+        return cls(-1, *self._args, session_id, session_epoch, topics, gone, self._rack_id, {})
 
 
 @dataclass(frozen=True, slots=True)

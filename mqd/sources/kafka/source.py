@@ -14,7 +14,12 @@ Fetch answers map onto the engine's statuses:
   LEADER_NOT_AVAILABLE, ...) and any other partition error: NOT_SERVED, so the engine refreshes the
   metadata and re-routes that partition only;
 - a failed request (connection, timeout): SourceError with node_down, so the node backs off.
-The preferred read replica (Fetch v11, KIP-392) is passed on as the suggested node.
+Follower fetching (KIP-392, read_replica): ``consumer.kafka.client_rack`` goes out as Fetch's
+rack_id; a leader's preferred read replica is leased for metadata_refresh_interval and passed on as
+the suggested node; a replica's answers suggest the leader again once the lease is over, and its
+errors end the lease (OFFSET_OUT_OF_RANGE from a replica goes back to the leader, never a reset;
+a position beyond a replica's high watermark is that replica lagging, not a truncated log).
+Epoch checks (OffsetsForLeaderEpoch) go to the leader, the only broker that answers a consumer's.
 
 Incarnations (log_incarnation has the rule and the string): the topic id from Metadata v10+
 (protocol_ext) and truncations found with OffsetsForLeaderEpoch. A request naming another
@@ -80,9 +85,10 @@ from mqd.sources.kafka.fetch_session import SESSION_ERRORS, FetchSession, Sessio
 from mqd.sources.kafka.frame_reader import FrameClient
 from mqd.sources.kafka.group import KafkaGroup, KafkaOffsetStore
 from mqd.sources.kafka.log_incarnation import LogIncarnations, epoch_before
-from mqd.sources.kafka.metadata import KafkaMetadata
+from mqd.sources.kafka.metadata import NO_LEADER, KafkaMetadata
 from mqd.sources.kafka.protocol_ext import FetchRequest as KafkaFetchRequest
 from mqd.sources.kafka.protocol_ext import OffsetsForLeaderEpochRequest, epoch_end_offsets, fetched_partitions
+from mqd.sources.kafka.read_replica import ReadReplicas
 from mqd.sources.kafka.record_batch import AbortedTxn, batch_heads, decode_partition
 from mqd.topic_partition import TopicPartition
 
@@ -157,6 +163,9 @@ class KafkaSource:
         self.epoch_checks = 0  # OffsetsForLeaderEpoch requests sent
         self.fetch_version: int | None = None  # of the last Fetch answer (status, tests)
         self._epoch_checks_supported = True
+        self.read_replicas = ReadReplicas(config.metadata_refresh_interval)
+        # record bytes each node served per partition: where reads went (status, tests)
+        self.served_bytes: dict[tuple[str, TopicPartition], int] = {}
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -281,9 +290,16 @@ class KafkaSource:
         if self.metadata is not None:
             self.metadata.request_refresh()
 
-    def _on_metadata(self, _cluster: Cluster) -> None:
+    def _on_metadata(self, cluster: Cluster) -> None:
         if self.metadata is not None:
             self.incarnations.leader_epochs(self.metadata.leader_epochs)
+        self.read_replicas.forget(cluster.partitions)
+
+    def _leader(self, tp: TopicPartition) -> str | None:
+        """``tp``'s leader as our metadata has it (None: unknown, or no leader right now)."""
+        cluster = self.cluster
+        route = None if cluster is None else cluster.partitions.get(tp)
+        return None if route is None or route.leader == NO_LEADER else route.leader
 
     def _topic_id(self, topic: str) -> str | None:
         return None if self.metadata is None else self.metadata.topic_ids.get(topic)
@@ -352,9 +368,15 @@ class KafkaSource:
         epoch_at = self.incarnations.epoch_at
         last_epochs = {r.tp: e for r in fetchable if (e := epoch_at(r.tp, r.offset)) is not None}
         ids = {r.tp.topic: i for r in fetchable if (i := topic_ids[r.tp]) is not None}
-        resp, session, sreq = await self._send_fetch(
-            node_id, fetchable, max_wait_ms, min_bytes, max_bytes, last_epochs, ids
-        )
+        try:
+            resp, session, sreq = await self._send_fetch(
+                node_id, fetchable, max_wait_ms, min_bytes, max_bytes, last_epochs, ids
+            )
+        except SourceError as exc:
+            for r in fetchable:  # the engine routes them elsewhere; a replica's lease ends here
+                if (leader := self._leader(r.tp)) is not None and leader != node_id:
+                    self.read_replicas.failed(r.tp, node_id, leader, str(exc))
+            raise
         names = {i: t for t, i in ids.items()}
         results: list[PartitionResult] = early
         out_of_range: list[TopicPartition] = []
@@ -362,6 +384,9 @@ class KafkaSource:
         answered: set[TopicPartition] = set()
         nbytes = _HEAD_BYTES
         broker = self._broker_name(node_id)
+        cluster = self.cluster
+        live = {} if cluster is None else cluster.nodes
+        served = self.served_bytes
         for part in fetched_partitions(resp, names):
             if part.topic is None:
                 log.warning("kafka fetch answer: unknown topic id", node=node_id, topic_id=part.topic_id)
@@ -379,6 +404,23 @@ class KafkaSource:
             nbytes += len(records or b"")
             end = lso if self.read_committed and lso >= 0 else highwater
             answered.add(tp)
+            if records:
+                served[node_id, tp] = served.get((node_id, tp), 0) + len(records)
+            leader = self._leader(tp)
+            on_replica = leader is not None and leader != node_id  # KIP-392: a follower serves
+            if on_replica and error_code:
+                assert leader is not None
+                self.read_replicas.failed(tp, node_id, leader, for_code(error_code).__name__)
+                if error_code == OFFSET_OUT_OF_RANGE:
+                    # a replica's log can end before the leader's or start after it: the leader
+                    # says (Kafka's consumer does the same), never a reset on a replica's word
+                    why = f"OffsetOutOfRange on replica {node_id}: asking the leader"
+                    results.append(
+                        PartitionResult(
+                            tp, FetchStatus.NOT_SERVED, offset, 0, 0, None, current[tp], why, _no_data
+                        )
+                    )
+                    continue
             if error_code == 0:
                 session.bounds(tp, highwater, lso, log_start)
                 if part.diverging is not None and tp in offsets:
@@ -407,6 +449,11 @@ class KafkaSource:
                 )
                 if current[tp] is not None:
                     self.incarnations.saw_batches(tp, transitions)
+            elif on_replica and offset > highwater >= 0:
+                # a follower's high watermark trails the leader's (KIP-392): it long-polled, and
+                # serves once its own catches up; its log end (LEO) is beyond our position, or it
+                # would have answered OFFSET_OUT_OF_RANGE
+                status, decode, error = FetchStatus.CAUGHT_UP, _no_data, None
             elif offset > highwater >= 0:
                 # Kafka answers OFFSET_OUT_OF_RANGE here; Tansu answers nothing, forever
                 status, decode, error = FetchStatus.OFFSET_OVERFLOW_BADLY, _no_data, "beyond the log end"
@@ -418,7 +465,13 @@ class KafkaSource:
             nxt = {FetchStatus.OFFSET_OVERFLOW_BADLY: highwater, FetchStatus.OFFSET_TOO_SMALL: log_start}
             if status is FetchStatus.FOUND and found_end is not None and found_end > offset:
                 nxt[status] = found_end  # where the whole batches end: the engine fetches on from there
-            replica = part.preferred_replica
+            suggested = None
+            if on_replica:
+                if not error_code:
+                    assert leader is not None
+                    suggested = self.read_replicas.answered(tp, node_id, leader)
+            elif part.preferred_replica >= 0 and leader is not None:
+                suggested = self.read_replicas.named(tp, str(part.preferred_replica), leader, live)
             results.append(
                 PartitionResult(
                     tp=tp,
@@ -426,7 +479,7 @@ class KafkaSource:
                     next_offset=nxt.get(status, offset),
                     log_start=max(log_start, 0),
                     log_end=max(end, 0),
-                    suggested_node=str(replica) if replica >= 0 else None,
+                    suggested_node=suggested,
                     incarnation=current[tp],
                     error=error,
                     decode=decode,
@@ -435,9 +488,14 @@ class KafkaSource:
         for tp, (highwater, lso, log_start) in session.omitted(sreq, answered).items():
             # an incremental answer leaves out what has nothing new: caught up, bounds as last seen
             end = lso if self.read_committed and lso >= 0 else highwater
+            # an idle partition on a replica goes back to the leader when its lease ends, too
+            leader = self._leader(tp)
+            back = None
+            if leader is not None and leader != node_id:
+                back = self.read_replicas.answered(tp, node_id, leader)
             results.append(
                 PartitionResult(tp, FetchStatus.CAUGHT_UP, offsets[tp], max(log_start, 0), max(end, 0),
-                                None, current[tp], None, _no_data)
+                                back, current[tp], None, _no_data)
             )  # fmt: skip
         replaced = await self._recheck(node_id, suspect, topic_ids) if suspect else {}
         if replaced:
@@ -486,6 +544,7 @@ class KafkaSource:
                 forgotten=list(forgotten.items()),
                 last_epochs=last_epochs,
                 topic_ids={**self._forgotten_ids(forgotten), **topic_ids},
+                rack_id=self._config.kafka.client_rack,
             )
             try:
                 resp = await self._client.send(int(node_id), request)
@@ -593,8 +652,31 @@ class KafkaSource:
     async def _check_epochs(
         self, node_id: str, positions: dict[TopicPartition, int]
     ) -> dict[TopicPartition, PartitionResult]:
-        """KIP-320: the end offset of each position's leader epoch on ``node_id``. Results only for
-        partitions that must not be fetched now: truncated (INCARNATION_CHANGED) or not served."""
+        """KIP-320: the end offset of each position's leader epoch, asked of each partition's leader
+        (a follower answers a consumer's OffsetsForLeaderEpoch NOT_LEADER_OR_FOLLOWER), ``node_id``
+        where the leader is unknown. Results only for partitions that must not be fetched now:
+        truncated (INCARNATION_CHANGED) or not served."""
+        by_node: dict[str, dict[TopicPartition, int]] = {}
+        for tp, off in positions.items():
+            by_node.setdefault(self._leader(tp) or node_id, {})[tp] = off
+        out: dict[TopicPartition, PartitionResult] = {}
+        for target, group in by_node.items():
+            try:
+                out.update(await self._check_epochs_on(target, group))
+            except SourceError as exc:
+                if target == node_id:
+                    raise
+                # the leader failed, not the replica being fetched: those partitions wait (pending)
+                for tp, off in group.items():
+                    why = f"leader epoch check on leader {target}: {exc}"
+                    out[tp] = PartitionResult(
+                        tp, FetchStatus.NOT_SERVED, off, 0, 0, None, None, why, _no_data
+                    )
+        return out
+
+    async def _check_epochs_on(
+        self, node_id: str, positions: dict[TopicPartition, int]
+    ) -> dict[TopicPartition, PartitionResult]:
         assert self._client is not None
         incs = self.incarnations
         epochs = {tp: incs.epoch_at(tp, off) for tp, off in positions.items()}
