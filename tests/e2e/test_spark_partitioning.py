@@ -40,7 +40,8 @@ def land_values(root: Path, values: list[bytes]) -> list[tuple[str, int, int]]:
 def event_values(n: int) -> tuple[list[bytes], dict[int, str | None]]:
     """JSON values whose `ts` spans five days; every 10th has no `ts`, every 15th an unparsable one;
     every value has a `seq` the schema will not name. Returns the values and each offset's day."""
-    values, days = [], {}
+    values: list[bytes] = []
+    days: dict[int, str | None] = {}
     for i in range(n):
         record: dict[str, Any] = {"id": i, "seq": i * 2}
         day = date.fromtimestamp((T0 + (i % 5) * DAY_MS) / 1000).isoformat()
