@@ -16,6 +16,7 @@ import pytest
 from support.kafka import Produced, kafka_daemon_config, landed_rows, produce
 from support.kafka_admin import java_can_run_sources, reassign_partition
 
+from mqd.consumer.source import FetchRequest, FetchStatus, PartitionResult
 from mqd.daemon import Daemon
 from mqd.sources.kafka.source import KafkaSource
 from mqd.testing import KafkaCluster
@@ -198,3 +199,81 @@ async def test_a_partition_moved_to_another_broker_under_load_lands_once_and_is_
     assert_landed_once(tmp_path / "d" / "landing", 2, stream.values)
     switched = [r.getMessage() for r in caplog.records if r.getMessage().startswith("pull node switched")]
     assert any("from_node='0'" in m and "to_node='2'" in m and "partition=0" in m for m in switched), switched
+
+
+@pytest.mark.slow
+async def test_the_source_reads_a_follower_as_a_kafka_consumer_does(tmp_path: Path) -> None:
+    """The Kafka source alone on racks r0-r2 (RackAwareReplicaSelector), a partition led by broker 0
+    and replicated on 1 and 2. With rack r1, the leader answers a fetch with no records and names
+    broker 1 (the suggested node); without a rack it serves the records itself. Broker 1 serves them
+    under the lease. An epoch check due while reading from broker 1 is asked of the leader (a
+    follower answers a consumer's OffsetsForLeaderEpoch NOT_LEADER_OR_FOLLOWER, which would stall
+    the partition) and the fetch goes on. A position beyond broker 1's log is NOT_SERVED, so the
+    engine asks the leader: no bounds lookup, no offset reset on a replica's word; the lease ends."""
+    cluster = KafkaCluster(
+        tmp_path / "kafka",
+        3,
+        settings={"replica.selector.class": RACK_AWARE},
+        broker_settings={i: {"broker.rack": f"r{i}"} for i in range(3)},
+    )
+    await asyncio.to_thread(cluster.start)
+    tp = TopicPartition("near", 0)
+    sources: list[KafkaSource] = []
+
+    async def fetch(src: KafkaSource, node: str, offset: int) -> PartitionResult:
+        res = await src.fetch(
+            node, [FetchRequest(tp, offset, 1 << 20)], max_wait_ms=100, min_bytes=1, max_bytes=1 << 20
+        )
+        (part,) = res.partitions
+        return part
+
+    def values(part: PartitionResult, offset: int) -> list[bytes]:
+        decoded = part.decode(offset, True)
+        return [v for b in decoded.batches for v in b.records.column("value").to_pylist()]
+
+    try:
+        await _create(cluster, "near", [[0, 1, 2]])
+        records: list[Produced] = [(0, None, b"v%d" % i, []) for i in range(10)]
+        await asyncio.to_thread(produce, cluster.bootstrap, records, topic="near")
+        for rack in ("r1", ""):
+            conf = kafka_daemon_config(
+                cluster.bootstrap, tmp_path, topic="near", consumer={"kafka": {"client_rack": rack}}
+            )
+            sources.append(KafkaSource(conf.consumer))
+            await sources[-1].start(timeout=15)
+        near, plain = sources
+
+        part = await fetch(plain, "0", 0)
+        assert part.status is FetchStatus.FOUND and part.suggested_node is None
+        assert values(part, 0) == [b"v%d" % i for i in range(10)]
+
+        part = await fetch(near, "0", 0)
+        assert part.status is FetchStatus.CAUGHT_UP and part.suggested_node == "1"
+        assert near.served_bytes.get(("0", tp), 0) == 0 and near.read_replicas.replica(tp) == "1"
+
+        async def follower_serves() -> PartitionResult | None:
+            found = await fetch(near, "1", 0)  # its high watermark may trail the leader's a moment
+            return found if found.status is FetchStatus.FOUND else None
+
+        part = await wait_until(follower_serves, 30, "broker 1 to serve the records")
+        assert part.suggested_node is None and values(part, 0) == [b"v%d" % i for i in range(10)]
+
+        near.incarnations.pending.add(tp)  # as after a higher leader epoch in the metadata
+        checks = near.epoch_checks
+        part = await fetch(near, "1", 5)
+        assert part.status is FetchStatus.FOUND, part.error
+        assert near.epoch_checks == checks + 1 and values(part, 5) == [b"v%d" % i for i in range(5, 10)]
+
+        # no epoch for the position: else the broker's diverging-epoch answer (epoch 0 ends at 10)
+        # would rightly come first, as a truncation
+        near.incarnations.forget_epochs(tp)
+        part = await fetch(near, "1", 1000)
+        assert part.status is FetchStatus.NOT_SERVED and "asking the leader" in (part.error or "")
+        assert near.read_replicas.replica(tp) is None and near.read_replicas.ended == 1
+    except BaseException:
+        print(cluster.dump_logs(), file=sys.stderr)
+        raise
+    finally:
+        for src in sources:
+            await src.stop()
+        await asyncio.to_thread(cluster.stop)
