@@ -495,7 +495,9 @@ def status(
 @click.option("--iterations", type=int, default=None, hidden=True)
 def top(config_path: Path, interval: float, sort: str, iterations: int | None) -> None:
     """Live view: per partition its state, pull node, exact offsets (position, committed, landed, log
-    end), lag, time lag, rate and error; a header with group, uptime, records/s, CPU, RSS and budget.
+    end), lag (log end minus landed, as kafka-consumer-groups), fetch lag, time lag (age of the oldest
+    record not landed, 0 when caught up), rate and error; a header with group, uptime, records/s, CPU,
+    RSS and budget.
     Keeps running across daemon restarts. Keys on a terminal: s next sort order, q (or Ctrl-C) quits.
 
     \b
@@ -1122,22 +1124,57 @@ def _delta_table(cfg: Any) -> Path:
     return out
 
 
+def _iceberg_table(cfg: Any) -> Any:
+    """The Iceberg output table through pyiceberg (no Spark), or None when the table is not Iceberg."""
+    if cfg.spark.table_format != "iceberg":
+        return None
+    from mqd.spark.iceberg_catalog import IcebergSinkError
+    from mqd.spark.iceberg_sink import IcebergSink
+    from mqd.spark.job import iceberg_file_io
+
+    sink = IcebergSink(
+        str(cfg.spark.output_dir), catalog=cfg.spark.iceberg_catalog, file_io=iceberg_file_io(cfg)
+    )
+    try:
+        return sink.start().table
+    except IcebergSinkError as exc:
+        _die(f"{cfg.spark.output_dir}: {exc}", EXIT_CONFIG)
+
+
+def _iceberg_command(cfg: Any, action: Any) -> None:
+    """Run ``action(table)`` holding the job's lock: refused while ``mqd spark`` runs."""
+    from mqd.spark.table_maintenance import TableBusy, job_lock
+
+    try:
+        with job_lock(cfg):
+            action(_iceberg_table(cfg))
+    except TableBusy as exc:
+        _die(str(exc), 75)
+
+
 @table.command("describe")
 @_config_option
 @click.option("--json", "as_json", is_flag=True, help="One JSON object.")
 def table_describe(config_path: Path, as_json: bool) -> None:
-    """Version, files, bytes, rows and partition columns of the Delta table (read by delta-rs: no
-    Spark, safe while the job runs)."""
+    """Version, files, bytes, rows and partition columns of the table (Delta: read by delta-rs;
+    Iceberg: its current snapshot, by pyiceberg; no Spark, safe while the job runs)."""
     from dataclasses import asdict
 
     from mqd.spark.table_maintenance import describe
 
     cfg = _load(config_path)
-    info = describe(_delta_table(cfg))
+    iceberg = _iceberg_table(cfg)
+    if iceberg is not None:
+        from mqd.spark.iceberg_maintenance import describe as describe_iceberg
+
+        info = describe_iceberg(iceberg)
+    else:
+        info = describe(_delta_table(cfg))
     if as_json:
         click.echo(json.dumps(asdict(info)))
         return
-    click.echo(f"table:   {cfg.spark.output_dir} (delta, version {info.version})")
+    fmt = "iceberg" if iceberg is not None else "delta"
+    click.echo(f"table:   {cfg.spark.output_dir} ({fmt}, version {info.version})")
     click.echo(f"files:   {info.files} ({info.bytes:,} bytes)")
     click.echo(f"rows:    {'unknown' if info.rows is None else f'{info.rows:,}'}")
     click.echo(f"partitioned by: {', '.join(info.partition_columns) or '-'}")
@@ -1147,11 +1184,24 @@ def table_describe(config_path: Path, as_json: bool) -> None:
 @table.command("optimize")
 @_config_option
 def table_optimize(config_path: Path) -> None:
-    """Compact small files to about spark.target_file_size (Delta OPTIMIZE). Refused while the job
-    runs: it does this itself every spark.maintenance_interval."""
+    """Compact small files to about spark.target_file_size (Delta OPTIMIZE; Iceberg: a rewrite of
+    each partition's small files). Refused while the job runs: it does this itself every
+    spark.maintenance_interval."""
     from mqd.spark.table_maintenance import optimize
 
     cfg = _load(config_path)
+    if cfg.spark.table_format == "iceberg":
+        from mqd.spark.iceberg_maintenance import compact
+
+        def compact_iceberg(table: Any) -> None:
+            r = compact(table, cfg.spark.target_file_size)
+            click.echo(
+                f"{cfg.spark.output_dir}: {r.files_removed} files compacted into {r.files_added} "
+                f"({r.partitions_compacted} partitions)"
+            )
+
+        _iceberg_command(cfg, compact_iceberg)
+        return
     out = _delta_table(cfg)
 
     def act(spark: Any) -> None:
@@ -1165,11 +1215,23 @@ def table_optimize(config_path: Path) -> None:
 @table.command("vacuum")
 @_config_option
 def table_vacuum(config_path: Path) -> None:
-    """Delete files no version younger than spark.vacuum_retention needs (Delta VACUUM). Refused
-    while the job runs."""
+    """Delete files no version younger than spark.vacuum_retention needs (Delta VACUUM; Iceberg:
+    snapshot expiry and the files only expired snapshots listed). Refused while the job runs."""
     from mqd.spark.table_maintenance import vacuum
 
     cfg = _load(config_path)
+    if cfg.spark.table_format == "iceberg":
+        from mqd.spark.iceberg_maintenance import expire
+
+        def expire_iceberg(table: Any) -> None:
+            r = expire(table, cfg.spark.vacuum_retention)
+            click.echo(
+                f"{cfg.spark.output_dir}: {r.snapshots_expired} snapshots expired, {r.files_deleted} files "
+                f"deleted (retention {cfg.spark.vacuum_retention / 3600:g} h)"
+            )
+
+        _iceberg_command(cfg, expire_iceberg)
+        return
     out = _delta_table(cfg)
 
     def act(spark: Any) -> None:

@@ -8,8 +8,8 @@ import math
 import time
 from pathlib import Path
 
+from support.iceberg_batches import batch, keys
 from support.iceberg_readers import every_iceberg_reader_column, every_iceberg_reader_keys
-from test_iceberg_sink import batch, keys
 
 from mqd.spark.iceberg_maintenance import OPERATION_PROPERTY, QUERY_ID_PROPERTY, compact, expire
 from mqd.spark.iceberg_sink import IcebergSink

@@ -3,7 +3,6 @@ evolution and the table's settings, on Arrow batches written straight to ``write
 
 from __future__ import annotations
 
-import datetime as dt
 from collections.abc import Callable
 from pathlib import Path
 
@@ -12,6 +11,7 @@ import pytest
 from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.table import CommitTableResponse, StaticTable, Table
 from pyiceberg.table.update import TableRequirement, TableUpdate
+from support.iceberg_batches import T0, batch, keys
 from support.iceberg_readers import every_iceberg_reader_column, every_iceberg_reader_keys, pyiceberg_keys
 
 from mqd.landing.local_objects import LocalObjects
@@ -23,28 +23,6 @@ from mqd.spark.iceberg_sink import (
     streaming_query_id,
     table_schema,
 )
-
-T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
-
-
-def batch(first: int, n: int, *, partition: int = 0, tz: str = "UTC", **extra: list[object]) -> pa.Table:
-    """``n`` records of topic ``events`` from offset ``first``, shaped like the job's output."""
-    cols: dict[str, pa.Array] = {
-        "topic": pa.array(["events"] * n, pa.string()),
-        "partition": pa.array([partition] * n, pa.int32()),
-        "incarnation": pa.array(["inc-1"] * n, pa.string()),
-        "offset": pa.array(range(first, first + n), pa.int64()),
-        "timestamp": pa.array([T0] * n, pa.timestamp("us", "UTC")).cast(pa.timestamp("us", tz)),
-        "value": pa.array([b"v%d" % i for i in range(first, first + n)], pa.binary()),
-        "dt": pa.array(["2026-01-01"] * n, pa.string()),
-    }
-    for name, values in extra.items():
-        cols[name] = pa.array(values)
-    return pa.table(cols)
-
-
-def keys(first: int, n: int, partition: int = 0) -> list[tuple[str, int, str | None, int]]:
-    return [("events", partition, "inc-1", o) for o in range(first, first + n)]
 
 
 def test_a_batch_written_twice_is_in_the_table_once(tmp_path: Path) -> None:
