@@ -11,11 +11,20 @@ Spark's own mechanism: nothing to copy by hand.
 Every version is derived from what is installed, never typed twice: Delta's from the delta-spark
 wheel (its Python API and its jar must agree), Spark's and Scala's from pyspark, Hadoop's from
 pyspark's ``hadoop-client-api`` jar (hadoop-aws must match the Hadoop client exactly).
+
+Resolved once, then handed over: Ivy's resolution from a warm cache still costs every start 2-7 s of
+the JVM's CPU (parsing the poms of 17 modules) and ~30 lines of report, for the same answer each
+time. So the jars a resolution gave are written down (:func:`record_resolution`, in the cache beside
+the Ivy home, with what was asked: packages, excludes, Ivy settings) and later sessions get them as
+``spark.jars``, which is what Spark makes of ``spark.jars.packages`` after resolving (local files
+the driver serves to the executors). Anything different (another mqd, pyspark or delta-spark
+version, a jar gone from the cache) falls back to Spark's resolution, which writes a new record.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import sys
@@ -172,16 +181,72 @@ def all_packages(build: SparkBuild | None = None) -> list[str]:
     return [PACKAGES[name](build) for name in sorted(PACKAGES)]
 
 
-def session_options(build: SparkBuild | None = None) -> dict[str, str]:
-    """The SparkSession settings that make Spark resolve :func:`all_packages` into mqd's cache,
-    Delta's SQL extension and catalog included."""
+def resolve_options(build: SparkBuild | None = None) -> dict[str, str]:
+    """The settings that make Spark resolve :func:`all_packages` into mqd's cache (Ivy, at start)."""
     return {
         "spark.jars.packages": ",".join(all_packages(build)),
         "spark.jars.excludes": ",".join(PROVIDED_BY_PYSPARK),
         "spark.jars.ivy": str(ivy_dir()),
         "spark.jars.ivySettings": str(ivy_settings()),
-        **delta_options(),
     }
+
+
+def session_options(build: SparkBuild | None = None) -> dict[str, str]:
+    """The SparkSession settings that give it :func:`all_packages` from mqd's cache: the jars an
+    earlier resolution of this very set recorded (``spark.jars``, no Ivy at start) when every one
+    is still there, else Spark's resolution (:func:`resolve_options`); Delta's SQL extension and
+    catalog either way. A session that resolved records its jars (:func:`record_resolution`)."""
+    jars = resolved_jars(build)
+    packages = {"spark.jars": ",".join(str(j) for j in jars)} if jars else resolve_options(build)
+    return {**packages, **delta_options()}
+
+
+def resolved_path() -> Path:
+    """The record of the last resolution: what was asked and the jars it gave."""
+    return cache_dir() / "spark-jars.json"
+
+
+def _resolution_request(build: SparkBuild | None) -> dict[str, object]:
+    """What decides a resolution's answer: the same request gets the same jars."""
+    options = resolve_options(build)
+    return {
+        "packages": options["spark.jars.packages"].split(","),
+        "excludes": options["spark.jars.excludes"].split(","),
+        "ivy": options["spark.jars.ivy"],
+        "ivy_settings": _IVY_SETTINGS,
+    }
+
+
+def resolved_jars(build: SparkBuild | None = None) -> list[Path] | None:
+    """The jars Spark resolved for this request last time, if the record is for exactly this request
+    and every jar is still a file; None otherwise (resolve again)."""
+    try:
+        record = json.loads(resolved_path().read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(record, dict) or record.get("request") != _resolution_request(build):
+        return None
+    names = record.get("jars")
+    if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
+        return None
+    jars = [Path(n) for n in names]
+    return jars if all(j.is_file() for j in jars) else None
+
+
+def record_resolution(spark_jars: str, build: SparkBuild | None = None) -> list[Path]:
+    """Write down the jars a session's resolution gave (its ``spark.jars``: ``file:`` URIs or
+    paths, comma-separated) for the next sessions; returns them. Written whole or not at all: a
+    concurrent reader sees the old record or the new one."""
+    jars = [Path(j.removeprefix("file://").removeprefix("file:")) for j in spark_jars.split(",") if j]
+    if not jars or not all(j.is_file() for j in jars):
+        return jars  # nothing usable to record: the next session resolves again
+    path = resolved_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    record = {"request": _resolution_request(build), "jars": [str(j) for j in jars]}
+    tmp.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    tmp.replace(path)
+    return jars
 
 
 def delta_options() -> Mapping[str, str]:
@@ -194,20 +259,21 @@ def delta_options() -> Mapping[str, str]:
 
 
 def warm() -> list[Path]:
-    """Start a local session so that Spark resolves every package into the cache, and return the
-    jars it resolved. Needs the network once; a warm cache needs none."""
+    """Start a local session so that Spark resolves every package into the cache (always: this is
+    the check that the cache answers the request), record the jars for later sessions and return
+    them. Needs the network once; a warm cache needs none."""
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder.master("local[1]").appName("mqd-packages")
     builder = builder.config("spark.ui.enabled", "false").config("spark.driver.host", "127.0.0.1")
-    for key, value in session_options().items():
+    for key, value in {**resolve_options(), **delta_options()}.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     try:
         jars = spark.sparkContext.getConf().get("spark.jars", "") or ""
     finally:
         spark.stop()
-    return [Path(j.removeprefix("file://")) for j in jars.split(",") if j]
+    return record_resolution(jars)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -244,6 +310,10 @@ __all__ = [
     "installed_build",
     "ivy_dir",
     "ivy_settings",
+    "record_resolution",
+    "resolve_options",
+    "resolved_jars",
+    "resolved_path",
     "session_options",
     "spark_avro",
     "spark_sql_kafka",

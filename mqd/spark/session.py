@@ -98,9 +98,9 @@ def build_session(config: MqdConfig, master: str | None = None) -> Any:
         .config("spark.sql.streaming.schemaInference", "false")
         .config("spark.sql.adaptive.enabled", "false")  # AQE brings nothing to small micro-batches
     )
-    if sc.table_format == "delta":
-        for key, value in table_session_options().items():
-            builder = builder.config(key, value)
+    table_options = table_session_options() if sc.table_format == "delta" else {}
+    for key, value in table_options.items():
+        builder = builder.config(key, value)
     for key, value in s3a_options(config).items():
         builder = builder.config(key, value)
     if log4j is not None:
@@ -118,6 +118,8 @@ def build_session(config: MqdConfig, master: str | None = None) -> Any:
     finally:
         if log4j is not None:
             log4j.unlink(missing_ok=True)
+    if log4j is not None and "spark.jars.packages" in table_options:
+        _record_resolution(spark)
     # a reused session (tests, the demo) started without them: S3A reads Hadoop's configuration
     hadoop = spark.sparkContext._jsc.hadoopConfiguration()
     for key, value in s3a_options(config).items():
@@ -134,8 +136,9 @@ _DELTA_TABLE_DEFAULTS = {
 
 
 def table_session_options() -> dict[str, str]:
-    """What a session writing Delta tables needs: the packages from mqd's cache (resolved by Spark,
-    mqd/spark/packages.py), Delta's SQL extension and catalog, and the new tables' defaults."""
+    """What a session writing Delta tables needs: the packages from mqd's cache (the jars of the
+    last resolution, or resolved by Spark: mqd/spark/packages.py), Delta's SQL extension and
+    catalog, and the new tables' defaults."""
     from mqd.spark.packages import session_options
 
     return {**session_options(), **_DELTA_TABLE_DEFAULTS}
@@ -179,6 +182,18 @@ def open_session(config: MqdConfig, master: str | None = None) -> Any:
     except Exception as exc:  # py4j and pyspark raise their own types
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise SessionError(f"Spark session for master {url} failed: {first[:500]}") from None
+
+
+def _record_resolution(spark: Any) -> None:
+    """This session's JVM resolved the packages (no record of an earlier resolution, or one for
+    other versions): its jars go on record, so the next session skips Ivy (mqd/spark/packages.py).
+    A record that cannot be written costs the next session a resolution, never this job."""
+    from mqd.spark.packages import record_resolution
+
+    try:
+        record_resolution(spark.sparkContext.getConf().get("spark.jars", "") or "")
+    except OSError:
+        pass
 
 
 def _jvm_running() -> bool:
