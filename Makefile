@@ -92,7 +92,10 @@ bench: install $(VENV)/.bench-installed
 	$(if $(SHAPES),,$(PY) -m bench.object_store_bench $(if $(QUICK),--runs 1 --records 200000))
 	$(if $(SHAPES),,$(PY) -m bench.spark_once $(if $(QUICK),--quick))
 
-# KINDS=...: only these fault kinds (names, categories, classic, safety; see --help)
+# KINDS=...: only these fault kinds (names, categories, classic, safety; see --help). SOURCE=kafka: three
+# Apache Kafka brokers (KRaft, a controller node of their own; replication 3, min.insync.replicas 2,
+# acks=all) with broker and leader kills, broker freezes and an unclean election; SOURCE=tansu: one
+# Tansu broker (the issue 14 run); LANDING=s3: an object-store landing (mqd brokers only)
 chaos: install
 	$(PY) -m mqd_dev.chaos --rounds 20 $(if $(KINDS),--kinds $(KINDS)) $(if $(LANDING),--landing $(LANDING)) $(if $(SOURCE),--source $(SOURCE))
 

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from mqd import log as mqdlog
 from mqd_dev.chaos.runner import (
+    APACHE_KAFKA_KINDS,
     CATEGORIES,
     KAFKA_KINDS,
     ChaosOptions,
@@ -58,7 +59,8 @@ def _parser() -> argparse.ArgumentParser:
         default="all",
         help="comma-separated fault kinds or groups to draw from: kind names, categories "
         f"({', '.join(CATEGORIES)}), classic, safety, all (default); with --source kafka: "
-        f"{', '.join(KAFKA_KINDS)}, their categories, all",
+        f"{', '.join(APACHE_KAFKA_KINDS)}, their categories (daemon, broker, network), all; with "
+        f"--source tansu: {', '.join(KAFKA_KINDS)}, their categories, all",
     )
     p.add_argument(
         "--landing",
@@ -68,21 +70,32 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--source",
-        choices=("mqd", "kafka"),
+        choices=("mqd", "kafka", "tansu"),
         default="mqd",
-        help="mqd: mqd brokers; kafka: a Tansu (Kafka protocol) read with consumer.source = kafka",
+        help="mqd: mqd brokers; kafka: three Apache Kafka brokers (KRaft, a controller node of its "
+        "own; the topic replicated 3 times, min.insync.replicas 2, acks=all), every client through "
+        "a fault proxy per broker; tansu: one Tansu broker (Kafka protocol, the issue 14 run); both "
+        "read with consumer.source = kafka",
     )
     p.add_argument(
         "--kafka-storage",
         choices=("s3", "memory"),
         default="s3",
-        help="--source kafka: Tansu's storage, s3 (a SeaweedFS the run starts; a restart keeps the "
+        help="--source tansu: Tansu's storage, s3 (a SeaweedFS the run starts; a restart keeps the "
         "data) or memory (a restart loses it)",
     )
     p.add_argument("--no-spark", action="store_true", help="skip the Spark job and the table check")
     p.add_argument("--no-unshare", action="store_true", help="do not re-execute in a mount namespace")
     p.add_argument("--keep", action="store_true", help="keep the work directory")
     return p
+
+
+def source_choice(name: str) -> tuple[str, str]:
+    """``--source`` as ChaosOptions' (source, kafka_broker): ``kafka`` is a Kafka source on Apache
+    Kafka, ``tansu`` one on Tansu, ``mqd`` the mqd brokers (kafka_broker unused)."""
+    if name == "tansu":
+        return "kafka", "tansu"
+    return name, "apache"
 
 
 def _maybe_unshare(args: argparse.Namespace) -> None:
@@ -101,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     _maybe_unshare(args)
     mqdlog.configure("info", "console" if sys.stderr.isatty() else "json")
     seed = args.seed if args.seed is not None else int(time.time()) % 1_000_000
+    source, kafka_broker = source_choice(args.source)
     try:
         options = ChaosOptions(
             root=args.root or Path("."),
@@ -118,10 +132,11 @@ def main(argv: list[str] | None = None) -> int:
             batch_records=args.batch_records,
             produce_interval=args.produce_interval,
             spark=not args.no_spark,
-            kinds=expand_kinds(args.kinds, args.source),
+            kinds=expand_kinds(args.kinds, source, kafka_broker),
             landing=args.landing,
-            source=args.source,
+            source=source,
             kafka_storage=args.kafka_storage,
+            kafka_broker=kafka_broker,
         )
         options.validate()
     except ValueError as exc:

@@ -27,7 +27,7 @@ from typing import Any
 
 from mqd import log as mqdlog
 from mqd.testing.cluster import free_port
-from mqd_dev.chaos.kafka_source import KafkaChaosRun
+from mqd_dev.chaos.kafka_source import KafkaChaosRun, TansuBroker
 from mqd_dev.chaos.procs import DaemonProc
 from mqd_dev.chaos.proxy import FaultProxy, Faults
 from mqd_dev.chaos.runner import KAFKA_KINDS, ChaosOptions, stop_clean
@@ -74,11 +74,11 @@ def settled_at(daemons: list[DaemonProc], since: float, quiet: float, now: float
 async def trial(run: KafkaChaosRun, n: int, hold: float, quiet: float, limit: float) -> dict[str, Any]:
     target = run.daemons[n % len(run.daemons)]
     start = time.time()
-    run.broker.proxy.faults = Faults(blackhole=True)
+    run.broker.set_faults(Faults(blackhole=True))
 
     async def unhang() -> float:
         await asyncio.sleep(hold)
-        run.broker.proxy.clear()
+        run.broker.clear_faults()
         return time.time()
 
     async def restart() -> None:
@@ -120,7 +120,7 @@ async def main_async(args: argparse.Namespace) -> list[dict[str, Any]]:
     # Tansu's S3 storage behind a proxy of its own: --storage-delay makes every storage answer slow
     storage = FaultProxy(0, free_port())
     await storage.start()
-    store = run.broker.store
+    store = run.broker.store if isinstance(run.broker, TansuBroker) else None
     if store is not None:
         seaweed_start = store.start
 

@@ -1,15 +1,20 @@
-"""The chaos run against a Kafka source (``python -m mqd_dev.chaos --source kafka``, issue 14).
+"""The chaos run against a Kafka source (``python -m mqd_dev.chaos --source kafka|tansu``, issues 28, 14).
 
 The same seeded rounds and end check as the mqd-broker run (runner.py): daemons with
 ``consumer.source = "kafka"`` in one consumer group (static membership: ``group_instance_id`` is
-the daemon's name) read a real Tansu broker through a fault proxy (proxy.py: Tansu advertises the
-proxy's address, so every connection of the daemons and of the producer crosses it), land into one
-local directory, and at the end the producer's ledger (ledger.py) is checked against the landing
-files and the Spark table by payload id: nothing acknowledged lost, nothing duplicated.
+the daemon's name) read real Kafka-protocol brokers through fault proxies (proxy.py: the brokers
+advertise the proxies' addresses, so every connection of the daemons and of the producer crosses
+one), land into one local directory, and at the end the producer's ledger (ledger.py) is checked
+against the landing files and the Spark table by payload id: nothing acknowledged lost, nothing
+duplicated.
 
-Fault kinds (runner.KAFKA_CATEGORIES): a daemon SIGKILLed, frozen past its session, restarted
-gracefully (static membership keeps its share), or leaving while another joins; the network to
-Tansu reset, cut short, slowed, hung or cut off; Tansu SIGKILLed and restarted, or frozen.
+The brokers (``ChaosOptions.kafka_broker``): ``apache``, three Apache Kafka brokers and a controller
+node (apache_kafka.py: its fault kinds, why a controller of its own, the proxies per broker), or
+``tansu``, one Tansu (``TansuBroker``, below). Fault kinds (runner.APACHE_KAFKA_CATEGORIES,
+runner.KAFKA_CATEGORIES): a daemon SIGKILLed, frozen past its session, restarted gracefully (static
+membership keeps its share), or leaving while another joins; the network to the brokers reset, cut
+short, slowed, hung or cut off; Apache Kafka: a broker or a partition's leader SIGKILLed and
+restarted, a broker frozen, an unclean election; Tansu: SIGKILLed and restarted, or frozen.
 
 Storage (``--kafka-storage``): ``s3`` (the default) runs Tansu on ``s3://tansu/`` in a SeaweedFS
 the run starts on 127.0.0.1, so a killed Tansu comes back with its topics and records and a kill
@@ -46,6 +51,7 @@ from mqd.testing.seaweedfs import ACCESS_KEY, REGION, SECRET_KEY, SeaweedFS
 from mqd.testing.tansu import tansu_binary
 from mqd.waiting import wait_until
 from mqd_dev.chaos import check
+from mqd_dev.chaos.apache_kafka import BROKER_MAY_LOSE, BROKER_SESSION_S, ApacheKafka
 from mqd_dev.chaos.ledger import Ledger, read_ledger
 from mqd_dev.chaos.load import Ack, record_value
 from mqd_dev.chaos.procs import DaemonProc, Proc
@@ -53,11 +59,13 @@ from mqd_dev.chaos.proxy import FaultProxy, Faults
 from mqd_dev.chaos.runner import (
     _FREEZES,
     _NET_FAULTS,
+    APACHE_KAFKA_CATEGORIES,
     KAFKA_CATEGORIES,
     ChaosOptions,
     RoundRecord,
     caught_up,
     daemon_events,
+    kafka_categories,
     spark_check,
     stop_clean,
 )
@@ -66,7 +74,7 @@ log = structlog.get_logger("mqd.chaos")
 
 _KAFKA_NET_FAULTS: dict[str, Faults] = {
     **{k: v for k, v in _NET_FAULTS.items() if k in KAFKA_CATEGORIES["network"]},
-    "net_cut": Faults(reset=1.0),  # every answer chunk resets its connection: Tansu unreachable
+    "net_cut": Faults(reset=1.0),  # every answer chunk resets its connection: the brokers unreachable
 }
 # delivery errors that say the broker lost the idempotent producer's state (a memory Tansu restarted)
 _STATE_LOST = frozenset({"UNKNOWN_PRODUCER_ID", "OUT_OF_ORDER_SEQUENCE_NUMBER"})
@@ -79,6 +87,8 @@ class TansuBroker:
 
     ``storage`` "s3": ``s3://tansu/`` on a SeaweedFS started here (the data outlives the broker);
     "memory": Tansu's memory storage (a restart starts empty)."""
+
+    kind = "tansu"
 
     def __init__(self, root: Path, storage: str, seed: int) -> None:
         self.root = root
@@ -93,6 +103,23 @@ class TansuBroker:
     def bootstrap(self) -> str:
         """What every client uses: the proxy."""
         return f"127.0.0.1:{self.proxy.listen_port}"
+
+    @property
+    def check_bootstrap(self) -> str:
+        """What the harness reads the log back through: the proxy (transparent by then)."""
+        return self.bootstrap
+
+    def set_faults(self, faults: Faults) -> None:
+        self.proxy.faults = faults
+
+    def clear_faults(self) -> None:
+        self.proxy.clear()
+
+    def injected(self) -> dict[str, int]:
+        return dict(sorted(self.proxy.stats.injected.items()))
+
+    async def create_topic(self, topic: str, partitions: int) -> None:
+        await asyncio.to_thread(create_topic, self.bootstrap, topic, partitions, 20.0)
 
     def describe(self) -> str:
         if self.store is None:
@@ -399,7 +426,11 @@ class KafkaChaosRun:
         self.rng = random.Random(options.seed)
         self.target_rng = random.Random(options.seed + 1)
         self.topic = "chaos"
-        self.broker = TansuBroker(self.root, options.kafka_storage, options.seed)
+        self.broker: TansuBroker | ApacheKafka = (
+            ApacheKafka(self.root, options.seed)
+            if options.kafka_broker == "apache"
+            else TansuBroker(self.root, options.kafka_storage, options.seed)
+        )
         self.landing = self.root / "landing"
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         self.daemons = [
@@ -445,7 +476,7 @@ class KafkaChaosRun:
                 "source": "kafka",
                 "group": "chaos",
                 "client_id": d.name,
-                "bootstrap": [self.broker.bootstrap],
+                "bootstrap": self.broker.bootstrap.split(","),
                 "topics": [self.topic],
                 "consume_from": "first",
                 "session_timeout": o.session_timeout,
@@ -474,7 +505,7 @@ class KafkaChaosRun:
         d.config_path.write_text(to_toml(body))
 
     async def _create_topic(self) -> None:
-        await asyncio.to_thread(create_topic, self.broker.bootstrap, self.topic, self.opts.partitions, 20.0)
+        await self.broker.create_topic(self.topic, self.opts.partitions)
 
     async def _setup(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
@@ -506,6 +537,13 @@ class KafkaChaosRun:
                 if code is not None:
                     if d is not self.extra:
                         d.start()
+            if isinstance(self.broker, ApacheKafka):
+                for i, code in self.broker.unasked_exits():
+                    self.crashes[f"kafka-{i}"] += 1
+                    node = self.broker.cluster.brokers[i]
+                    self.failures.append(f"kafka-{i} exited by itself with {code}:\n{node.tail(20)}")
+                    await self.broker.start_node(i)
+                continue
             proc = self.broker.proc
             code = proc.unasked_exit() if proc is not None else None
             if proc is not None and code is not None:
@@ -542,7 +580,8 @@ class KafkaChaosRun:
     # -- faults ------------------------------------------------------------------------------------
 
     def _plan_round(self) -> tuple[list[str], float]:
-        available = {c: [k for k in ks if k in self.opts.kinds] for c, ks in KAFKA_CATEGORIES.items()}
+        categories = kafka_categories(self.opts.kafka_broker)
+        available = {c: [k for k in ks if k in self.opts.kinds] for c, ks in categories.items()}
         available = {c: ks for c, ks in available.items() if ks}
         cats = sorted(available)
         n = self.rng.randint(1, min(self.opts.faults_per_round, len(cats))) if cats else 0
@@ -550,25 +589,30 @@ class KafkaChaosRun:
         hold = round(self.rng.uniform(self.opts.hold_min, self.opts.hold_max), 2)
         if any(k in _FREEZES for k in kinds):  # it must outlive the session, or it is no fault at all
             hold = max(hold, self.opts.session_timeout * 1.5 + 0.5)
+        if "kafka_broker_freeze" in kinds:  # past the broker's session: fenced, its leaderships move
+            hold = max(hold, BROKER_SESSION_S * 1.5 + 0.5)
         return kinds, hold
 
     async def _fault(self, kind: str, hold: float, rec: RoundRecord) -> None:
         rng = self.target_rng
         if kind in _KAFKA_NET_FAULTS:
-            rec.notes.append(f"{kind} between the clients and tansu")
-            self.broker.proxy.faults = _KAFKA_NET_FAULTS[kind]
+            rec.notes.append(f"{kind} between the clients and the brokers")
+            self.broker.set_faults(_KAFKA_NET_FAULTS[kind])
             try:
                 await asyncio.sleep(hold)
             finally:
-                self.broker.proxy.clear()
+                self.broker.clear_faults()
+        elif kind in APACHE_KAFKA_CATEGORIES["broker"]:
+            assert isinstance(self.broker, ApacheKafka)
+            await self.broker.fault(kind, hold, rec.notes, rng)
         elif kind == "tansu_kill":
-            assert self.broker.proc is not None
+            assert isinstance(self.broker, TansuBroker) and self.broker.proc is not None
             rec.notes.append(f"SIGKILL tansu ({self.opts.kafka_storage} storage), restarted after {hold}s")
             await self.broker.proc.stop_async(signal.SIGKILL)
             await asyncio.sleep(hold)
             await self._tansu_back(rec)
         elif kind == "tansu_freeze":
-            assert self.broker.proc is not None
+            assert isinstance(self.broker, TansuBroker) and self.broker.proc is not None
             rec.notes.append(f"SIGSTOP tansu for {hold}s")
             self.broker.proc.send_signal(signal.SIGSTOP)
             try:
@@ -611,6 +655,7 @@ class KafkaChaosRun:
     async def _tansu_back(self, rec: RoundRecord) -> None:
         """Start Tansu again; with memory storage its log is gone: the acks so far become a lossy
         generation, the landing heads' incarnations dead ones, and the topic is created anew."""
+        assert isinstance(self.broker, TansuBroker)
         if self.broker.store is None:
             for p, inc in (await asyncio.to_thread(self._head_incarnations)).items():
                 self.dead_incarnations[p].add(inc)
@@ -649,19 +694,25 @@ class KafkaChaosRun:
 
     async def _settle(self) -> dict[str, Any]:
         await self.load.stop()
-        self.broker.proxy.clear()
-        proc = self.broker.proc
-        if proc is not None and proc.frozen and proc.running:
-            proc.send_signal(signal.SIGCONT)
-        if proc is not None and not proc.running:
-            await self._tansu_back(RoundRecord(0, ["settle"], 0.0))
+        self.broker.clear_faults()
+        if isinstance(self.broker, ApacheKafka):
+            try:
+                self.setup_notes.extend(f"at the end: {n}" for n in await self.broker.restore())
+            except TimeoutError as exc:
+                self.failures.append(f"the brokers did not come back in sync: {exc}")
+        else:
+            proc = self.broker.proc
+            if proc is not None and proc.frozen and proc.running:
+                proc.send_signal(signal.SIGCONT)
+            if proc is not None and not proc.running:
+                await self._tansu_back(RoundRecord(0, ["settle"], 0.0))
         for d in self.daemons:
             if d.frozen and d.running:
                 d.send_signal(signal.SIGCONT)
             if not d.running:
                 d.start()
         self.log_tables = await asyncio.to_thread(
-            read_kafka_log, self.broker.bootstrap, self.topic, dict(self.load.acked_end)
+            read_kafka_log, self.broker.check_bootstrap, self.topic, dict(self.load.acked_end)
         )
         end = {
             p: (int(t.column("offset")[-1].as_py()) + 1 if t.num_rows else 0)
@@ -693,8 +744,10 @@ class KafkaChaosRun:
         log_check = check.check_log(self.log_tables, [a for a in held if a.base_offset >= 0])
         # acknowledged without an offset: check_log counted them as written but not acknowledged
         log_check.unacknowledged_written -= sum(1 for a in held if a.base_offset < 0)
-        # Acknowledged, yet not in Tansu's log: Tansu lost them (no daemon could read them). Tansu is
-        # not mqd: reported, and left out of what the landing and the table must hold.
+        # Acknowledged, yet not in the broker's log: the broker lost them (no daemon could read them,
+        # or what one read is in the landing, not acknowledged). The broker is not mqd: reported, and
+        # left out of what the landing and the table must hold. Apache Kafka must lose none: every
+        # fault of its run stays inside its guarantee for acks=all and min.insync.replicas=2.
         lost = [a for a in current if record_value(a.partition, a.first_seq) not in in_log[a.partition]]
         log_check.acked_missing = len(lost)
         by_partition = Counter(a.partition for a in lost)
@@ -705,6 +758,11 @@ class KafkaChaosRun:
             for first in [min(a.first_seq for a in lost if a.partition == p)]
         ]
         self.lost_by_source = {record_value(a.partition, a.first_seq) for a in lost}
+        if lost and isinstance(self.broker, ApacheKafka) and not BROKER_MAY_LOSE:
+            self.failures.append(
+                f"Apache Kafka lost {len(lost)} acknowledged records (acks=all, min.insync.replicas 2; "
+                f"not mqd, yet outside Kafka's guarantee): {log_check.examples}"
+            )
         if lost:
             log.warning("chaos.source_lost_acknowledged", records=len(lost), examples=log_check.examples)
             keep = pc.invert(
@@ -801,7 +859,7 @@ class KafkaChaosRun:
             "source": self.broker.describe(),
             "rounds": len(self.rounds),
             "faults": {k: self.faults.get(k, 0) for k in sorted(self.opts.kinds)},
-            "proxy_injected": dict(sorted(self.broker.proxy.stats.injected.items())),
+            "proxy_injected": self.broker.injected(),
             "landing": str(self.landing),
             "disk_faults": "not drawn with a Kafka source",
             "records": {
@@ -837,6 +895,8 @@ class KafkaChaosRun:
             "daemon_log_events": daemon_events([*self.daemons, self.extra], _SHOWN),
             "duration_s": round(time.monotonic() - self._started, 1),
             "setup_notes": self.setup_notes,
+            "broker_restarts": dict(getattr(self.broker, "restarts", {})),
+            "elections": dict(getattr(self.broker, "elections", {})),
             "round_log": [asdict(r) for r in self.rounds],
             "settle": result.get("settle"),
             "failures": self.failures,

@@ -23,8 +23,10 @@ the landing-disk kinds and ``lock_freeze`` need a local directory and are not dr
 kinds (``gateway_freeze``, ``gateway_kill``) hit the second gateway, and the end check reads the
 landing through the store (visible files, manifest) and the Spark table through ``mqd spark --once``.
 
-``--source kafka`` (issue 14): kafka_source.py runs the same rounds and end check against a Tansu
-broker the daemons read with ``consumer.source = "kafka"``, drawing ``KAFKA_CATEGORIES``; what both
+``--source kafka`` (issue 28; issue 14 for Tansu, ``--source tansu``): kafka_source.py runs the
+same rounds and end check against three Apache Kafka brokers (apache_kafka.py), drawing
+``APACHE_KAFKA_CATEGORIES``, or a Tansu broker, drawing ``KAFKA_CATEGORIES``, which the daemons
+read with ``consumer.source = "kafka"``; what both
 runs share is here as module functions (``landed_end``, ``caught_up``, ``stop_clean``,
 ``daemon_events``, ``spark_check``, ``format_summary``).
 
@@ -126,7 +128,17 @@ KAFKA_CATEGORIES: dict[str, tuple[str, ...]] = {
     "network": ("net_reset", "net_truncate", "net_slow", "net_hang", "net_cut"),
 }
 KAFKA_KINDS: tuple[str, ...] = tuple(k for kinds in KAFKA_CATEGORIES.values() for k in kinds)
+# a Kafka source on Apache Kafka (apache_kafka.py, issue 28): the same daemon and network kinds, the
+# brokers' own: a broker or a partition's leader SIGKILLed and restarted, a broker frozen past its
+# session, an unclean election of a replica that left the ISR when it shrank to the leader
+APACHE_KAFKA_CATEGORIES: dict[str, tuple[str, ...]] = {
+    "daemon": KAFKA_CATEGORIES["daemon"],
+    "broker": ("kafka_broker_kill", "kafka_leader_kill", "kafka_broker_freeze", "kafka_unclean_election"),
+    "network": KAFKA_CATEGORIES["network"],
+}
+APACHE_KAFKA_KINDS: tuple[str, ...] = tuple(k for kinds in APACHE_KAFKA_CATEGORIES.values() for k in kinds)
 SOURCES = ("mqd", "kafka")
+KAFKA_BROKERS = ("apache", "tansu")
 _FREEZES = ("daemon_freeze", "lock_freeze")
 # daemon log events the summary counts whatever their level: they show a fault took effect
 _SHOWN_EVENTS = frozenset(
@@ -140,12 +152,18 @@ _SHOWN_EVENTS = frozenset(
 )
 
 
-def expand_kinds(spec: str, source: str = "mqd") -> tuple[str, ...]:
+def kafka_categories(kafka_broker: str) -> dict[str, tuple[str, ...]]:
+    """The fault categories of a Kafka source on ``kafka_broker`` (``apache`` or ``tansu``)."""
+    return APACHE_KAFKA_CATEGORIES if kafka_broker == "apache" else KAFKA_CATEGORIES
+
+
+def expand_kinds(spec: str, source: str = "mqd", kafka_broker: str = "tansu") -> tuple[str, ...]:
     """``--kinds``: comma-separated kind names, category names (``broker``), ``classic``, ``safety``
-    or ``all`` (a Kafka source: its own kinds and categories, ``all``); unknown names are kept, for
-    ``ChaosOptions.validate`` to refuse them by name."""
+    or ``all`` (a Kafka source: its broker's kinds and categories, ``all``); unknown names are kept,
+    for ``ChaosOptions.validate`` to refuse them by name."""
+    cats = kafka_categories(kafka_broker)
     aliases: dict[str, tuple[str, ...]] = (
-        {**KAFKA_CATEGORIES, "all": KAFKA_KINDS}
+        {**cats, "all": tuple(k for kinds in cats.values() for k in kinds)}
         if source == "kafka"
         else {
             **CATEGORIES,
@@ -203,11 +221,23 @@ class ChaosOptions:
     landing: str = "local"  # "local" (a directory, tmpfs when root) or "s3" (SeaweedFS, s3_landing)
     source: str = "mqd"  # "mqd" (mqd brokers) or "kafka" (a Tansu, kafka_source.py)
     kafka_storage: str = "s3"  # a Kafka source's Tansu storage: "s3" (SeaweedFS) or "memory"
+    # which broker a Kafka source runs: "apache" (3 Apache Kafka brokers, apache_kafka.py; what
+    # `--source kafka` and `make chaos SOURCE=kafka` pick) or "tansu" (`--source tansu`); "tansu"
+    # here, so that a ChaosOptions(source="kafka") written before Apache Kafka keeps its meaning
+    kafka_broker: str = "tansu"
+
+    @property
+    def known_kinds(self) -> tuple[str, ...]:
+        if self.source != "kafka":
+            return ALL_KINDS
+        return tuple(k for kinds in kafka_categories(self.kafka_broker).values() for k in kinds)
 
     def validate(self) -> None:
         if self.source not in SOURCES:
             raise ValueError(f"source is mqd or kafka, not {self.source!r}")
-        known = KAFKA_KINDS if self.source == "kafka" else ALL_KINDS
+        if self.kafka_broker not in KAFKA_BROKERS:
+            raise ValueError(f"kafka_broker is apache or tansu, not {self.kafka_broker!r}")
+        known = self.known_kinds
         unknown = set(self.kinds) - set(known)
         if unknown:
             raise ValueError(f"unknown fault kinds {sorted(unknown)}; known: {', '.join(known)}")
