@@ -247,15 +247,25 @@ def _reap_orphans(deadline: float) -> float:
 
 
 def timed_run(
-    argv: list[str], env: dict[str, str], log_path: Path, *, pipeline: str, size: int, mode: str, rnd: int
+    argv: list[str],
+    env: dict[str, str],
+    cwd: Path,
+    log_path: Path,
+    *,
+    pipeline: str,
+    size: int,
+    mode: str,
+    rnd: int,
 ) -> Run:
+    """One run of ``argv`` in ``cwd``: with ``python -m`` the working directory comes first on
+    ``sys.path``, before ``PYTHONPATH``, so a variant's tree must be its working directory too."""
     load = os.getloadavg()[0]
     lines: list[tuple[float, str]] = []
     start_epoch = time.time()
     t0 = time.monotonic()
     proc = subprocess.Popen(
         argv,
-        cwd=ROOT,
+        cwd=cwd,
         env=env,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
@@ -431,6 +441,7 @@ class Bench:
         return timed_run(
             p.argv(size_dir, self.args.partitions, self.workdir),
             p.env(),
+            p.tree or ROOT,
             logs / f"{stem}.log",
             pipeline=p.name,
             size=size,
