@@ -1258,6 +1258,14 @@ def format_summary(s: dict[str, Any]) -> str:
         "landed incarnations per partition: "
         + (", ".join(f"{p}: {len(v)}" for p, v in (s.get("landing_incarnations") or {}).items()) or "none"),
         f"max recovery: {s['max_recovery_s']}s; by kind: {s['max_recovery_s_by_kind']}",
+        *(
+            [
+                f"kafka brokers restarted: {s['broker_restarts']}; "
+                f"leaders elected: {s.get('elections') or 'none'}"
+            ]
+            if s.get("broker_restarts")
+            else []
+        ),
         f"crashes: {s['crashes'] or 'none'}",
         f"start refusals (source down at start, exit 75, restarted): {s.get('start_refusals') or 'none'}",
         "daemon log: "
