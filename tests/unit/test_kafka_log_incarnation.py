@@ -66,7 +66,8 @@ def test_divergence_from_an_epoch_answer() -> None:
 def test_the_landed_epoch_seeds_a_restart_only_right_after_the_landed_record() -> None:
     """At a restart (no epoch seen in this process) a position right after the landed record, in
     the incarnation it was landed in, takes the landed epoch and waits for validation; another
-    position, another incarnation, or a partition that already fetched batches is left alone."""
+    position, another incarnation, or a partition that already fetched batches of that epoch or a
+    later one is left alone."""
     landed = LandedEpoch(A, 9, 3)
     incs = LogIncarnations()
     incs.check(TP, A, A)
@@ -78,3 +79,19 @@ def test_the_landed_epoch_seeds_a_restart_only_right_after_the_landed_record() -
     fetched.check(TP, A, A)
     fetched.saw_batches(TP, [(10, 4)])
     assert not fetched.landed(TP, 10, A, landed)
+
+
+def test_a_partition_handed_back_takes_the_newer_landed_epoch() -> None:
+    """Epochs seen before a revocation (epoch 0 up to offset 100) are older than the landed record's
+    (another daemon landed up to 199 in epoch 1): the position takes epoch 1, not 0, so the check
+    against the log asks about epoch 1 and finds no truncation (chaos seed 152326 landed 14,620
+    records twice when it asked about epoch 0)."""
+    incs = LogIncarnations()
+    incs.check(TP, A, A)
+    incs.saw_batches(TP, [(0, 0)])
+    assert incs.epoch_at(TP, 200) == 0
+    assert incs.landed(TP, 200, A, LandedEpoch(A, 199, 1))
+    assert incs.epoch_at(TP, 200) == 1 and TP in incs.pending
+    assert incs.epoch_at(TP, 50) == 0  # positions before the landed record keep what was seen
+    assert incs.divergence(TP, 1, 1, 250, 200) is None  # the leader's epoch 1 ends past the position
+    assert not incs.landed(TP, 200, A, LandedEpoch(A, 199, 1))  # known now: nothing more to do

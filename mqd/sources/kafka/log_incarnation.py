@@ -127,19 +127,29 @@ class LogIncarnations:
 
     def landed(self, tp: TopicPartition, position: int, requested: str | None, landed: LandedEpoch) -> bool:
         """A position right after the last landed record (``landed``, from the landing) in the
-        incarnation it was landed in, with no epoch seen yet in this process (a restart): that
-        record's epoch becomes the position's, and the partition waits for validation, so a log
-        truncated while no daemon ran is found before anything after it is fetched. True if so."""
+        incarnation it was landed in, whose epoch this process does not know: that record's epoch
+        becomes the position's, and the partition waits for validation, so a log truncated while no
+        daemon read it is found before anything after it is fetched. True if so.
+
+        Two cases: no epoch seen yet in this process (a restart), and epochs seen that are older
+        than the landed record's (the partition was read here, revoked, landed further by another
+        daemon across a leader change, and handed back: the epochs seen here end where this daemon
+        stopped, and taken for the position they would read the other daemon's records as a
+        truncation of an older epoch and land them again)."""
         part = self._parts.get(tp)
         if (
             part is None
-            or part.epochs
             or position != landed.offset + 1
             or requested != part.current
             or landed.incarnation != part.current
         ):
             return False
-        part.epochs = [(landed.offset, landed.leader_epoch)]
+        if part.epochs:
+            known = epoch_before(part.epochs, position)
+            if known is None or known >= landed.leader_epoch:  # fetched here from the position on
+                return False
+        part.epochs = [e for e in part.epochs if e[0] < landed.offset and e[1] < landed.leader_epoch]
+        part.epochs.append((landed.offset, landed.leader_epoch))
         self.pending.add(tp)
         return True
 
