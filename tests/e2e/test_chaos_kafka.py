@@ -47,7 +47,7 @@ def test_short_kafka_chaos_run_loses_and_duplicates_nothing(tmp_path: Path) -> N
     planned = [run._plan_round()[0] for _ in range(2)]
     assert planned == [["tansu_kill", "daemon_kill", "net_reset"], ["tansu_kill", "daemon_restart"]]
     out = tmp_path / "summary.json"
-    argv = [sys.executable, "-m", "mqd_dev.chaos", "--source", "kafka", "--rounds", "2", "--seed", "130"]
+    argv = [sys.executable, "-m", "mqd_dev.chaos", "--source", "tansu", "--rounds", "2", "--seed", "130"]
     argv += ["--partitions", "2", "--daemons", "2", "--faults-per-round", "3"]
     argv += ["--hold-min", "1.5", "--hold-max", "3", "--round-timeout", "60", "--run-timeout", "180"]
     argv += ["--batch-records", "10", "--kinds", _KINDS, "--no-spark", "--no-unshare"]

@@ -90,8 +90,8 @@ def test_spark_refuses_a_broken_chain_naming_the_claim(
         assert job.run(cfg, once=True) == 1
     failures = [e for e in logs if e.get("log_level") == "error"]
     assert any(key in str(e.get("error", "")) for e in failures), failures
-    assert (table_offsets(s3_spark, cfg.spark.output_dir) == np.arange(2 * PER_FILE)).all()
+    assert (table_offsets(s3_spark, Path(cfg.spark.output_dir)) == np.arange(2 * PER_FILE)).all()
 
     store.objects.put(key, saved[0])  # the operator's repair: the claim as it was
     assert job.run(cfg, once=True) == 0
-    assert (table_offsets(s3_spark, cfg.spark.output_dir) == np.arange(5 * PER_FILE)).all()
+    assert (table_offsets(s3_spark, Path(cfg.spark.output_dir)) == np.arange(5 * PER_FILE)).all()
