@@ -113,3 +113,27 @@ def test_the_rule_on_each_shape_of_mismatch(tmp_path: Path) -> None:
         {"operation": "STREAMING UPDATE", "operationParameters": {"queryId": "q-1", "epochId": "7"}},
     ]
     assert delta_writer(history) == TableWriter("q-1", 7)
+
+
+def test_the_delta_log_read_directly_names_the_writer_spark_names(tmp_path: Path, spark: Any) -> None:
+    """The guard reads a table's newest streaming commit from `_delta_log` itself (no JVM): the
+    same query id and batch as Delta's own history, also after a compaction commit on top."""
+    from delta.tables import DeltaTable
+
+    from mqd.spark.checkpoint_guard import delta_log_history
+    from mqd.spark.table_maintenance import optimize
+
+    cfg = make_config(tmp_path, max_files_per_trigger=1)
+    land(Path(cfg.landing.dir), partitions=1, files=3, records=10)
+    assert job.run(cfg, once=True) == 0
+    out = Path(cfg.spark.output_dir)
+    optimize(spark, out, 1 << 20)
+
+    def by_spark() -> TableWriter | None:
+        rows = DeltaTable.forPath(spark, str(out)).history(100).collect()
+        return delta_writer([r.asDict(recursive=True) for r in rows])
+
+    direct = delta_writer(delta_log_history(out))
+    assert direct is not None and direct == by_spark() and direct.batch == 2
+    assert delta_log_history(out)[0]["operation"] == "OPTIMIZE"
+    assert delta_writer(delta_log_history(tmp_path / "no-table")) is None
