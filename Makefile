@@ -85,12 +85,14 @@ $(VENV)/.bench-installed: $(VENV)/.installed
 # SHAPES=main,hot (or space-separated): only these shapes of bench/shapes.py; QUICK=1: smoke sizes.
 # Without SHAPES the landing's stores are compared too (publish latency by file size, local vs
 # SeaweedFS, and the main shape end to end into each): bench/object_store_bench.py, and `mqd spark
-# --once` on an up-to-date Delta table against plain PySpark: bench/spark_once.py
+# --once` on an up-to-date Delta table against plain PySpark: bench/spark_once.py; Kafka to a Delta
+# table, mqd against Spark's own Kafka source: bench/kafka_to_table.py
 comma := ,
 bench: install $(VENV)/.bench-installed
 	$(PY) -m bench $(foreach s,$(subst $(comma), ,$(SHAPES)),--shape $(s)) $(if $(QUICK),--quick)
 	$(if $(SHAPES),,$(PY) -m bench.object_store_bench $(if $(QUICK),--runs 1 --records 200000))
 	$(if $(SHAPES),,$(PY) -m bench.spark_once $(if $(QUICK),--quick))
+	$(if $(SHAPES),,$(PY) -m bench.kafka_to_table $(if $(QUICK),--quick))
 
 # KINDS=...: only these fault kinds (names, categories, classic, safety; see --help). SOURCE=kafka: three
 # Apache Kafka brokers (KRaft, a controller node of their own; replication 3, min.insync.replicas 2,
