@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from mqd_dev.chaos import check
 from mqd_dev.chaos.load import Ack, record_value
 from mqd_dev.chaos.proxy import FaultProxy, Faults
-from mqd_dev.chaos.runner import CLASSIC_KINDS, ChaosOptions, ChaosRun
+from mqd_dev.chaos.runner import CLASSIC_KINDS, INTEGRITY_KINDS, ChaosOptions, ChaosRun
 from support import REPO_ROOT
 
 REPO = REPO_ROOT
@@ -349,7 +349,8 @@ def test_disk_full_and_read_only_stop_root_and_are_undone(tmp_path: Path) -> Non
 # -- the short chaos run ----------------------------------------------------------------------------
 
 
-_SHORT_KINDS = ",".join(CLASSIC_KINDS)  # the seed-81 plan below was drawn from these
+# the seed-81 plan below was drawn from these (the integrity kinds came later)
+_SHORT_KINDS = ",".join(k for k in CLASSIC_KINDS if k not in INTEGRITY_KINDS)
 
 
 @pytest.mark.slow
