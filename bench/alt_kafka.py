@@ -14,10 +14,13 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bench.common import WatchedProcess, Workload, check_exact, process_cpu_seconds
 from mqd.testing.tansu import Tansu
+
+if TYPE_CHECKING:  # kafka_shape imports what this module does; only the type is wanted here
+    from bench.kafka_shape import KafkaBroker
 
 CLIENTS = ("confluent-kafka", "aiokafka")
 
@@ -65,7 +68,7 @@ def produce(bootstrap: str, topic: str, work: Workload) -> dict[str, Any]:
 
 def consume(
     client: str,
-    broker: Tansu,
+    broker: Tansu | KafkaBroker,
     topic: str,
     work: Workload,
     workdir: Path,

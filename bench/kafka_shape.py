@@ -40,6 +40,41 @@ from mqd.testing.tansu import Tansu
 MAX_BUFFERED_BYTES = 80 * 2**20  # consumer.max_buffered_bytes, the daemon's default
 
 
+class KafkaBroker:
+    """One Apache Kafka broker (mqd.testing.KafkaCluster, KRaft) in Tansu's place: the same
+    ``bootstrap``, ``process`` (its pid for the broker's CPU seconds), ``create_topic``, ``start``
+    and ``stop``, so every pipeline of the shape runs on it unchanged. A fresh group's join is not
+    delayed (``group.initial.rebalance.delay.ms=0``; Tansu waits 5 s), so ``cluster_mode`` differs
+    by that. The JVM is bench.kafka_to_table's (C2, 1 GB heap), not the test broker's."""
+
+    def __init__(self, workdir: Path) -> None:
+        from bench.kafka_to_table import BROKER_JVM_FLAGS
+        from mqd.testing.kafka_cluster import KafkaCluster
+
+        self.cluster = KafkaCluster(
+            workdir, 1, settings={"group.initial.rebalance.delay.ms": "0"}, jvm_flags=BROKER_JVM_FLAGS
+        )
+        self.bootstrap = self.cluster.bootstrap
+        self.process = self.cluster.brokers[0]  # a ManagedProcess, like Tansu's
+
+    def start(self) -> KafkaBroker:
+        self.cluster.start()
+        return self
+
+    def create_topic(self, name: str, partitions: int) -> None:
+        self.cluster.create_topic(name, partitions)
+
+    def stop(self) -> None:
+        self.cluster.stop()
+
+
+def broker(kind: str, workdir: Path) -> Tansu | KafkaBroker:
+    """The shape's broker: Tansu (memory storage, the issue 14 runs) or one Apache Kafka broker."""
+    if kind == "kafka":
+        return KafkaBroker(workdir / "kafka")
+    return Tansu(workdir / "tansu")
+
+
 def daemon_config(
     path: Path,
     bootstrap: str,
@@ -164,7 +199,7 @@ def committed_total(state_dir: Path, topic: str) -> int | None:
 
 
 def run_mqd(
-    tansu: Tansu,
+    tansu: Tansu | KafkaBroker,
     topic: str,
     work: Workload,
     workdir: Path,
@@ -238,7 +273,7 @@ def run_mqd(
 
 
 def idle_rss(
-    tansu: Tansu,
+    tansu: Tansu | KafkaBroker,
     topic: str,
     workdir: Path,
     group: str,
@@ -300,7 +335,7 @@ def idle_rss(
 
 
 def cluster_join_startup(
-    tansu: Tansu,
+    tansu: Tansu | KafkaBroker,
     topic: str,
     workdir: Path,
     *,

@@ -682,6 +682,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default="mqd,confluent-kafka,aiokafka,ceiling",
         help="comma-separated: which pipelines the throughput shapes run",
     )
+    ap.add_argument(
+        "--broker",
+        default="tansu",
+        choices=["tansu", "kafka"],
+        help="what the kafka shape's pipelines read: Tansu (memory storage) or one Apache Kafka broker",
+    )
     ap.add_argument("--out", type=Path, default=RESULTS, help="results folder")
     ap.add_argument("--workdir", type=Path, default=None, help="keep data and logs here (default: temp)")
     args = ap.parse_args(argv)

@@ -346,7 +346,10 @@ def run_kafka(shape: Shape, workdir: Path, args: argparse.Namespace) -> dict[str
     one Tansu, interleaved; then an idle daemon of the last mqd run's group gives the RSS baseline."""
     work, result = prelude(shape, workdir, args)
     clients = [c for c in alt_kafka.CLIENTS if c in args.pipelines]
-    why_not = alt_kafka.tansu_available()
+    result["broker"] = args.broker
+    if args.broker == "kafka":
+        result["what"] = result["what"].replace("Tansu", "one Apache Kafka broker")
+    why_not = alt_kafka.tansu_available() if args.broker == "tansu" else None
     if why_not:
         result["skipped"] = why_not
         return result
@@ -357,12 +360,12 @@ def run_kafka(shape: Shape, workdir: Path, args: argparse.Namespace) -> dict[str
         "max_age": MAX_AGE,
         "compression": COMPRESSION,
     }
-    tansu = Tansu(workdir / "tansu")
+    tansu = kafka_shape.broker(args.broker, workdir)  # --broker: Tansu or one Apache Kafka broker
     tansu.start()
     try:
         tansu.create_topic(TOPIC, shape.partitions)
-        result["produce_tansu"] = alt_kafka.produce(tansu.bootstrap, TOPIC, work)
-        log(f"  produced into tansu: {result['produce_tansu']['records_per_s']:,} records/s")
+        result["produce_tansu"] = alt_kafka.produce(tansu.bootstrap, TOPIC, work)  # the key: either broker
+        log(f"  produced into {args.broker}: {result['produce_tansu']['records_per_s']:,} records/s")
 
         def one(name: str, r: int) -> dict[str, Any]:
             if name == "mqd":
@@ -601,6 +604,8 @@ def markdown(result: dict[str, Any]) -> str:
             "mqd cluster of 3 groups x (master + 1 slave), the alternatives on Tansu (memory storage)"
             if any(s.get("shape") != "kafka" for s in result["shapes"])
             else "every pipeline on Tansu (memory storage)"
+            if all(s.get("broker", "tansu") == "tansu" for s in result["shapes"])
+            else "every pipeline on one Apache Kafka broker"
         )
         + "; landing max_records 500,000, max_bytes 32 MiB, "
         f"max_age 5 s, snappy. {result['rounds']} interleaved rounds; medians [min-max]."
@@ -664,9 +669,10 @@ def markdown(result: dict[str, Any]) -> str:
         k = s.get("kafka")
         if k:
             idle = k.get("idle") or {}
+            on = "Apache Kafka" if s.get("broker") == "kafka" else "Tansu"
             lines += [
                 "",
-                f"kafka (mqd's Kafka source on Tansu): {_s(k['fetch_requests'])} fetch requests per run to "
+                f"kafka (mqd's Kafka source on {on}): {_s(k['fetch_requests'])} fetch requests per run to "
                 f"{_s(k['leader_nodes_fetched'])} leader node(s) (one in flight per node: requests per "
                 f"round = leader nodes), {_s(k['partitions_per_request'], '.2f')} partitions per request; "
                 f"peak RSS above the idle daemon's ({idle.get('rss_mb', '-')} MiB): "
