@@ -85,11 +85,14 @@ def module_cluster_factory(
 @pytest.fixture(scope="module")
 def spark() -> Iterator[Any]:
     """A local[2] Spark session shared by a test module (imported and started only where a test
-    asks for it: the JVM takes seconds)."""
+    asks for it: the JVM takes seconds). pyspark keeps one JVM for the whole test process (a stopped
+    session leaves it running), so its heap is sized for every module's tables, not one job's: at
+    1 GiB the Kafka-to-Spark test ran out of heap after ~150 Spark tests (CI, 2026-12-01)."""
     from mqd.config import MqdConfig, SparkConfig
     from mqd.spark import job
 
-    session = job.build_session(MqdConfig(spark=SparkConfig(master="local[2]", shuffle_partitions=2)))
+    conf = SparkConfig(master="local[2]", shuffle_partitions=2, driver_memory="3g")
+    session = job.build_session(MqdConfig(spark=conf))
     try:
         yield session
     finally:
