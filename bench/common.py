@@ -8,6 +8,7 @@ pipeline), ``python -m bench.broker_bench`` or ``python -m bench.memab``.
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import importlib.metadata
 import json
 import os
@@ -168,6 +169,22 @@ def _version(dist: str) -> str | None:
         return importlib.metadata.version(dist)
     except importlib.metadata.PackageNotFoundError:
         return None
+
+
+PR_SET_CHILD_SUBREAPER = 36  # prctl(2)
+
+
+def become_subreaper() -> None:
+    """Descendants whose parent exits (Spark's JVM, when pyspark's Python is done) are reparented to
+    this process, which reaps them: their CPU seconds come with wait4's rusage."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER)")
+
+
+def package_versions(dists: tuple[str, ...]) -> dict[str, str]:
+    """Each distribution's installed version ("-" when it is not installed)."""
+    return {dist: _version(dist) or "-" for dist in dists}
 
 
 def machine_facts() -> dict[str, Any]:

@@ -38,7 +38,6 @@ and the section between the ``kafka_to_table`` markers of bench/README.md.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import os
 import re
@@ -58,14 +57,21 @@ from typing import Any
 import numpy as np
 import psutil
 
-from bench.common import RESULTS, Workload, machine_facts, process_cpu_seconds, write_json
+from bench.common import (
+    RESULTS,
+    Workload,
+    become_subreaper,
+    machine_facts,
+    package_versions,
+    process_cpu_seconds,
+    write_json,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 BARE = Path(__file__).resolve().parent / "kafka_to_table_spark.py"
 README = Path(__file__).resolve().parent / "README.md"
 README_BEGIN = "<!-- kafka_to_table:begin -->"
 README_END = "<!-- kafka_to_table:end -->"
-PR_SET_CHILD_SUBREAPER = 36
 RUN_TIMEOUT_S = 1800.0
 REAP_TIMEOUT_S = 60.0  # for the JVM to exit once its Python is gone (it reads EOF on its stdin)
 POLL_S = 0.05  # the latency poller's interval: its granularity is part of what it measures
@@ -185,14 +191,6 @@ class TreeRun:
     log: str
     broker_cpu_s: float = 0.0
     marks: dict[str, float] = field(default_factory=dict)  # pattern name -> seconds from spawn
-
-
-def become_subreaper() -> None:
-    """Descendants whose parent exits (Spark's JVM, when pyspark's Python is done) are reparented to
-    this process, which reaps them: their CPU seconds come with wait4's rusage."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER)")
 
 
 class TreeProcess:
@@ -1009,17 +1007,12 @@ SPARK_TUNING = {"spark.driver.memory": "2g"}
 
 
 def _versions() -> dict[str, str]:
-    from importlib import metadata
-
     from mqd.testing.kafka_cluster import KAFKA_VERSION
 
-    out = {"kafka": KAFKA_VERSION}
-    for dist in ("pyspark", "delta-spark", "deltalake", "confluent-kafka"):
-        try:
-            out[dist] = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            out[dist] = "-"
-    return out
+    return {
+        "kafka": KAFKA_VERSION,
+        **package_versions(("pyspark", "delta-spark", "deltalake", "confluent-kafka")),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

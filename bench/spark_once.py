@@ -41,7 +41,6 @@ Results: ``results/spark_once.json`` and ``.md`` (``spark_once-quick.*`` with ``
 from __future__ import annotations
 
 import argparse
-import ctypes
 import os
 import re
 import shutil
@@ -55,7 +54,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.common import RESULTS, machine_facts, write_json
+from bench.common import RESULTS, become_subreaper, machine_facts, package_versions, write_json
 
 ROOT = Path(__file__).resolve().parent.parent
 BARE = Path(__file__).resolve().parent / "spark_once_bare.py"
@@ -66,7 +65,6 @@ README_END = "<!-- spark_once:end -->"
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z: file f of a partition holds hour f
 RUN_TIMEOUT_S = 900.0
 REAP_TIMEOUT_S = 60.0  # for the JVM to exit once its Python is gone (it reads EOF on its stdin)
-PR_SET_CHILD_SUBREAPER = 36
 
 # (phase, pattern of the output line that ends it); the first match counts
 PHASES: list[tuple[str, re.Pattern[str]]] = [
@@ -219,14 +217,6 @@ class Run:
     phases: dict[str, float] = field(default_factory=dict)  # seconds from spawn
     steps: dict[str, list[float]] = field(default_factory=dict)  # probe: step -> [start, seconds]
     log: str = ""
-
-
-def _become_subreaper() -> None:
-    """Descendants whose parent exits (Spark's JVM, when pyspark's Python is done) are reparented to
-    this process, which reaps them: their CPU seconds come with wait4's rusage."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER)")
 
 
 def _reap_orphans(deadline: float) -> float:
@@ -610,21 +600,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def _versions() -> dict[str, str]:
-    from importlib import metadata
-
-    out = {}
-    for dist in ("pyspark", "delta-spark", "deltalake"):
-        try:
-            out[dist] = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            out[dist] = "-"
-    return out
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    _become_subreaper()
+    become_subreaper()
     pipelines = [Pipeline("mqd", "mqd", ROOT)]
     for spec in args.variant:
         name, _, tree = spec.partition("=")
@@ -654,7 +632,7 @@ def main(argv: list[str] | None = None) -> int:
     result: dict[str, Any] = {
         "benchmark": "spark_once",
         "machine": machine_facts(),
-        "versions": _versions(),
+        "versions": package_versions(("pyspark", "delta-spark", "deltalake")),
         "args": {
             "runs": args.runs,
             "sizes": args.sizes,
