@@ -187,6 +187,46 @@ def package_versions(dists: tuple[str, ...]) -> dict[str, str]:
     return {dist: _version(dist) or "-" for dist in dists}
 
 
+_BARE_LOG4J2 = """\
+rootLogger.level = warn
+rootLogger.appenderRef.stderr.ref = stderr
+appender.stderr.type = Console
+appender.stderr.name = stderr
+appender.stderr.target = SYSTEM_ERR
+appender.stderr.layout.type = PatternLayout
+appender.stderr.layout.pattern = %d{yy/MM/dd HH:mm:ss} %p %c{1}: %m%n%ex
+"""
+
+
+def bare_spark_conf(workdir: Path, extra: dict[str, str]) -> dict[str, str]:
+    """The session of a plain-PySpark alternative (bench/spark_once.py, bench/kafka_to_table.py):
+    mqd's session settings and the jars of mqd's last package resolution, ``extra`` over them."""
+    from mqd.config import SparkConfig
+    from mqd.spark.packages import delta_options, resolved_jars
+
+    jars = resolved_jars()
+    if not jars:
+        raise SystemExit("no recorded Spark jars: `make install` resolves mqd's Spark packages")
+    sc = SparkConfig()
+    log4j = workdir / "bare-log4j2.properties"
+    log4j.write_text(_BARE_LOG4J2)
+    return {
+        "spark.jars": ",".join(str(j) for j in jars),
+        **delta_options(),
+        "spark.sql.shuffle.partitions": str(sc.shuffle_partitions),
+        "spark.default.parallelism": str(sc.shuffle_partitions),
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.driver.memory": sc.driver_memory,
+        "spark.driver.host": "127.0.0.1",
+        "spark.driver.bindAddress": "127.0.0.1",
+        "spark.sql.session.timeZone": "UTC",
+        "spark.sql.adaptive.enabled": "false",
+        "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={log4j.as_uri()}",
+        **extra,
+    }
+
+
 def machine_facts() -> dict[str, Any]:
     cpu_model = ""
     try:

@@ -60,6 +60,7 @@ import psutil
 from bench.common import (
     RESULTS,
     Workload,
+    bare_spark_conf,
     become_subreaper,
     machine_facts,
     package_versions,
@@ -393,46 +394,10 @@ def mqd_argv(command: str, config: Path, *extra: str) -> list[str]:
     return [sys.executable, "-m", "mqd.cli", command, "--config", str(config), *extra]
 
 
-def bare_jars() -> list[str]:
-    """The jars of mqd's package set as recorded by its last resolution (spark-sql-kafka among
-    them): what a user who resolved once would hand Spark as ``spark.jars``."""
-    from mqd.spark.packages import resolved_jars
-
-    jars = resolved_jars()
-    if not jars:
-        raise SystemExit("no recorded Spark jars: `make install` resolves mqd's Spark packages")
-    return [str(j) for j in jars]
-
-
 def spark_conf(workdir: Path, tuning: dict[str, str]) -> dict[str, str]:
     """The bare script's session: mqd's session settings (the same as bench/spark_once.py's bare
     run) with ``tuning`` over them."""
-    from mqd.config import SparkConfig
-    from mqd.spark.packages import delta_options
-
-    sc = SparkConfig()
-    log4j = workdir / "bare-log4j2.properties"
-    log4j.write_text(
-        "rootLogger.level = warn\nrootLogger.appenderRef.stderr.ref = stderr\n"
-        "appender.stderr.type = Console\nappender.stderr.name = stderr\nappender.stderr.target = SYSTEM_ERR\n"
-        "appender.stderr.layout.type = PatternLayout\n"
-        "appender.stderr.layout.pattern = %d{yy/MM/dd HH:mm:ss} %p %c{1}: %m%n%ex\n"
-    )
-    return {
-        "spark.jars": ",".join(bare_jars()),
-        **delta_options(),
-        "spark.sql.shuffle.partitions": str(sc.shuffle_partitions),
-        "spark.default.parallelism": str(sc.shuffle_partitions),
-        "spark.ui.enabled": "false",
-        "spark.ui.showConsoleProgress": "false",
-        "spark.driver.memory": sc.driver_memory,
-        "spark.driver.host": "127.0.0.1",
-        "spark.driver.bindAddress": "127.0.0.1",
-        "spark.sql.session.timeZone": "UTC",
-        "spark.sql.adaptive.enabled": "false",
-        "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={log4j.as_uri()}",
-        **tuning,
-    }
+    return bare_spark_conf(workdir, tuning)
 
 
 def bare_argv(

@@ -54,7 +54,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.common import RESULTS, become_subreaper, machine_facts, package_versions, write_json
+from bench.common import (
+    RESULTS,
+    bare_spark_conf,
+    become_subreaper,
+    machine_facts,
+    package_versions,
+    write_json,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 BARE = Path(__file__).resolve().parent / "spark_once_bare.py"
@@ -130,52 +137,14 @@ def mqd_config(size_dir: Path, pipeline: str, partitions: int) -> Path:
     return path
 
 
-_LOG4J2 = """\
-rootLogger.level = warn
-rootLogger.appenderRef.stderr.ref = stderr
-appender.stderr.type = Console
-appender.stderr.name = stderr
-appender.stderr.target = SYSTEM_ERR
-appender.stderr.layout.type = PatternLayout
-appender.stderr.layout.pattern = %d{yy/MM/dd HH:mm:ss} %p %c{1}: %m%n%ex
-"""
-
-
-def bare_jars() -> list[str]:
-    """The jars Spark's resolution of mqd's package set put in the Ivy cache's ``jars/`` folder."""
-    from mqd.spark.packages import ivy_dir
-
-    jars = sorted(str(p) for p in (ivy_dir() / "jars").glob("*.jar"))
-    if not jars:
-        raise SystemExit(f"no jars in {ivy_dir() / 'jars'}: make install resolves the Spark packages")
-    return jars
-
-
 def bare_argv(size_dir: Path, partitions: int, workdir: Path) -> list[str]:
     """The plain-PySpark alternative with mqd's session settings and the same jars."""
     from mqd.config import SparkConfig
     from mqd.spark.job import source_ddl
-    from mqd.spark.packages import delta_options
 
     sc = SparkConfig()
-    log4j = workdir / "bare-log4j2.properties"
-    log4j.write_text(_LOG4J2)
     out = size_dir / "bare"
-    conf = {
-        "spark.jars": ",".join(bare_jars()),
-        **delta_options(),
-        "spark.sql.shuffle.partitions": str(sc.shuffle_partitions),
-        "spark.default.parallelism": str(sc.shuffle_partitions),
-        "spark.ui.enabled": "false",
-        "spark.ui.showConsoleProgress": "false",
-        "spark.driver.memory": sc.driver_memory,
-        "spark.driver.host": "127.0.0.1",
-        "spark.driver.bindAddress": "127.0.0.1",
-        "spark.sql.session.timeZone": "UTC",
-        "spark.sql.streaming.schemaInference": "false",
-        "spark.sql.adaptive.enabled": "false",
-        "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={log4j.as_uri()}",
-    }
+    conf = bare_spark_conf(workdir, {"spark.sql.streaming.schemaInference": "false"})
     argv = [
         sys.executable,
         str(BARE),
