@@ -386,6 +386,12 @@ class KafkaConfig(_Model):
     # KIP-392 (Kafka's client.rack): sent as Fetch's rack_id, so a leader with a rack-aware replica
     # selector can name a same-rack follower to read from; "" = read from leaders only
     client_rack: str = Field(default="", max_length=255)
+    # "classic": JoinGroup/SyncGroup with an mqd allocation strategy run by the elected leader;
+    # "consumer": KIP-848's ConsumerGroupHeartbeat, the broker assigns (Kafka 4.0+)
+    group_protocol: Literal["classic", "consumer"] = "classic"
+    # with group_protocol = "consumer": the broker's assignor by its name ("uniform", "range");
+    # "" = the broker's default (group.consumer.assignors' first)
+    remote_assignor: str = Field(default="", max_length=255)
 
     @model_validator(mode="after")
     def _complete(self) -> Self:
@@ -399,6 +405,10 @@ class KafkaConfig(_Model):
             raise ValueError("tls_cert_file and tls_key_file go together (mutual TLS)")
         if self.static_membership and not self.group_instance_id:
             raise ValueError("static_membership needs a group_instance_id (the member's static name)")
+        if self.remote_assignor and self.group_protocol != "consumer":
+            raise ValueError(
+                'remote_assignor names the broker\'s assignor: it needs group_protocol = "consumer"'
+            )
         return self
 
 
@@ -454,6 +464,16 @@ class ConsumerConfig(_Model):
             raise ValueError('consume_from = "timestamp" needs consume_timestamp_ms')
         if self.error_backoff_max_ms < self.error_backoff_ms:
             raise ValueError("error_backoff_max_ms must be >= error_backoff_ms")
+        if self.kafka.group_protocol == "consumer" and self.source != "kafka":
+            raise ValueError(
+                'kafka.group_protocol = "consumer" is a Kafka group protocol: it needs source = "kafka"'
+            )
+        if self.kafka.group_protocol == "consumer" and "allocation" in self.model_fields_set:
+            raise ValueError(
+                "allocation is an mqd strategy run by the group's leader, and under kafka.group_protocol "
+                '= "consumer" (KIP-848) the broker assigns partitions: leave allocation out and name '
+                "the broker's assignor in kafka.remote_assignor instead"
+            )
         return self
 
     @field_validator("group")
@@ -539,6 +559,44 @@ class SparkS3Config(_Model):
     path_style: bool | None = None
 
 
+def _registry_url(value: str) -> str:
+    parts = urllib.parse.urlsplit(value)
+    if _bad_chars(value) or parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"a schema registry URL is an http:// or https:// URL with a host, got {value!r}")
+    return value
+
+
+def _one_or_many(value: object) -> object:
+    return [value] if isinstance(value, str) else value
+
+
+RecordFormat = Literal["raw", "json", "avro", "protobuf", "json_schema"]
+REGISTRY_FORMATS = ("avro", "protobuf", "json_schema")  # the Confluent wire format: 0, schema id, payload
+
+
+class SchemaRegistryConfig(_Model):
+    """``[spark.schema_registry]``: a registry speaking Confluent's REST API (Confluent's own,
+    Apicurio's ``/apis/ccompat/v7``, Karapace, Redpanda), asked for writer schemas by id."""
+
+    # one URL, or several of one registry (tried in turn when one does not answer)
+    url: Annotated[list[Annotated[str, AfterValidator(_registry_url)]], BeforeValidator(_one_or_many)] = (
+        Field(min_length=1)
+    )
+    username: str | None = None  # basic auth
+    password: str | None = Field(default=None, repr=False)  # better: MQD_SPARK__SCHEMA_REGISTRY__PASSWORD
+    bearer_token: Token | None = Field(default=None, repr=False)
+    tls_ca_file: ConfigPath | None = None  # CA bundle for an https registry (default: system store)
+    request_timeout: Seconds = Field(default=10.0, gt=0)
+
+    @model_validator(mode="after")
+    def _one_auth(self) -> Self:
+        if (self.username is None) != (self.password is None):
+            raise ValueError("username and password go together (basic auth)")
+        if self.username is not None and self.bearer_token is not None:
+            raise ValueError("basic auth (username, password) or bearer_token, not both")
+        return self
+
+
 class SparkConfig(_Model):
     master: str = "local[*]"
     app_name: str = "mqd-landing"
@@ -566,8 +624,13 @@ class SparkConfig(_Model):
     trigger_interval: Annotated[str, BeforeValidator(_spark_seconds)] = Field(
         default="10s", validate_default=True
     )
-    value_format: Literal["raw", "json"] = "raw"
+    # raw: bytes as landed; json: parsed by value_schema (a Spark DDL); avro, protobuf, json_schema:
+    # the Confluent wire format, decoded by the writer schema the registry names ([spark.schema_registry])
+    value_format: RecordFormat = "raw"
     value_schema: str = ""  # Spark DDL, for value_format = "json"
+    key_format: RecordFormat = "raw"
+    key_schema: str = ""  # Spark DDL, for key_format = "json"
+    schema_registry: SchemaRegistryConfig | None = None
     # columns, named expressions ("to_date(ts) AS dt"), Iceberg transforms ("days(timestamp)"):
     # mqd/spark/partitioning.py; after what it checks against
     partition_by: list[str] = Field(default_factory=lambda: ["topic", "dt"])
@@ -609,6 +672,8 @@ class SparkConfig(_Model):
         table_format = info.data.get("table_format")
         if fmt is None or schema is None or table_format is None:  # reported on their own keys
             return value
+        if fmt in REGISTRY_FORMATS:  # the value's columns come from the registry, asked at run time
+            return value
         problem = partition_problem(value, table_columns(fmt, schema), table_format)
         if problem is not None:
             raise ValueError(problem)
@@ -618,6 +683,15 @@ class SparkConfig(_Model):
     def _json_needs_schema(self) -> Self:
         if self.value_format == "json" and not self.value_schema.strip():
             raise ValueError('value_format = "json" needs value_schema (a Spark DDL string)')
+        if self.key_format == "json" and not self.key_schema.strip():
+            raise ValueError('key_format = "json" needs key_schema (a Spark DDL string)')
+        for key in ("value_format", "key_format"):
+            fmt = getattr(self, key)
+            if fmt in REGISTRY_FORMATS and self.schema_registry is None:
+                raise ValueError(
+                    f'{key} = "{fmt}" reads the writer schema from a schema registry: it needs a '
+                    "[spark.schema_registry] section with its url"
+                )
         return self
 
 

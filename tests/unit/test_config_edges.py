@@ -322,3 +322,61 @@ def test_unknown_section_from_the_environment_names_the_variable(tmp_path: Path)
     """MQD_CONSUMR__GROUP: the unknown section is reported with the variable that made it."""
     msg = _error(_write(tmp_path, ""), {"MQD_CONSUMR__GROUP": "x"})
     assert "consumr: unknown key" in msg and "[from environment variable MQD_CONSUMR__GROUP]" in msg
+
+
+# -- group protocol and schema registry ------------------------------------------------------------
+
+
+def test_an_mqd_allocation_under_the_kip848_protocol_is_refused_saying_why(tmp_path: Path) -> None:
+    """Under group_protocol = "consumer" the broker assigns: an explicit consumer.allocation would
+    be ignored, so config check refuses it and points at kafka.remote_assignor."""
+    path = _write(
+        tmp_path,
+        '[consumer]\nsource = "kafka"\nbootstrap = ["127.0.0.1:9092"]\nallocation = "sticky"\n'
+        '[consumer.kafka]\ngroup_protocol = "consumer"\n',
+    )
+    msg = _error(path)
+    assert "broker assigns" in msg and "remote_assignor" in msg, msg
+    code, out = _check_exit(path)
+    assert code == EXIT_CONFIG and "allocation" in out
+
+
+def test_a_remote_assignor_needs_the_consumer_protocol(tmp_path: Path) -> None:
+    """remote_assignor under the classic protocol would do nothing: refused, naming both keys."""
+    path = _write(
+        tmp_path,
+        '[consumer]\nsource = "kafka"\nbootstrap = ["127.0.0.1:9092"]\n'
+        '[consumer.kafka]\nremote_assignor = "range"\n',
+    )
+    msg = _error(path)
+    assert "consumer.kafka" in msg and "group_protocol" in msg, msg
+
+
+@pytest.mark.parametrize("key", ["value_format", "key_format"])
+@pytest.mark.parametrize("fmt", ["avro", "protobuf", "json_schema"])
+def test_a_registry_format_without_a_registry_names_the_key(tmp_path: Path, key: str, fmt: str) -> None:
+    """A registry format without [spark.schema_registry] is refused by config check, which never
+    contacts a registry (there is none to contact)."""
+    path = _write(tmp_path, f'[spark]\n{key} = "{fmt}"\n')
+    msg = _error(path)
+    assert f'{key} = "{fmt}"' in msg and "[spark.schema_registry]" in msg, msg
+
+
+def test_registry_url_is_one_or_many_http_urls(tmp_path: Path) -> None:
+    """url takes a string or a list; anything but an http(s) URL with a host is refused by index."""
+    one = _write(
+        tmp_path, '[spark]\nvalue_format = "avro"\n[spark.schema_registry]\nurl = "http://127.0.0.1:8081"\n'
+    )
+    assert load_daemon_config(one).spark.schema_registry is not None
+    assert load_daemon_config(one).spark.schema_registry.url == ["http://127.0.0.1:8081"]  # type: ignore[union-attr]
+    bad = _write(
+        tmp_path,
+        '[spark]\nvalue_format = "avro"\n[spark.schema_registry]\nurl = ["http://a:1", "ftp://b"]\n',
+    )
+    msg = _error(bad)
+    assert "spark.schema_registry.url.1" in msg and "http:// or https://" in msg, msg
+    both = _write(
+        tmp_path,
+        '[spark]\nvalue_format = "avro"\n[spark.schema_registry]\nurl = "http://a:1"\nusername = "u"\n',
+    )
+    assert "username and password go together" in _error(both)
