@@ -554,6 +554,11 @@ class Daemon:
             if dropped:
                 log.info("revoked partition: unpublished records dropped", tp=str(tp), records=dropped)
 
+    async def on_partitions_released(self, tps: set[TopicPartition]) -> None:
+        # a publication that took its buffer before the revoke ends (and is marked) before the
+        # offsets are committed and the group hears of the release (KIP-848 acknowledges then)
+        await self.sink.settle(tps)
+
     def on_partitions_assigned(self, tps: set[TopicPartition]) -> None:
         if self._landing_error is not None:
             self._pause_for_disk(tps)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import structlog
 
@@ -28,7 +28,7 @@ from mqd.backoff import backoff_delay
 from mqd.config import ConsumerConfig
 from mqd.consumer.errors import ConsumerError
 from mqd.consumer.offset_store import OffsetStore
-from mqd.consumer.source import Assignment, Cluster, LandedEpoch, Membership, Source
+from mqd.consumer.source import Assignment, Cluster, LandedEpoch, Membership, ReleasingMembership, Source
 from mqd.consumer.subscription_state import SubscriptionState
 from mqd.topic_partition import TopicPartition
 from mqd.topic_pattern import subscription
@@ -58,6 +58,13 @@ class RebalanceListener(Protocol):
 
     def on_partitions_assigned(self, tps: set[TopicPartition]) -> None:
         """Called once the new partitions have their start positions."""
+
+
+@runtime_checkable
+class ReleasingListener(Protocol):
+    async def on_partitions_released(self, tps: set[TopicPartition]) -> None:
+        """After ``on_partitions_revoked`` and before their offsets are committed: until nothing of
+        ``tps`` is being published any more (a group that hands them on after the release)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,6 +224,8 @@ class RebalanceService:
             complete = True
             if d.removed:
                 await self._revoke(set(d.removed))
+            if isinstance(self._membership, ReleasingMembership):
+                self._membership.released(frozenset(self._state.partitions))
             if d.added:
                 complete = await self._assign(set(d.added))
             if d.removed or d.added:
@@ -254,6 +263,11 @@ class RebalanceService:
                 log.exception("on_partitions_revoked failed")
         for tp in tps:
             self._state.drop(tp)
+        if isinstance(self._listener, ReleasingListener):
+            try:
+                await self._listener.on_partitions_released(set(tps))
+            except Exception:
+                log.exception("on_partitions_released failed")
         try:
             await self._offsets.persist(tps)
         except ConsumerError as exc:

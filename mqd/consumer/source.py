@@ -37,7 +37,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from mqd.consumer.errors import ConsumerError
 from mqd.lazy_import import lazy_import
@@ -246,6 +246,16 @@ class Membership(Protocol):
 
     @property
     def last_error(self) -> str | None: ...
+
+
+@runtime_checkable
+class ReleasingMembership(Protocol):
+    """A membership that must hear when the engine let go of partitions before it tells the group
+    (Kafka's consumer protocol, KIP-848: a revocation is acknowledged only after the release)."""
+
+    def released(self, held: frozenset[TopicPartition]) -> None:
+        """The engine holds nothing outside ``held`` any more: partitions it gave up are not
+        fetched, their publications in flight ended and their offsets were committed."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -380,6 +380,15 @@ class LandingSink:
         while self._tasks:
             await asyncio.wait(list(self._tasks.values()))
 
+    async def settle(self, tps: Iterable[TP]) -> None:
+        """Until no publication of ``tps`` runs or waits. After ``forget`` a waiting one takes an
+        empty buffer, so once this returns nothing of ``tps`` lands from here (a revoke's release)."""
+        for tp in tps:
+            key = (tp[0], tp[1])
+            while (lock := self._locks.get(key)) is not None:
+                async with lock:
+                    pass
+
     def cancel(self) -> None:
         """Abandon the background publications (shutdown deadline): each publication is atomic
         and conditional, so cancelling only decides whether its result is reported."""

@@ -552,3 +552,287 @@ def fetched_partitions(resp: Any, names: Mapping[str, str]) -> list[FetchedParti
 def diverging_epoch(epoch: int, end_offset: int) -> dict[int, bytes]:
     """The tagged field a v12+ answer carries for a diverged partition (for scripted brokers)."""
     return {0: _DIVERGING.pack(epoch, end_offset) + b"\x00"}
+
+
+# -- KIP-848: ConsumerGroupHeartbeat v1, OffsetCommit v9, OffsetFetch v9 --------------------------
+# Verified on Apache Kafka 4.4 (ApiVersions): ConsumerGroupHeartbeat 0-1, OffsetCommit 2-10,
+# OffsetFetch 1-10. v1 of the heartbeat has the client make its member id (KIP-1082); OffsetCommit
+# v9 / OffsetFetch v9 are the first a consumer-protocol member may use (they carry its member id and
+# epoch; v10 names topics by id only). Each Request below knows only that version, so a broker
+# without it raises IncompatibleBrokerVersion when the request is prepared.
+
+
+class NullableStruct(AbstractType[tuple[Any, ...] | None]):  # type: ignore[misc]  # aiokafka is untyped
+    """A nullable struct field of a flexible message: one byte, -1 for null, 1 then the struct."""
+
+    def __init__(self, *fields: Any) -> None:
+        self._schema = Schema(*fields)
+
+    def encode(self, value: tuple[Any, ...] | None) -> bytes:
+        if value is None:
+            return bytes(Int8.encode(-1))
+        return bytes(Int8.encode(1) + self._schema.encode(value))
+
+    def decode(self, data: BytesIO) -> tuple[Any, ...] | None:
+        if Int8.decode(data) < 0:
+            return None
+        return tuple(self._schema.decode(data))
+
+
+_TOPIC_PARTITIONS = CompactArray(
+    ("topic_id", Uuid), ("partitions", CompactArray(Int32)), ("tags", TaggedFields)
+)
+
+
+class ConsumerGroupHeartbeatResponse_v1(Response):  # type: ignore[misc]  # aiokafka is untyped
+    API_KEY = 68
+    API_VERSION = 1
+    SCHEMA = Schema(
+        ("throttle_time_ms", Int32),
+        ("error_code", Int16),
+        ("error_message", CompactString("utf-8")),
+        ("member_id", CompactString("utf-8")),
+        ("member_epoch", Int32),
+        ("heartbeat_interval_ms", Int32),
+        # null: unchanged since the last answer; else (topic_partitions, tags)
+        ("assignment", NullableStruct(("topic_partitions", _TOPIC_PARTITIONS), ("tags", TaggedFields))),
+        ("tags", TaggedFields),
+    )
+
+
+class ConsumerGroupHeartbeatRequest_v1(RequestStruct):  # type: ignore[misc]  # aiokafka is untyped
+    FLEXIBLE_VERSION = True
+    API_KEY = 68
+    API_VERSION = 1
+    RESPONSE_TYPE = ConsumerGroupHeartbeatResponse_v1
+    SCHEMA = Schema(
+        ("group_id", CompactString("utf-8")),
+        ("member_id", CompactString("utf-8")),
+        ("member_epoch", Int32),
+        ("instance_id", CompactString("utf-8")),  # null: none, or unchanged
+        ("rack_id", CompactString("utf-8")),
+        ("rebalance_timeout_ms", Int32),  # -1: unchanged
+        ("subscribed_topic_names", CompactArray(CompactString("utf-8"))),  # null: unchanged
+        ("subscribed_topic_regex", CompactString("utf-8")),
+        ("server_assignor", CompactString("utf-8")),  # null: the broker's default, or unchanged
+        ("topic_partitions", _TOPIC_PARTITIONS),  # null: unchanged; else what the member owns
+        ("tags", TaggedFields),
+    )
+
+
+class ConsumerGroupHeartbeatRequest(Request[ConsumerGroupHeartbeatRequest_v1]):  # type: ignore[misc]  # aiokafka is untyped
+    """KIP-848's one group request: join (epoch 0), heartbeat and acknowledge (the owned partitions
+    by topic id), leave (epoch -1, a static member -2). ``None`` fields go out as null (unchanged)."""
+
+    API_KEY = 68
+
+    def __init__(
+        self,
+        group_id: str,
+        member_id: str,
+        member_epoch: int,
+        *,
+        instance_id: str | None = None,
+        rack_id: str | None = None,
+        rebalance_timeout_ms: int = -1,
+        topics: list[str] | None = None,
+        server_assignor: str | None = None,
+        owned: Mapping[str, list[int]] | None = None,
+    ) -> None:
+        owned_rows: list[tuple[Any, ...]] | None = (
+            None if owned is None else [(t, sorted(ps), {}) for t, ps in sorted(owned.items())]
+        )
+        self._fields: tuple[Any, ...] = (
+            group_id,
+            member_id,
+            member_epoch,
+            instance_id,
+            rack_id,
+            rebalance_timeout_ms,
+            topics,
+            None,
+            server_assignor,
+            owned_rows,
+            {},
+        )
+
+    def build(
+        self, request_struct_class: type[ConsumerGroupHeartbeatRequest_v1]
+    ) -> ConsumerGroupHeartbeatRequest_v1:
+        return ConsumerGroupHeartbeatRequest_v1(*self._fields)
+
+
+def heartbeat_assignment(resp: Any) -> dict[str, list[int]] | None:
+    """A heartbeat answer's assignment as topic id -> partitions (None: unchanged since the last)."""
+    if resp.assignment is None:
+        return None
+    out: dict[str, list[int]] = {}
+    for topic_id, partitions, _tags in resp.assignment[0]:
+        out.setdefault(topic_id, []).extend(partitions)
+    return out
+
+
+class OffsetCommitResponse_v9(Response):  # type: ignore[misc]  # aiokafka is untyped
+    API_KEY = 8
+    API_VERSION = 9
+    SCHEMA = Schema(
+        ("throttle_time_ms", Int32),
+        (
+            "topics",
+            CompactArray(
+                ("name", CompactString("utf-8")),
+                (
+                    "partitions",
+                    CompactArray(("partition", Int32), ("error_code", Int16), ("tags", TaggedFields)),
+                ),
+                ("tags", TaggedFields),
+            ),
+        ),
+        ("tags", TaggedFields),
+    )
+
+
+class OffsetCommitRequest_v9(RequestStruct):  # type: ignore[misc]  # aiokafka is untyped
+    FLEXIBLE_VERSION = True
+    API_KEY = 8
+    API_VERSION = 9
+    RESPONSE_TYPE = OffsetCommitResponse_v9
+    SCHEMA = Schema(
+        ("group_id", CompactString("utf-8")),
+        ("generation_or_member_epoch", Int32),
+        ("member_id", CompactString("utf-8")),
+        ("group_instance_id", CompactString("utf-8")),
+        (
+            "topics",
+            CompactArray(
+                ("name", CompactString("utf-8")),
+                (
+                    "partitions",
+                    CompactArray(
+                        ("partition", Int32),
+                        ("offset", Int64),
+                        ("leader_epoch", Int32),
+                        ("metadata", CompactString("utf-8")),
+                        ("tags", TaggedFields),
+                    ),
+                ),
+                ("tags", TaggedFields),
+            ),
+        ),
+        ("tags", TaggedFields),
+    )
+
+
+class OffsetCommitRequest(Request[OffsetCommitRequest_v9]):  # type: ignore[misc]  # aiokafka is untyped
+    """A consumer-protocol member's commit: ``offsets`` {topic: [(partition, offset)]} with its
+    member id and epoch (Kafka refuses such a member's commits below v9)."""
+
+    API_KEY = 8
+
+    def __init__(
+        self,
+        group_id: str,
+        member_epoch: int,
+        member_id: str,
+        instance_id: str | None,
+        offsets: Mapping[str, list[tuple[int, int]]],
+    ) -> None:
+        topics: list[tuple[Any, ...]] = [
+            (t, [(p, off, -1, "", {}) for p, off in sorted(parts)], {})
+            for t, parts in sorted(offsets.items())
+        ]
+        self._fields: tuple[Any, ...] = (group_id, member_epoch, member_id, instance_id, topics, {})
+
+    def build(self, request_struct_class: type[OffsetCommitRequest_v9]) -> OffsetCommitRequest_v9:
+        return OffsetCommitRequest_v9(*self._fields)
+
+
+class OffsetFetchResponse_v9(Response):  # type: ignore[misc]  # aiokafka is untyped
+    API_KEY = 9
+    API_VERSION = 9
+    SCHEMA = Schema(
+        ("throttle_time_ms", Int32),
+        (
+            "groups",
+            CompactArray(
+                ("group_id", CompactString("utf-8")),
+                (
+                    "topics",
+                    CompactArray(
+                        ("name", CompactString("utf-8")),
+                        (
+                            "partitions",
+                            CompactArray(
+                                ("partition", Int32),
+                                ("offset", Int64),
+                                ("leader_epoch", Int32),
+                                ("metadata", CompactString("utf-8")),
+                                ("error_code", Int16),
+                                ("tags", TaggedFields),
+                            ),
+                        ),
+                        ("tags", TaggedFields),
+                    ),
+                ),
+                ("error_code", Int16),
+                ("tags", TaggedFields),
+            ),
+        ),
+        ("tags", TaggedFields),
+    )
+
+
+class OffsetFetchRequest_v9(RequestStruct):  # type: ignore[misc]  # aiokafka is untyped
+    FLEXIBLE_VERSION = True
+    API_KEY = 9
+    API_VERSION = 9
+    RESPONSE_TYPE = OffsetFetchResponse_v9
+    SCHEMA = Schema(
+        (
+            "groups",
+            CompactArray(
+                ("group_id", CompactString("utf-8")),
+                ("member_id", CompactString("utf-8")),
+                ("member_epoch", Int32),
+                (
+                    "topics",
+                    CompactArray(
+                        ("name", CompactString("utf-8")),
+                        ("partitions", CompactArray(Int32)),
+                        ("tags", TaggedFields),
+                    ),
+                ),
+                ("tags", TaggedFields),
+            ),
+        ),
+        ("require_stable", Boolean),
+        ("tags", TaggedFields),
+    )
+
+
+class OffsetFetchRequest(Request[OffsetFetchRequest_v9]):  # type: ignore[misc]  # aiokafka is untyped
+    """A consumer-protocol member's read of its group's committed offsets ({topic: [partition]}),
+    naming its member id and epoch (validated by the coordinator)."""
+
+    API_KEY = 9
+
+    def __init__(
+        self, group_id: str, member_id: str, member_epoch: int, partitions: Mapping[str, list[int]]
+    ) -> None:
+        topics: list[tuple[Any, ...]] = [(t, sorted(ps), {}) for t, ps in sorted(partitions.items())]
+        self._fields: tuple[Any, ...] = ([(group_id, member_id, member_epoch, topics, {})], False, {})
+
+    def build(self, request_struct_class: type[OffsetFetchRequest_v9]) -> OffsetFetchRequest_v9:
+        return OffsetFetchRequest_v9(*self._fields)
+
+
+def fetched_offsets(resp: Any) -> tuple[int, list[tuple[TopicPartition, int, int]]]:
+    """An OffsetFetch v9 answer of one group: (group error code, [(partition, offset, error code)])."""
+    group_error = 0
+    out: list[tuple[TopicPartition, int, int]] = []
+    for _group, topics, error_code, _tags in resp.groups:
+        group_error = group_error or error_code
+        for name, parts, _ttags in topics:
+            for partition, offset, _epoch, _meta, p_error, _ptags in parts:
+                out.append((TopicPartition(name, partition), offset, p_error))
+    return group_error, out

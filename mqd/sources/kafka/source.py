@@ -80,6 +80,7 @@ from mqd.consumer.source import (
     PartitionResult,
     SourceError,
 )
+from mqd.sources.kafka.consumer_group_protocol import ConsumerProtocolGroup, ConsumerProtocolOffsetStore
 from mqd.sources.kafka.fetch_answer import MalformedAnswer, parsed_fetch
 from mqd.sources.kafka.fetch_session import SESSION_ERRORS, FetchSession, SessionRequest
 from mqd.sources.kafka.frame_reader import FrameClient
@@ -818,6 +819,21 @@ class KafkaSource:
     # -- consumer group --------------------------------------------------------------------------
 
     def consumer_group(self, settings: GroupSettings, on_change: Callable[[], None]) -> ConsumerGroup:
+        kafka = self._config.kafka
+        if kafka.group_protocol == "consumer":  # KIP-848: the broker assigns
+            member = ConsumerProtocolGroup(
+                client=lambda: self._client,
+                topic_ids=lambda: {} if self.metadata is None else self.metadata.topic_ids,
+                request_refresh=self.request_refresh,
+                settings=settings,
+                on_change=on_change,
+                instance_id=kafka.group_instance_id or None if kafka.static_membership else None,
+                static=kafka.static_membership,
+                remote_assignor=kafka.remote_assignor,
+                rack=kafka.client_rack or None,
+                error_backoff=self._config.error_backoff_ms / 1000,
+            )
+            return ConsumerGroup(member, ConsumerProtocolOffsetStore(member, settings))
         group = KafkaGroup(
             client=lambda: self._client,
             cluster=lambda: self.cluster,
