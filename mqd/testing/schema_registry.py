@@ -186,7 +186,7 @@ def _java_home() -> tuple[str, str]:
     try:
         java = java_binary()
     except MavenError as exc:
-        raise SchemaRegistryBuildError(str(exc)) from None
+        raise SchemaRegistryBuildError(f"the test schema registry runs on Java: {exc}") from None
     home = os.environ.get("JAVA_HOME") or str(Path(os.path.realpath(java)).parent.parent)
     return java, home
 
@@ -251,11 +251,14 @@ def maven_command(*, fetch: bool = False, repository: str | None = None) -> str:
 def _maven_failure(log: Path, repository: str) -> SchemaRegistryBuildError:
     text = log.read_text(errors="replace") if log.is_file() else ""
     errors = [ln.strip() for ln in text.splitlines() if ln.startswith("[ERROR]") and ln.strip() != "[ERROR]"]
-    network = [ln for ln in errors if any(s in ln for s in _NETWORK_SIGNS)]
-    if network:
+    for line in errors:
+        sign = next((s for s in _NETWORK_SIGNS if s in line), None)
+        if sign is None:
+            continue
+        what = line[line.find("Could not transfer") :] if "Could not transfer" in line else line
         return SchemaRegistryBuildError(
-            f"cannot reach {repository}: {network[0][:300]} (building the test schema registry needs "
-            f"network to Maven Central or $MQD_MAVEN_REPOSITORY once; log: {log})",
+            f"cannot reach {repository} ({sign}): building the test schema registry needs network to "
+            f"Maven Central or $MQD_MAVEN_REPOSITORY once; Maven said: {what[:240]} (log: {log})",
             retriable=True,
         )
     first = "; ".join(errors[:3]) or (text.strip().splitlines() or ["no output"])[-1]
