@@ -13,10 +13,15 @@ error (FETCH_SESSION_ID_NOT_FOUND, INVALID_FETCH_SESSION_EPOCH, FETCH_SESSION_TO
 a session switched between topic ids and names), any other failed request and a
 refused session reset it: the next request is full again. A broker that grants no session (id 0)
 gets full requests every time, as without sessions.
+
+What the session sent is observable without a broker's help (status, tests): the counters, the
+session ids granted, and the last ``HISTORY`` requests as :class:`SentRequest` (id, epoch, full or
+not, how many partitions it listed out of how many it fetched and, when incremental, which).
 """
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 
 from mqd.topic_partition import TopicPartition
@@ -30,6 +35,7 @@ SESSION_ERRORS = frozenset(
     {FETCH_SESSION_ID_NOT_FOUND, INVALID_FETCH_SESSION_EPOCH, FETCH_SESSION_TOPIC_ID_ERROR}
 )
 _MAX_EPOCH = 2**31 - 1
+HISTORY = 64  # requests kept in FetchSession.history
 
 # what the broker's session holds per partition: (fetch offset, max bytes, current leader epoch)
 PartitionData = tuple[int, int, int]
@@ -46,6 +52,21 @@ class SessionRequest:
     forgotten: list[TopicPartition]
 
 
+@dataclass(frozen=True, slots=True)
+class SentRequest:
+    """One request as sent: it listed ``listed`` of the ``wanted`` partitions (all of them in a full
+    request), ``changed`` names them in an incremental one (empty in a full one, which may be large),
+    and ``forgotten`` partitions were dropped from the session."""
+
+    session_id: int
+    epoch: int
+    full: bool
+    listed: int
+    wanted: int
+    changed: tuple[TopicPartition, ...]
+    forgotten: int
+
+
 class FetchSession:
     """The client half of one node's session; not thread-safe (the node has one request in flight)."""
 
@@ -59,20 +80,32 @@ class FetchSession:
         self.full_requests = 0
         self.incremental_requests = 0
         self.resets = 0
+        self.partitions_listed = 0  # summed over every request: what sessions save
+        self.granted: deque[int] = deque(maxlen=16)  # session ids the broker granted, oldest first
+        self.history: deque[SentRequest] = deque(maxlen=HISTORY)
 
     def request(self, wanted: dict[TopicPartition, PartitionData]) -> SessionRequest:
         """The next request for ``wanted`` (every partition this round fetches, with its data)."""
         self._wanted = dict(wanted)
         if not self.enabled:
             self.full_requests += 1
-            return SessionRequest(0, NO_SESSION_EPOCH, True, list(wanted), [])
+            return self._sent(SessionRequest(0, NO_SESSION_EPOCH, True, list(wanted), []))
         if self.session_id == 0:
             self.full_requests += 1
-            return SessionRequest(0, INITIAL_EPOCH, True, list(wanted), [])
+            return self._sent(SessionRequest(0, INITIAL_EPOCH, True, list(wanted), []))
         self.incremental_requests += 1
         send = [tp for tp, data in wanted.items() if self._held.get(tp) != data]
         forgotten = [tp for tp in self._held if tp not in wanted]
-        return SessionRequest(self.session_id, self.epoch, False, send, forgotten)
+        return self._sent(SessionRequest(self.session_id, self.epoch, False, send, forgotten))
+
+    def _sent(self, req: SessionRequest) -> SessionRequest:
+        self.partitions_listed += len(req.send)
+        changed = () if req.full else tuple(req.send)
+        listed, wanted, forgotten = len(req.send), len(self._wanted), len(req.forgotten)
+        self.history.append(
+            SentRequest(req.session_id, req.epoch, req.full, listed, wanted, changed, forgotten)
+        )
+        return req
 
     def answered(self, request: SessionRequest, session_id: int) -> None:
         """The broker answered ``request`` without a top-level error; ``session_id`` its id."""
@@ -82,6 +115,7 @@ class FetchSession:
             if session_id == 0:
                 return  # no session granted: stay with full requests
             self.session_id, self.epoch = session_id, 1
+            self.granted.append(session_id)
         else:
             self.epoch = 1 if self.epoch >= _MAX_EPOCH else self.epoch + 1
         self._held = dict(self._wanted)
