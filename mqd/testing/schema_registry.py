@@ -23,8 +23,12 @@ Prepare ahead (the first build downloads ~200 MB)::
 
     python -m mqd.testing.schema_registry --prepare
 
-Measured on the 2-core test machine: a cold build (empty Maven repository, Maven itself fetched)
-takes ~2 minutes; a warm start, JVM to ``/health/ready``, ~4-6 s.
+Measured on the 2-core test machine: a cold build (empty Maven repository, Maven 3.9.16 fetched)
+73 s wall, 42 s CPU; again with the Maven repository warm (another cache key) 23 s. It leaves
+~230 MB in ``<cache>/maven/repository`` and the 131 MB application. A warm start, JVM spawn to
+``/health/ready``, 2.2-3.1 s at load 4 (C1 only and the serial GC); a stop 0.25 s.
+
+One ``python -m mqd.testing.schema_registry --serve DIR`` runs one by hand until Ctrl-C.
 """
 
 from __future__ import annotations
@@ -548,8 +552,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 while registry.running:
                     time.sleep(0.5)
             except KeyboardInterrupt:
-                pass
-            return 0 if registry.running else 1
+                return 0
+            print(f"error: the registry exited with {registry.process and registry.process.returncode}")
+            return 1
     except MqdError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
