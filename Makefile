@@ -6,7 +6,7 @@ PY     := $(BIN)/python
 
 .PHONY: install check-java test test-fast lint fmt demo bench chaos clean install-systemd screenshots docs
 
-install: check-java $(VENV)/.installed $(VENV)/.compiled $(VENV)/.spark-packages $(VENV)/.kafka-jars
+install: check-java $(VENV)/.installed $(VENV)/.compiled $(VENV)/.spark-packages $(VENV)/.kafka-jars $(VENV)/.schema-registry
 
 # mqd itself, plus the dev package (devtools/: chaos harness, demo) that the mqd wheel does not ship
 $(VENV)/.installed: pyproject.toml devtools/pyproject.toml setup.py mqd/sources/kafka/_rbv2.c
@@ -36,6 +36,14 @@ $(VENV)/.spark-packages: $(VENV)/.installed mqd/spark/packages.py
 
 # Apache Kafka's broker jars for mqd.testing.KafkaCluster (the Kafka source's tests, chaos, bench),
 # resolved by Ivy from Maven Central into mqd's cache once per machine (mqd/testing/maven.py)
+# the test schema registry (Apicurio Registry, assembled by Maven from Maven Central; Maven itself
+# fetched from there when `mvn` is missing) for the typed-records tests: once per machine into mqd's
+# cache, ~75 s cold, so that `make test` does not pay it (mqd/testing/schema_registry.py)
+$(VENV)/.schema-registry: $(VENV)/.installed mqd/testing/schema_registry.py mqd/testing/apicurio/pom.xml
+	@echo "building the test schema registry into mqd's cache (Maven Central, once per machine)"
+	@$(PY) -m mqd.testing.schema_registry --prepare > $(VENV)/schema-registry.log 2>&1 || { tail -40 $(VENV)/schema-registry.log; exit 1; }
+	touch $@
+
 $(VENV)/.kafka-jars: $(VENV)/.installed mqd/testing/kafka_cluster.py mqd/testing/maven.py
 	@echo "resolving Apache Kafka's jars into mqd's cache (Maven Central, once per machine)"
 	@$(PY) -m mqd.testing.maven $$($(PY) -c 'from mqd.testing.kafka_cluster import kafka_coordinates; print(*kafka_coordinates())') > /dev/null

@@ -570,8 +570,7 @@ def _one_or_many(value: object) -> object:
     return [value] if isinstance(value, str) else value
 
 
-RecordFormat = Literal["raw", "json", "avro", "protobuf", "json_schema"]
-REGISTRY_FORMATS = ("avro", "protobuf", "json_schema")  # the Confluent wire format: 0, schema id, payload
+REGISTRY_FORMATS = ("avro",)  # the Confluent wire format: 0, schema id, payload (mqd/spark/typed_records.py)
 
 
 class SchemaRegistryConfig(_Model):
@@ -626,10 +625,9 @@ class SparkConfig(_Model):
     )
     # raw: bytes as landed; json: parsed by value_schema (a Spark DDL); avro, protobuf, json_schema:
     # the Confluent wire format, decoded by the writer schema the registry names ([spark.schema_registry])
-    value_format: RecordFormat = "raw"
+    value_format: Literal["raw", "json", "avro"] = "raw"
     value_schema: str = ""  # Spark DDL, for value_format = "json"
-    key_format: RecordFormat = "raw"
-    key_schema: str = ""  # Spark DDL, for key_format = "json"
+    key_format: Literal["raw", "avro"] = "raw"
     schema_registry: SchemaRegistryConfig | None = None
     # columns, named expressions ("to_date(ts) AS dt"), Iceberg transforms ("days(timestamp)"):
     # mqd/spark/partitioning.py; after what it checks against
@@ -683,14 +681,17 @@ class SparkConfig(_Model):
     def _json_needs_schema(self) -> Self:
         if self.value_format == "json" and not self.value_schema.strip():
             raise ValueError('value_format = "json" needs value_schema (a Spark DDL string)')
-        if self.key_format == "json" and not self.key_schema.strip():
-            raise ValueError('key_format = "json" needs key_schema (a Spark DDL string)')
         for key in ("value_format", "key_format"):
             fmt = getattr(self, key)
             if fmt in REGISTRY_FORMATS and self.schema_registry is None:
                 raise ValueError(
                     f'{key} = "{fmt}" reads the writer schema from a schema registry: it needs a '
                     "[spark.schema_registry] section with its url"
+                )
+            if fmt in REGISTRY_FORMATS and self.table_format == "parquet":
+                raise ValueError(
+                    f'{key} = "{fmt}" writes the table and its dead letters in one batch, exactly once '
+                    'through each table\'s log: it needs table_format = "delta" or "iceberg"'
                 )
         return self
 

@@ -70,6 +70,19 @@ class BatchLog:
                 except OSError as exc:  # figures only: never fails the job
                     _log.warning("spark_metrics_file_failed", file=str(self.metrics.path), error=str(exc))
 
+    def record(self, figures: dict[str, Any]) -> None:
+        """Log and count one batch whose figures its writer made itself (a ``foreachBatch`` sink,
+        mqd/spark/typed_sink.py: its query is not polled)."""
+        with self._lock:
+            if self.metrics is not None:
+                self.metrics.add_batch(str(figures["query"]), figures)
+            _log.info("spark_batch_done", **figures)
+            if self.metrics is not None:
+                try:
+                    self.metrics.write()
+                except OSError as exc:
+                    _log.warning("spark_metrics_file_failed", file=str(self.metrics.path), error=str(exc))
+
     def _log(self, progress: Any) -> None:
         figures = batch_figures(progress, self.metrics_name)
         if self.metrics is not None:

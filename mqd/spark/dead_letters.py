@@ -2,7 +2,8 @@
 
 Every record the job reads ends in exactly one place: a row of the output table, or a row of the
 dead-letter table (``spark.quarantine_dir``, same table format, written by its own query over the
-same source with its own checkpoint). A dead-letter row holds the record as it was landed (``key``,
+same source with its own checkpoint; for registry formats, written by the same query in the same
+batch, mqd/spark/typed_sink.py). A dead-letter row holds the record as it was landed (``key``,
 ``value``, ``headers``, its coordinates ``topic``/``partition``/``incarnation``/``offset``, the
 timestamps), the file it was read from, when it was dead-lettered, and what happened:
 
@@ -23,10 +24,23 @@ FOREIGN_FILE = "foreign_file"  # a Parquet file in the landing that mqd did not 
 NOT_JSON = "not_json"  # value_format = "json": the value is not a JSON object
 SCHEMA_MISMATCH = "schema_mismatch"  # a JSON object whose fields do not fit value_schema
 
+# value_format / key_format avro or json_schema (mqd/spark/typed_records.py); the message names the
+# column (key or value) and, where there is one, the schema id and the registry's or Spark's words
+NOT_WIRE_FORMAT = "not_wire_format"  # no magic byte 0 and 4-byte schema id in front
+UNKNOWN_SCHEMA = "unknown_schema"  # the registry has no schema with the record's id
+UNSUPPORTED_SCHEMA = "unsupported_schema"  # a schema of another type, or one Spark cannot read
+DECODE_FAILED = "decode_failed"  # the payload does not decode with its writer schema
+SCHEMA_INCOMPATIBLE = "schema_incompatible"  # the writer schema cannot be reconciled with the table
+
 ERROR_CLASSES: dict[str, str] = {
     FOREIGN_FILE: "not an mqd landing record (a foreign file in the landing)",
     NOT_JSON: "value is not a JSON object",
     SCHEMA_MISMATCH: "value does not match value_schema",
+    NOT_WIRE_FORMAT: "not in the schema registry wire format (magic byte 0, 4-byte schema id)",
+    UNKNOWN_SCHEMA: "the schema registry has no schema with this id",
+    UNSUPPORTED_SCHEMA: "the writer schema cannot be read in this format",
+    DECODE_FAILED: "does not decode with its writer schema",
+    SCHEMA_INCOMPATIBLE: "the writer schema cannot be reconciled with the table's columns",
 }
 
 # the columns a dead-letter row has beyond the landed record's
@@ -38,12 +52,17 @@ DEAD_LETTERED_AT_COLUMN = "dead_lettered_at"
 
 __all__ = [
     "DEAD_LETTERED_AT_COLUMN",
+    "DECODE_FAILED",
     "ERROR_CLASSES",
     "ERROR_CLASS_COLUMN",
     "ERROR_MESSAGE_COLUMN",
     "FOREIGN_FILE",
     "NOT_JSON",
+    "NOT_WIRE_FORMAT",
     "SCHEMA_ID_COLUMN",
+    "SCHEMA_INCOMPATIBLE",
     "SCHEMA_MISMATCH",
     "SOURCE_FILE_COLUMN",
+    "UNKNOWN_SCHEMA",
+    "UNSUPPORTED_SCHEMA",
 ]

@@ -198,6 +198,13 @@ def _queries(spark: Any, config: MqdConfig) -> list[tuple[str, Any, str, Path, l
     # a foreign Parquet file read with the landing schema yields rows without partition/offset
     foreign = F.col("partition").isNull() | F.col("offset").isNull()
     fields = parse_all(sc.partition_by)  # checked by the config's load
+    if is_typed(config):
+        # one query: its foreachBatch writes the table and the dead letters (typed_sink.py)
+        from mqd.spark.typed_sink import SOURCE_FILE, source_file_column
+
+        typed = df.withColumn(SOURCE_FILE, source_file_column(is_object_landing(config)))
+        out = _table_location(sc.table_format, sc.output_dir)
+        return [(query_name(config), typed, out, checkpoint / "main", _sink_parts(fields))]
     if sc.value_format == "raw":
         # reported by unlisted_files() at start; there is no quarantine table in raw mode
         _check_partitioning(sc.partition_by, output_columns(), sc.table_format)
@@ -289,6 +296,57 @@ def _queries(spark: Any, config: MqdConfig) -> list[tuple[str, Any, str, Path, l
             qparts,
         ),
     ]
+
+
+def is_typed(config: MqdConfig) -> bool:
+    """The key or the value is decoded by a registry schema (mqd/spark/typed_sink.py)."""
+    from mqd.config import REGISTRY_FORMATS
+
+    return config.spark.value_format in REGISTRY_FORMATS or config.spark.key_format in REGISTRY_FORMATS
+
+
+def _typed_sink(spark: Any, config: MqdConfig, batch_log: BatchLog) -> Any:
+    """The foreachBatch sink of the typed query, its decoders ready (the table's columns read back)."""
+    from mqd.config import REGISTRY_FORMATS
+    from mqd.spark.schema_registry import SchemaRegistryClient
+    from mqd.spark.typed_records import registry_lookup
+    from mqd.spark.typed_sink import TypedSink
+
+    sc = config.spark
+    assert sc.schema_registry is not None  # the config's check
+    fields = parse_all(sc.partition_by)
+    typed_key = sc.key_format in REGISTRY_FORMATS
+    envelope = [c for c in output_columns() if c != "value" and not (typed_key and c == "key")]
+    lookup = registry_lookup(SchemaRegistryClient(sc.schema_registry))
+    name = query_name(config)
+
+    def iceberg(location: str, parts: list[str], query: str) -> Any:
+        from mqd.spark.iceberg_sink import IcebergSink
+
+        return IcebergSink(
+            location,
+            partition_by=parts,
+            catalog=sc.iceberg_catalog,
+            query_name=query,
+            file_io=iceberg_file_io(config),
+        )
+
+    return TypedSink(
+        spark=spark,
+        table_format=sc.table_format,
+        out=_table_location(sc.table_format, sc.output_dir),
+        dead_letters=_table_location(sc.table_format, sc.quarantine_dir),
+        partitions=fields,
+        parts=_sink_parts(fields),
+        dead_letter_parts=[f.name for f in fields if f.is_column and f.name in _LANDING_COLUMNS],
+        envelope=envelope,
+        dead_letter_columns=output_columns(),
+        value_lookup=lookup if sc.value_format in REGISTRY_FORMATS else None,
+        key_lookup=lookup if typed_key else None,
+        query_name=name,
+        iceberg=iceberg,
+        on_batch=batch_log.record,
+    ).start()
 
 
 def _extra_fields(known: list[str]) -> Any:
@@ -512,10 +570,14 @@ def _run(config: MqdConfig, *, once: bool, master: str | None = None) -> int:
         except MqdError as exc:
             log.error("lifecycle_query_name_taken", error=str(exc))
             return 2
+        typed_sink = _typed_sink(spark, config, batch_log) if is_typed(config) else None
         for name, df, out, ckpt, parts in plan:
-            writer = _table_writer(
-                config, df.writeStream.queryName(name), out, parts, name, ckpt, iceberg_sinks
-            )
+            if typed_sink is not None:
+                writer = df.writeStream.queryName(name).foreachBatch(typed_sink)
+            else:
+                writer = _table_writer(
+                    config, df.writeStream.queryName(name), out, parts, name, ckpt, iceberg_sinks
+                )
             writer = writer.option("checkpointLocation", str(ckpt))
             writer = (
                 writer.trigger(availableNow=True)
@@ -526,8 +588,9 @@ def _run(config: MqdConfig, *, once: bool, master: str | None = None) -> int:
             log.info("spark_query_started", query=name, output=out, checkpoint=str(ckpt), once=once)
         maintenance = _maintenance(config, plan)
         # a --once run too: Spark keeps the progress of the last 100 batches only
+        polled = [] if typed_sink is not None else started  # a typed sink logs its own batches
         threading.Thread(
-            target=_log_batches, args=(batch_log, started, stopping), name="mqd-batch-log", daemon=True
+            target=_log_batches, args=(batch_log, polled, stopping), name="mqd-batch-log", daemon=True
         ).start()
         if not once:
             threading.Thread(target=recorder.run, args=(stopping,), name="mqd-lifecycle", daemon=True).start()
@@ -542,7 +605,7 @@ def _run(config: MqdConfig, *, once: bool, master: str | None = None) -> int:
                 return 1
         stopping.set()  # the queries are done: no new maintenance round beside what follows
         recorder.record()
-        batch_log.poll(started)
+        batch_log.poll(polled)
         if once and maintenance is not None:  # a streaming run's thread did it between batches
             maintenance.run_if_due(spark)
         if once and iceberg_sinks:

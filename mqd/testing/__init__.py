@@ -28,6 +28,9 @@ frozen (SIGSTOP) and restarted to test failover: see :class:`LocalCluster`.
 
 :class:`KafkaCluster` does the same with real Apache Kafka brokers (KRaft mode, jars from Maven
 Central, see :mod:`mqd.testing.kafka_cluster`), for code that reads a Kafka-protocol cluster.
+:class:`SchemaRegistry` starts a real schema registry speaking Confluent's API (Apicurio Registry,
+assembled by Maven from Maven Central once into mqd's cache, see :mod:`mqd.testing.schema_registry`)
+for typed records.
 
 The pieces underneath are public too: :class:`ManagedProcess` (one child process with its log:
 start, wait until ready, signal, stop with a SIGKILL deadline; sync and async) and the config file
@@ -54,6 +57,7 @@ from mqd.testing.configfiles import (
 )
 from mqd.testing.kafka_cluster import KAFKA_VERSION, KafkaCluster, KafkaSecurity
 from mqd.testing.process import START_TIMEOUT, STOP_TIMEOUT, ManagedProcess, ProcessError
+from mqd.testing.schema_registry import SchemaRegistry
 
 __all__ = [
     "DEFAULT_NODE_SETTINGS",
@@ -67,6 +71,7 @@ __all__ = [
     "NodeAddress",
     "NodeProcess",
     "ProcessError",
+    "SchemaRegistry",
     "broker_argv",
     "cluster_toml",
     "daemon_section",

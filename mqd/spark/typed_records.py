@@ -1,0 +1,304 @@
+"""Typed records: a landed key or value in the schema registry's wire format, decoded into the table's
+columns by its writer schema (``spark.value_format`` / ``key_format`` = ``avro``).
+
+Per micro-batch, on the driver: the batch's distinct schema ids (a scan of 5 bytes per record), each
+new id's schema fetched once from the registry (mqd/spark/schema_registry.py), its Spark type
+derived by Spark itself (``from_avro``'s analysis), merged into the table's type in id order
+(mqd/spark/schema_evolution.py). Then one pass over the batch decodes every record: one ``CASE``
+over the batch's ids, each branch ``from_avro`` with that id's writer schema, conformed to the
+table's type (fields by name, missing ones null, promotions cast). No Python runs per record.
+
+Where the decoded fields go: a value written with a record schema gives the record's fields as top
+level columns; a field named like one of the table's own columns (``topic``, ``offset``,
+``timestamp``...) is stored as ``value_<name>`` (logged once per schema id). A value of another
+schema (a string, an array) is the column ``value``. A typed key is the column ``key``.
+
+Every record ends in the table or in the dead-letter table (mqd/spark/dead_letters.py) with its
+error class: ``not_wire_format``, ``unknown_schema`` (the registry answered 404 for its id),
+``unsupported_schema`` (a Protobuf or JSON schema under ``avro``, or one Spark cannot read),
+``decode_failed``, ``schema_incompatible`` (a field the table's column cannot take). A null key or
+value (a tombstone) is no error: its columns are null. A registry that does not answer fails the
+batch (retried by the job's restart): a record is never dead-lettered for a passing outage.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import structlog
+
+from mqd.spark import dead_letters as dl
+from mqd.spark import wire_format as wire
+from mqd.spark.schema_evolution import Misfit, conform, merge
+
+_log = structlog.get_logger("mqd.spark")
+
+Role = Literal["key", "value"]
+
+
+@dataclass(frozen=True, slots=True)
+class WriterSchema:
+    """What the registry holds for one schema id: its type (``AVRO``, ``PROTOBUF``, ``JSON``) and text."""
+
+    schema_id: int
+    schema_type: str
+    text: str
+
+
+class SchemaNotFound(LookupError):
+    """The registry answered that it has no schema with this id (its message attached)."""
+
+
+# the registry lookup the decoder uses: the schema of an id, SchemaNotFound when there is none; any
+# other exception (the registry unreachable) fails the batch
+SchemaLookup = Callable[[int], WriterSchema]
+
+
+@dataclass(slots=True)
+class _Verdict:
+    """One schema id's fate in this column: decoded (writer type and how its fields are named) or
+    dead-lettered (class and message)."""
+
+    schema_id: int
+    text: str = ""
+    writer: Any = None  # the Spark struct its records decode to, top-level fields renamed
+    wrap: str | None = None  # a non-record schema: the one column it fills
+    renames: dict[str, str] = field(default_factory=dict)  # record field -> column (clashes)
+    null_record: bytes | None = None  # the Avro bytes of an all-null record, if one exists
+    error_class: str | None = None
+    message: str | None = None
+
+
+class ColumnDecoder:
+    """Decodes one landed column (``key`` or ``value``) written in the registry's wire format into
+    the table's columns. ``table_type`` is the struct of the columns it owns in the table (empty for
+    a new table); ``reserved`` the table's other column names (a value field clashing with one is
+    renamed)."""
+
+    def __init__(
+        self, spark: Any, role: Role, lookup: SchemaLookup, table_type: Any, reserved: Iterable[str]
+    ) -> None:
+        self.spark = spark
+        self.role = role
+        self.lookup = lookup
+        self.table_type = table_type
+        self.reserved = frozenset(reserved)
+        self._verdicts: dict[int, _Verdict] = {}
+
+    # -- the driver's part, once per batch ----------------------------------------------------------
+
+    def prepare(self, schema_ids: Iterable[int]) -> list[str]:
+        """Plan the ids not seen yet (registry fetch, Spark type, merge into the table's type), in id
+        order. Returns the columns the table gains (for the batch's log line)."""
+        from pyspark.sql.types import StructType
+
+        before = {f.name for f in self.table_type.fields}
+        for sid in sorted(set(schema_ids) - set(self._verdicts)):
+            verdict = self._plan(sid)
+            if verdict.writer is not None:
+                assert isinstance(verdict.writer, StructType)
+                try:
+                    self.table_type = merge(self.table_type, verdict.writer)
+                except Misfit as misfit:
+                    verdict.error_class = dl.SCHEMA_INCOMPATIBLE
+                    verdict.message = f"{self.role} schema id {sid}: {misfit}"
+                    verdict.writer = None
+            self._verdicts[sid] = verdict
+            log = _log.bind(column=self.role, schema_id=sid)
+            if verdict.error_class is not None:
+                log.warning("typed_schema_refused", error_class=verdict.error_class, error=verdict.message)
+            else:
+                log.info("typed_schema_ready", renamed=verdict.renames or None)
+        return [f.name for f in self.table_type.fields if f.name not in before]
+
+    def _plan(self, sid: int) -> _Verdict:
+        try:
+            schema = self.lookup(sid)
+        except SchemaNotFound as exc:
+            return _Verdict(sid, error_class=dl.UNKNOWN_SCHEMA, message=f"{self.role} schema id {sid}: {exc}")
+        if schema.schema_type.upper() != "AVRO":
+            return _Verdict(
+                sid,
+                error_class=dl.UNSUPPORTED_SCHEMA,
+                message=f"{self.role} schema id {sid} is a {schema.schema_type} schema, not Avro",
+            )
+        try:
+            spark_type = avro_spark_type(self.spark, schema.text)
+        except Exception as exc:  # Spark's parse and conversion errors
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            return _Verdict(
+                sid,
+                error_class=dl.UNSUPPORTED_SCHEMA,
+                message=f"{self.role} schema id {sid}: Spark cannot read it: {first[:500]}",
+            )
+        return self._shape(sid, schema.text, spark_type)
+
+    def _shape(self, sid: int, text: str, spark_type: Any) -> _Verdict:
+        """The verdict of a readable schema: a value record's fields are columns (renamed on a
+        clash); anything else fills one column named after the role."""
+        from pyspark.sql.types import StructField, StructType
+
+        if self.role == "value" and isinstance(spark_type, StructType):
+            renames = {f.name: f"value_{f.name}" for f in spark_type.fields if f.name in self.reserved}
+            names = [renames.get(f.name, f.name) for f in spark_type.fields]
+            if len(set(names)) != len(names):
+                return _Verdict(
+                    sid,
+                    error_class=dl.SCHEMA_INCOMPATIBLE,
+                    message=f"value schema id {sid}: renaming {sorted(renames)} to value_<name> "
+                    "clashes with another of its fields",
+                )
+            writer = StructType(
+                [StructField(n, f.dataType, True) for n, f in zip(names, spark_type.fields, strict=True)]
+            )
+            return _Verdict(sid, text, writer, None, renames, wire.avro_null_record(text))
+        wrap = self.role
+        return _Verdict(sid, text, StructType([StructField(wrap, spark_type, True)]), wrap, {}, None)
+
+    # -- the expressions, evaluated per record in one pass --------------------------------------------
+
+    def ids(self, good: bool) -> list[int]:
+        return sorted(s for s, v in self._verdicts.items() if (v.error_class is None) == good)
+
+    def decoded(self, sid_col: Any) -> Any:
+        """The table-typed struct of each record of a decodable id; null for the rest, and for a
+        record its writer schema cannot decode."""
+        from pyspark.sql import functions as F
+        from pyspark.sql.avro.functions import from_avro
+
+        source = F.col(self.role)
+        data = wire.payload(source)
+        out = F.lit(None).cast(self.table_type)
+        for sid in self.ids(good=True):
+            v = self._verdicts[sid]
+            d = from_avro(data, v.text, {"mode": "PERMISSIVE"})
+            if v.wrap is not None:
+                # a failed primitive decodes to null; a null of a nullable schema is a record too
+                shaped = F.struct(d.alias(v.wrap))
+                failed = d.isNull() & F.lit(not _nullable_avro(v.text))
+            else:
+                fields = [n for n in v.writer.fieldNames()]
+                originals = {new: old for old, new in v.renames.items()}
+                shaped = (
+                    F.struct(*[d.getField(originals.get(n, n)).alias(n) for n in fields]) if v.renames else d
+                )
+                all_null = F.lit(True)
+                for n in fields:
+                    all_null = all_null & d.getField(originals.get(n, n)).isNull()
+                legit = data == F.lit(v.null_record) if v.null_record is not None else F.lit(False)
+                failed = all_null & ~legit
+            branch = F.when(failed, F.lit(None).cast(self.table_type)).otherwise(
+                conform(shaped, v.writer, self.table_type)
+            )
+            out = F.when(sid_col == sid, branch).otherwise(out)
+        return out
+
+    def reason(self, sid_col: Any, decoded_col: Any) -> tuple[Any, Any]:
+        """(error class, message) of each record's column, both null when it decoded (or is null)."""
+        from pyspark.sql import functions as F
+
+        source = F.col(self.role)
+        cls = F.lit(None).cast("string")
+        msg = F.lit(None).cast("string")
+        for sid in self.ids(good=False):
+            v = self._verdicts[sid]
+            cls = F.when(sid_col == sid, F.lit(v.error_class)).otherwise(cls)
+            msg = F.when(sid_col == sid, F.lit(v.message)).otherwise(msg)
+        failed = source.isNotNull() & sid_col.isNotNull() & decoded_col.isNull()
+        not_wire = source.isNotNull() & sid_col.isNull()
+        cls = (
+            F.when(not_wire, F.lit(dl.NOT_WIRE_FORMAT))
+            .when(failed & cls.isNull(), F.lit(dl.DECODE_FAILED))
+            .otherwise(cls)
+        )
+        msg = (
+            F.when(not_wire, F.lit(f"{self.role}: {dl.ERROR_CLASSES[dl.NOT_WIRE_FORMAT]}"))
+            .when(
+                failed & msg.isNull(),
+                F.concat(
+                    F.lit(f"{self.role} schema id "),
+                    sid_col.cast("string"),
+                    F.lit(": the payload does not decode"),
+                ),
+            )
+            .otherwise(msg)
+        )
+        return cls, msg
+
+
+def registry_lookup(client: Any) -> SchemaLookup:
+    """The decoder's lookup over a SchemaRegistryClient (mqd/spark/schema_registry.py, which caches
+    each id): a 404 is SchemaNotFound (the record is dead-lettered), any other failure propagates
+    (the batch fails and is retried). Avro references are inlined (``from_avro`` takes one schema)."""
+    from mqd.spark.schema_registry import SchemaRegistryError
+
+    def lookup(schema_id: int) -> WriterSchema:
+        try:
+            found = client.schema(schema_id)
+        except SchemaRegistryError as exc:
+            if exc.status == 404:
+                raise SchemaNotFound(str(exc)) from None
+            raise
+        text = found.schema
+        if found.schema_type == "AVRO" and found.referenced:
+            text = inline_avro_references(text, [(r.name, r.schema) for r in found.referenced])
+        return WriterSchema(found.id, str(found.schema_type), text)
+
+    return lookup
+
+
+def inline_avro_references(text: str, referenced: list[tuple[str, str]]) -> str:
+    """``text`` with each referenced named type defined where the schema first names it (in Avro's
+    parse order, depth first), the rest of its mentions left as names: one self-contained schema."""
+    texts = dict(referenced)
+    defined: set[str] = set()
+
+    def walk(node: Any) -> Any:
+        if isinstance(node, str):
+            if node in texts and node not in defined:
+                defined.add(node)
+                return walk(json.loads(texts[node]))
+            return node
+        if isinstance(node, list):
+            return [walk(n) for n in node]
+        if isinstance(node, dict):
+            if isinstance(node.get("name"), str):
+                ns = node.get("namespace")
+                defined.add(f"{ns}.{node['name']}" if ns and "." not in node["name"] else node["name"])
+            return {k: walk(v) if k in ("type", "fields", "items", "values") else v for k, v in node.items()}
+        return node
+
+    return json.dumps(walk(json.loads(text)))
+
+
+def avro_spark_type(spark: Any, schema_text: str) -> Any:
+    """The Spark type ``from_avro`` decodes ``schema_text`` to (Spark's own conversion: enums as
+    strings, unions as structs of members, logical types as dates, timestamps and decimals)."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.avro.functions import from_avro
+
+    probe = spark.range(0).select(from_avro(F.lit(None).cast("binary"), schema_text).alias("v"))
+    return probe.schema["v"].dataType
+
+
+def _nullable_avro(text: str) -> bool:
+    try:
+        schema = json.loads(text)
+    except ValueError:
+        return False
+    return schema == "null" or (isinstance(schema, list) and "null" in schema)
+
+
+__all__ = [
+    "ColumnDecoder",
+    "Role",
+    "SchemaLookup",
+    "SchemaNotFound",
+    "WriterSchema",
+    "avro_spark_type",
+    "inline_avro_references",
+    "registry_lookup",
+]
