@@ -1252,7 +1252,7 @@ def table_convert(config_path: Path) -> None:
 
     cfg = _load(config_path)
     sc = cfg.spark
-    tables = [Path(sc.output_dir)] + ([Path(sc.quarantine_dir)] if sc.value_format == "json" else [])
+    tables = [Path(sc.output_dir)] + ([Path(sc.quarantine_dir)] if sc.has_dead_letters else [])
     tables = [t for t in tables if existing_format(t) is not None]
     if not tables:
         _die(f"no table at {sc.output_dir} to convert", EXIT_CONFIG)

@@ -570,7 +570,10 @@ def _one_or_many(value: object) -> object:
     return [value] if isinstance(value, str) else value
 
 
-REGISTRY_FORMATS = ("avro",)  # the Confluent wire format: 0, schema id, payload (mqd/spark/typed_records.py)
+REGISTRY_FORMATS = (
+    "avro",
+    "json_schema",
+)  # the Confluent wire format: 0, schema id, payload (mqd/spark/typed_records.py)
 
 
 class SchemaRegistryConfig(_Model):
@@ -623,11 +626,11 @@ class SparkConfig(_Model):
     trigger_interval: Annotated[str, BeforeValidator(_spark_seconds)] = Field(
         default="10s", validate_default=True
     )
-    # raw: bytes as landed; json: parsed by value_schema (a Spark DDL); avro, protobuf, json_schema:
+    # raw: bytes as landed; json: parsed by value_schema (a Spark DDL); avro, json_schema:
     # the Confluent wire format, decoded by the writer schema the registry names ([spark.schema_registry])
-    value_format: Literal["raw", "json", "avro"] = "raw"
+    value_format: Literal["raw", "json", "avro", "json_schema"] = "raw"
     value_schema: str = ""  # Spark DDL, for value_format = "json"
-    key_format: Literal["raw", "avro"] = "raw"
+    key_format: Literal["raw", "avro", "json_schema"] = "raw"
     schema_registry: SchemaRegistryConfig | None = None
     # columns, named expressions ("to_date(ts) AS dt"), Iceberg transforms ("days(timestamp)"):
     # mqd/spark/partitioning.py; after what it checks against
@@ -676,6 +679,11 @@ class SparkConfig(_Model):
         if problem is not None:
             raise ValueError(problem)
         return value
+
+    @property
+    def has_dead_letters(self) -> bool:
+        """The job writes a dead-letter table (at quarantine_dir): it parses or decodes records."""
+        return self.value_format != "raw" or self.key_format in REGISTRY_FORMATS
 
     @model_validator(mode="after")
     def _json_needs_schema(self) -> Self:
@@ -1089,7 +1097,7 @@ def table_format_problem(config: MqdConfig) -> str | None:
     from mqd.spark.table_format import format_problem
 
     sc = config.spark
-    places = [sc.output_dir] + ([sc.quarantine_dir] if sc.value_format == "json" else [])
+    places = [sc.output_dir] + ([sc.quarantine_dir] if sc.has_dead_letters else [])
     for place in places:
         if isinstance(place, str):  # an s3:// table: the job looks when it starts (no S3 call here)
             continue

@@ -59,7 +59,7 @@ import sys
 import threading
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, cast
 
 import structlog
 
@@ -309,7 +309,7 @@ def _typed_sink(spark: Any, config: MqdConfig, batch_log: BatchLog) -> Any:
     """The foreachBatch sink of the typed query, its decoders ready (the table's columns read back)."""
     from mqd.config import REGISTRY_FORMATS
     from mqd.spark.schema_registry import SchemaRegistryClient
-    from mqd.spark.typed_records import registry_lookup
+    from mqd.spark.typed_records import Format, registry_lookup
     from mqd.spark.typed_sink import TypedSink
 
     sc = config.spark
@@ -341,8 +341,8 @@ def _typed_sink(spark: Any, config: MqdConfig, batch_log: BatchLog) -> Any:
         dead_letter_parts=[f.name for f in fields if f.is_column and f.name in _LANDING_COLUMNS],
         envelope=envelope,
         dead_letter_columns=output_columns(),
-        value_lookup=lookup if sc.value_format in REGISTRY_FORMATS else None,
-        key_lookup=lookup if typed_key else None,
+        value=(lookup, cast(Format, sc.value_format)) if sc.value_format in REGISTRY_FORMATS else None,
+        key=(lookup, cast(Format, sc.key_format)) if typed_key else None,
         query_name=name,
         iceberg=iceberg,
         on_batch=batch_log.record,

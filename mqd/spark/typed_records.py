@@ -31,12 +31,16 @@ from typing import Any, Literal
 import structlog
 
 from mqd.spark import dead_letters as dl
+from mqd.spark import json_schema_types
 from mqd.spark import wire_format as wire
 from mqd.spark.schema_evolution import Misfit, conform, merge
 
 _log = structlog.get_logger("mqd.spark")
 
 Role = Literal["key", "value"]
+Format = Literal["avro", "json_schema"]
+_REGISTRY_TYPE = {"avro": "AVRO", "json_schema": "JSON"}  # the registry's schemaType of each format
+CORRUPT = "_mqd_corrupt"  # from_json's column for a document that does not parse as its schema
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +50,7 @@ class WriterSchema:
     schema_id: int
     schema_type: str
     text: str
+    references: tuple[tuple[str, str], ...] = ()  # (registered name, schema text), JSON Schema's
 
 
 class SchemaNotFound(LookupError):
@@ -70,6 +75,7 @@ class _Verdict:
     null_record: bytes | None = None  # the Avro bytes of an all-null record, if one exists
     error_class: str | None = None
     message: str | None = None
+    original: Any = None  # the Spark type of the writer schema as it is (before renames, unwrapped)
 
 
 class ColumnDecoder:
@@ -79,10 +85,17 @@ class ColumnDecoder:
     renamed)."""
 
     def __init__(
-        self, spark: Any, role: Role, lookup: SchemaLookup, table_type: Any, reserved: Iterable[str]
+        self,
+        spark: Any,
+        role: Role,
+        lookup: SchemaLookup,
+        table_type: Any,
+        reserved: Iterable[str],
+        fmt: Format = "avro",
     ) -> None:
         self.spark = spark
         self.role = role
+        self.fmt = fmt
         self.lookup = lookup
         self.table_type = table_type
         self.reserved = frozenset(reserved)
@@ -119,15 +132,20 @@ class ColumnDecoder:
             schema = self.lookup(sid)
         except SchemaNotFound as exc:
             return _Verdict(sid, error_class=dl.UNKNOWN_SCHEMA, message=f"{self.role} schema id {sid}: {exc}")
-        if schema.schema_type.upper() != "AVRO":
+        expected = _REGISTRY_TYPE[self.fmt]
+        if schema.schema_type.upper() != expected:
             return _Verdict(
                 sid,
                 error_class=dl.UNSUPPORTED_SCHEMA,
-                message=f"{self.role} schema id {sid} is a {schema.schema_type} schema, not Avro",
+                message=f"{self.role} schema id {sid} is a {schema.schema_type} schema, not {expected} "
+                f"({self.role}_format = {self.fmt!r})",
             )
         try:
-            spark_type = avro_spark_type(self.spark, schema.text)
-        except Exception as exc:  # Spark's parse and conversion errors
+            if self.fmt == "avro":
+                spark_type = avro_spark_type(self.spark, schema.text)
+            else:
+                spark_type = json_schema_types.spark_type(schema.text, dict(schema.references))
+        except Exception as exc:  # Spark's parse and conversion errors, JsonSchemaError
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             return _Verdict(
                 sid,
@@ -154,9 +172,11 @@ class ColumnDecoder:
             writer = StructType(
                 [StructField(n, f.dataType, True) for n, f in zip(names, spark_type.fields, strict=True)]
             )
-            return _Verdict(sid, text, writer, None, renames, wire.avro_null_record(text))
+            null_record = wire.avro_null_record(text) if self.fmt == "avro" else None
+            return _Verdict(sid, text, writer, None, renames, null_record, original=spark_type)
         wrap = self.role
-        return _Verdict(sid, text, StructType([StructField(wrap, spark_type, True)]), wrap, {}, None)
+        writer = StructType([StructField(wrap, spark_type, True)])
+        return _Verdict(sid, text, writer, wrap, {}, None, original=spark_type)
 
     # -- the expressions, evaluated per record in one pass --------------------------------------------
 
@@ -167,34 +187,54 @@ class ColumnDecoder:
         """The table-typed struct of each record of a decodable id; null for the rest, and for a
         record its writer schema cannot decode."""
         from pyspark.sql import functions as F
-        from pyspark.sql.avro.functions import from_avro
 
         source = F.col(self.role)
         data = wire.payload(source)
         out = F.lit(None).cast(self.table_type)
         for sid in self.ids(good=True):
             v = self._verdicts[sid]
-            d = from_avro(data, v.text, {"mode": "PERMISSIVE"})
+            d, failed = self._decode(data, v)
             if v.wrap is not None:
-                # a failed primitive decodes to null; a null of a nullable schema is a record too
                 shaped = F.struct(d.alias(v.wrap))
-                failed = d.isNull() & F.lit(not _nullable_avro(v.text))
+            elif self.fmt == "avro" and not v.renames:
+                shaped = d  # already the writer's struct, field for field
             else:
-                fields = [n for n in v.writer.fieldNames()]
                 originals = {new: old for old, new in v.renames.items()}
-                shaped = (
-                    F.struct(*[d.getField(originals.get(n, n)).alias(n) for n in fields]) if v.renames else d
-                )
-                all_null = F.lit(True)
-                for n in fields:
-                    all_null = all_null & d.getField(originals.get(n, n)).isNull()
-                legit = data == F.lit(v.null_record) if v.null_record is not None else F.lit(False)
-                failed = all_null & ~legit
+                shaped = F.struct(*[d.getField(originals.get(n, n)).alias(n) for n in v.writer.fieldNames()])
             branch = F.when(failed, F.lit(None).cast(self.table_type)).otherwise(
                 conform(shaped, v.writer, self.table_type)
             )
             out = F.when(sid_col == sid, branch).otherwise(out)
         return out
+
+    def _decode(self, data: Any, v: _Verdict) -> tuple[Any, Any]:
+        """(the record decoded with its writer schema, whether that failed) for one id."""
+        from pyspark.sql import functions as F
+        from pyspark.sql.avro.functions import from_avro
+        from pyspark.sql.types import StringType, StructField, StructType
+
+        if self.fmt == "json_schema":
+            text = data.cast("string")
+            options = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT}
+            if v.wrap is None:
+                fields = list(v.original.fields)
+                parsed = F.from_json(text, StructType([*fields, StructField(CORRUPT, StringType())]), options)
+                return parsed, parsed.isNull() | parsed.getField(CORRUPT).isNotNull()
+            # a document that is not an object: parsed as the one field of an object around it
+            around = StructType([StructField("v", v.original, True), StructField(CORRUPT, StringType())])
+            parsed = F.from_json(F.concat(F.lit('{"v":'), text, F.lit("}")), around, options)
+            return parsed.getField("v"), parsed.isNull() | parsed.getField(CORRUPT).isNotNull()
+        d = from_avro(data, v.text, {"mode": "PERMISSIVE"})
+        if v.wrap is not None:
+            # a failed primitive decodes to null; a null of a nullable schema is a record too
+            return d, d.isNull() & F.lit(not _nullable_avro(v.text))
+        # PERMISSIVE answers a payload it cannot decode with a struct of nulls: a failure unless
+        # the payload is the encoding of the all-null record
+        all_null = F.lit(True)
+        for f in v.original.fields:
+            all_null = all_null & d.getField(f.name).isNull()
+        legit = data == F.lit(v.null_record) if v.null_record is not None else F.lit(False)
+        return d, all_null & ~legit
 
     def reason(self, sid_col: Any, decoded_col: Any) -> tuple[Any, Any]:
         """(error class, message) of each record's column, both null when it decoded (or is null)."""
@@ -243,9 +283,10 @@ def registry_lookup(client: Any) -> SchemaLookup:
                 raise SchemaNotFound(str(exc)) from None
             raise
         text = found.schema
-        if found.schema_type == "AVRO" and found.referenced:
-            text = inline_avro_references(text, [(r.name, r.schema) for r in found.referenced])
-        return WriterSchema(found.id, str(found.schema_type), text)
+        refs = tuple((r.name, r.schema) for r in found.referenced)
+        if found.schema_type == "AVRO" and refs:
+            text, refs = inline_avro_references(text, list(refs)), ()
+        return WriterSchema(found.id, str(found.schema_type), text, refs)
 
     return lookup
 
@@ -294,6 +335,7 @@ def _nullable_avro(text: str) -> bool:
 
 __all__ = [
     "ColumnDecoder",
+    "Format",
     "Role",
     "SchemaLookup",
     "SchemaNotFound",

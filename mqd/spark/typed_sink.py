@@ -1,6 +1,7 @@
-"""The job's sink for typed records (``value_format`` / ``key_format`` = ``avro``): one streaming query
-whose ``foreachBatch`` decodes each micro-batch (mqd/spark/typed_records.py) and writes its rows to
-the output table and its dead letters to the dead-letter table, each exactly once.
+"""The job's sink for typed records (``value_format`` / ``key_format`` = ``avro`` or ``json_schema``):
+one streaming query whose ``foreachBatch`` decodes each micro-batch (mqd/spark/typed_records.py)
+and writes its rows to the output table and its dead letters to the dead-letter table, each exactly
+once.
 
 Exactly once across two tables: each write is keyed by the query's id and the batch id in the
 table's own log (Delta's idempotent writes, ``txnAppId``/``txnVersion``; an Iceberg snapshot's
@@ -24,7 +25,7 @@ import structlog
 from mqd.spark import dead_letters as dl
 from mqd.spark import wire_format as wire
 from mqd.spark.partitioning import PartitionField
-from mqd.spark.typed_records import ColumnDecoder, SchemaLookup
+from mqd.spark.typed_records import ColumnDecoder, Format, SchemaLookup
 
 _log = structlog.get_logger("mqd.spark")
 
@@ -47,8 +48,8 @@ class TypedSink:
         dead_letter_parts: list[str],
         envelope: list[str],
         dead_letter_columns: list[str],
-        value_lookup: SchemaLookup | None,
-        key_lookup: SchemaLookup | None,
+        value: tuple[SchemaLookup, Format] | None,
+        key: tuple[SchemaLookup, Format] | None,
         query_name: str,
         iceberg: Callable[[str, list[str], str], Any] | None = None,
         on_batch: Callable[[dict[str, Any]], None] | None = None,
@@ -63,7 +64,7 @@ class TypedSink:
         self.envelope = envelope
         self.dead_letter_columns = dead_letter_columns
         self.query_name = query_name
-        self._lookups = {"value": value_lookup, "key": key_lookup}
+        self._typed = {"value": value, "key": key}
         self._iceberg = iceberg
         self._sinks: dict[str, Any] = {}  # Iceberg: location -> IcebergSink
         self.on_batch = on_batch
@@ -76,22 +77,18 @@ class TypedSink:
         existing = self._table_type()
         computed = {f.name for f in self.partitions if f.expression is not None}
         reserved = set(self.envelope) | computed | {"key", "value"}
-        if self._lookups["value"] is not None:
+        value, key = self._typed["value"], self._typed["key"]
+        if value is not None:
             owned = [f for f in existing.fields if f.name not in reserved or f.name == "value"]
             if any(f.name == "value" and f.dataType.typeName() == "binary" for f in owned):
                 owned = [f for f in owned if f.name != "value"]
             self.decoders["value"] = ColumnDecoder(
-                self.spark, "value", self._lookups["value"], StructType(owned), reserved - {"value"}
+                self.spark, "value", value[0], StructType(owned), reserved - {"value"}, value[1]
             )
-        if self._lookups["key"] is not None:
-            key = [f for f in existing.fields if f.name == "key" and f.dataType.typeName() != "binary"]
-            self.decoders["key"] = ColumnDecoder(
-                self.spark,
-                "key",
-                self._lookups["key"],
-                StructType([StructField(f.name, f.dataType, True) for f in key]),
-                (),
-            )
+        if key is not None:
+            typed = [StructField(f.name, f.dataType, True) for f in existing.fields if f.name == "key"]
+            typed = [f for f in typed if f.dataType.typeName() != "binary"]
+            self.decoders["key"] = ColumnDecoder(self.spark, "key", key[0], StructType(typed), (), key[1])
         return self
 
     def _table_type(self) -> Any:

@@ -1,6 +1,7 @@
 """The pure parts of typed records: how writer schemas merge into the table's type
 (mqd/spark/schema_evolution.py), the registry wire format's all-null record
-(mqd/spark/wire_format.py) and Avro references inlined into one schema (typed_records)."""
+(mqd/spark/wire_format.py), Avro references inlined into one schema (typed_records) and JSON Schemas
+as Spark types (json_schema_types)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from hypothesis import strategies as st
 from pyspark.sql.types import (
     ArrayType,
     BinaryType,
+    BooleanType,
     DataType,
     DoubleType,
     IntegerType,
@@ -24,6 +26,7 @@ from pyspark.sql.types import (
     StructType,
 )
 
+from mqd.spark.json_schema_types import JsonSchemaError, spark_type
 from mqd.spark.schema_evolution import Misfit, merge
 from mqd.spark.typed_records import inline_avro_references
 from mqd.spark.wire_format import avro_null_record, header
@@ -147,3 +150,52 @@ def test_references_are_defined_where_first_named_and_named_after() -> None:
     fastavro.schemaless_writer(out, parsed, rec)
     out.seek(0)
     assert fastavro.schemaless_reader(out, parsed, None) == rec
+
+
+def test_json_schema_objects_scalars_arrays_and_nullable_unions() -> None:
+    """The types a JSON Schema's documents parse into: properties in order, all nullable."""
+    schema = {
+        "type": "object",
+        "properties": {
+            "id": {"type": "integer"},
+            "name": {"type": ["string", "null"]},
+            "score": {"anyOf": [{"type": "number"}, {"type": "null"}]},
+            "tags": {"type": "array", "items": {"type": "string"}},
+            "kind": {"enum": ["a", "b"]},
+            "attrs": {"type": "object", "additionalProperties": {"type": "integer"}},
+            "any": {},
+        },
+        "required": ["id"],
+    }
+    t = spark_type(json.dumps(schema))
+    assert t == _struct(
+        id=LongType(),
+        name=StringType(),
+        score=DoubleType(),
+        tags=ArrayType(StringType(), True),
+        kind=StringType(),
+        attrs=MapType(StringType(), LongType(), True),
+        any=StringType(),
+    )
+
+
+def test_json_schema_refs_local_and_registered_and_cycles_refused() -> None:
+    """``#/$defs`` and ``#/definitions`` resolve in their document; a registered reference by its
+    name; a recursive reference is refused (a column cannot nest without end)."""
+    schema = {
+        "type": "object",
+        "properties": {"a": {"$ref": "#/$defs/A"}, "b": {"$ref": "money.json"}},
+        "$defs": {"A": {"type": "object", "properties": {"x": {"type": "boolean"}}}},
+    }
+    money = {
+        "type": "object",
+        "properties": {"units": {"$ref": "#/definitions/U"}},
+        "definitions": {"U": {"type": "integer"}},
+    }
+    t = spark_type(json.dumps(schema), {"money.json": json.dumps(money)})
+    assert t == _struct(a=_struct(x=BooleanType()), b=_struct(units=LongType()))
+    loop = {"type": "object", "properties": {"next": {"$ref": "#"}}}
+    with pytest.raises(JsonSchemaError, match="recursive"):
+        spark_type(json.dumps(loop))
+    with pytest.raises(JsonSchemaError, match="no registered reference"):
+        spark_type(json.dumps({"$ref": "other.json"}))
