@@ -32,6 +32,7 @@ from mqd.landing import lifecycle
 from mqd.spark.table_format import DELTA_LOG, SPARK_METADATA
 
 STREAMING_UPDATE = "STREAMING UPDATE"  # Delta's operation name for a streaming sink's commit
+TXN_KEY = "_mqd_txn"  # a history entry's txn action, when its commit has one (read from the log)
 _COMMIT = re.compile(r"[0-9]{20}\.json")  # a Delta commit file (not a checkpoint or a temp file)
 
 
@@ -64,8 +65,13 @@ def file_sink_writer(table: Path) -> TableWriter | None:
 
 def delta_writer(history: list[dict[str, Any]]) -> TableWriter | None:
     """From Delta's history (newest first, as ``DESCRIBE HISTORY`` gives it): the newest streaming
-    commit's query id and batch (``epochId``)."""
+    commit's query id and batch (``epochId``), or the newest commit carrying a ``txn`` action (a
+    ``foreachBatch`` sink's idempotent write, mqd/spark/typed_sink.py: the query id as its
+    ``appId``, the batch as its ``version``; read from the log only, TXN_KEY)."""
     for entry in history:
+        txn = entry.get(TXN_KEY)
+        if isinstance(txn, dict) and "appId" in txn and "version" in txn:
+            return TableWriter(str(txn["appId"]), int(txn["version"]))
         if entry.get("operation") != STREAMING_UPDATE:
             continue
         params = entry.get("operationParameters") or {}
@@ -83,12 +89,16 @@ def delta_log_history(table: Path, limit: int = 100) -> list[dict[str, Any]]:
     commits = sorted((p for p in log.glob("*.json") if _COMMIT.fullmatch(p.name)), reverse=True)
     history: list[dict[str, Any]] = []
     for path in commits[:limit]:
+        info: dict[str, Any] | None = None
+        txn: Any = None
         for line in path.read_text(encoding="utf-8").splitlines():
             if '"commitInfo"' in line:
-                info = json.loads(line).get("commitInfo")
-                if isinstance(info, dict):
-                    history.append(info)
-                break
+                found = json.loads(line).get("commitInfo")
+                info = found if isinstance(found, dict) else None
+            elif '"txn"' in line:
+                txn = json.loads(line).get("txn")
+        if info is not None:
+            history.append({**info, TXN_KEY: txn} if txn is not None else info)
     return history
 
 

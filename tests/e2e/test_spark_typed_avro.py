@@ -229,3 +229,20 @@ def test_an_iceberg_table_takes_typed_rows_and_its_dead_letters(
         assert [r[2] for r in rows if r[2] is not None] == [1.5] and len(rows) == 4, reader
     dead = every_iceberg_reader_keys(Path(cfg.spark.quarantine_dir))
     assert all([k[3] for k in keys] == [4] for keys in dead.values()), dead
+
+
+def test_a_new_checkpoint_for_a_typed_table_is_refused(
+    tmp_path: Path, spark: Any, registry: SchemaRegistry
+) -> None:
+    """The typed sink's writes carry the query and batch as Delta's txn: the checkpoint guard reads
+    them, so a deleted checkpoint ends the next run with exit 2 instead of writing every landed
+    record again."""
+    i1 = register(registry, "orders-guard-value", V1)
+    cfg = typed_config(tmp_path, registry.url)
+    land_values(Path(cfg.landing.dir), [avro_value(i1, V1, {"id": 1, "name": "a", "timestamp": 1})])
+    assert job.run(cfg, once=True) == 0
+    import shutil
+
+    shutil.rmtree(cfg.spark.checkpoint_dir)
+    assert job.run(cfg, once=True) == 2
+    assert len(_rows(Path(cfg.spark.output_dir))) == 1
