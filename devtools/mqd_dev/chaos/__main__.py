@@ -84,6 +84,15 @@ def _parser() -> argparse.ArgumentParser:
         help="--source tansu: Tansu's storage, s3 (a SeaweedFS the run starts; a restart keeps the "
         "data) or memory (a restart loses it)",
     )
+    p.add_argument(
+        "--group-protocol",
+        choices=("classic", "consumer"),
+        default="classic",
+        help="--source kafka: the daemons' consumer group protocol, classic (mqd's allocation run by "
+        "the group's leader) or consumer (KIP-848: consumer.kafka.group_protocol set to consumer, the "
+        "broker's assignor; the brokers' group session lowered so a killed or frozen daemon's "
+        "partitions move within seconds)",
+    )
     p.add_argument("--no-spark", action="store_true", help="skip the Spark job and the table check")
     p.add_argument("--no-unshare", action="store_true", help="do not re-execute in a mount namespace")
     p.add_argument("--keep", action="store_true", help="keep the work directory")
@@ -137,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
             source=source,
             kafka_storage=args.kafka_storage,
             kafka_broker=kafka_broker,
+            group_protocol=args.group_protocol,
         )
         options.validate()
     except ValueError as exc:
@@ -144,7 +154,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     root = args.root or Path(tempfile.mkdtemp(prefix="mqd-chaos-"))
     options = dataclasses.replace(options, root=root)
-    print(f"chaos: seed {seed}, {args.rounds} rounds, work dir {root}", flush=True)
+    protocol = f", group protocol {args.group_protocol}" if source == "kafka" else ""
+    print(f"chaos: seed {seed}, {args.rounds} rounds{protocol}, work dir {root}", flush=True)
     summary = asyncio.run(run_chaos(options))
     out = args.out or Path(tempfile.gettempdir()) / f"mqd-chaos-{seed}.json"
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -35,6 +35,13 @@ partition has its three replicas in sync again (a fault is then never a compound
   acknowledged record missing from the log is a failure (:data:`BROKER_MAY_LOSE`). Electing T
   instead would lose records Kafka acknowledged: Kafka does not promise to keep them then, and no
   fault here does it.
+
+The consumer group protocol (``--group-protocol consumer``, KIP-848): the daemons join with
+``consumer.kafka.group_protocol = "consumer"`` and the brokers' coordinator runs the assignor. Its
+session and heartbeat are the broker's (:func:`consumer_group_settings`): a session of
+:data:`GROUP_SESSION_S`, longer than the daemons' own (3 s: a member cut off stops owning before the
+coordinator hands its partitions on), so that a killed or frozen daemon's partitions move within
+seconds, not Kafka's default 45 s.
 """
 
 from __future__ import annotations
@@ -63,6 +70,11 @@ BROKER_SESSION_S = 3.0  # KafkaCluster's broker.session.timeout.ms: a dead broke
 # an acknowledged record missing from Apache Kafka's log fails the run: every broker fault here stays
 # inside Kafka's guarantee for acks=all with min.insync.replicas=2 (see the module docstring)
 BROKER_MAY_LOSE = False
+# KIP-848 groups (--group-protocol consumer): the coordinator's session for a member (Kafka's
+# default 45 s, its floor 45 s unless lowered), above the daemons' session_timeout (3 s)
+GROUP_SESSION_S = 5.0
+GROUP_HEARTBEAT_S = 0.5
+GROUP_PROTOCOLS = ("classic", "consumer")
 _WAIT = 45.0  # one step of a broker fault (a fence, an election, a JVM start on a loaded machine)
 
 
@@ -76,6 +88,22 @@ def replica_assignment(partitions: int, brokers: Sequence[int]) -> list[list[int
     by ``brokers[p % n]``), so each broker leads some partition the daemons read."""
     n = len(brokers)
     return [[brokers[(p + i) % n] for i in range(n)] for p in range(partitions)]
+
+
+def consumer_group_settings(group_protocol: str) -> dict[str, str]:
+    """The brokers' settings for ``group_protocol``: none for classic (the daemons send their own
+    session in JoinGroup); for ``consumer`` (KIP-848), the coordinator's session and heartbeat
+    interval, and floors low enough to allow them (Kafka's are 45 s and 5 s)."""
+    if group_protocol not in GROUP_PROTOCOLS:
+        raise ValueError(f"group_protocol is classic or consumer, not {group_protocol!r}")
+    if group_protocol == "classic":
+        return {}
+    return {
+        "group.consumer.session.timeout.ms": str(int(GROUP_SESSION_S * 1000)),
+        "group.consumer.min.session.timeout.ms": "1000",
+        "group.consumer.heartbeat.interval.ms": str(int(GROUP_HEARTBEAT_S * 1000)),
+        "group.consumer.min.heartbeat.interval.ms": "100",
+    }
 
 
 def client_listener_settings(
@@ -125,12 +153,18 @@ class ApacheKafka:
 
     kind = "apache"
 
-    def __init__(self, root: Path, seed: int, brokers: int = REPLICATION) -> None:
+    def __init__(
+        self, root: Path, seed: int, brokers: int = REPLICATION, group_protocol: str = "classic"
+    ) -> None:
+        self.group_protocol = group_protocol
         self.cluster = KafkaCluster(
             root / "kafka",
             brokers + 1,
             controllers=1,
-            settings={"unclean.leader.election.enable": "false"},  # elections below are asked for
+            settings={
+                "unclean.leader.election.enable": "false",  # elections below are asked for
+                **consumer_group_settings(group_protocol),
+            },
         )
         self.data = data_brokers(brokers)
         self.client_ports = {b.index: free_port() for b in self.cluster.brokers}
@@ -156,10 +190,15 @@ class ApacheKafka:
         return self.cluster.bootstrap
 
     def describe(self) -> str:
+        group = (
+            f"consumer group protocol consumer (KIP-848, the broker's session {GROUP_SESSION_S:g} s)"
+            if self.group_protocol == "consumer"
+            else "consumer group protocol classic"
+        )
         return (
             f"Apache Kafka {self.cluster.version}: brokers {self.data} (the topic: replication "
             f"{REPLICATION}, min.insync.replicas {MIN_INSYNC}), node {CONTROLLER} the KRaft controller; "
-            "clients through a proxy per node (advertised CLIENT listener)"
+            f"clients through a proxy per node (advertised CLIENT listener); {group}"
         )
 
     # -- lifecycle ---------------------------------------------------------------------------------

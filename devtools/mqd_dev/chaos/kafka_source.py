@@ -23,6 +23,13 @@ records acknowledged into the destroyed log that no daemon had fetched are gone 
 (``check.check_payloads``'s ``lossy`` generations: what landed of a destroyed log must be a prefix
 of it, the rest is counted as gone, not lost), and the landing shows one incarnation per log.
 
+Group protocol (``--group-protocol``, Apache Kafka only): ``classic`` (the default: JoinGroup and
+SyncGroup, mqd's allocation run by the group's leader) or ``consumer`` (KIP-848: the daemons set
+``consumer.kafka.group_protocol = "consumer"`` and no ``consumer.allocation``, the coordinator runs
+the broker's assignor and moves partitions one member at a time; the brokers' group session is
+lowered to apache_kafka.GROUP_SESSION_S, and a daemon freeze holds past it, so a killed, frozen or
+restarted daemon's partitions are reassigned by the broker within the round).
+
 The producer is confluent-kafka with ``acks=all`` and idempotence; a record is in the ledger once
 its delivery report says it is written, at the offset the report gives, never otherwise.
 """
@@ -51,7 +58,7 @@ from mqd.testing.seaweedfs import ACCESS_KEY, REGION, SECRET_KEY, SeaweedFS
 from mqd.testing.tansu import tansu_binary
 from mqd.waiting import wait_until
 from mqd_dev.chaos import check
-from mqd_dev.chaos.apache_kafka import BROKER_MAY_LOSE, BROKER_SESSION_S, ApacheKafka
+from mqd_dev.chaos.apache_kafka import BROKER_MAY_LOSE, BROKER_SESSION_S, GROUP_SESSION_S, ApacheKafka
 from mqd_dev.chaos.ledger import Ledger, read_ledger
 from mqd_dev.chaos.load import Ack, record_value
 from mqd_dev.chaos.procs import DaemonProc, Proc
@@ -79,7 +86,16 @@ _KAFKA_NET_FAULTS: dict[str, Faults] = {
 # delivery errors that say the broker lost the idempotent producer's state (a memory Tansu restarted)
 _STATE_LOST = frozenset({"UNKNOWN_PRODUCER_ID", "OUT_OF_ORDER_SEQUENCE_NUMBER"})
 # the Kafka source's log events the summary counts at any level: they show a fault took effect
-_SHOWN = frozenset({"consumer group joined", "left the group", "kafka fetch session reset"})
+_SHOWN = frozenset(
+    {
+        "consumer group joined",
+        "left the group",
+        "kafka fetch session reset",
+        # KIP-848 (--group-protocol consumer): a new target from the coordinator, a leave
+        "consumer group assignment",
+        "left the consumer group",
+    }
+)
 
 
 class TansuBroker:
@@ -427,7 +443,7 @@ class KafkaChaosRun:
         self.target_rng = random.Random(options.seed + 1)
         self.topic = "chaos"
         self.broker: TansuBroker | ApacheKafka = (
-            ApacheKafka(self.root, options.seed)
+            ApacheKafka(self.root, options.seed, group_protocol=options.group_protocol)
             if options.kafka_broker == "apache"
             else TansuBroker(self.root, options.kafka_storage, options.seed)
         )
@@ -468,10 +484,19 @@ class KafkaChaosRun:
     # -- setup -------------------------------------------------------------------------------------
 
     def _write_daemon_config(self, d: DaemonProc) -> None:
+        d.config_path.write_text(to_toml(self.daemon_config(d)))
+
+    def daemon_config(self, d: DaemonProc) -> dict[str, Any]:
+        """Daemon ``d``'s config. ``group_protocol`` consumer (KIP-848) sets
+        ``consumer.kafka.group_protocol`` and no ``consumer.allocation`` (the broker assigns; config
+        check refuses an mqd strategy under that protocol); classic leaves both to their defaults."""
         o = self.opts
         state = self.root / "state" / d.name
         warehouse = self.root / "warehouse"
-        body = {
+        kafka: dict[str, Any] = {"group_instance_id": d.name}  # static membership
+        if o.group_protocol != "classic":
+            kafka["group_protocol"] = o.group_protocol
+        body: dict[str, Any] = {
             "consumer": {
                 "source": "kafka",
                 "group": "chaos",
@@ -488,7 +513,7 @@ class KafkaChaosRun:
                 "fetch_max_wait_ms": 300,
                 "error_backoff_max_ms": 1000,
             },
-            "consumer.kafka": {"group_instance_id": d.name},  # static membership
+            "consumer.kafka": kafka,
             "landing": {"dir": str(self.landing), "max_age": 0.5, "disk_retry_interval": 0.5},
             "spark": {
                 "master": "local[2]",
@@ -502,7 +527,7 @@ class KafkaChaosRun:
             "log": {"level": "info", "format": "json"},
             "daemon": daemon_section(state),
         }
-        d.config_path.write_text(to_toml(body))
+        return body
 
     async def _create_topic(self) -> None:
         await self.broker.create_topic(self.topic, self.opts.partitions)
@@ -588,7 +613,10 @@ class KafkaChaosRun:
         kinds = [self.rng.choice(available[c]) for c in sorted(self.rng.sample(cats, n))]
         hold = round(self.rng.uniform(self.opts.hold_min, self.opts.hold_max), 2)
         if any(k in _FREEZES for k in kinds):  # it must outlive the session, or it is no fault at all
-            hold = max(hold, self.opts.session_timeout * 1.5 + 0.5)
+            session = self.opts.session_timeout
+            if self.opts.group_protocol == "consumer":  # the coordinator's session, not the daemon's
+                session = max(session, GROUP_SESSION_S)
+            hold = max(hold, session * 1.5 + 0.5)
         if "kafka_broker_freeze" in kinds:  # past the broker's session: fenced, its leaderships move
             hold = max(hold, BROKER_SESSION_S * 1.5 + 0.5)
         return kinds, hold

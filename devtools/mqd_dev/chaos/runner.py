@@ -64,6 +64,7 @@ from mqd.runner import EXIT_TEMPFAIL
 from mqd.testing import ProcessError, daemon_section, to_toml
 from mqd.waiting import wait_until
 from mqd_dev.chaos import check, integrity, node_data
+from mqd_dev.chaos.apache_kafka import GROUP_PROTOCOLS
 from mqd_dev.chaos.disk import LandingDisk
 from mqd_dev.chaos.ledger import Ledger, read_ledger
 from mqd_dev.chaos.load import ProduceLoad
@@ -225,6 +226,9 @@ class ChaosOptions:
     # `--source kafka` and `make chaos SOURCE=kafka` pick) or "tansu" (`--source tansu`); "tansu"
     # here, so that a ChaosOptions(source="kafka") written before Apache Kafka keeps its meaning
     kafka_broker: str = "tansu"
+    # a Kafka source's consumer group protocol: "classic" (JoinGroup/SyncGroup, mqd's allocation
+    # run by the group's leader) or "consumer" (KIP-848, the broker's assignor; Apache Kafka only)
+    group_protocol: str = "classic"
 
     @property
     def known_kinds(self) -> tuple[str, ...]:
@@ -237,6 +241,13 @@ class ChaosOptions:
             raise ValueError(f"source is mqd or kafka, not {self.source!r}")
         if self.kafka_broker not in KAFKA_BROKERS:
             raise ValueError(f"kafka_broker is apache or tansu, not {self.kafka_broker!r}")
+        if self.group_protocol not in GROUP_PROTOCOLS:
+            raise ValueError(f"group_protocol is classic or consumer, not {self.group_protocol!r}")
+        if self.group_protocol == "consumer" and (self.source != "kafka" or self.kafka_broker != "apache"):
+            raise ValueError(
+                "group_protocol consumer (KIP-848) runs with --source kafka (Apache Kafka) only: the mqd "
+                "brokers have their own groups and Tansu does not speak it"
+            )
         known = self.known_kinds
         unknown = set(self.kinds) - set(known)
         if unknown:
