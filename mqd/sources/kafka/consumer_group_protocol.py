@@ -18,7 +18,7 @@ everything, and joins again at epoch 0 with the same member id. Without a succes
 
 Offsets: OffsetCommit v9 and OffsetFetch v9 carry the member id and epoch (Kafka answers a
 consumer-protocol member's OffsetCommit below v9 UNSUPPORTED_VERSION; measured on 4.4). See
-docs/decisions/kip848-consumer-group-protocol.md.
+docs/decisions/057-kip848-consumer-group-protocol.md.
 """
 
 from __future__ import annotations
