@@ -23,8 +23,7 @@ from mqd.config import ConfigError
 # Arrow fixes its allocator when pyarrow is first imported, so this must happen before any command
 # imports it. jemalloc: the Kafka source's decoded records and the landing's encoder live there,
 # away from glibc's heap, whose holes between them were most of the daemon's peak RSS above idle
-# (docs/architecture.md, "Fetch answers read in place; decoded records in Arrow's jemalloc
-# pool"). An operator's choice wins.
+# (docs/decisions/043-fetch-answers-in-place-jemalloc.md). An operator's choice wins.
 os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "jemalloc")
 # One jemalloc arena for every thread: the event loop allocates fetch answers and decoded records,
 # the landing threads free them and allocate the encoder's buffers. With an arena per thread

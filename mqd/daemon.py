@@ -76,8 +76,8 @@ def _use_jemalloc_pool() -> None:
     (ARROW_DEFAULT_MEMORY_POOL) or this pyarrow has none. The Kafka source decodes into Arrow's pool
     and the landing encodes from it, so the records' memory stays out of glibc's heap; measured on
     the ``kafka`` shape (bench.kafka_rss) peak RSS above idle 148.5 -> 128.0 MiB and CPU 3.04 ->
-    2.83 s per 6 M records against the system pool (docs/architecture.md). Process-wide: the daemon
-    owns its process.
+    2.83 s per 6 M records against the system pool (docs/decisions/043-fetch-answers-in-place-jemalloc.md).
+    Process-wide: the daemon owns its process.
 
     Before pyarrow is imported (it is, only once the first fetch is out: issue 16) the variable
     says it, and Arrow reads it when it makes its default pool."""

@@ -32,8 +32,8 @@ def fsync_written_once(path: Path) -> int:
     drop its pages from the page cache and return its size. Keeping the pages only evicts what is
     read now (the broker's log on a shared machine); and a page the kernel reuses at once is much
     cheaper to fill than a fresh one: on this project's benchmark VM writing 32 MB cost 80 ms of CPU
-    into fresh page-cache pages against 8 ms into pages just dropped (docs/architecture.md,
-    "Published files leave the page cache")."""
+    into fresh page-cache pages against 8 ms into pages just dropped
+    (docs/decisions/046-files-streamed-row-groups.md, "Published files leave the page cache")."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)

@@ -1,7 +1,8 @@
 """Deliberate position changes: ``mqd offsets reset`` and ``mqd offsets show`` (issue 17).
 
 The landing, not the broker commit, is the source of truth of where a partition resumes (a
-partition with landed files resumes after its landed head; docs/architecture.md). So moving a
+partition with landed files resumes after its landed head;
+docs/decisions/034-config-users-know-deliberate-replays.md). So moving a
 Kafka-style committed offset (``kafka-consumer-groups --reset-offsets``) does nothing by itself;
 the daemon warns about it at start. A reset is instead recorded in the landing, beside its state,
 as one *reset record* per partition (``_resets/<topic>/<partition:05d>.json``): the new position and
