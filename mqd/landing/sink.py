@@ -65,7 +65,7 @@ _HEAD_READERS = 4
 # Bytes written into files after which the sink, once idle (nothing buffered, open or being published), hands
 # the C heap's free pages back (mqd/memory_trim.py). A backlog's decoded records and answers
 # leave holes that glibc keeps for reuse: a daemon that landed 6 M records from Kafka kept 75-110 MiB
-# above its idle RSS for good (docs/architecture.md, the Kafka row of make bench). Not while records
+# above its idle RSS for good (docs/decisions/042-kafka-row-of-make-bench.md). Not while records
 # flow: trimming after every publication lowered no peak and cost ~30 % more CPU.
 TRIM_AFTER_BYTES = 64 * 2**20
 
