@@ -5,7 +5,7 @@ the answer arrives (a ~5 MB bytearray reallocated dozens of times per Fetch), ``
 it out into a ``bytes``, and the protocol structs copy each partition's records out again. On the
 Kafka source that was three transient copies of every answer in the event loop's heap, and the
 holes they left between long-lived decoded records were most of the daemon's memory above its
-idle baseline (docs/architecture.md, "Fetch answers read in place").
+idle baseline (docs/decisions/043-fetch-answers-in-place-jemalloc.md).
 
 Here a connection of mqd's client reads an answer of at least ``BIG_FRAME`` bytes straight into a
 buffer of its size from Arrow's pool (:func:`answer_buffer`; a kernel copy, then one copy per socket
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
     import pyarrow as pa
-else:  # the first answer, not the start, imports them (docs/architecture.md, issue 16)
+else:  # the first answer, not the start, imports them (docs/decisions/047-*.md)
     np = lazy_import("numpy")
     pa = lazy_import("pyarrow")
 

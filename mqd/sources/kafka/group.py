@@ -173,7 +173,7 @@ class KafkaGroup:
         # a member leaves (the others rebalance now, not after a session timeout), except a static
         # one (its restart takes its place back) and while the group re-forms: Tansu keeps a leader
         # that leaves then as the leader, and the group never forms again until Tansu restarts
-        # (docs/architecture.md, "The Kafka chaos run"); the coordinator drops a member that left
+        # (docs/decisions/045-kafka-chaos-run-tansu.md); the coordinator drops a member that left
         # silently after its session
         if self.static_id and self.member_id:
             log.info(
@@ -461,7 +461,7 @@ class KafkaGroup:
                 return
             assert self.generation is not None
             # v1 (aiokafka's): a v3 heartbeat naming the instance made Tansu 0.6 re-form the group
-            # without end after a static member's restart (measured, docs/architecture.md)
+            # without end after a static member's restart (measured, docs/decisions/023-kafka-source.md)
             resp = await self.send(HeartbeatRequest(s.group, self.generation, self.member_id))
             if resp.error_code:
                 raise GroupError("heartbeat", resp.error_code)
