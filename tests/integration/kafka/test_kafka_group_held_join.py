@@ -89,7 +89,7 @@ async def test_the_other_member_joins_when_the_leader_stops_while_the_group_form
     clients: Callable[[], AIOKafkaClient], topic: str
 ) -> None:
     """Tansu keeps a leader that sends LeaveGroup while the group re-forms as the leader, and no
-    member joins again until Tansu restarts (docs/architecture.md, "The Kafka chaos run"). A member
+    member joins again until Tansu restarts (docs/decisions/045-kafka-chaos-run-tansu.md). A member
     stopping then does not leave (a heartbeat tells it the group re-forms): Tansu drops it after its
     session and the other joins alone. With the LeaveGroup sent, b never joins."""
 
