@@ -13,6 +13,12 @@ level columns; a field named like one of the table's own columns (``topic``, ``o
 ``timestamp``...) is stored as ``value_<name>`` (logged once per schema id). A value of another
 schema (a string, an array) is the column ``value``. A typed key is the column ``key``.
 
+Protobuf (``protobuf``): each id's .proto and its imports compiled by protoc on the driver, each
+message a record's message indexes select planned as the batch meets it (an id and a message path
+per branch of the ``CASE``), decoded in Spark's JVM by mqd's own decoder (no spark-protobuf exists
+for Spark 4): mqd/spark/protobuf_decode.py. A .proto protoc refuses and a recursive message are
+``unsupported_schema``; a payload protobuf-java cannot parse is ``decode_failed``.
+
 Every record ends in the table or in the dead-letter table (mqd/spark/dead_letters.py) with its
 error class: ``not_wire_format``, ``unknown_schema`` (the registry answered 404 for its id),
 ``unsupported_schema`` (a Protobuf or JSON schema under ``avro``, or one Spark cannot read),
@@ -38,8 +44,9 @@ from mqd.spark.schema_evolution import Misfit, conform, merge
 _log = structlog.get_logger("mqd.spark")
 
 Role = Literal["key", "value"]
-Format = Literal["avro", "json_schema"]
-_REGISTRY_TYPE = {"avro": "AVRO", "json_schema": "JSON"}  # the registry's schemaType of each format
+Format = Literal["avro", "json_schema", "protobuf"]
+# the registry's schemaType of each format
+_REGISTRY_TYPE = {"avro": "AVRO", "json_schema": "JSON", "protobuf": "PROTOBUF"}
 CORRUPT = "_mqd_corrupt"  # from_json's column for a document that does not parse as its schema
 
 
@@ -50,7 +57,7 @@ class WriterSchema:
     schema_id: int
     schema_type: str
     text: str
-    references: tuple[tuple[str, str], ...] = ()  # (registered name, schema text), JSON Schema's
+    references: tuple[tuple[str, str], ...] = ()  # (registered name, schema text): JSON, Protobuf
 
 
 class SchemaNotFound(LookupError):
@@ -100,12 +107,18 @@ class ColumnDecoder:
         self.table_type = table_type
         self.reserved = frozenset(reserved)
         self._verdicts: dict[int, _Verdict] = {}
+        # protobuf: each id's compiled schema, and a verdict per (id, message-index path) met
+        self._protobuf: dict[int, Any] = {}
+        self._messages: dict[tuple[int, str], _Verdict] = {}
+        self._session: Any = spark  # where the decoder's UDFs are registered: the batch's session
 
     # -- the driver's part, once per batch ----------------------------------------------------------
 
-    def prepare(self, schema_ids: Iterable[int]) -> list[str]:
+    def prepare(self, schema_ids: Iterable[int], batch: Any = None) -> list[str]:
         """Plan the ids not seen yet (registry fetch, Spark type, merge into the table's type), in id
-        order. Returns the columns the table gains (for the batch's log line)."""
+        order. Returns the columns the table gains (for the batch's log line). ``batch`` (the
+        micro-batch, with this decoder's column): protobuf plans each message a record's indexes
+        select; without it only each id's first message ([0]) is planned."""
         from pyspark.sql.types import StructType
 
         before = {f.name for f in self.table_type.fields}
@@ -125,7 +138,61 @@ class ColumnDecoder:
                 log.warning("typed_schema_refused", error_class=verdict.error_class, error=verdict.message)
             else:
                 log.info("typed_schema_ready", renamed=verdict.renames or None)
+        if self.fmt == "protobuf":
+            self._prepare_messages(batch)
         return [f.name for f in self.table_type.fields if f.name not in before]
+
+    def _prepare_messages(self, batch: Any) -> None:
+        """Protobuf: a verdict for each (id, message path) of the batch not planned yet, each
+        message's type merged into the table's type in (id, path) order."""
+        from pyspark.sql import functions as F
+
+        from mqd.spark import protobuf_decode as pb
+
+        good = self.ids(good=True)
+        if not good:
+            return
+        # foreachBatch hands each batch in a session of its own (a clone): the UDFs must be there
+        self._session = self.spark if batch is None else batch.sparkSession
+        pb.ensure_session(self._session)
+        if batch is None:
+            pairs = {(sid, "0") for sid in good}
+        else:
+            sid = wire.schema_id(F.col(self.role))
+            found = (
+                batch.select(sid.alias("sid"), pb.path_column(wire.payload(F.col(self.role))).alias("path"))
+                .where(F.col("sid").isin(good) & F.col("path").isNotNull())
+                .distinct()
+                .collect()
+            )
+            pairs = {(int(r["sid"]), str(r["path"])) for r in found}
+        for sid, path in sorted(pairs - set(self._messages)):
+            schema = self._protobuf[sid]
+            message = schema.messages.get(path)
+            where = f"{self.role} schema id {sid}, message indexes [{path.replace('.', ', ')}]"
+            if message is None:
+                verdict = _Verdict(sid, error_class=dl.DECODE_FAILED, message=f"{where}: no such message")
+            elif message.spark_type is None:
+                verdict = _Verdict(
+                    sid,
+                    error_class=dl.UNSUPPORTED_SCHEMA,
+                    message=f"{where} ({message.name}): {message.error}",
+                )
+            else:
+                verdict = self._shape(sid, message.name, message.spark_type)
+            if verdict.writer is not None:
+                try:
+                    self.table_type = merge(self.table_type, verdict.writer)
+                except Misfit as misfit:
+                    verdict.error_class = dl.SCHEMA_INCOMPATIBLE
+                    verdict.message = f"{where}: {misfit}"
+                    verdict.writer = None
+            self._messages[(sid, path)] = verdict
+            log = _log.bind(column=self.role, schema_id=sid, message_path=path)
+            if verdict.error_class is not None:
+                log.warning("typed_schema_refused", error_class=verdict.error_class, error=verdict.message)
+            else:
+                log.info("typed_message_ready", message=verdict.text, renamed=verdict.renames or None)
 
     def _plan(self, sid: int) -> _Verdict:
         try:
@@ -140,6 +207,8 @@ class ColumnDecoder:
                 message=f"{self.role} schema id {sid} is a {schema.schema_type} schema, not {expected} "
                 f"({self.role}_format = {self.fmt!r})",
             )
+        if self.fmt == "protobuf":
+            return self._plan_protobuf(sid, schema)
         try:
             if self.fmt == "avro":
                 spark_type = avro_spark_type(self.spark, schema.text)
@@ -153,6 +222,22 @@ class ColumnDecoder:
                 message=f"{self.role} schema id {sid}: Spark cannot read it: {first[:500]}",
             )
         return self._shape(sid, schema.text, spark_type)
+
+    def _plan_protobuf(self, sid: int, schema: WriterSchema) -> _Verdict:
+        """The id's schema compiled by protoc with its imports (a schema protoc refuses is
+        unsupported, with protoc's message); its messages are planned as records select them."""
+        from mqd.spark import protobuf_decode as pb
+        from mqd.spark.protobuf_tools import ProtocError
+
+        try:
+            self._protobuf[sid] = pb.plan_schema(schema.text, schema.references)
+        except ProtocError as exc:
+            return _Verdict(
+                sid,
+                error_class=dl.UNSUPPORTED_SCHEMA,
+                message=f"{self.role} schema id {sid}: protoc refuses it: {exc}",
+            )
+        return _Verdict(sid, schema.text)
 
     def _shape(self, sid: int, text: str, spark_type: Any) -> _Verdict:
         """The verdict of a readable schema: a value record's fields are columns (renamed on a
@@ -191,6 +276,8 @@ class ColumnDecoder:
         source = F.col(self.role)
         data = wire.payload(source)
         out = F.lit(None).cast(self.table_type)
+        if self.fmt == "protobuf":
+            return self._decoded_protobuf(sid_col, data)
         for sid in self.ids(good=True):
             v = self._verdicts[sid]
             d, failed = self._decode(data, v)
@@ -205,6 +292,36 @@ class ColumnDecoder:
                 conform(shaped, v.writer, self.table_type)
             )
             out = F.when(sid_col == sid, branch).otherwise(out)
+        return out
+
+    def _decoded_protobuf(self, sid_col: Any, data: Any) -> Any:
+        """Protobuf: a CASE over the ids, in each a CASE over the planned message paths, each branch
+        the JVM decoder's row of that message, conformed to the table's type."""
+        from pyspark.sql import functions as F
+
+        from mqd.spark import protobuf_decode as pb
+
+        out = F.lit(None).cast(self.table_type)
+        planned = sorted(k for k, v in self._messages.items() if v.error_class is None)
+        if not planned:
+            return out
+        path = pb.path_column(data)
+        for sid, p in planned:
+            v = self._messages[(sid, p)]
+            schema = self._protobuf[sid]
+            name = pb.function_name(self.role, sid, p)
+            d = pb.decode_column(self._session, data, name, schema, schema.messages[p])
+            if v.wrap is not None:
+                shaped = F.struct(d.alias(v.wrap))
+            elif not v.renames:
+                shaped = d
+            else:
+                originals = {new: old for old, new in v.renames.items()}
+                shaped = F.struct(*[d.getField(originals.get(n, n)).alias(n) for n in v.writer.fieldNames()])
+            branch = F.when(d.isNull(), F.lit(None).cast(self.table_type)).otherwise(
+                conform(shaped, v.writer, self.table_type)
+            )
+            out = F.when((sid_col == sid) & (path == p), branch).otherwise(out)
         return out
 
     def _decode(self, data: Any, v: _Verdict) -> tuple[Any, Any]:
@@ -247,6 +364,15 @@ class ColumnDecoder:
             v = self._verdicts[sid]
             cls = F.when(sid_col == sid, F.lit(v.error_class)).otherwise(cls)
             msg = F.when(sid_col == sid, F.lit(v.message)).otherwise(msg)
+        refused = sorted(k for k, v in self._messages.items() if v.error_class is not None)
+        if refused:  # protobuf: a message its indexes select that cannot be a row of the table
+            from mqd.spark import protobuf_decode as pb
+
+            path = pb.path_column(wire.payload(source))
+            for sid, p in refused:
+                v = self._messages[(sid, p)]
+                cls = F.when((sid_col == sid) & (path == p), F.lit(v.error_class)).otherwise(cls)
+                msg = F.when((sid_col == sid) & (path == p), F.lit(v.message)).otherwise(msg)
         failed = source.isNotNull() & sid_col.isNotNull() & decoded_col.isNull()
         not_wire = source.isNotNull() & sid_col.isNull()
         cls = (
@@ -272,7 +398,8 @@ class ColumnDecoder:
 def registry_lookup(client: Any) -> SchemaLookup:
     """The decoder's lookup over a SchemaRegistryClient (mqd/spark/schema_registry.py, which caches
     each id): a 404 is SchemaNotFound (the record is dead-lettered), any other failure propagates
-    (the batch fails and is retried). Avro references are inlined (``from_avro`` takes one schema)."""
+    (the batch fails and is retried). Avro references are inlined (``from_avro`` takes one schema);
+    Protobuf's and JSON Schema's are kept by the name they are imported by."""
     from mqd.spark.schema_registry import SchemaRegistryError
 
     def lookup(schema_id: int) -> WriterSchema:
