@@ -143,6 +143,7 @@ class Consumer:
         else:
             self._membership = Broadcast(self.client_id)
             self._offsets = LocalFileOffsetStore(config.offset_file)
+        self._fetch.on_rewind = self._offsets.rewind  # a new log incarnation moves the marks back
         self._rebalance = RebalanceService(
             config=config,
             source=self._source,

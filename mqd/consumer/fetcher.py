@@ -19,7 +19,9 @@ at D, position P): with D >= P nothing fetched is affected and J is adopted at P
 D..P-1 were fetched (and maybe landed) under the old incarnation while the new log holds other
 records there: an error line names the partition, both incarnations and the offsets, the metrics
 count it, and fetching moves to D under J, so the new records land as new records (the landing
-keys them by incarnation). Batches keep the incarnation they were fetched under. Each request also
+keys them by incarnation), and the offset store's mark moves back to D as well (``on_rewind``:
+landed and committed offsets, and so lag, are the new log's; late marks of the old log's records
+are ignored there). Batches keep the incarnation they were fetched under. Each request also
 names the partition's earlier incarnations (mqd/consumer/incarnation_lineage.py), so a log that lost
 the newest id still answers where the consumer's records diverge, not 0. DATA_LOST (a hole
 the source could not repair): the lost offsets are counted, logged as an error with the range and
@@ -375,6 +377,8 @@ class FetchManager:
         self.incarnation_changes = 0
         self.reused_offsets = 0
         self.lost_offsets = 0
+        # the offset store's OffsetStore.rewind (set by the Consumer; None: no store to move)
+        self.on_rewind: Callable[[TopicPartition, int, int], None] | None = None
         self.resets = OffsetReset(
             state,
             lookup=self.lookup_offsets,
@@ -641,6 +645,9 @@ class FetchManager:
         self.reused_offsets += reused
         metrics.reused_offsets.labels(*label).inc(reused)
         op.position = diverged
+        if self.on_rewind is not None:
+            # what was landed and committed is the old log's: the new log's landed end is D
+            self.on_rewind(tp, diverged, offset)
         op.last_error = (
             f"log incarnation changed {old} -> {new}: offsets {diverged}..{offset - 1} were fetched "
             f"under {old}; the new log's records there land as new records"

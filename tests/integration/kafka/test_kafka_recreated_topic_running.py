@@ -1,8 +1,8 @@
 """A topic deleted and recreated with another partition count while the daemon runs, on Tansu and
 Apache Kafka (the ``broker`` fixture; both give the recreated topic a new id in Metadata v10 and
 behave alike here). The stopped case is test_kafka_recreated_topic.py; the same partition count
-under a running daemon is test_kafka_incarnation_tansu.py. The second test is a known bug (xfail,
-strict): the landed and committed offsets keep the old log's end after the recreation."""
+under a running daemon is test_kafka_incarnation_tansu.py. The second test: the landed and committed
+offsets follow the recreated topic (they kept the old log's end before the offset store's rewind)."""
 
 from __future__ import annotations
 
@@ -30,6 +30,20 @@ def landed(landing: Path) -> list[tuple[int, int, bytes, str]]:
     ]
 
 
+def group_committed(bootstrap: str, group: str, topic: str) -> int:
+    """The group's committed offset of ``topic``'s partition 0 on the broker (OffsetFetch; -1001:
+    none). Blocking."""
+    from confluent_kafka import Consumer
+    from confluent_kafka import TopicPartition as KafkaPartition
+
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False})
+    try:
+        (tp,) = c.committed([KafkaPartition(topic, 0)], timeout=10)
+        return int(tp.offset)
+    finally:
+        c.close()
+
+
 def assignment(d: Daemon, topic: str) -> dict[int, dict[str, Any]]:
     """The status's assignment entries of ``topic`` by partition (none before the daemon runs)."""
     entries = (d.status()["consumer"] or {}).get("assignment", {}).values()
@@ -46,7 +60,8 @@ async def test_a_topic_recreated_with_more_partitions_under_a_running_daemon(
     a new incarnation diverged at 0 (100 reused offsets each, counted, an error line naming both
     ids), partition 2 is new (no change to count). All 220 new records land under the new
     incarnation, none skipped as already landed, none twice, no offset reset, nothing cut; the old
-    rows stay as they were; partitions 1 and 2 show the new logs' landed offsets in the status."""
+    rows stay as they were; every partition shows its new log's landed offset in the status
+    (partition 0's moved back from the old log's 100 to the new log's 30)."""
     await asyncio.to_thread(broker.create_topic, topic, 2)
     old: list[Produced] = [(i % 2, None, b"old-%d" % i, []) for i in range(200)]
     await asyncio.to_thread(produce, broker.bootstrap, old, topic=topic)
@@ -66,14 +81,13 @@ async def test_a_topic_recreated_with_more_partitions_under_a_running_daemon(
         await asyncio.to_thread(produce, broker.bootstrap, new, topic=topic)
         await wait_until(lambda: d.stats["records_published"] == 420, 60, "the new records landed")
         counts = {0: 30, 1: 150, 2: 40}
-        # partition 0's landed offset stays the old log's 100 (see the xfail test below)
         await wait_until(
             lambda: (
-                {p: (e["landed"], e["log_end"]) for p, e in assignment(d, topic).items() if p}
-                == {p: (n, n) for p, n in counts.items() if p}
+                {p: (e["landed"], e["log_end"]) for p, e in assignment(d, topic).items()}
+                == {p: (n, n) for p, n in counts.items()}
             ),
             30,
-            "partitions 1 and 2: the status's landed offsets and log ends at the new logs' ends",
+            "the status's landed offsets and log ends at the new logs' ends",
         )
         assert assignment(d, topic)[0]["position"] == 30
         totals = d.consumer.snapshot().totals
@@ -100,30 +114,23 @@ async def test_a_topic_recreated_with_more_partitions_under_a_running_daemon(
         assert got == [(i, b"new%d-%d" % (p, i)) for i in range(count)], f"partition {p}"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the offset store's marks only move forward: after a topic is recreated the old log's "
-    "landed end stays the partition's landed and committed offset (status lag understated, Kafka's "
-    "committed offset beyond the new log end) until the new log's landings pass it",
-)
 async def test_the_landed_and_committed_offsets_follow_the_recreated_topic(
     broker: Broker, topic: str, tmp_path: Path
 ) -> None:
     """A daemon in a consumer group lands 40 records of a 1-partition topic and commits 40; the topic
     is recreated under it and 10 records produced: they land (new incarnation), and the status's
     landed and committed offsets are the new log's 10, so its lag is the new log's (0), not taken
-    against the old log's end.
+    against the old log's end; the broker holds the group's committed offset 10 after the stop.
 
-    Found writing the test above (both brokers): they stay 40 beside a log end of 10, so the lag
-    reads 0 whatever the new log holds up to offset 40, and a partition whose new log is longer
-    shows too little lag until its landings pass the old end. Apache Kafka drops the group's
-    offsets with the deleted topic, and the daemon commits nothing for the new one (its mark, 40, is
-    not ahead of what it persisted): a describe of the group (the Java Admin) shows no committed
-    offset and no lag for the partition while ``mqd status`` says committed 40, and after the daemon
-    stops the group has no offsets at all. Cause: mqd/consumer/offset_store.py ``OffsetStore.mark``
-    (and both stores' ``persist``) only move forward, and mqd/consumer/fetcher.py
-    ``NodeFetcher._incarnation_changed`` moves the position to the divergence point but not the
-    mark. No record is lost: a restart starts from the landing's head of the new incarnation."""
+    Found writing the test above (both brokers), fixed by ``OffsetStore.rewind``: they stayed 40
+    beside a log end of 10, so the lag read 0 whatever the new log held up to offset 40, and a
+    partition whose new log is longer showed too little lag until its landings passed the old end.
+    Apache Kafka drops the group's offsets with the deleted topic, and the daemon committed nothing
+    for the new one (its mark, 40, was not ahead of what it persisted): a describe of the group
+    showed no committed offset while ``mqd status`` said committed 40. Cause: the offset store's
+    marks and persisted copies only moved forward, and ``_incarnation_changed`` moved the position
+    to the divergence point but not the mark. No record was lost: a restart starts from the
+    landing's head of the new incarnation."""
     await asyncio.to_thread(broker.create_topic, topic, 1)
     await asyncio.to_thread(
         produce, broker.bootstrap, [(0, None, b"old-%d" % i, []) for i in range(40)], topic=topic
@@ -145,8 +152,12 @@ async def test_the_landed_and_committed_offsets_follow_the_recreated_topic(
         )
         await wait_until(lambda: d.stats["records_published"] == 50, 30, "the new records landed")
         await wait_until(lambda: assignment(d, topic)[0]["log_end"] == 10, 10, "the new log end polled")
+        await wait_until(
+            lambda: assignment(d, topic)[0]["committed"] == 10, 30, "the new log's landed end committed"
+        )
         part = assignment(d, topic)[0]
         assert (part["landed"], part["committed"], part["lag"]) == (10, 10, 0), part
     finally:
         stop.set()
         await asyncio.wait_for(run, 30)
+    assert await asyncio.to_thread(group_committed, broker.bootstrap, consumer["group"], topic) == 10
