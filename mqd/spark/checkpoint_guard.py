@@ -113,6 +113,8 @@ def problem(table: str, checkpoint: Path, writer: TableWriter | None) -> str | N
         f"spark.output_dir and spark.checkpoint_dir re-read the whole landing); {checkpoint} was "
         f"neither used nor changed"
     )
+    if query is not None and last is None and writer.batch == 0 and writer.query_id in (None, query):
+        return None  # this query's first batch committed to the table, not yet to its checkpoint
     if query is None or last is None:
         return (
             f"{table} already holds batches up to {writer.batch}"
