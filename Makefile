@@ -6,7 +6,7 @@ PY     := $(BIN)/python
 
 .PHONY: install check-java test test-fast lint fmt demo bench chaos clean install-systemd screenshots docs
 
-install: check-java $(VENV)/.installed $(VENV)/.compiled $(VENV)/.spark-packages $(VENV)/.kafka-jars $(VENV)/.schema-registry
+install: check-java $(VENV)/.installed $(VENV)/.compiled $(VENV)/.spark-packages $(VENV)/.kafka-jars $(VENV)/.schema-registry $(VENV)/.protobuf-tools
 
 # mqd itself, plus the dev package (devtools/: chaos harness, demo) that the mqd wheel does not ship
 $(VENV)/.installed: pyproject.toml devtools/pyproject.toml setup.py mqd/sources/kafka/_rbv2.c
@@ -42,6 +42,14 @@ $(VENV)/.spark-packages: $(VENV)/.installed mqd/spark/packages.py
 $(VENV)/.schema-registry: $(VENV)/.installed mqd/testing/schema_registry.py mqd/testing/apicurio/pom.xml
 	@echo "building the test schema registry into mqd's cache (Maven Central, once per machine)"
 	@$(PY) -m mqd.testing.schema_registry --prepare > $(VENV)/schema-registry.log 2>&1 || { tail -40 $(VENV)/schema-registry.log; exit 1; }
+	touch $@
+
+# protoc and protobuf-java from Maven Central, and the job's Protobuf decoder (mqd/spark/jvm/) built by
+# the JDK's javac, once per machine into mqd's cache; `mqd spark` does it itself at the first Protobuf
+# schema it meets (mqd/spark/protobuf_tools.py)
+$(VENV)/.protobuf-tools: $(VENV)/.installed mqd/spark/protobuf_tools.py mqd/spark/jvm/ProtobufDecode.java
+	@echo "fetching protoc and protobuf-java, building the Protobuf decoder into mqd's cache (once per machine)"
+	@$(PY) -m mqd.spark.protobuf_tools > /dev/null
 	touch $@
 
 $(VENV)/.kafka-jars: $(VENV)/.installed mqd/testing/kafka_cluster.py mqd/testing/maven.py
@@ -106,8 +114,9 @@ bench: install $(VENV)/.bench-installed
 # Apache Kafka brokers (KRaft, a controller node of their own; replication 3, min.insync.replicas 2,
 # acks=all) with broker and leader kills, broker freezes and an unclean election; SOURCE=tansu: one
 # Tansu broker (the issue 14 run); LANDING=s3: an object-store landing (mqd brokers only)
+# GROUP_PROTOCOL=consumer (with SOURCE=kafka): the daemons join with KIP-848's consumer group protocol
 chaos: install
-	$(PY) -m mqd_dev.chaos --rounds 20 $(if $(KINDS),--kinds $(KINDS)) $(if $(LANDING),--landing $(LANDING)) $(if $(SOURCE),--source $(SOURCE))
+	$(PY) -m mqd_dev.chaos --rounds 20 $(if $(KINDS),--kinds $(KINDS)) $(if $(LANDING),--landing $(LANDING)) $(if $(SOURCE),--source $(SOURCE)) $(if $(GROUP_PROTOCOL),--group-protocol $(GROUP_PROTOCOL))
 
 # the README's pictures of the views (docs/img/): a real daemon under load, its status page in headless
 # chromium (apt-get install chromium) and one `mqd top` screen; not part of the tests

@@ -573,6 +573,7 @@ def _one_or_many(value: object) -> object:
 REGISTRY_FORMATS = (
     "avro",
     "json_schema",
+    "protobuf",
 )  # the Confluent wire format: 0, schema id, payload (mqd/spark/typed_records.py)
 
 
@@ -626,11 +627,11 @@ class SparkConfig(_Model):
     trigger_interval: Annotated[str, BeforeValidator(_spark_seconds)] = Field(
         default="10s", validate_default=True
     )
-    # raw: bytes as landed; json: parsed by value_schema (a Spark DDL); avro, json_schema:
+    # raw: bytes as landed; json: parsed by value_schema (a Spark DDL); avro, json_schema, protobuf:
     # the Confluent wire format, decoded by the writer schema the registry names ([spark.schema_registry])
-    value_format: Literal["raw", "json", "avro", "json_schema"] = "raw"
+    value_format: Literal["raw", "json", "avro", "json_schema", "protobuf"] = "raw"
     value_schema: str = ""  # Spark DDL, for value_format = "json"
-    key_format: Literal["raw", "avro", "json_schema"] = "raw"
+    key_format: Literal["raw", "avro", "json_schema", "protobuf"] = "raw"
     schema_registry: SchemaRegistryConfig | None = None
     # columns, named expressions ("to_date(ts) AS dt"), Iceberg transforms ("days(timestamp)"):
     # mqd/spark/partitioning.py; after what it checks against

@@ -127,7 +127,9 @@ class TypedSink:
             ids = df.select(*[f"_{r}_sid" for r in self.decoders]).distinct().collect()
             new_columns: list[str] = []
             for r, dec in self.decoders.items():
-                new_columns += dec.prepare(row[f"_{r}_sid"] for row in ids if row[f"_{r}_sid"] is not None)
+                new_columns += dec.prepare(
+                    (row[f"_{r}_sid"] for row in ids if row[f"_{r}_sid"] is not None), batch=df
+                )
             staged = df.withColumns(
                 {f"_{r}_dec": dec.decoded(F.col(f"_{r}_sid")) for r, dec in self.decoders.items()}
             )

@@ -353,7 +353,7 @@ def test_a_remote_assignor_needs_the_consumer_protocol(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("key", ["value_format", "key_format"])
-@pytest.mark.parametrize("fmt", ["avro", "json_schema"])
+@pytest.mark.parametrize("fmt", ["avro", "json_schema", "protobuf"])
 def test_a_registry_format_without_a_registry_names_the_key(tmp_path: Path, key: str, fmt: str) -> None:
     """A registry format without [spark.schema_registry] is refused by config check, which never
     contacts a registry (there is none to contact)."""

@@ -56,5 +56,6 @@ def test_wheel_holds_only_the_mqd_package(tmp_path: Path) -> None:
     assert not leaked, leaked
     assert "mqd/testing/__init__.py" in names and "mqd/testing/process.py" in names
     assert "mqd/broker/openapi.yaml" in names
+    assert "mqd/spark/jvm/ProtobufDecode.java" in names  # the Protobuf decoder is built from it
     assert "mqd/testing/apicurio/pom.xml" in names  # SchemaRegistry builds from it
     assert "mqd/py.typed" in names  # without it, mypy users of mqd get "missing library stubs"
