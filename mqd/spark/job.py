@@ -115,10 +115,17 @@ def unlisted_files(landing: Path) -> list[Path]:
     """Data-looking files in the landing directory that mqd did not publish (foreign or corrupt
     files dropped in by hand, or a publication a crash left half done), listed at start: a
     corrupt one fails the job when Spark reaches it, a foreign one's rows are left out. What is
-    visible and what is published both come from the store (store.py)."""
-    store = open_store(landing)
-    known = {r.path for r in store.manifest()}
-    return sorted(landing / rel for rel in store.visible_files() if rel not in known)
+    visible and what is published both come from the store (store.py), read without writing."""
+    return sorted(landing / rel for rel in _unlisted(open_store(landing)))
+
+
+def _unlisted(store: Any) -> list[str]:
+    """The store's visible data files that no claim names (keys). Read-only: the job may run on a
+    read-only landing (or with read-only keys), and resolving a chain's head would finish a
+    publication a writer left half done, a write (a job started on a read-only landing died on it)."""
+    views = ChainReader(store.objects).refresh().values()
+    known = {r.path for v in views for r in (*v.files, *([v.pending] if v.pending else []))}
+    return [k for k in store.visible_files() if k not in known]
 
 
 def python_workers(master: str) -> None:
@@ -134,13 +141,8 @@ def unlisted_objects(config: MqdConfig) -> list[str]:
     """``unlisted_files`` of an ``s3://`` landing: visible objects no claim names (URIs). The
     job's source never reads them (it reads what the claim chains name)."""
     s3 = config.landing.s3
-    from mqd.landing.object_store import ObjectStore
-
     store = open_store(str(config.landing.dir), endpoint_url=s3.endpoint_url, region=s3.region)
-    assert isinstance(store, ObjectStore)
-    views = ChainReader(store.objects).refresh().values()  # read-only: the job may hold read-only keys
-    known = {r.path for v in views for r in (*v.files, *([v.pending] if v.pending else []))}
-    return [f"{store.location}/{k}" for k in store.visible_files() if k not in known]
+    return [f"{store.location}/{k}" for k in _unlisted(store)]
 
 
 def query_name(config: MqdConfig, quarantine: bool = False) -> str:
