@@ -390,8 +390,10 @@ class ConsumerProtocolGroup:
         changed = resp.member_epoch != self.epoch
         self.epoch = resp.member_epoch
         target = heartbeat_assignment(resp)
-        if target is not None:
-            ids = [(topic_id, p) for topic_id, ps in target.items() for p in ps]
+        # the broker repeats the assignment in answers to full heartbeats: only a different one is
+        # news (a rebalance pass and a log line each heartbeat otherwise)
+        ids = [] if target is None else [(t, p) for t, ps in target.items() for p in ps]
+        if target is not None and (not self.rec.known or frozenset(ids) != self.rec.target):
             if self.rec.new_target(ids):
                 self._send_now.set()  # acknowledge now, not after the interval
             changed = True

@@ -117,6 +117,22 @@ async def test_one_daemon_lands_exactly_once_and_commits_with_its_member_epoch(
         await wait_until(lambda: offsets.last_commit_epoch is not None, 30, "a commit accepted")
         assert group.epoch > 0 and offsets.last_commit_epoch == group.epoch
         assert len(d.consumer.assignment()) == PARTITIONS
+        # a stable group: the broker repeats the assignment in its answers, which is no change
+        # (before: a rebalance pass and an info line at every heartbeat)
+        changes, beats = [0], [0]
+        on_change, send = group._on_change, group.send
+
+        def counted_change() -> None:
+            changes[0] += 1
+            on_change()
+
+        async def counted_send(request: Any, **kw: Any) -> Any:
+            beats[0] += 1
+            return await send(request, **kw)
+
+        group._on_change, group.send = counted_change, counted_send  # type: ignore[method-assign]
+        await wait_until(lambda: beats[0] >= 5, 30, "five heartbeats")
+        assert changes[0] == 0
     finally:
         stop.set()
         await asyncio.wait_for(run, 30)
