@@ -590,6 +590,9 @@ class SchemaRegistryConfig(_Model):
     bearer_token: Token | None = Field(default=None, repr=False)
     tls_ca_file: ConfigPath | None = None  # CA bundle for an https registry (default: system store)
     request_timeout: Seconds = Field(default=10.0, gt=0)
+    # a registry that does not answer is waited for (backoff, a warning each try) this long before
+    # the batch fails and the job exits 1; never a dead letter for an outage; 0: fail at once
+    retry_timeout: Seconds = Field(default=300.0, ge=0)
 
     @model_validator(mode="after")
     def _one_auth(self) -> Self:

@@ -319,7 +319,7 @@ def _typed_sink(spark: Any, config: MqdConfig, batch_log: BatchLog) -> Any:
     fields = parse_all(sc.partition_by)
     typed_key = sc.key_format in REGISTRY_FORMATS
     envelope = [c for c in output_columns() if c != "value" and not (typed_key and c == "key")]
-    lookup = registry_lookup(SchemaRegistryClient(sc.schema_registry))
+    lookup = registry_lookup(SchemaRegistryClient(sc.schema_registry), sc.schema_registry.retry_timeout)
     name = query_name(config)
 
     def iceberg(location: str, parts: list[str], query: str) -> Any:

@@ -30,6 +30,7 @@ batch (retried by the job's restart): a record is never dead-lettered for a pass
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -395,20 +396,45 @@ class ColumnDecoder:
         return cls, msg
 
 
-def registry_lookup(client: Any) -> SchemaLookup:
+def registry_lookup(
+    client: Any, retry_timeout: float = 0.0, clock: Callable[[], float] = time.monotonic
+) -> SchemaLookup:
     """The decoder's lookup over a SchemaRegistryClient (mqd/spark/schema_registry.py, which caches
-    each id): a 404 is SchemaNotFound (the record is dead-lettered), any other failure propagates
-    (the batch fails and is retried). Avro references are inlined (``from_avro`` takes one schema);
-    Protobuf's and JSON Schema's are kept by the name they are imported by."""
+    each id): a 404 is SchemaNotFound (the record is dead-lettered); a registry that does not answer
+    (every URL refused, timed out or 5xx: a retriable error) is waited for with backoff, a warning
+    each try, up to ``retry_timeout`` seconds, then the error propagates (the batch fails, the job
+    exits 1): an outage never dead-letters a record. Any other 4xx propagates at once. Avro
+    references are inlined (``from_avro`` takes one schema); Protobuf's and JSON Schema's are kept by
+    the name they are imported by."""
+    from mqd.backoff import Backoff
     from mqd.spark.schema_registry import SchemaRegistryError
 
+    def fetch(schema_id: int) -> Any:
+        backoff = Backoff(0.5, 10.0)
+        start = clock()
+        while True:
+            try:
+                return client.schema(schema_id)
+            except SchemaRegistryError as exc:
+                if exc.status == 404:
+                    raise SchemaNotFound(str(exc)) from None
+                waited = clock() - start
+                if not exc.retriable or waited >= retry_timeout:
+                    raise
+                delay = min(backoff.next(), max(0.0, retry_timeout - waited))
+                _log.warning(
+                    "schema_registry_unreachable",
+                    schema_id=schema_id,
+                    error=str(exc),
+                    waited_s=round(waited, 1),
+                    retry_in_s=round(delay, 2),
+                    gives_up_after_s=retry_timeout,
+                    note="the batch waits; nothing is dead-lettered for an outage",
+                )
+                time.sleep(delay)
+
     def lookup(schema_id: int) -> WriterSchema:
-        try:
-            found = client.schema(schema_id)
-        except SchemaRegistryError as exc:
-            if exc.status == 404:
-                raise SchemaNotFound(str(exc)) from None
-            raise
+        found = fetch(schema_id)
         text = found.schema
         refs = tuple((r.name, r.schema) for r in found.referenced)
         if found.schema_type == "AVRO" and refs:

@@ -6,12 +6,15 @@ cannot be decoded is in the dead-letter table with its class and reason; nothing
 from __future__ import annotations
 
 import json
+import signal
+import threading
 from pathlib import Path
 from typing import Any
 
 import deltalake
 import polars as pl
 import pytest
+from structlog.testing import capture_logs
 from support.iceberg_readers import every_iceberg_reader_column, every_iceberg_reader_keys
 from support.spark_job import start_streaming, stop_streaming
 from support.table_readers import every_reader_keys
@@ -182,13 +185,14 @@ def test_a_batch_run_again_adds_nothing_to_either_table(
 def test_a_registry_that_does_not_answer_fails_the_run_and_dead_letters_nothing(
     tmp_path: Path, spark: Any, registry: SchemaRegistry
 ) -> None:
-    """The registry unreachable is an outage, not a bad record: the run exits 1 naming the registry,
-    no table or dead letter is written; with the registry back the next run lands every record."""
+    """The registry unreachable past spark.schema_registry.retry_timeout is an outage, not a bad
+    record: the run exits 1 naming the registry, no table or dead letter is written; with the
+    registry back the next run lands every record."""
     i1 = register(registry, "orders-outage-value", V1)
     from mqd.testing.cluster import free_port
 
     dead_url = f"http://127.0.0.1:{free_port()}"
-    cfg = typed_config(tmp_path, dead_url)
+    cfg = typed_config(tmp_path, dead_url, schema_registry={"url": dead_url, "retry_timeout": "2s"})
     land_values(
         Path(cfg.landing.dir), [avro_value(i1, V1, {"id": n, "name": "a", "timestamp": n}) for n in range(3)]
     )
@@ -246,3 +250,36 @@ def test_a_new_checkpoint_for_a_typed_table_is_refused(
     shutil.rmtree(cfg.spark.checkpoint_dir)
     assert job.run(cfg, once=True) == 2
     assert len(_rows(Path(cfg.spark.output_dir))) == 1
+
+
+def test_a_frozen_registry_delays_the_batch_and_dead_letters_nothing(
+    tmp_path: Path, spark: Any, registry: SchemaRegistry
+) -> None:
+    """The registry frozen (SIGSTOP) when the batch needs a schema: the job waits with backoff and
+    says so (schema_registry_unreachable), and once the registry is thawed it lands every record;
+    nothing is dead-lettered for the outage."""
+    i1 = register(registry, "orders-frozen-value", V1)
+    url = registry.url
+    cfg = typed_config(
+        tmp_path, url, schema_registry={"url": url, "request_timeout": "1s", "retry_timeout": "5m"}
+    )
+    land_values(
+        Path(cfg.landing.dir), [avro_value(i1, V1, {"id": n, "name": "a", "timestamp": n}) for n in range(4)]
+    )
+    proc = registry.process
+    assert proc is not None
+    result: dict[str, int] = {}
+    with capture_logs() as logs:
+        proc.send_signal(signal.SIGSTOP)
+        try:
+            worker = threading.Thread(target=lambda: result.setdefault("code", job.run(cfg, once=True)))
+            worker.start()
+            wait_until_sync(
+                lambda: sum(e["event"] == "schema_registry_unreachable" for e in logs) >= 2, timeout=120
+            )
+        finally:
+            proc.send_signal(signal.SIGCONT)
+        worker.join(180)
+    assert result.get("code") == 0
+    assert [r["id"] for r in _rows(Path(cfg.spark.output_dir))] == [0, 1, 2, 3]
+    assert not Path(cfg.spark.quarantine_dir).exists()
