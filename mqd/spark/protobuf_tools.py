@@ -215,11 +215,21 @@ def main_file_name(references: Sequence[tuple[str, str]]) -> str:
 def descriptor_set(text: str, references: Sequence[tuple[str, str]]) -> tuple[bytes, str]:
     """(the FileDescriptorSet of ``text`` with its imports, the writer schema's file name in it).
     ``references``: (import name, schema text) of every schema it reaches. ProtocError when
-    protoc refuses it."""
+    protoc refuses it. A schema (or import) registered as a base64 FileDescriptorProto, as
+    confluent-kafka's Python serializer registers them, is handed to protoc as a descriptor
+    (``--descriptor_set_in``) under its name; .proto text and the well-known types are files."""
+    from mqd.spark.protobuf_types import file_descriptor_set, serialized_file
+
     main = main_file_name(references)
     with tempfile.TemporaryDirectory(prefix="mqd-protoc-") as tmp:
         src = Path(tmp) / "src"
+        src.mkdir()
+        described: list[bytes] = []
         for name, body in [*references, (main, text)]:
+            descriptor = serialized_file(body, name)
+            if descriptor is not None:
+                described.append(descriptor)
+                continue
             target = (src / name).resolve()
             if not target.is_relative_to(src.resolve()):
                 raise ProtocError(f"import name {name!r} leaves the source folder")
@@ -234,6 +244,10 @@ def descriptor_set(text: str, references: Sequence[tuple[str, str]]) -> tuple[by
             f"--descriptor_set_out={out}",
             main,
         ]
+        if described:
+            given = Path(tmp) / "given.pb"
+            given.write_bytes(file_descriptor_set(described))
+            argv.insert(-1, f"--descriptor_set_in={given}")
         run = subprocess.run(
             argv, capture_output=True, text=True, cwd=src, timeout=PROTOC_TIMEOUT, stdin=subprocess.DEVNULL
         )

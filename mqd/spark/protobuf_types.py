@@ -14,6 +14,9 @@ JSON type text per message path, read here by :func:`messages`.
 
 from __future__ import annotations
 
+import base64
+import binascii
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -83,6 +86,30 @@ def decode_message_indexes(data: bytes) -> tuple[list[int], int]:
     return out, pos
 
 
+_BASE64 = re.compile(r"[A-Za-z0-9+/]+={0,2}")
+
+
+def serialized_file(text: str, name: str) -> bytes | None:
+    """A schema registered as a base64 FileDescriptorProto (what confluent-kafka's Python
+    ProtobufSerializer registers; Confluent's registry answers it back as .proto text, Apicurio
+    verbatim) as that FileDescriptorProto's bytes, its file name replaced by ``name`` (the name its
+    importers or the decoder know it by); None for .proto text, which never is bare base64."""
+    compact = text.strip()
+    if not compact or len(compact) % 4 or not _BASE64.fullmatch(compact):
+        return None
+    try:
+        data = base64.b64decode(compact, validate=True)
+    except (binascii.Error, ValueError):
+        return None
+    # a singular field given twice: the last one counts, so this name replaces the file's own
+    return data + b"\x0a" + _varint(len(name.encode())) + name.encode()
+
+
+def file_descriptor_set(files: Sequence[bytes]) -> bytes:
+    """A FileDescriptorSet of FileDescriptorProtos' bytes (field 1, repeated)."""
+    return b"".join(b"\x0a" + _varint(len(f)) + f for f in files)
+
+
 def path_text(indexes: Sequence[int]) -> str:
     return ".".join(str(i) for i in indexes)
 
@@ -124,8 +151,10 @@ __all__ = [
     "MessageType",
     "decode_message_indexes",
     "encode_message_indexes",
+    "file_descriptor_set",
     "messages",
     "path_text",
+    "serialized_file",
     "unzigzag",
     "wire_record",
     "zigzag",
