@@ -478,6 +478,7 @@ class Variants:
         staged = df.withColumn("_value_sid", wire.schema_id(F.col("value")))
         sid_col = F.col("_value_sid")
         if variant in ("mqd", "mqd-no-reason"):
+            staged = staged.withColumns(self.decoder.raw_columns(sid_col))
             staged = staged.withColumn("_value_dec", self.decoder.decoded(sid_col))
         elif variant == "mqd-no-check":
             staged = staged.withColumn("_value_dec", self.rebuilt(sid_col, check=False))

@@ -269,22 +269,57 @@ class ColumnDecoder:
     def ids(self, good: bool) -> list[int]:
         return sorted(s for s, v in self._verdicts.items() if (v.error_class is None) == good)
 
-    def decoded(self, sid_col: Any) -> Any:
-        """The table-typed struct of each record of a decodable id; null for the rest, and for a
-        record its writer schema cannot decode."""
+    def _branches(self, sid_col: Any) -> list[tuple[Any, str, _Verdict, Any]]:
+        """(condition, raw column name, verdict, plan key) of each decodable branch: an id (a
+        Protobuf id and message path)."""
         from pyspark.sql import functions as F
 
-        source = F.col(self.role)
-        data = wire.payload(source)
+        if self.fmt != "protobuf":
+            return [
+                (sid_col == sid, f"_{self.role}_raw_{sid}", self._verdicts[sid], sid)
+                for sid in self.ids(good=True)
+            ]
+        from mqd.spark import protobuf_decode as pb
+
+        path = pb.path_column(wire.payload(F.col(self.role)))
+        planned = sorted(k for k, v in self._messages.items() if v.error_class is None)
+        return [
+            (
+                (sid_col == sid) & (path == p),
+                f"_{self.role}_raw_{sid}_{'_'.join(map(str, p))}",
+                self._messages[(sid, p)],
+                (sid, p),
+            )
+            for sid, p in planned
+        ]
+
+    def raw_columns(self, sid_col: Any) -> dict[str, Any]:
+        """Each branch's record decoded by its writer schema, in a column of its own (null for
+        other records). Added to the batch before :meth:`decoded`: the failure check and ``conform``
+        read each decoded field, and over a column that reads the decode's result; over the
+        decoding expression itself each read would decode the record again (Spark shares a
+        repeated expression only where every row evaluates it, not in a CASE branch), which
+        halved the rate at two schema ids and overflowed code generation at fifty (make bench)."""
+        from pyspark.sql import functions as F
+
+        data = wire.payload(F.col(self.role))
+        return {
+            name: F.when(cond, self._decode_expr(data, v, key))
+            for cond, name, v, key in self._branches(sid_col)
+        }
+
+    def decoded(self, sid_col: Any) -> Any:
+        """The table-typed struct of each record of a decodable id; null for the rest, and for a
+        record its writer schema cannot decode. Reads the columns of :meth:`raw_columns`."""
+        from pyspark.sql import functions as F
+
+        data = wire.payload(F.col(self.role))
         out = F.lit(None).cast(self.table_type)
-        if self.fmt == "protobuf":
-            return self._decoded_protobuf(sid_col, data)
-        for sid in self.ids(good=True):
-            v = self._verdicts[sid]
-            d, failed = self._decode(data, v)
+        for cond, name, v, _key in self._branches(sid_col):
+            d, failed = self._result(F.col(name), data, v)
             if v.wrap is not None:
                 shaped = F.struct(d.alias(v.wrap))
-            elif self.fmt == "avro" and not v.renames:
+            elif self.fmt != "json_schema" and not v.renames:
                 shaped = d  # already the writer's struct, field for field
             else:
                 originals = {new: old for old, new in v.renames.items()}
@@ -292,67 +327,54 @@ class ColumnDecoder:
             branch = F.when(failed, F.lit(None).cast(self.table_type)).otherwise(
                 conform(shaped, v.writer, self.table_type)
             )
-            out = F.when(sid_col == sid, branch).otherwise(out)
+            out = F.when(cond, branch).otherwise(out)
         return out
 
-    def _decoded_protobuf(self, sid_col: Any, data: Any) -> Any:
-        """Protobuf: a CASE over the ids, in each a CASE over the planned message paths, each branch
-        the JVM decoder's row of that message, conformed to the table's type."""
-        from pyspark.sql import functions as F
-
-        from mqd.spark import protobuf_decode as pb
-
-        out = F.lit(None).cast(self.table_type)
-        planned = sorted(k for k, v in self._messages.items() if v.error_class is None)
-        if not planned:
-            return out
-        path = pb.path_column(data)
-        for sid, p in planned:
-            v = self._messages[(sid, p)]
-            schema = self._protobuf[sid]
-            name = pb.function_name(self.role, sid, p)
-            d = pb.decode_column(self._session, data, name, schema, schema.messages[p])
-            if v.wrap is not None:
-                shaped = F.struct(d.alias(v.wrap))
-            elif not v.renames:
-                shaped = d
-            else:
-                originals = {new: old for old, new in v.renames.items()}
-                shaped = F.struct(*[d.getField(originals.get(n, n)).alias(n) for n in v.writer.fieldNames()])
-            branch = F.when(d.isNull(), F.lit(None).cast(self.table_type)).otherwise(
-                conform(shaped, v.writer, self.table_type)
-            )
-            out = F.when((sid_col == sid) & (path == p), branch).otherwise(out)
-        return out
-
-    def _decode(self, data: Any, v: _Verdict) -> tuple[Any, Any]:
-        """(the record decoded with its writer schema, whether that failed) for one id."""
+    def _decode_expr(self, data: Any, v: _Verdict, key: Any) -> Any:
+        """The expression decoding ``data`` by one branch's writer schema (a struct in the writer's
+        own shape; JSON Schema's with the corrupt-record column)."""
         from pyspark.sql import functions as F
         from pyspark.sql.avro.functions import from_avro
         from pyspark.sql.types import StringType, StructField, StructType
 
+        if self.fmt == "protobuf":
+            from mqd.spark import protobuf_decode as pb
+
+            sid, p = key
+            schema = self._protobuf[sid]
+            return pb.decode_column(
+                self._session, data, pb.function_name(self.role, sid, p), schema, schema.messages[p]
+            )
         if self.fmt == "json_schema":
             text = data.cast("string")
             options = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT}
             if v.wrap is None:
                 fields = list(v.original.fields)
-                parsed = F.from_json(text, StructType([*fields, StructField(CORRUPT, StringType())]), options)
-                return parsed, parsed.isNull() | parsed.getField(CORRUPT).isNotNull()
+                return F.from_json(text, StructType([*fields, StructField(CORRUPT, StringType())]), options)
             # a document that is not an object: parsed as the one field of an object around it
             around = StructType([StructField("v", v.original, True), StructField(CORRUPT, StringType())])
-            parsed = F.from_json(F.concat(F.lit('{"v":'), text, F.lit("}")), around, options)
-            return parsed.getField("v"), parsed.isNull() | parsed.getField(CORRUPT).isNotNull()
-        d = from_avro(data, v.text, {"mode": "PERMISSIVE"})
+            return F.from_json(F.concat(F.lit('{"v":'), text, F.lit("}")), around, options)
+        return from_avro(data, v.text, {"mode": "PERMISSIVE"})
+
+    def _result(self, raw: Any, data: Any, v: _Verdict) -> tuple[Any, Any]:
+        """(the decoded value, whether decoding failed) from a branch's raw column."""
+        from pyspark.sql import functions as F
+
+        if self.fmt == "protobuf":
+            return raw, raw.isNull()
+        if self.fmt == "json_schema":
+            failed = raw.isNull() | raw.getField(CORRUPT).isNotNull()
+            return (raw if v.wrap is None else raw.getField("v")), failed
         if v.wrap is not None:
             # a failed primitive decodes to null; a null of a nullable schema is a record too
-            return d, d.isNull() & F.lit(not _nullable_avro(v.text))
+            return raw, raw.isNull() & F.lit(not _nullable_avro(v.text))
         # PERMISSIVE answers a payload it cannot decode with a struct of nulls: a failure unless
         # the payload is the encoding of the all-null record
         all_null = F.lit(True)
         for f in v.original.fields:
-            all_null = all_null & d.getField(f.name).isNull()
+            all_null = all_null & raw.getField(f.name).isNull()
         legit = data == F.lit(v.null_record) if v.null_record is not None else F.lit(False)
-        return d, all_null & ~legit
+        return raw, all_null & ~legit
 
     def reason(self, sid_col: Any, decoded_col: Any) -> tuple[Any, Any]:
         """(error class, message) of each record's column, both null when it decoded (or is null)."""

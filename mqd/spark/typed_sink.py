@@ -130,7 +130,13 @@ class TypedSink:
                 new_columns += dec.prepare(
                     (row[f"_{r}_sid"] for row in ids if row[f"_{r}_sid"] is not None), batch=df
                 )
-            staged = df.withColumns(
+            # each record decoded once per column, then checked and conformed (ColumnDecoder.raw_columns)
+            raw = {
+                k: c
+                for r, dec in self.decoders.items()
+                for k, c in dec.raw_columns(F.col(f"_{r}_sid")).items()
+            }
+            staged = df.withColumns(raw).withColumns(
                 {f"_{r}_dec": dec.decoded(F.col(f"_{r}_sid")) for r, dec in self.decoders.items()}
             )
             foreign = F.col("partition").isNull() | F.col("offset").isNull()
