@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -39,6 +38,7 @@ from typing import Any
 import deltalake
 import pytest
 from support.kafka import Produced, kafka_daemon_config, landed_rows, produce
+from support.servers import serving
 from support.table_readers import every_reader_keys
 from support.typed import registry, typed_config
 
@@ -61,15 +61,8 @@ UNKNOWN_ID = 2**31 - 7  # a well-formed id the registry never gave out
 @pytest.fixture(scope="module")
 def kafka(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaCluster]:
     """One Apache Kafka broker for the module; its log printed at teardown when a test failed."""
-    server = KafkaCluster(tmp_path_factory.mktemp("kafka"), brokers=1)
-    failed_before = request.session.testsfailed
-    server.start()
-    try:
+    with serving(request, KafkaCluster(tmp_path_factory.mktemp("kafka"), brokers=1)) as server:
         yield server
-    finally:
-        server.stop()
-        if request.session.testsfailed > failed_before:
-            print(server.dump_logs(), file=sys.stderr)
 
 
 def _record(n: int) -> dict[str, Any]:

@@ -11,7 +11,6 @@ differently a test says which and why (a skip, or a branch naming the broker's b
 from __future__ import annotations
 
 import itertools
-import sys
 import time
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
@@ -26,6 +25,7 @@ from mqd.testing.kafka_cluster import KafkaCluster
 from mqd.testing.tansu import Tansu
 from support.consumer import FAST
 from support.daemon import TEST_MAX_AGE_S
+from support.servers import serving
 
 CODECS = ("none", "gzip", "snappy", "lz4", "zstd")
 Headers = list[tuple[str, bytes | None]]
@@ -165,14 +165,8 @@ def module_kafka_broker(
         server = Tansu(root)
     else:
         server = KafkaCluster(root)
-    failed_before = request.session.testsfailed
-    server.start()
-    try:
+    with serving(request, server):
         yield server
-    finally:
-        server.stop()
-        if request.session.testsfailed > failed_before:
-            print(server.dump_logs(), file=sys.stderr)
 
 
 @pytest.fixture

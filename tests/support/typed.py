@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import io
 import json
-import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from mqd.landing.local_store import LocalStore
 from mqd.landing.publisher import Publisher
 from mqd.spark.wire_format import header
 from mqd.testing.schema_registry import SchemaRegistry
+from support.servers import serving
 
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 
@@ -84,15 +84,8 @@ def registry(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[SchemaRegistry]:
     """A real registry for the module; its log printed at teardown when a test failed meanwhile."""
-    server = SchemaRegistry(tmp_path_factory.mktemp("schema-registry"))
-    failed_before = request.session.testsfailed
-    server.start()
-    try:
+    with serving(request, SchemaRegistry(tmp_path_factory.mktemp("schema-registry"))) as server:
         yield server
-    finally:
-        server.stop()
-        if request.session.testsfailed > failed_before:
-            print(server.dump_logs(), file=sys.stderr)
 
 
 def register(registry: SchemaRegistry, subject: str, schema: dict[str, Any] | str, kind: str = "AVRO") -> int:

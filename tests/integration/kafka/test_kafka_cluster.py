@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 from aiokafka.protocol import api as aiokafka_api
 from support.kafka import Produced, kafka_daemon_config, landed_rows, produce
+from support.servers import serving
 
 from mqd.daemon import Daemon
 from mqd.testing import KafkaCluster
@@ -24,14 +25,8 @@ pytest.importorskip("confluent_kafka")
 @pytest.fixture(scope="module")
 def kafka(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[KafkaCluster]:
     """One broker for the module; its log is printed at teardown when a test failed meanwhile."""
-    failed_before = request.session.testsfailed
-    cluster = KafkaCluster(tmp_path_factory.mktemp("kafka")).start()
-    try:
+    with serving(request, KafkaCluster(tmp_path_factory.mktemp("kafka"))) as cluster:
         yield cluster
-    finally:
-        cluster.stop()
-        if request.session.testsfailed > failed_before:
-            print(cluster.dump_logs(), file=sys.stderr)
 
 
 def test_one_broker_answers_as_kafka_4(kafka: KafkaCluster) -> None:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import sys
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,6 +30,7 @@ from support.cli import mqd
 from support.consumer import FAST
 from support.kafka import Produced, landed_rows, produce
 from support.kafka_admin import GroupDescriber, GroupDescription, java_can_run_sources
+from support.servers import serving
 
 from mqd.testing.configfiles import to_toml
 from mqd.testing.kafka_cluster import KafkaCluster
@@ -52,15 +52,8 @@ BACKLOG = {p: 10 * (p + 1) for p in range(PARTITIONS)}  # 10, 20, 30, 40
 @pytest.fixture(scope="module")
 def kafka(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaCluster]:
     """One Apache Kafka broker for the module; its log is printed when a test failed."""
-    cluster = KafkaCluster(tmp_path_factory.mktemp("kafka"))
-    failed_before = request.session.testsfailed
-    cluster.start()
-    try:
+    with serving(request, KafkaCluster(tmp_path_factory.mktemp("kafka"))) as cluster:
         yield cluster
-    finally:
-        cluster.stop()
-        if request.session.testsfailed > failed_before:
-            print(cluster.dump_logs(), file=sys.stderr)
 
 
 def write_config(tmp_path: Path, kafka: KafkaCluster) -> Path:

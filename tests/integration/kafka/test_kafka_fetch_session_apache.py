@@ -13,13 +13,13 @@ FETCH_SESSION_ID_NOT_FOUND; Tansu grants no session (id 0), so only Apache Kafka
 from __future__ import annotations
 
 import asyncio
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import cast
 
 import pytest
 from support.kafka import Produced, kafka_daemon_config, landed_rows, produce
+from support.servers import serving
 
 from mqd.daemon import Daemon
 from mqd.sources.kafka.fetch_session import NO_SESSION_EPOCH, FetchSession
@@ -39,15 +39,8 @@ def module_kafka(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[KafkaCluster]:
     """One Apache Kafka broker for the module; its log is printed when a test failed."""
-    cluster = KafkaCluster(tmp_path_factory.mktemp("kafka"))
-    failed_before = request.session.testsfailed
-    cluster.start()
-    try:
+    with serving(request, KafkaCluster(tmp_path_factory.mktemp("kafka"))) as cluster:
         yield cluster
-    finally:
-        cluster.stop()
-        if request.session.testsfailed > failed_before:
-            print(cluster.dump_logs(), file=sys.stderr)
 
 
 @pytest.fixture

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import socket
 import ssl
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any
 
 import pytest
 from support.kafka import Produced, kafka_daemon_config, landed_rows, produce
+from support.servers import serving
 
 from mqd.consumer.errors import ConsumerError
 from mqd.daemon import Daemon
@@ -33,15 +33,10 @@ USERS = {"alice": "alice-secret", "bob": "bob-secret"}
 def kafka(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[KafkaCluster]:
     """One SASL_SSL broker for the module (users alice and bob, SCRAM-SHA-512 and -256); its log is
     printed at teardown when a test failed meanwhile."""
-    failed_before = request.session.testsfailed
-    cluster = KafkaCluster(tmp_path_factory.mktemp("kafka-sasl-ssl"), security=KafkaSecurity(users=USERS))
-    cluster.start()
-    try:
+    with serving(
+        request, KafkaCluster(tmp_path_factory.mktemp("kafka-sasl-ssl"), security=KafkaSecurity(users=USERS))
+    ) as cluster:
         yield cluster
-    finally:
-        cluster.stop()
-        if request.session.testsfailed > failed_before:
-            print(cluster.dump_logs(), file=sys.stderr)
 
 
 @pytest.fixture(scope="module")

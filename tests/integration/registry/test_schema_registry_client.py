@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import socket
 import ssl
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ from pathlib import Path
 
 import pytest
 from support.registry_proxy import registry_proxy
+from support.servers import serving
 
 from mqd.config import SchemaRegistryConfig
 from mqd.spark.schema_registry import (
@@ -101,15 +101,8 @@ class Registered:
 def registry(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[SchemaRegistry]:
-    server = SchemaRegistry(tmp_path_factory.mktemp("schema-registry"))
-    failed_before = request.session.testsfailed
-    server.start()
-    try:
+    with serving(request, SchemaRegistry(tmp_path_factory.mktemp("schema-registry"))) as server:
         yield server
-    finally:
-        server.stop()
-        if request.session.testsfailed > failed_before:
-            print(server.dump_logs(), file=sys.stderr)
 
 
 @pytest.fixture(scope="module")
