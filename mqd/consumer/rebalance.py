@@ -263,7 +263,12 @@ class RebalanceService:
                 log.exception("on_partitions_revoked failed")
         for tp in tps:
             self._state.drop(tp)
-        if isinstance(self._listener, ReleasingListener):
+        # only a membership that hands partitions on after their release waits for it (KIP-848):
+        # for the others a revoke must not wait behind a publication (all worker slots taken, a
+        # disk that refuses writes), which held every later rebalance of the member
+        if isinstance(self._listener, ReleasingListener) and isinstance(
+            self._membership, ReleasingMembership
+        ):
             try:
                 await self._listener.on_partitions_released(set(tps))
             except Exception:

@@ -43,6 +43,9 @@ ERROR_CLASSES: dict[str, str] = {
     SCHEMA_INCOMPATIBLE: "the writer schema cannot be reconciled with the table's columns",
 }
 
+# what value_format = "json" can dead-letter (its query observes a count of each)
+JSON_CLASSES = (FOREIGN_FILE, NOT_JSON, SCHEMA_MISMATCH)
+
 # the columns a dead-letter row has beyond the landed record's
 ERROR_CLASS_COLUMN = "error_class"
 ERROR_MESSAGE_COLUMN = "error_message"
@@ -57,6 +60,7 @@ __all__ = [
     "ERROR_CLASS_COLUMN",
     "ERROR_MESSAGE_COLUMN",
     "FOREIGN_FILE",
+    "JSON_CLASSES",
     "NOT_JSON",
     "NOT_WIRE_FORMAT",
     "SCHEMA_ID_COLUMN",

@@ -264,7 +264,7 @@ def _queries(spark: Any, config: MqdConfig) -> list[tuple[str, Any, str, Path, l
     else:
         source_file = F.col("_metadata.file_path")
     message = F.lit(None).cast("string")
-    for name, text in reversed(dl.ERROR_CLASSES.items()):
+    for name, text in reversed([(c, dl.ERROR_CLASSES[c]) for c in dl.JSON_CLASSES]):
         message = F.when(F.col("_reason") == name, F.lit(text)).otherwise(message)
     bad = checked.where(F.col("_reason").isNotNull()).select(
         *output_columns(),
@@ -278,7 +278,7 @@ def _queries(spark: Any, config: MqdConfig) -> list[tuple[str, Any, str, Path, l
         F.sum(F.when(F.col(dl.ERROR_CLASS_COLUMN) == name, 1).otherwise(0)).alias(
             f"{DEAD_LETTER_PREFIX}{name}"
         )
-        for name in dl.ERROR_CLASSES
+        for name in dl.JSON_CLASSES
     ]
     bad = bad.observe(BATCH_METRICS, F.count(F.lit(1)).alias("rows"), *per_class)
     qparts = [f.name for f in fields if f.is_column and f.name in _LANDING_COLUMNS]
