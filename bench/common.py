@@ -491,3 +491,23 @@ def sink_ceiling(
 def write_json(path: Path, data: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, (json.dumps(data, indent=2, sort_keys=False) + "\n").encode())
+
+
+def fmt_range(d: dict[str, float] | None, digits: int = 1, thousands: bool = False) -> str:
+    """A figure as ``median [min-max]`` (``thousands``: whole numbers with separators), "-" for none."""
+    if not d:
+        return "-"
+    if thousands:
+        return f"{d['median']:,.0f} [{d['min']:,.0f}-{d['max']:,.0f}]"
+    return f"{d['median']:.{digits}f} [{d['min']:.{digits}f}-{d['max']:.{digits}f}]"
+
+
+def replace_block(readme: Path, begin: str, end: str, md: str) -> None:
+    """Replace what stands between the ``begin`` and ``end`` markers of ``readme`` with ``md``;
+    nothing when the markers are missing."""
+    text = readme.read_text()
+    if begin not in text or end not in text:
+        return
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    readme.write_text(f"{head}{begin}\n{md}{end}{tail}")

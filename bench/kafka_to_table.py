@@ -62,9 +62,11 @@ from bench.common import (
     Workload,
     bare_spark_conf,
     become_subreaper,
+    fmt_range,
     machine_facts,
     package_versions,
     process_cpu_seconds,
+    replace_block,
     write_json,
 )
 
@@ -841,14 +843,6 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _f(d: dict[str, float] | None, digits: int = 1, thousands: bool = False) -> str:
-    if not d:
-        return "-"
-    if thousands:
-        return f"{d['median']:,.0f} [{d['min']:,.0f}-{d['max']:,.0f}]"
-    return f"{d['median']:.{digits}f} [{d['min']:.{digits}f}-{d['max']:.{digits}f}]"
-
-
 def render_md(result: dict[str, Any]) -> str:
     m = result["machine"]
     a = result["args"]
@@ -873,14 +867,16 @@ def render_md(result: dict[str, Any]) -> str:
             row = s[name]
             rss = row["steps_peak_rss_mb"]
             steps = "; ".join(
-                f"{k} {_f(w)} s, {_f(rss.get(k), 0)} MB" for k, w in row["steps_wall_s"].items()
+                f"{k} {fmt_range(w)} s, {fmt_range(rss.get(k), 0)} MB" for k, w in row["steps_wall_s"].items()
             )
-            ratio = _f(s["ratio_mqd_to_spark"], 2) if name == "mqd" else "-"
+            ratio = fmt_range(s["ratio_mqd_to_spark"], 2) if name == "mqd" else "-"
             lines.append(
-                f"| {size['records']:,} | {name} | {_f(row['records_per_s'], thousands=True)} | "
-                f"{_f(row['wall_s'])} | "
-                f"{ratio} | {_f(row['cpu_s_per_m'], 2)} ({_f(row['cpu_s_per_m_with_broker'], 2)}) | "
-                f"{_f(row['peak_rss_mb'], 0)} | {steps} | {row['exact']} | {_f(row['load'], 2)} |"
+                f"| {size['records']:,} | {name} | {fmt_range(row['records_per_s'], thousands=True)} | "
+                f"{fmt_range(row['wall_s'])} | "
+                f"{ratio} | {fmt_range(row['cpu_s_per_m'], 2)} "
+                f"({fmt_range(row['cpu_s_per_m_with_broker'], 2)}) | "
+                f"{fmt_range(row['peak_rss_mb'], 0)} | {steps} | {row['exact']} | "
+                f"{fmt_range(row['load'], 2)} |"
             )
     lat = result.get("latency") or []
     if lat:
@@ -920,12 +916,7 @@ def render_md(result: dict[str, Any]) -> str:
 
 
 def update_readme(md: str) -> None:
-    text = README.read_text()
-    if README_BEGIN not in text or README_END not in text:
-        return
-    head, rest = text.split(README_BEGIN, 1)
-    _, tail = rest.split(README_END, 1)
-    README.write_text(f"{head}{README_BEGIN}\n{md}{README_END}{tail}")
+    replace_block(README, README_BEGIN, README_END, md)
 
 
 def _kv(items: list[str]) -> dict[str, str]:

@@ -58,8 +58,10 @@ from bench.common import (
     RESULTS,
     bare_spark_conf,
     become_subreaper,
+    fmt_range,
     machine_facts,
     package_versions,
+    replace_block,
     write_json,
 )
 
@@ -483,10 +485,6 @@ def summarize(runs: list[Run], pipelines: list[Pipeline], sizes: list[int]) -> l
     return rows
 
 
-def _fmt(d: dict[str, float], digits: int = 1) -> str:
-    return f"{d['median']:.{digits}f} [{d['min']:.{digits}f}-{d['max']:.{digits}f}]"
-
-
 def render_md(result: dict[str, Any]) -> str:
     m = result["machine"]
     args = result["args"]
@@ -505,13 +503,13 @@ def render_md(result: dict[str, Any]) -> str:
         ph = row["phases"]
 
         def cell(key: str, ph: dict[str, Any] = ph) -> str:
-            return _fmt(ph[key]) if key in ph else "-"
+            return fmt_range(ph[key]) if key in ph else "-"
 
-        ratio = _fmt(row["wall_ratio_to_bare"], 2) if "wall_ratio_to_bare" in row else "-"
+        ratio = fmt_range(row["wall_ratio_to_bare"], 2) if "wall_ratio_to_bare" in row else "-"
         lines.append(
-            f"| {row['size']} (+ rounds) | {row['mode']} | {row['pipeline']} | {_fmt(row['wall_s'])} | "
-            f"{_fmt(row['cpu_s'])} | {cell('jvm_up')} | {cell('ivy_done')} | {cell('query_started')} | "
-            f"{cell('query_done')} | {ratio} | {_fmt(row['load_1m'], 2)} |"
+            f"| {row['size']} (+ rounds) | {row['mode']} | {row['pipeline']} | {fmt_range(row['wall_s'])} | "
+            f"{fmt_range(row['cpu_s'])} | {cell('jvm_up')} | {cell('ivy_done')} | {cell('query_started')} | "
+            f"{cell('query_done')} | {ratio} | {fmt_range(row['load_1m'], 2)} |"
         )
     probe_rows = [r for r in result["summary"] if r["steps"]]
     if probe_rows:
@@ -536,12 +534,7 @@ def render_md(result: dict[str, Any]) -> str:
 
 
 def update_readme(md: str) -> None:
-    text = README.read_text()
-    if README_BEGIN not in text or README_END not in text:
-        return
-    head, rest = text.split(README_BEGIN, 1)
-    _, tail = rest.split(README_END, 1)
-    README.write_text(f"{head}{README_BEGIN}\n{md}{README_END}{tail}")
+    replace_block(README, README_BEGIN, README_END, md)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -56,7 +56,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from bench.common import RESULTS, bare_spark_conf, machine_facts, package_versions, write_json
+from bench.common import (
+    RESULTS,
+    bare_spark_conf,
+    fmt_range,
+    machine_facts,
+    package_versions,
+    replace_block,
+    write_json,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "bench" / "README.md"
@@ -306,12 +314,6 @@ def marginal(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(out, key=lambda r: (r["ids"], _order(r["variant"])))
 
 
-def _fmt(d: dict[str, float], digits: int = 0) -> str:
-    if digits == 0:
-        return f"{d['median']:,.0f} [{d['min']:,.0f}-{d['max']:,.0f}]"
-    return f"{d['median']:.{digits}f} [{d['min']:.{digits}f}-{d['max']:.{digits}f}]"
-
-
 def render_md(result: dict[str, Any]) -> str:
     m = result["machine"]
     a = result["args"]
@@ -335,9 +337,11 @@ def render_md(result: dict[str, Any]) -> str:
     ]
     for r in result["summary"]:
         lines.append(
-            f"| {r['size']:,} | {r['ids']} | {r['variant']} | {_fmt(r['records_per_cpu_s'])} | "
-            f"{_fmt(r['records_per_s'])} | {_fmt(r['cpu_s_per_m'], 2)} | {r['worker_cpu_share']:.2f} | "
-            f"{_fmt(r['load'], 1)} | {r['note']} |"
+            f"| {r['size']:,} | {r['ids']} | {r['variant']} | "
+            f"{fmt_range(r['records_per_cpu_s'], thousands=True)} | "
+            f"{fmt_range(r['records_per_s'], thousands=True)} | {fmt_range(r['cpu_s_per_m'], 2)} | "
+            f"{r['worker_cpu_share']:.2f} | "
+            f"{fmt_range(r['load'], 1)} | {r['note']} |"
         )
     alone = result["decode_only"]
     if alone:
@@ -392,12 +396,7 @@ def render_md(result: dict[str, Any]) -> str:
 
 
 def update_readme(md: str) -> None:
-    text = README.read_text()
-    if README_BEGIN not in text or README_END not in text:
-        return
-    head, rest = text.split(README_BEGIN, 1)
-    _, tail = rest.split(README_END, 1)
-    README.write_text(f"{head}{README_BEGIN}\n{md}{README_END}{tail}")
+    replace_block(README, README_BEGIN, README_END, md)
 
 
 # ---------------------------------------------------------------------------------------------
