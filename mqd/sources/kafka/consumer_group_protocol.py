@@ -32,14 +32,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import structlog
-from aiokafka.client import AIOKafkaClient, ConnectionGroup
+from aiokafka.client import AIOKafkaClient
 from aiokafka.errors import IncompatibleBrokerVersion, KafkaError
-from aiokafka.protocol.coordination import FindCoordinatorRequest
 
 from mqd.backoff import Backoff
 from mqd.consumer.errors import ConsumerError
 from mqd.consumer.offset_store import CoordinatorOffsetStore
 from mqd.consumer.source import Assignment, GroupSettings
+from mqd.sources.kafka.coordinator import COORDINATION, find_coordinator
 from mqd.sources.kafka.protocol_ext import (
     ConsumerGroupHeartbeatRequest,
     OffsetCommitRequest,
@@ -52,7 +52,6 @@ from mqd.waiting import cancel_and_wait, wait_event
 
 log = structlog.get_logger("mqd.sources.kafka.consumer_group_protocol")
 
-COORDINATION = ConnectionGroup.COORDINATION
 LEAVE_EPOCH, STATIC_LEAVE_EPOCH = -1, -2
 
 # error codes of a ConsumerGroupHeartbeat answer (KIP-848) and what the member does about them
@@ -309,14 +308,11 @@ class ConsumerProtocolGroup:
         client = self._client()
         timeout = self._settings.request_timeout
         if self.coordinator_id is None:
-            async with asyncio.timeout(timeout):
-                resp = await client.send(
-                    client.get_random_node(), FindCoordinatorRequest(self._settings.group, 0)
-                )
-            if resp.error_code:
-                raise HeartbeatError(resp.error_code, "find coordinator")
-            self.coordinator_id = resp.coordinator_id
-            log.info("group coordinator", group=self._settings.group, node=resp.coordinator_id)
+            code, node = await find_coordinator(client, self._settings.group, timeout)
+            if code:
+                raise HeartbeatError(code, "find coordinator")
+            self.coordinator_id = node
+            log.info("group coordinator", group=self._settings.group, node=node)
         async with asyncio.timeout(timeout):
             return await client.send(self.coordinator_id, request, group=COORDINATION)
 

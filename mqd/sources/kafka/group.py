@@ -33,10 +33,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import structlog
-from aiokafka.client import AIOKafkaClient, ConnectionGroup
+from aiokafka.client import AIOKafkaClient
 from aiokafka.errors import KafkaError, for_code
 from aiokafka.protocol.commit import OffsetCommitRequest, OffsetFetchRequest
-from aiokafka.protocol.coordination import FindCoordinatorRequest
 from aiokafka.protocol.group import (
     HeartbeatRequest,
     JoinGroupRequest,
@@ -51,12 +50,12 @@ from mqd.consumer.allocation import allocate_group, get_strategy
 from mqd.consumer.errors import ConsumerError
 from mqd.consumer.offset_store import CoordinatorOffsetStore
 from mqd.consumer.source import Assignment, Cluster, GroupSettings
+from mqd.sources.kafka.coordinator import COORDINATION, find_coordinator
 from mqd.topic_partition import TopicPartition
 from mqd.waiting import cancel_and_wait, wait_event
 
 log = structlog.get_logger("mqd.sources.kafka.group")
 
-COORDINATION = ConnectionGroup.COORDINATION
 # error codes the loop acts on (the rest: log, back off, start over)
 REBALANCE_IN_PROGRESS = 27
 UNKNOWN_MEMBER_ID = 25
@@ -266,14 +265,11 @@ class KafkaGroup:
         session_timeout, and REBALANCE_LAPSE more if the coordinator may ``held`` it (join, sync)."""
         client = self._client()
         if self.coordinator_id is None:
-            async with asyncio.timeout(self._settings.request_timeout):
-                resp = await client.send(
-                    client.get_random_node(), FindCoordinatorRequest(self._settings.group, 0)
-                )
-            if resp.error_code:
-                raise GroupError("find coordinator", resp.error_code)
-            self.coordinator_id = resp.coordinator_id
-            log.info("group coordinator", group=self._settings.group, node=resp.coordinator_id)
+            code, node = await find_coordinator(client, self._settings.group, self._settings.request_timeout)
+            if code:
+                raise GroupError("find coordinator", code)
+            self.coordinator_id = node
+            log.info("group coordinator", group=self._settings.group, node=node)
         bound = self._settings.request_timeout + self._settings.session_timeout
         async with asyncio.timeout(bound + (REBALANCE_LAPSE if held else 0.0)):
             return await client.send(self.coordinator_id, request, group=COORDINATION)
