@@ -150,11 +150,15 @@ class TypedSink:
                 sid = F.coalesce(sid, F.col(f"_{r}_sid"))
             staged = staged.withColumns({"_reason": cls, "_message": msg, "_sid": sid}).persist()
             try:
+                # rows per outcome in one pass: the good ones (no reason) and each dead-letter class
+                counts = {r[0]: int(r[1]) for r in staged.groupBy("_reason").count().collect()}
+                dead = {k: v for k, v in counts.items() if k is not None}
                 good, bad = self._split(staged)
-                written = self._write(good, self.out, self.parts, query_id, batch_id)
-                dead = self._dead_letter_counts(bad)
+                written = self._write(good, counts.get(None, 0), self.out, self.parts, query_id, batch_id)
                 if dead:
-                    self._write(bad, self.dead_letters, self.dead_letter_parts, query_id, batch_id)
+                    self._write(
+                        bad, sum(dead.values()), self.dead_letters, self.dead_letter_parts, query_id, batch_id
+                    )
             finally:
                 staged.unpersist()
         finally:
@@ -197,18 +201,13 @@ class TypedSink:
         )
         return good, bad
 
-    @staticmethod
-    def _dead_letter_counts(bad: Any) -> dict[str, int]:
-        return {r[0]: int(r[1]) for r in bad.groupBy(dl.ERROR_CLASS_COLUMN).count().collect()}
-
-    def _write(self, df: Any, out: str, parts: list[str], query_id: str, batch_id: int) -> int:
-        """``df`` appended to the table at ``out`` as batch ``batch_id`` of ``query_id``, once. The
-        rows written (0 when the table already had the batch)."""
+    def _write(self, df: Any, rows: int, out: str, parts: list[str], query_id: str, batch_id: int) -> int:
+        """``df`` (``rows`` rows) appended to the table at ``out`` as batch ``batch_id`` of
+        ``query_id``, once. The rows written (Iceberg: 0 when the table already had the batch)."""
         if self.table_format == "iceberg":
             batch = df.toArrow()
             done = self._iceberg_sink(out, parts).write_batch(batch, query_id, batch_id)
             return batch.num_rows if done else 0
-        rows = int(df.count())
         if rows == 0:
             return 0
         writer = (
