@@ -6,7 +6,7 @@ PY     := $(BIN)/python
 
 .PHONY: install check-java test test-fast lint fmt demo bench chaos clean install-systemd screenshots docs
 
-install: check-java $(VENV)/.installed $(VENV)/.compiled $(VENV)/.spark-packages $(VENV)/.kafka-jars $(VENV)/.schema-registry $(VENV)/.protobuf-tools
+install: check-java $(VENV)/.installed $(VENV)/.compiled $(VENV)/.spark-packages $(VENV)/.kafka-jars $(VENV)/.schema-registry $(VENV)/.protobuf-tools $(VENV)/.host-tools
 
 # mqd itself, plus the dev package (devtools/: chaos harness, demo) that the mqd wheel does not ship
 $(VENV)/.installed: pyproject.toml devtools/pyproject.toml setup.py mqd/sources/kafka/_rbv2.c
@@ -56,6 +56,21 @@ $(VENV)/.kafka-jars: $(VENV)/.installed mqd/testing/kafka_cluster.py mqd/testing
 	@echo "resolving Apache Kafka's jars into mqd's cache (Maven Central, once per machine)"
 	@$(PY) -m mqd.testing.maven $$($(PY) -c 'from mqd.testing.kafka_cluster import kafka_coordinates; print(*kafka_coordinates())') > /dev/null
 	touch $@
+
+# the many-hosts rig (mqd/testing/hosts.py, tests/hosts/, make chaos TOPOLOGY=hosts): nftables for its
+# network faults and libfaketime for a host's clock, Debian's packages, installed when missing and
+# make runs as root (the rig needs root anyway: elsewhere its tests skip and say what is missing)
+$(VENV)/.host-tools: $(VENV)/.installed
+	@if command -v nft >/dev/null 2>&1 && ls /usr/lib/*/faketime/libfaketimeMT.so.1 >/dev/null 2>&1; then \
+		touch $@; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "installing nftables and libfaketime (the many-hosts rig)"; \
+		{ DEBIAN_FRONTEND=noninteractive apt-get install -y -q nftables libfaketime >/dev/null 2>&1 \
+		|| { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q nftables libfaketime >/dev/null; }; } \
+		&& touch $@; \
+	else \
+		echo "note: the many-hosts rig needs root, nftables and libfaketime: its tests will skip"; \
+	fi
 
 check-java:
 	@$(PYTHON) scripts/check_java.py

@@ -1,0 +1,313 @@
+"""Many hosts on one machine: Kafka brokers, mqd daemons, an object store and Spark, each on its own
+network host, to be cut apart, slowed, frozen and killed (supported API; root needed).
+
+Every test before this rig put all parts on one network stack, where the network could fail only
+through a proxy and no host could lose some peers but not others. :class:`HostRig` puts each part
+on a host of its own (a network namespace with its own address on a shared bridge:
+:mod:`mqd.testing.hosts_net`), which is what a deployment across machines looks like::
+
+    with HostRig(tmp_path, partitions=6) as rig:       # 3 Kafka, 1 SeaweedFS, 3 daemon hosts
+        rig.start_daemons()                            # `mqd run` on d0, d1, d2: one group
+        ...                                            # produce to rig.bootstrap (from the test)
+        rig.host("d1").cut(rig.coordinator_host())     # d1 <-> group coordinator only; S3 still reached
+        rig.host("d2").isolate()                       # d2 reaches nobody
+        rig.host("d0").loss(rig.host("s3"), 0.2)       # 20 % of d0's packets to S3 dropped
+        rig.host("k1").kill(); rig.kafka.start_broker(1)   # a broker host lost, started again
+        rig.host("d0").freeze(); rig.host("d0").thaw()     # SIGSTOP / SIGCONT a host's processes
+        rig.host("d2").step_clock(600); rig.restart_daemon(2)  # d2's clock 10 min ahead
+        rig.heal()
+        landed = rig.landed_end()                      # per partition, the landing's head + 1
+        table = rig.read_landing()                     # (partition, offset, value) of every file
+
+Hosts: ``k0``..``k2`` (:class:`~mqd.testing.hosts_services.HostKafkaCluster`, Apache Kafka 4.4
+in KRaft mode, every broker a voter, the topic replicated 3 times with ``min.insync.replicas`` 2),
+``s3`` (:class:`~mqd.testing.hosts_services.HostSeaweedFS`), ``d0``..``d<n-1>`` (one ``mqd run``
+each, :meth:`HostRig.daemon_config`). The test process
+is on the bridge too (:attr:`HostNetwork.address`): it produces, reads the landing and checks, and
+is never faulted. Delay and jitter go through mqd's fault proxy on the link
+(:meth:`HostNetwork.proxy`). Daemons run under libfaketime when the machine has it, at offset 0
+until :meth:`~mqd.testing.hosts_net.NetHost.step_clock`.
+
+Everything (processes, namespaces, bridge) goes at :meth:`HostRig.close` (the ``with`` block's
+end), also after a failed start; :func:`~mqd.testing.hosts_net.missing_requirements` is the skip
+reason where the machine cannot run a rig.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from mqd.testing.configfiles import daemon_section, to_toml
+from mqd.testing.hosts_net import HostNetwork, NetHost, faketime_library
+from mqd.testing.hosts_services import HostKafkaCluster, HostSeaweedFS
+from mqd.testing.process import ManagedProcess
+from mqd.waiting import wait_until_sync
+
+TOPIC = "events"
+GROUP = "rig"
+_STARTED = b'"daemon started"'
+_BANNER = b"===== start "
+
+
+class HostRig:
+    """The many-hosts topology (see the module docstring).
+
+    - ``partitions``: of the topic :data:`TOPIC` (replication 3, ``min.insync.replicas`` 2).
+    - ``daemons``: how many ``mqd run`` hosts (one consumer group, :data:`GROUP`).
+    - ``session_timeout``: the daemons' group session (seconds).
+    - ``group_protocol``: ``classic`` or ``consumer`` (KIP-848).
+    - ``daemon_settings``: tables merged over :meth:`daemon_config` (``{"landing": {...}}``).
+    """
+
+    def __init__(
+        self,
+        root: Path,
+        *,
+        partitions: int = 6,
+        daemons: int = 3,
+        session_timeout: float = 3.0,
+        group_protocol: str = "classic",
+        daemon_settings: dict[str, dict[str, Any]] | None = None,
+    ) -> None:
+        self.root = Path(root).resolve()
+        self.partitions = partitions
+        self.session_timeout = session_timeout
+        self.group_protocol = group_protocol
+        self.daemon_settings = daemon_settings or {}
+        self.net = HostNetwork(self.root)
+        self.kafka: HostKafkaCluster | None = None
+        self.s3: HostSeaweedFS | None = None
+        self.daemons: list[ManagedProcess] = []
+        self._n_daemons = daemons
+        self.uri = "s3://landing/rig"
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+
+    def start(self) -> HostRig:
+        try:
+            self._start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def _start(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.net.start()
+        kafka_hosts = [self.net.add_host(f"k{i}") for i in range(3)]
+        s3_host = self.net.add_host("s3")
+        for i in range(self._n_daemons):
+            self.net.add_host(f"d{i}")
+        settings = {"min.insync.replicas": "2"}
+        if self.group_protocol == "consumer":
+            settings |= {
+                "group.consumer.session.timeout.ms": str(int(self.session_timeout * 1000) + 2000),
+                "group.consumer.min.session.timeout.ms": "1000",
+                "group.consumer.heartbeat.interval.ms": "500",
+                "group.consumer.min.heartbeat.interval.ms": "100",
+            }
+        self.kafka = HostKafkaCluster(self.root / "kafka", kafka_hosts, settings=settings)
+        self.s3 = HostSeaweedFS(self.root / "seaweedfs", s3_host)
+        self.kafka.start()
+        self.s3.start()
+        self.kafka.create_topic(TOPIC, self.partitions, replication_factor=3)
+        for i in range(self._n_daemons):
+            self.daemons.append(self._daemon_process(i))
+
+    def close(self) -> None:
+        """Stop everything and remove the hosts. Idempotent."""
+        for d in self.daemons:
+            d.kill_now()
+        if self.kafka is not None:
+            self.kafka.stop()
+        if self.s3 is not None:
+            self.s3.stop()
+        self.net.close()
+
+    def __enter__(self) -> HostRig:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- hosts -------------------------------------------------------------------------------------
+
+    def host(self, name: str) -> NetHost:
+        return self.net[name]
+
+    @property
+    def bootstrap(self) -> str:
+        assert self.kafka is not None, "start() first"
+        return self.kafka.bootstrap
+
+    def coordinator_host(self, group: str = GROUP) -> NetHost:
+        """The host of the broker that coordinates ``group`` right now."""
+        assert self.kafka is not None
+        admin = self.kafka.admin()
+        fut = admin.describe_consumer_groups([group], request_timeout=5)[group]
+        node = fut.result(10).coordinator.id
+        return self.kafka.hosts[int(node)]
+
+    def heal(self) -> None:
+        """Lift every network fault and thaw every frozen process."""
+        self.net.heal()
+        for h in self.net.hosts.values():
+            h.thaw()
+
+    # -- daemons -----------------------------------------------------------------------------------
+
+    def daemon_config(self, i: int) -> dict[str, Any]:
+        """Daemon ``i``'s config (the TOML at ``root/d<i>.toml``): the Kafka source in group
+        :data:`GROUP` with static membership, landing on the ``s3`` host, the table config for
+        ``mqd spark`` (on the spark host when there is one)."""
+        assert self.s3 is not None
+        state = self.root / "state" / f"d{i}"
+        kafka: dict[str, Any] = {"group_instance_id": f"d{i}"}
+        if self.group_protocol != "classic":
+            kafka["group_protocol"] = self.group_protocol
+        body: dict[str, Any] = {
+            "consumer": {
+                "source": "kafka",
+                "group": GROUP,
+                "client_id": f"d{i}",
+                "bootstrap": self.bootstrap.split(","),
+                "topics": [TOPIC],
+                "consume_from": "first",
+                "session_timeout": self.session_timeout,
+                "heartbeat_interval": 0.5,
+                "rebalance_interval": 2.0,
+                "metadata_refresh_interval": 2.0,
+                "commit_interval": 1.0,
+                "request_timeout": 5.0,
+                "fetch_max_wait_ms": 300,
+                "error_backoff_max_ms": 1000,
+            },
+            "consumer.kafka": kafka,
+            "landing": {"dir": self.uri, "max_age": 0.5, "disk_retry_interval": 0.5},
+            "landing.s3": {"endpoint_url": self.s3.endpoint, "region": "us-east-1"},
+            "spark": {
+                "output_dir": str(self.root / "warehouse" / "events"),
+                "checkpoint_dir": str(self.root / "warehouse" / "_checkpoints" / "events"),
+                "quarantine_dir": str(self.root / "warehouse" / "_quarantine" / "events"),
+                "shuffle_partitions": 2,
+                "driver_memory": "512m",
+            },
+            "admin": {"enabled": False},
+            "log": {"level": "info", "format": "json"},
+            "daemon": daemon_section(state),
+        }
+        for table, values in self.daemon_settings.items():
+            body[table] = {**body.get(table, {}), **values}
+        return body
+
+    def config_path(self, i: int) -> Path:
+        return self.root / f"d{i}.toml"
+
+    def _daemon_process(self, i: int) -> ManagedProcess:
+        assert self.s3 is not None
+        path = self.config_path(i)
+        path.write_text(to_toml(self.daemon_config(i)))
+        env = {**os.environ, **self.s3.env(), "PYTHONUNBUFFERED": "1"}
+        return self.host(f"d{i}").process(
+            f"d{i}",
+            [sys.executable, "-m", "mqd.cli", "run", "--config", str(path)],
+            self.root / f"d{i}.log",
+            cwd=self.root,
+            env=env,
+            clock=faketime_library() is not None,
+        )
+
+    def start_daemons(self, timeout: float = 60.0) -> None:
+        """Start every daemon that is not running and wait until each logged its start."""
+        for d in self.daemons:
+            if not d.running:
+                d.start()
+        for i in range(len(self.daemons)):
+            self.wait_daemon_started(i, timeout)
+
+    def daemon_started(self, i: int) -> bool:
+        """Daemon ``i`` logged its start since its last (re)start."""
+        try:
+            log = self.daemons[i].log_path.read_bytes()
+        except OSError:
+            return False
+        return _STARTED in log[log.rfind(_BANNER) :]
+
+    def wait_daemon_started(self, i: int, timeout: float = 60.0) -> None:
+        self.daemons[i].wait_ready(lambda: self.daemon_started(i), timeout, interval=0.1)
+
+    def stop_daemon(self, i: int, timeout: float = 30.0) -> int | None:
+        """SIGTERM (a daemon drains, commits and exits 0), SIGKILL after ``timeout``."""
+        return self.daemons[i].stop(signal.SIGTERM, timeout)
+
+    def restart_daemon(self, i: int, timeout: float = 60.0) -> None:
+        """Stop daemon ``i`` if it runs (SIGTERM), start it again (with its host's clock offset)."""
+        if self.daemons[i].running:
+            self.stop_daemon(i)
+        self.daemons[i].start()
+        self.wait_daemon_started(i, timeout)
+
+    # -- the landing -------------------------------------------------------------------------------
+
+    def store(self) -> Any:
+        """The landing as an :class:`mqd.landing.object_store.ObjectStore` (read from the test
+        process, across the bridge)."""
+        from mqd.landing.object_store import ObjectStore
+        from mqd.landing.s3_objects import S3Objects
+
+        assert self.s3 is not None
+        return ObjectStore(S3Objects(self.uri, client=self.s3.client()))
+
+    def landed_end(self) -> dict[int, int]:
+        """Per partition, the offset after the last one published (0: none yet)."""
+        store = self.store()
+        out = {}
+        for p in range(self.partitions):
+            try:
+                last = store.head(TOPIC, p).last_offset
+            except OSError:
+                last = None
+            out[p] = 0 if last is None else int(last) + 1
+        return out
+
+    def wait_landed(self, target: dict[int, int], timeout: float, what: str = "the landing") -> None:
+        """Until every partition has landed up to ``target`` (offsets after the last)."""
+
+        def done() -> bool:
+            now = self.landed_end()
+            return all(now[p] >= end for p, end in target.items())
+
+        wait_until_sync(done, timeout, f"{what} to reach {target}", interval=0.2)
+
+    def read_landing(self) -> Any:
+        """Every row of the visible data files: a pyarrow table (partition int32, offset int64,
+        value binary)."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        store = self.store()
+        schema = pa.schema([("partition", pa.int32()), ("offset", pa.int64()), ("value", pa.binary())])
+        tables = []
+        for key in store.visible_files():
+            if not key.startswith(f"topic={TOPIC}/"):
+                continue
+            got = store.objects.get(key)
+            if got is None:
+                raise FileNotFoundError(f"{self.uri}/{key} listed as visible but absent")
+            t = pq.read_table(io.BytesIO(got[0]), columns=["partition", "offset", "value"])
+            tables.append(t.select(["partition", "offset", "value"]).cast(schema))
+        return pa.concat_tables(tables) if tables else schema.empty_table()
+
+    def dump_logs(self, tail: int = 40) -> str:
+        """The end of every log of the rig, for a failed test's output."""
+        out = [f"--- {d.name} ---\n{d.tail(tail)}" for d in self.daemons]
+        if self.kafka is not None:
+            out.append(self.kafka.dump_logs(tail))
+        if self.s3 is not None:
+            out.append(self.s3.dump_logs(tail))
+        return "\n".join(out)

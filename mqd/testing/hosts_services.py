@@ -1,0 +1,127 @@
+"""Kafka brokers and SeaweedFS, each on a host of a :class:`~mqd.testing.hosts_net.HostNetwork`.
+
+:class:`HostKafkaCluster` is :class:`~mqd.testing.kafka_cluster.KafkaCluster` (same jars, storage,
+JVM flags, admin and waits) with broker ``i`` inside host ``hosts[i]``: it listens on all of the
+host's addresses (``9092`` for clients and brokers, ``9093`` for the controller quorum; every broker
+is a voter) and advertises the host's bridge address, so every client, the other brokers and the
+test process reach it across the bridge, where the host's faults apply. :class:`HostSeaweedFS` is
+:class:`~mqd.testing.seaweedfs.SeaweedFS`'s ``weed mini`` inside one host, S3 on ``8333``.
+"""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+from mqd.testing.hosts_net import NetHost
+from mqd.testing.kafka_cluster import KafkaCluster
+from mqd.testing.process import ManagedProcess
+from mqd.testing.seaweedfs import SeaweedFS
+
+KAFKA_PORT = 9092
+CONTROLLER_PORT = 9093
+S3_PORT = 8333
+
+
+def answers_tcp(address: str, port: int, timeout: float = 1.0) -> bool:
+    """True when ``address:port`` accepts a TCP connection (a Kafka broker opens its client port
+    only once it has caught up with the metadata and is unfenced)."""
+    try:
+        with socket.create_connection((address, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+class HostKafkaCluster(KafkaCluster):
+    """One broker per host in ``hosts`` (combined broker + controller nodes; no TLS/SASL here).
+    ``settings``: server.properties over the defaults, as for :class:`KafkaCluster`."""
+
+    def __init__(self, root: Path, hosts: list[NetHost], *, settings: dict[str, str] | None = None) -> None:
+        super().__init__(root, len(hosts), settings=settings)
+        self.hosts = list(hosts)
+        for b, h in zip(self.brokers, self.hosts, strict=True):
+            b.port = KAFKA_PORT
+            b.controller_port = CONTROLLER_PORT
+            h.processes.append(b)  # the host's kill/freeze reach its broker
+        self.bootstrap = ",".join(f"{h.address}:{KAFKA_PORT}" for h in self.hosts)
+        self.plaintext_bootstrap = self.bootstrap
+
+    def server_properties(self, i: int) -> dict[str, str]:
+        h = self.hosts[i]
+        return {
+            **super().server_properties(i),
+            "controller.quorum.voters": ",".join(
+                f"{j}@{x.address}:{CONTROLLER_PORT}" for j, x in enumerate(self.hosts)
+            ),
+            "listeners": f"PLAINTEXT://0.0.0.0:{KAFKA_PORT},CONTROLLER://0.0.0.0:{CONTROLLER_PORT}",
+            "advertised.listeners": f"PLAINTEXT://{h.address}:{KAFKA_PORT}",
+        }
+
+    def _launch(self, i: int) -> None:
+        b = self.brokers[i]
+        java = self._java("kafka.Kafka", str(b.config_path), archive=self._archive_flags(i))
+        b.argv = ["ip", "netns", "exec", self.hosts[i].netns, *java]
+        b.start()
+
+    def _answers(self, i: int) -> bool:
+        return answers_tcp(self.hosts[i].address, KAFKA_PORT)
+
+    def host_of(self, i: int) -> NetHost:
+        return self.hosts[i]
+
+
+class HostSeaweedFS(SeaweedFS):
+    """``weed mini`` (master, volume, filer, S3) inside ``host``; S3 at ``http://<host>:8333``."""
+
+    def __init__(self, root: Path, host: NetHost, *, bucket: str = "landing") -> None:
+        super().__init__(root, bucket=bucket)
+        self.host = host
+        self.filer_port = 8888
+        self.filer_grpc = 18888
+
+    def start(self) -> None:
+        data = self.root / "data"
+        data.mkdir(parents=True, exist_ok=True)
+        ports = {
+            "master.port": 9333,
+            "master.port.grpc": 19333,
+            "volume.port": 8080,
+            "volume.port.grpc": 18080,
+            "filer.port": self.filer_port,
+            "filer.port.grpc": self.filer_grpc,
+            "s3.port": S3_PORT,
+            "s3.port.grpc": 18333,
+            "admin.port": 23646,
+            "admin.port.grpc": 33646,
+        }
+        argv = [
+            self.weed,
+            f"-logdir={self._log_dir()}",
+            "mini",
+            f"-dir={data}",
+            f"-ip={self.host.address}",
+            "-ip.bind=0.0.0.0",
+            "-master.telemetry=false",
+            "-master.volumeSizeLimitMB=64",
+            "-s3.port.iceberg=0",
+            "-s3.port.lance=0",
+            "-webdav=false",
+            "-admin.ui=false",
+            f"-filer.localSocket={self.root / 'filer.sock'}",
+            f"-s3.localSocket={self.root / 's3.sock'}",
+            *(f"-{k}={v}" for k, v in ports.items()),
+        ]
+        proc = self.host.process("weed-mini", argv, self._log_dir() / "mini.out")
+        self._procs.append(proc)
+        proc.start()
+        self.endpoints.append(f"http://{self.host.address}:{S3_PORT}")
+        self._wait_s3(proc, self.endpoint)
+        self.client().create_bucket(Bucket=self.bucket)
+
+    def restart(self) -> None:
+        """Start ``weed mini`` again on its data (after the host's processes were killed)."""
+        proc: ManagedProcess = self._procs[0]
+        if not proc.running:
+            proc.start()
+        self._wait_s3(proc, self.endpoint)
