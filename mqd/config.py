@@ -531,6 +531,21 @@ class LandingLifecycleConfig(_Model):
     retention: Seconds = Field(default=0.0, ge=0)
 
 
+class LandingDeltaConfig(_Model):
+    """``[landing.delta]``: the landing's Delta table (landing.table = "delta",
+    mqd/landing/table_committer.py, mqd/landing/delta_log.py)."""
+
+    # a commit at most this often (all owned partitions' new files in one), or sooner once
+    # commit_files files were published
+    commit_interval: Seconds = Field(default=5.0, gt=0)
+    commit_files: int = Field(default=1000, ge=1)
+    # a log checkpoint every this many commits (delta.checkpointInterval): what a reader replays
+    checkpoint_interval: int = Field(default=100, ge=1)
+    # log entries older than this expire at a checkpoint (delta.logRetentionDuration): a streaming
+    # reader of the table may stop this long; at a commit every 5 s, 2 days keep ~35k entries
+    log_retention: Seconds = Field(default=2 * 86400.0, ge=3600)
+
+
 class LandingConfig(_Model):
     dir: LandingDir = Path("landing")  # a folder, or s3://bucket/prefix (object storage, issue 15)
     # large files by default (issue 15): size cuts first, max_age a latency bound. Row groups are
@@ -546,6 +561,10 @@ class LandingConfig(_Model):
     max_event_ahead: Seconds = Field(default=3600.0, gt=0, le=10 * 365 * 86400)
     s3: LandingS3Config = Field(default_factory=LandingS3Config)
     lifecycle: LandingLifecycleConfig = Field(default_factory=LandingLifecycleConfig)
+    # "delta": the daemon also commits what it publishes to a Delta table at the landing's root
+    # (readable by delta-rs, DuckDB, Polars, Spark seconds after it lands); "none": files only
+    table: Literal["none", "delta"] = "none"
+    delta: LandingDeltaConfig = Field(default_factory=LandingDeltaConfig)
 
 
 class SparkS3Config(_Model):

@@ -39,7 +39,7 @@ import sys
 import time
 from collections import deque
 from collections.abc import Awaitable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
@@ -63,6 +63,9 @@ from mqd.landing.layout import LandingCorrupt, LandingError
 from mqd.landing.markers import IDLE_GRACE_MS
 from mqd.landing.sink import LandingSink, PublishResult
 from mqd.landing.store import CommitLockTimeout
+
+if TYPE_CHECKING:
+    from mqd.landing.table_committer import TableCommitter
 
 log = structlog.get_logger("mqd.daemon")
 
@@ -108,6 +111,8 @@ class Daemon:
         # its baseline is taken once the landing encoded once (landing/preflight.py)
         self.memory = MemoryGauge()
         self.sink = LandingSink(config.landing, on_result=self._apply, on_warm=self._take_memory_baseline)
+        # landing.table = "delta": what is published is also committed to the landing's Delta table
+        self.table: TableCommitter | None = self._table_committer(config)
         self.consumer = Consumer(
             config.consumer,
             start_position=self._start_position,
@@ -142,6 +147,32 @@ class Daemon:
         self._reset_replayed = 0  # offsets landed again by applied replays
         # partitions replaying a range (mqd offsets reset below the landed head): tagged on drain
         self._replays: dict[TopicPartition, offsets_reset.Replay] = {}
+
+    def _table_committer(self, config: MqdConfig) -> TableCommitter | None:
+        if config.landing.table != "delta":
+            return None
+        from mqd.landing import delta_log
+        from mqd.landing.object_store import ObjectStore
+        from mqd.landing.table_committer import TableCommitter
+
+        store = self.sink.store
+        if not isinstance(store, ObjectStore):  # a test's own store: no objects to read chains from
+            return None
+        lc = config.landing
+        uri = delta_log.table_uri(lc.dir)
+        table = delta_log.LandingTable(
+            uri,
+            storage=delta_log.storage_options(uri, lc.s3.endpoint_url, lc.s3.region),
+            checkpoint_interval=lc.delta.checkpoint_interval,
+            log_retention_s=lc.delta.log_retention,
+        )
+        return TableCommitter(
+            store.objects,
+            table,
+            interval=lc.delta.commit_interval,
+            max_files=lc.delta.commit_files,
+            name=config.consumer.effective_client_id,
+        )
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -249,6 +280,8 @@ class Daemon:
         except Exception as exc:  # still commit what landed and leave the group
             self._record_error("final_flush", exc)  # the status JSON's name for the final publication
         self.sink.cancel()  # abandoned at the deadline: the publication itself is atomic and conditional
+        if self.table is not None:
+            await self._final_table_commit(deadline)
         try:
             await self.consumer.commit()
             self._commits += 1
@@ -256,10 +289,34 @@ class Daemon:
             self._record_error("final_commit", exc)
         await self.consumer.stop()
         await self.sink.close()
+        if self.table is not None:
+            self.table.close()
         await self._client.close()
         self.memory.stop()
         self.state = "stopped"
         log.info("daemon stopped", **self.stats)
+
+    async def _final_table_commit(self, deadline: float) -> None:
+        """Every stop (and the end of a burst) commits what was published to the landing table,
+        the chains of every owned partition read once more, bounded by the shutdown deadline."""
+        assert self.table is not None
+        owned = {(tp.topic, tp.partition) for tp in self.consumer.assignment()}
+        try:
+            done = await asyncio.wait_for(self.table.flush(owned), deadline)
+        except TimeoutError:
+            done = False
+        if not done:
+            log.error(
+                "landing table not committed before exit; the next owner of each partition commits "
+                "what is missing",
+                pending_files=self.table.status()["pending_files"],
+                error=self.table.error,
+            )
+            self._record_error(
+                "final_table_commit", RuntimeError(self.table.error or "not committed in time")
+            )
+        else:
+            log.info("landing table committed", version=self.table.stats.version)
 
     async def _final_publish(self) -> None:
         await self.sink.wait_idle()
@@ -286,6 +343,8 @@ class Daemon:
                 await self._wait_for_work(now)
                 self._drain()
                 await self._publish_due()
+                if self.table is not None:
+                    self.table.start(now)
                 await self._housekeeping()
                 if self.burst and self._broken:
                     raise next(iter(self._broken.values()))  # a burst cannot finish that partition
@@ -378,6 +437,8 @@ class Daemon:
         # or the landed end a conflict revealed, is the truth (commits only move forward), and the
         # new owner may never publish past it to commit it itself.
         if res.next_offset is not None:
+            if self.table is not None:
+                self.table.note(res.tp, res.published)
             self.consumer.mark_consumed(tp, res.next_offset)
             self.consumer.note_landed(tp, max(r.ts_max for r in res.published))
         if res.conflict is not None and res.conflict.last_offset is not None:
@@ -583,6 +644,8 @@ class Daemon:
             # retriable: the consumer retries the assignment; nothing is fetched without a position
             raise ConsumerError(f"{tp}: cannot read landing state: {exc}", retriable=True) from exc
         self._chain_whole(tp)
+        if self.table is not None:
+            self.table.track((tp.topic, tp.partition))  # files published but not committed: catch up
         position = None if head.last_offset is None else head.last_offset + 1
         position, incarnation = await self._apply_offsets_reset(tp, position, head.incarnation)
         if position is None:
@@ -702,6 +765,8 @@ class Daemon:
             reasons.append(f"daemon {self.state}")
         if self._landing_error is not None:
             reasons.append(f"landing: {self._landing_error}")
+        if self.table is not None and self.table.error is not None:
+            reasons.append(f"landing table: {self.table.error}")
         reasons.extend(f"{tp}: {exc}" for tp, exc in sorted(self._broken.items()))
         try:
             snap: ConsumerSnapshot | None = self.consumer.snapshot()
@@ -732,6 +797,7 @@ class Daemon:
                 "error": self._landing_error,
                 "paused_for_disk": sorted(f"{t}/{p}" for t, p in self._disk_paused),
                 "chain_broken": {f"{t}/{p}": exc.key for (t, p), exc in sorted(self._broken.items())},
+                "table": None if self.table is None else self.table.status(),
             },
             "user_paused": sorted(f"{t}/{p}" for t, p in self._user_paused),
             # concrete topics (re: patterns resolved); a pattern matching nothing is a warning

@@ -224,6 +224,37 @@ event_time_ahead_records = Counter(
     ["topic"],
     registry=REGISTRY,
 )
+# landing.table = "delta" (mqd/landing/table_committer.py)
+landing_table_commits = Counter(
+    "mqd_landing_table_commits", "Commits to the landing's Delta table that landed", registry=REGISTRY
+)
+landing_table_files = Counter(
+    "mqd_landing_table_files", "Landed files added to the landing's Delta table", registry=REGISTRY
+)
+landing_table_commits_dropped = Counter(
+    "mqd_landing_table_commits_dropped",
+    "Landing table commits refused as stale: another committer added those partitions' files first",
+    registry=REGISTRY,
+)
+landing_table_errors = Counter(
+    "mqd_landing_table_errors", "Landing table rounds that failed (retried next round)", registry=REGISTRY
+)
+landing_table_files_gone = Counter(
+    "mqd_landing_table_files_gone",
+    "Published files not added to the landing table: deleted before any commit of their partition",
+    registry=REGISTRY,
+)
+landing_table_files_removed = Counter(
+    "mqd_landing_table_files_removed",
+    "Files the lifecycle removed from the landing table (dataChange=false) before deleting them",
+    registry=REGISTRY,
+)
+landing_table_commit_latency = Histogram(
+    "mqd_landing_table_commit_seconds",
+    "Duration of one landing table commit (all partitions' files of a round)",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+    registry=REGISTRY,
+)
 
 
 class PartitionChildren:

@@ -51,9 +51,11 @@ from urllib.parse import unquote, urlparse
 
 import structlog
 
+from mqd import metrics
 from mqd.errors import MqdError
 from mqd.landing import layout
 from mqd.landing.chain_reader import ChainReader
+from mqd.landing.delta_log import DELTA_LOG, LandingTable, storage_options, table_uri
 from mqd.landing.layout import FileRange, LandingCorrupt
 from mqd.landing.object_store import ObjectStore
 
@@ -320,7 +322,12 @@ class Cleaner:
     worker thread. Counters are totals over this object's life."""
 
     def __init__(
-        self, store: ObjectStore, *, archive_dir: str | None = None, retention_ms: int | None = None
+        self,
+        store: ObjectStore,
+        *,
+        archive_dir: str | None = None,
+        retention_ms: int | None = None,
+        table: LandingTable | None = None,
     ) -> None:
         self.store = store
         self.archive_dir = archive_dir.strip("/") if archive_dir else None
@@ -328,7 +335,26 @@ class Cleaner:
         self.deleted = 0
         self.archived = 0
         self.expired = 0
+        self.removed_from_table = 0
         self.reader = ChainReader(store.objects)  # remembers each chain's last claim read
+        # the landing's Delta table (landing.table = "delta"); found by its log when not given, so
+        # `mqd landing clean` keeps a table it was not told about whole
+        self.table = table
+
+    def _landing_table(self) -> LandingTable | None:
+        """The landing's Delta table, loaded at its newest version; None when the landing has none."""
+        if self.table is None:
+            if not any(True for _ in self.store.objects.list_objects(f"{DELTA_LOG}/")):
+                return None
+            self.table = LandingTable(table_uri(self.store.location), storage=self._storage())
+        return self.table if self.table.load(create=False) else None
+
+    def _storage(self) -> dict[str, str] | None:
+        objects = self.store.objects
+        client = getattr(objects, "client", None)
+        if client is None:
+            return None
+        return storage_options(self.store.location, client.meta.endpoint_url, client.meta.region_name)
 
     def clean(self, now_ms: int | None = None) -> CleanResult:
         now = now_ms if now_ms is not None else int(time.time() * 1000)
@@ -338,9 +364,14 @@ class Cleaner:
         got = self.store.objects.get(CLEANED_KEY)
         cleaned: dict[str, int] = {str(k): int(v) for k, v in json.loads(got[0]).items()} if got else {}
         deleted = archived = expired = compacted = 0
+        table = self._landing_table()
+        versions: dict[str, int | None] = {}
+        going: list[tuple[str, int, FileRange, bool]] = []  # (chain, index, file, expired), chain order
+        visited: list[str] = []
         for k, files in sorted(chains.items()):
             if not files:
                 continue  # its first file is not visible yet (a pending promotion): nothing to clean
+            visited.append(k)
             # every registered query's count; none registered: nothing is committed by "every" query
             committed = min((r.committed.get(k, 0) for r in recs.values()), default=0)
             last = len(files) - 1  # the newest file stays (module docstring)
@@ -348,27 +379,48 @@ class Cleaner:
             done = start
             for i in range(start, max(last, 0)):
                 f = files[i]
+                if table is not None and not table.committed(f, versions):
+                    break  # the table is a reader too: not in it yet, so not gone from the landing
                 if i < committed:
-                    if self._remove(f):
-                        if self.archive_dir:
-                            archived += 1
-                        else:
-                            deleted += 1
+                    going.append((k, i, f, False))
                 elif self.retention_ms is not None and (_age_ms(f.created, now) or -1) > self.retention_ms:
-                    if self.store.objects.head(f.path) is not None:
-                        self.store.objects.delete(f.path)
-                        expired += 1
-                        log.warning(
-                            "landed file expired by landing.lifecycle.retention before every query "
-                            "committed it: its records are not in every table",
-                            path=f.path,
-                            created=f.created,
-                            queries_behind=sorted(q for q, r in recs.items() if r.committed.get(k, 0) <= i),
-                        )
+                    going.append((k, i, f, True))
                 else:
                     break
                 done = i + 1
             cleaned[k] = done
+        if table is not None and going:
+            # removed from the table (dataChange=false) before any is deleted: never deleted while
+            # the table lists it; a crash between the two leaves files the next pass deletes
+            listed = table.listed()
+            gone_from_table = [f for _k, _i, f, _e in going if f.path in listed]
+            if gone_from_table:
+                version = table.remove(gone_from_table)
+                self.removed_from_table += len(gone_from_table)
+                metrics.landing_table_files_removed.inc(len(gone_from_table))
+                log.info(
+                    "landing table: files removed before deletion",
+                    files=len(gone_from_table),
+                    version=version,
+                )
+        for k, i, f, is_expired in going:
+            if not is_expired:
+                if self._remove(f):
+                    if self.archive_dir:
+                        archived += 1
+                    else:
+                        deleted += 1
+            elif self.store.objects.head(f.path) is not None:
+                self.store.objects.delete(f.path)
+                expired += 1
+                log.warning(
+                    "landed file expired by landing.lifecycle.retention before every query "
+                    "committed it: its records are not in every table",
+                    path=f.path,
+                    created=f.created,
+                    queries_behind=sorted(q for q, r in recs.items() if r.committed.get(k, 0) <= i),
+                )
+        for k in visited:
             topic, _, part = k.rpartition("/")
             if views[(topic, int(part))].claims_above_floor > KEEP_CLAIMS:  # else nothing to compact
                 compacted += self.store.compact(topic, int(part), KEEP_CLAIMS)

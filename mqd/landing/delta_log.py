@@ -1,0 +1,316 @@
+"""The landing as a Delta table: the Delta log at the landing's root, written through delta-rs.
+
+The data files are the landing's own (the claim chain published them, layout.py names them); this
+module only registers them in a Delta log (``<landing>/_delta_log/``), which every Delta reader
+(delta-rs, DuckDB's ``delta_scan``, Polars, Spark) reads. Nothing here decides what is published:
+the committer (table_committer.py) asks the claim chains and this module writes what they say.
+
+- **Schema.** The landing schema (schema.py) with its dictionary strings as strings, then the
+  folder keys ``dt`` (string) and ``hour`` (int), the Hive columns Spark's file source reads too.
+  ``topic``, ``dt`` and ``hour`` are the partition columns, so the folder names are the partition
+  values (readers that check one against the other, Polars, read the table). A file also holds its
+  ``topic`` column; readers take a partition column's value from the log, not from the file.
+- **Adds.** One ``add`` per file, its statistics from the file's range (no read of the file):
+  ``numRecords``; min/max of ``partition``, ``incarnation``, ``offset`` and ``timestamp``; their
+  null counts (0, except an unknown incarnation).
+- **Exactly once.** Each commit carries one ``txn`` action per (topic, partition, incarnation) it
+  adds files of: ``appId`` = ``app_id(...)``, ``version`` = the last offset added. A file is in the
+  table iff its incarnation's ``txn`` version is at or past its last offset (offsets ascend within
+  an incarnation of a chain). delta-rs fails a commit when a commit that landed after the one it
+  read holds a ``txn`` of the same ``appId`` (``ConcurrentTransaction``): two committers that
+  computed the same missing files from one version cannot both add them (``StaleCommit``).
+- **Removes.** The lifecycle's cleaner removes a file from the table (``remove``,
+  ``dataChange=false``: a streaming reader sees no change) before it deletes it.
+- **Log.** Table properties at creation: a checkpoint every ``checkpoint_interval`` commits, log
+  entries older than ``log_retention`` expire at checkpoints, ``delta.appendOnly`` (a ``DELETE``
+  through the table would rewrite landing files the claim chain owns).
+
+delta-rs writes the log with create-only puts: ``os.link``-like on a local disk, ``If-None-Match``
+on S3 (the landing already requires it: object_store.py's probe).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from mqd.errors import MqdError
+from mqd.landing.layout import FileRange, LandingError
+from mqd.lazy_import import lazy_import
+
+if TYPE_CHECKING:
+    import deltalake
+    import deltalake.exceptions
+    import deltalake.transaction
+    import pyarrow as pa
+
+    from mqd.landing import schema
+else:
+    deltalake = lazy_import("deltalake")
+    pa = lazy_import("pyarrow")
+    schema = lazy_import("mqd.landing.schema")
+
+log = structlog.get_logger("mqd.landing")
+
+DELTA_LOG = "_delta_log"
+PARTITION_BY = ("topic", "dt", "hour")
+APP_PREFIX = "mqd-landing"
+# delta-rs retries a commit that lost a race with a commit of other partitions (no conflict) this
+# often; every daemon of a landing commits every few seconds, so dozens of races are possible
+MAX_COMMIT_RETRIES = 200
+
+
+class StaleCommit(MqdError):
+    """A commit lost to a commit of the same partitions (another committer got there first, a
+    frozen owner's committer after its session expired): nothing of it is in the table. The
+    committer drops it, counts it, and computes what is missing again."""
+
+    retriable = True
+
+
+class TableError(LandingError):
+    """The Delta log could not be read or written (the store did not answer, a commit failed for
+    another reason). Retriable: the next round tries again; the landing goes on meanwhile."""
+
+
+def app_id(topic: str, partition: int, incarnation: str | None) -> str:
+    """The ``txn`` appId of one partition's log incarnation (a recreated topic is a new appId, so
+    its offsets, which start again, are never taken for landed ones)."""
+    return f"{APP_PREFIX}/{topic}/{partition}/{incarnation or 'none'}"
+
+
+def table_schema() -> pa.Schema:
+    """The table's Arrow schema: the landing's columns (dictionaries as their values), dt, hour."""
+    fields = [
+        pa.field(f.name, f.type.value_type if pa.types.is_dictionary(f.type) else f.type)
+        for f in schema.LANDING_SCHEMA
+    ]
+    return pa.schema([*fields, pa.field("dt", pa.string()), pa.field("hour", pa.int32())])
+
+
+def partition_values(path: str) -> dict[str, str | None]:
+    """The partition values of a landed file, read from its folders (layout.hour_dir):
+    ``topic=t/dt=YYYY-MM-DD/hour=HH/...`` -> {topic: t, dt: YYYY-MM-DD, hour: "H"}."""
+    parts = path.split("/")
+    try:
+        keys = dict(p.split("=", 1) for p in parts[:3])
+        return {"topic": keys["topic"], "dt": keys["dt"], "hour": str(int(keys["hour"]))}
+    except (KeyError, ValueError):
+        raise LandingError(f"{path}: not a landed file's path (topic=/dt=/hour= folders)") from None
+
+
+def _iso_ms(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%S.") + f"{ms % 1000:03d}Z"
+
+
+def stats(rng: FileRange) -> str:
+    """The ``add`` action's statistics, from the file's range alone (exact: the range is the
+    file's own metadata)."""
+    known = rng.incarnation is not None
+    d: dict[str, Any] = {
+        "numRecords": rng.count,
+        "minValues": {
+            "partition": rng.partition,
+            "offset": rng.first_offset,
+            "timestamp": _iso_ms(rng.ts_min),
+        },
+        "maxValues": {
+            "partition": rng.partition,
+            "offset": rng.last_offset,
+            "timestamp": _iso_ms(rng.ts_max),
+        },
+        "nullCount": {"partition": 0, "offset": 0, "timestamp": 0, "incarnation": 0 if known else rng.count},
+    }
+    if known:
+        d["minValues"]["incarnation"] = d["maxValues"]["incarnation"] = rng.incarnation
+    return json.dumps(d, separators=(",", ":"))
+
+
+def _created_ms(rng: FileRange) -> int:
+    try:
+        return int(datetime.fromisoformat(rng.created).timestamp() * 1000)
+    except ValueError:
+        return int(time.time() * 1000)
+
+
+def add_action(rng: FileRange) -> deltalake.transaction.AddAction:
+    from deltalake.transaction import AddAction
+
+    return AddAction(rng.path, rng.bytes, partition_values(rng.path), _created_ms(rng), True, stats(rng))
+
+
+def storage_options(uri: str, endpoint_url: str | None, region: str | None) -> dict[str, str] | None:
+    """delta-rs's (object_store's) options for an ``s3://`` landing: the endpoint and region of
+    ``[landing.s3]``; credentials from the AWS variables (or the instance's role), as object_store
+    reads them. None for a local landing."""
+    if not uri.startswith("s3://"):
+        return None
+    opts: dict[str, str] = {}
+    if endpoint_url:
+        opts["AWS_ENDPOINT_URL"] = endpoint_url
+        if endpoint_url.startswith("http://"):
+            opts["AWS_ALLOW_HTTP"] = "true"
+    if region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION"):
+        opts["AWS_REGION"] = region or os.environ.get("AWS_REGION") or os.environ["AWS_DEFAULT_REGION"]
+    return opts
+
+
+def table_uri(location: str | Path) -> str:
+    """The table's URI: the landing's root (an absolute path, or ``s3://bucket/prefix``)."""
+    s = str(location)
+    return s.rstrip("/") if s.startswith("s3://") else str(Path(s).resolve())
+
+
+def _is_concurrent(exc: BaseException) -> bool:
+    return "concurrent transaction" in str(exc).lower()
+
+
+class LandingTable:
+    """The Delta log of one landing. Blocking (file or network I/O); one thread at a time."""
+
+    def __init__(
+        self,
+        uri: str,
+        *,
+        storage: dict[str, str] | None = None,
+        checkpoint_interval: int = 100,
+        log_retention_s: float = 2 * 86400.0,
+    ) -> None:
+        self.uri = uri
+        self.storage = storage
+        self.checkpoint_interval = checkpoint_interval
+        self.log_retention_s = log_retention_s
+        self._table: deltalake.DeltaTable | None = None
+        self._schema: pa.Schema | None = None
+
+    def properties(self) -> dict[str, str | None]:
+        return {
+            "delta.checkpointInterval": str(self.checkpoint_interval),
+            "delta.logRetentionDuration": f"interval {max(1, round(self.log_retention_s))} seconds",
+            "delta.enableExpiredLogCleanup": "true",
+            "delta.appendOnly": "true",
+        }
+
+    def exists(self) -> bool:
+        return bool(deltalake.DeltaTable.is_deltatable(self.uri, storage_options=self.storage))
+
+    def load(self, *, create: bool = True) -> bool:
+        """Read the log up to its newest commit (creating the table, empty, when there is none and
+        ``create``); False when there is no table. TableError when the store does not answer."""
+        try:
+            if self._table is not None:
+                self._table.update_incremental()
+                return True
+            if not self.exists():
+                if not create:
+                    return False
+                self._create()
+            self._table = deltalake.DeltaTable(self.uri, storage_options=self.storage)
+            return True
+        except (OSError, deltalake.exceptions.DeltaError) as exc:
+            self._table = None
+            raise TableError(f"{self.uri}: reading the Delta log: {exc}") from None
+
+    def _create(self) -> None:
+        try:
+            deltalake.DeltaTable.create(
+                self.uri,
+                table_schema(),
+                mode="ignore",
+                partition_by=list(PARTITION_BY),
+                name="mqd_landing",
+                description="mqd's landing: the files the claim chains published (mqd/landing/delta_log.py)",
+                configuration=self.properties(),
+                storage_options=self.storage,
+            )
+            log.info("landing table created", table=self.uri)
+        except deltalake.exceptions.CommitFailedError:
+            pass  # another daemon created it first: read it
+
+    @property
+    def version(self) -> int | None:
+        return None if self._table is None else self._table.version()
+
+    def txn_version(self, app: str) -> int | None:
+        """The ``txn`` version of ``app`` in the loaded log (None: never committed)."""
+        assert self._table is not None, "load() first"
+        return self._table.transaction_version(app)
+
+    def committed(self, rng: FileRange, versions: dict[str, int | None] | None = None) -> bool:
+        """Whether the loaded log holds ``rng`` (its incarnation's ``txn`` at or past its last
+        offset). ``versions``: a cache of appId -> version for one loaded log version."""
+        app = app_id(rng.topic, rng.partition, rng.incarnation)
+        if versions is None:
+            v = self.txn_version(app)
+        else:
+            if app not in versions:
+                versions[app] = self.txn_version(app)
+            v = versions[app]
+        return v is not None and rng.last_offset <= v
+
+    def add(self, files: Iterable[FileRange], *, committer: str = "") -> int:
+        """One commit adding ``files`` (in chain order per partition) with one ``txn`` per (topic,
+        partition, incarnation); the new table version. StaleCommit when a commit since the loaded
+        version holds a ``txn`` of one of them; TableError for any other failure."""
+        from deltalake.transaction import CommitProperties, Transaction
+
+        assert self._table is not None, "load() first"
+        files = list(files)
+        last: dict[str, int] = {}
+        for f in files:
+            app = app_id(f.topic, f.partition, f.incarnation)
+            last[app] = max(last.get(app, f.last_offset), f.last_offset)
+        props = CommitProperties(
+            custom_metadata={"mqd.committer": committer, "mqd.files": len(files)},
+            max_commit_retries=MAX_COMMIT_RETRIES,
+            app_transactions=[
+                Transaction(app, v, int(time.time() * 1000)) for app, v in sorted(last.items())
+            ],
+        )
+        return self._write([add_action(f) for f in files], props)
+
+    def remove(self, files: Iterable[FileRange]) -> int:
+        """One commit removing ``files`` with ``dataChange=false`` (the cleaner deletes them next);
+        the new table version. TableError on failure."""
+        from deltalake.transaction import CommitProperties, RemoveAction
+
+        now = int(time.time() * 1000)
+        actions = [RemoveAction(f.path, False, now, f.bytes or None, partition_values(f.path)) for f in files]
+        return self._write(actions, CommitProperties(max_commit_retries=MAX_COMMIT_RETRIES))
+
+    def listed(self) -> set[str]:
+        """Paths of the files the loaded version lists (relative to the landing root)."""
+        assert self._table is not None, "load() first"
+        root = self.uri.rstrip("/") + "/"
+        out = set()
+        for uri in self._table.file_uris():
+            out.add(uri[len(root) :] if uri.startswith(root) else uri)
+        return out
+
+    def _write(self, actions: list[Any], props: Any) -> int:
+        assert self._table is not None
+        if self._schema is None:
+            self._schema = table_schema()
+        try:
+            self._table.create_write_transaction(
+                actions, "append", self._schema, partition_by=list(PARTITION_BY), commit_properties=props
+            )
+        except deltalake.exceptions.CommitFailedError as exc:
+            if _is_concurrent(exc):
+                raise StaleCommit(f"{self.uri}: {exc}") from None
+            raise TableError(f"{self.uri}: commit failed: {exc}") from None
+        except (OSError, deltalake.exceptions.DeltaError) as exc:
+            raise TableError(f"{self.uri}: commit failed: {exc}") from None
+        return self._table.version()
+
+
+def versions_of(table: LandingTable, apps: Iterable[str]) -> Mapping[str, int | None]:
+    """``txn`` versions of ``apps`` in the loaded log (tools and tests)."""
+    return {a: table.txn_version(a) for a in apps}
