@@ -2,8 +2,11 @@
 
 Layout: ``<data_dir>/logs/<topic>-<partition>/<base_offset:020d>.log|.index|.timeindex``. One
 segment (its log file and its offset and timestamp indexes) is :class:`mqd.broker.segment.Segment`;
-this file holds the partition log over its segments (appends and rolls, read plans, recovery on
-open, truncation, retention, the fsync policy) and the set of logs of a node (:class:`Storage`).
+this file holds the partition log over its segments (appends and rolls, reads, truncation,
+retention, the fsync policy) and the set of logs of a node (:class:`Storage`). The log's pieces, the
+way Kafka splits its log: the folder and its segment files (log_dir.py, with :class:`StorageError`),
+the open (log_loader.py: recovery, the incarnation history), the fenced ranges (fenced_ranges.py:
+derived, recorded, filled from a replica) and the read plans (segment_reads.py).
 
 The indexes are also kept in memory (``array``) so lookups are a bisect. They are derived data,
 written when a segment is rolled (closed). On open, a closed segment's index is trusted when it
@@ -47,9 +50,7 @@ retention that closes the original fd cannot break it.
 from __future__ import annotations
 
 import dataclasses
-import errno
 import fcntl
-import json
 import os
 import threading
 from bisect import bisect_left, bisect_right
@@ -58,11 +59,21 @@ from pathlib import Path
 
 import structlog
 
-from mqd.broker.disk_health import DISK_ERRNOS, DiskHealth
-from mqd.broker.incarnation import IncarnationEntry, IncarnationError, IncarnationHistory
-from mqd.broker.segment import INDEX_SUFFIX, LOG_SUFFIX, TIMEINDEX_SUFFIX, Segment, segment_name
+from mqd.broker.disk_health import DiskHealth
+from mqd.broker.fenced_ranges import FENCED_FILE, FencedRanges, FillReadBack, fill_fenced, fill_target
+from mqd.broker.incarnation import IncarnationEntry, IncarnationHistory
+from mqd.broker.log_dir import LogDir, StorageError, write_all
+from mqd.broker.log_loader import LogLoader, begin_incarnation
+from mqd.broker.segment import Segment
+from mqd.broker.segment_reads import (
+    ReadPlan,
+    ScrubView,
+    plan_batches,
+    read_bytes,
+    read_into_buffer,
+    scrub_entries,
+)
 from mqd.config import StorageConfig
-from mqd.errors import MqdError
 from mqd.format import BatchInfo, set_base_offset
 from mqd.fsutil import atomic_write, fsync_dir
 from mqd.topic_name import topic_name_problem
@@ -70,22 +81,11 @@ from mqd.topic_name import topic_name_problem
 log = structlog.get_logger(__name__)
 
 LOCK_FILE = ".lock"
-REPAIR_SUFFIX = ".repair"  # a segment being rewritten by repair_fenced, renamed over it when done
-FENCED_FILE = "fenced.json"
 # in <data_dir>/logs, written by a clean close, removed at open: its absence means a crash
-CLEAN_SHUTDOWN_FILE = (
-    ".clean_shutdown"  # per partition folder: the fenced offset ranges, for people and restarts
-)
+CLEAN_SHUTDOWN_FILE = ".clean_shutdown"
 _U32_MAX = 2**32 - 1
 # positions are u32 in the index file; keep every segment well inside that
 MAX_SEGMENT_BYTES = 2**31
-
-
-class StorageError(MqdError):
-    """A log cannot be read or written, or an append breaks the log's offset rules."""
-
-    def __init__(self, message: str, *, retriable: bool) -> None:
-        super().__init__(message, retriable=retriable)
 
 
 def _segment_chunks(infos: list[BatchInfo], used: int, segment_bytes: int) -> list[tuple[int, int]]:
@@ -120,31 +120,6 @@ def _check_layout(data: bytes | bytearray, infos: list[BatchInfo]) -> None:
         raise StorageError(f"batch infos cover {pos} of {len(data)} bytes", retriable=False)
 
 
-class ReadPlan:
-    """Byte ranges of whole batches to read (:meth:`PartitionLog.plan_read`) and the offset after
-    the last of them."""
-
-    __slots__ = ("next_offset", "ranges", "size")
-
-    def __init__(self, ranges: list[tuple[int, int, int]], next_offset: int) -> None:
-        self.ranges = ranges  # (fd, file position, length), in log order
-        self.size = sum(length for _, _, length in ranges)
-        self.next_offset = next_offset
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class ScrubView:
-    """A closed segment as the scrub reads it (:meth:`PartitionLog.scrub_view`): its own fd (a dup:
-    retention, repair or close may close the segment's meanwhile; the caller closes this one) and
-    every batch entry ``(first offset, last offset, start, end)`` in file order; holes (already
-    fenced) are left out."""
-
-    segment: Segment  # identity: fence_damaged acts only while this object is still in the log
-    fd: int
-    size: int
-    entries: list[tuple[int, int, int, int]]
-
-
 class PartitionLog:
     """The log of one partition: segments ordered by base offset, the last one takes appends."""
 
@@ -161,6 +136,7 @@ class PartitionLog:
         self.directory = directory
         self._config = config
         self._disk = disk if disk is not None else DiskHealth(directory)
+        self._dir = LogDir(topic, partition, directory, self._disk)
         self._segments: list[Segment] = []
         self._bases: list[int] = []  # base offset of every segment, for bisect
         self._lock = threading.Lock()
@@ -168,9 +144,9 @@ class PartitionLog:
         self._closed = False
         self._failed: str | None = None  # set when a failed write could not be undone
         self._history = IncarnationHistory(directory)
-        # offset ranges (first, last) this log cannot serve: holes in segments and gaps between them
-        self._fenced: list[tuple[int, int]] = []
-        self._fenced_firsts: list[int] = []
+        # offset ranges this log cannot serve: holes in segments and gaps between them
+        self._fenced = FencedRanges(self._dir)
+        self._loader = LogLoader(self._dir, self._history, self._fenced)
         # what open() did with each segment: start-up cost grows with the scanned ones only
         self.segments_trusted = 0
         self.segments_scanned = 0
@@ -228,101 +204,18 @@ class PartitionLog:
         that took its records back from a slave cannot know how far its lost log had served)."""
         with self._lock:
             self._check_writable()
-            self._begin_incarnation(self.max_offset, why)
-
-    def _begin_incarnation(
-        self, base: int, why: str, history: list[IncarnationEntry] | None = None, *, cut: bool = True
-    ) -> None:
-        """Start a new incarnation at ``base`` (or adopt a master's ``history``) before a cut;
-        ``cut`` False for a log created or upgraded (nothing served is affected: an info line)."""
-        if history is not None and history == self._history.entries:
-            return  # already the master's: nothing to write or say
-        before = self._history.current if self._history.entries else None
-        try:
-            if history is None:
-                self._history.begin_new(base)
-            else:
-                self._history.adopt(history)
-        except OSError as exc:
-            raise self._disk_error(exc, "history write") from exc
-        (log.warning if cut else log.info)(
-            "new log incarnation" if history is None else "adopted the master's incarnation history",
-            topic=self.topic,
-            partition=self.partition,
-            incarnation=self._history.current,
-            base=self._history.current_base,
-            previous=before,
-            why=why,
-        )
+            begin_incarnation(self._dir, self._history, self.max_offset, why)
 
     # -- fenced ranges -----------------------------------------------------------------------------
 
     def fenced_ranges(self) -> list[tuple[int, int]]:
         """Offset ranges ``(first, last)`` (inclusive) this log cannot serve, in offset order: damaged
         bytes no replica repaired, offsets missing between segments. Fetches answer DATA_LOST there."""
-        return list(self._fenced)
+        return list(self._fenced.ranges)
 
     def fenced_at(self, offset: int) -> tuple[int, int] | None:
         """The fenced range ``(first, last)`` (inclusive) holding ``offset``, or None."""
-        if not self._fenced:
-            return None
-        i = bisect_right(self._fenced_firsts, offset) - 1
-        if i >= 0 and offset <= self._fenced[i][1]:
-            return self._fenced[i]
-        return None
-
-    def _load_fenced(self) -> list[tuple[int, int]]:
-        """The fenced ranges recorded at the last change (empty when there is no record)."""
-        try:
-            doc = json.loads((self.directory / FENCED_FILE).read_bytes())
-            return [(int(r["first"]), int(r["last"])) for r in doc["fenced"]]
-        except FileNotFoundError:
-            return []
-        except (ValueError, KeyError, TypeError) as exc:
-            # the record is derived from the segments (rebuilt below): a damaged one is replaced
-            log.warning(
-                "unreadable fenced-range record: rebuilding it", path=str(self.directory), error=str(exc)
-            )
-            return [(-1, -1)]
-
-    def _refresh_fenced_locked(self, recorded: list[tuple[int, int]] | None = None) -> None:
-        """Derive the fenced ranges from the segments (their holes, the gaps between them) and
-        record them durably in ``fenced.json`` when they changed."""
-        ranges: list[tuple[int, int]] = []
-        prev: Segment | None = None
-        for seg in self._segments:
-            if prev is not None and seg.base_offset > prev.next_offset:
-                ranges.append((prev.next_offset, seg.base_offset - 1))
-            ranges.extend((h.first, h.last) for h in seg.holes)
-            prev = seg
-        before = self._fenced if recorded is None else recorded
-        if ranges == before:
-            self._fenced, self._fenced_firsts = ranges, [r[0] for r in ranges]
-            return
-        for first, last in sorted(set(ranges) - set(before)):
-            log.error(
-                "offsets fenced: damaged or missing, answered DATA_LOST until repaired",
-                topic=self.topic,
-                partition=self.partition,
-                first_offset=first,
-                last_offset=last,
-                count=last - first + 1,
-            )
-        for first, last in sorted(set(before) - set(ranges)):
-            if first >= 0:
-                log.info(
-                    "fenced range gone (repaired, truncated or deleted by retention)",
-                    topic=self.topic,
-                    partition=self.partition,
-                    first_offset=first,
-                    last_offset=last,
-                )
-        doc = {"format": 1, "fenced": [{"first": a, "last": b} for a, b in ranges]}
-        try:
-            atomic_write(self.directory / FENCED_FILE, json.dumps(doc, separators=(",", ":")).encode())
-        except OSError as exc:
-            raise self._disk_error(exc, "fenced-range record write") from exc
-        self._fenced, self._fenced_firsts = ranges, [r[0] for r in ranges]
+        return self._fenced.at(offset)
 
     # -- scrub (scrub.py) --------------------------------------------------------------------------
 
@@ -341,19 +234,7 @@ class PartitionLog:
         with self._lock:
             if self._closed or not any(s is seg for s in self._segments[:-1]):
                 return None
-            holes = {h.first for h in seg.holes}
-            offsets, n = seg.offsets, len(seg.offsets)
-            entries = [
-                (
-                    offsets[i],
-                    (offsets[i + 1] if i + 1 < n else seg.next_offset) - 1,
-                    seg.positions[i],
-                    seg.batch_end(i),
-                )
-                for i in range(n)
-                if offsets[i] not in holes
-            ]
-            return ScrubView(seg, os.dup(seg.fd), seg.size, entries)
+            return ScrubView(seg, os.dup(seg.fd), seg.size, scrub_entries(seg))
 
     def fence_damaged(self, seg: Segment, offset: int, position: int, why: str) -> tuple[int, int] | None:
         """Fence the batch entry at ``offset`` (file position ``position``) of closed segment ``seg``,
@@ -367,26 +248,7 @@ class PartitionLog:
             i = seg.batch_index(offset)
             if i < 0 or seg.offsets[i] != offset or seg.positions[i] != position or seg.hole_at(offset):
                 return None
-            hole = seg.fence_entry(i)
-            log.error(
-                "damaged batch in a closed log segment: fenced",
-                topic=self.topic,
-                partition=self.partition,
-                segment=seg.path.name,
-                first_offset=hole.first,
-                last_offset=hole.last,
-                byte_start=hole.start,
-                byte_end=hole.end,
-                why=why,
-            )
-            try:
-                seg.remove_indexes()
-            except OSError as exc:
-                # the hole holds in memory; a trusted index at the next open hides it until the
-                # scrub finds it again
-                self._disk.note_error(exc, "index removal")
-            self._refresh_fenced_locked()
-            return hole.first, hole.last
+            return self._fenced.fence_batch(self._segments, seg, i, why)
 
     def append_fenced(self, first: int, last: int) -> None:
         """Continue this log with a fenced range ``first..last`` and no bytes (slave side: the
@@ -402,110 +264,27 @@ class PartitionLog:
                 )
             seg = self._segments[-1]
             seg.add_hole(first, last, seg.size, seg.size)
-            self._refresh_fenced_locked()
+            self._fenced.refresh(self._segments)
 
     def repair_fenced(self, data: bytes, infos: list[BatchInfo]) -> None:
         """Replace one fenced range with intact batches from a replica (verbatim, offsets kept):
         ``infos`` (``data``'s batches, validated by the caller) must cover exactly the range that
         starts at their first offset. A hole in a segment is replaced by rewriting that segment
-        (a new file renamed over it); a gap between segments becomes a new segment. Durable on
-        return; the range is no longer fenced."""
+        (a new file renamed over it); a gap between segments becomes a new segment
+        (fenced_ranges.fill_fenced). Durable on return; the range is no longer fenced."""
         _check_layout(data, infos)
         with self._lock:
             self._check_writable()
-            first = infos[0].base_offset
-            fenced = self.fenced_at(first)
-            expected = first
-            for info in infos:
-                if info.base_offset != expected:
-                    expected = -1
-                    break
-                expected = info.next_offset
-            if fenced is None or fenced[0] != first or expected != fenced[1] + 1:
-                raise StorageError(
-                    f"{self.topic}-{self.partition}: batches {first}..{expected - 1} do not cover exactly "
-                    f"a fenced range (fenced: {self._fenced})",
-                    retriable=False,
-                )
-            si = bisect_right(self._bases, first) - 1
+            target = fill_target(self._dir, self._segments, self._fenced, infos)
+            if target.hole is None:
+                self._dir_dirty = True  # a new segment file
             try:
-                if self._segments[si].hole_at(first) is None:
-                    self._fill_gap_locked(si, data)
-                else:
-                    self._rewrite_hole_locked(si, first, data)
-            except OSError as exc:
-                raise self._disk_error(exc, "repair") from exc
-            start_byte = 0
-            for seg in self._segments:
-                seg.start_byte = start_byte
-                start_byte += seg.size
-            log.warning(
-                "fenced range repaired from a replica",
-                topic=self.topic,
-                partition=self.partition,
-                first_offset=fenced[0],
-                last_offset=fenced[1],
-                bytes=len(data),
-            )
-            self._refresh_fenced_locked()
-
-    def _fill_gap_locked(self, si: int, data: bytes) -> None:
-        """A new closed segment holding ``data`` in the gap after segment ``si``."""
-        base = self._segments[si].next_offset
-        seg = self._create_segment(base, 0)
-        self._write_all(seg.fd, data)
-        os.fsync(seg.fd)
-        seg.size = len(data)
-        seg.scan(self._segments[si + 1].base_offset)
-        seg.write_indexes()
-        self._segments.insert(si + 1, seg)
-        self._bases.insert(si + 1, base)
-        fsync_dir(self.directory)
-
-    def _rewrite_hole_locked(self, si: int, first: int, data: bytes) -> None:
-        """Segment ``si`` again with ``data`` in place of the hole starting at ``first``."""
-        old = self._segments[si]
-        hole = old.hole_at(first)
-        assert hole is not None
-        last = si == len(self._segments) - 1
-        # holes copied from a master at the end of the active segment have no bytes to be found by
-        trailing = [h for h in old.holes if h.first > first and h.start == h.end == old.size] if last else []
-        tmp = old.path.with_name(f".{old.path.name}{REPAIR_SUFFIX}")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-        try:
-            self._write_all(fd, os.pread(old.fd, hole.start, 0))
-            self._write_all(fd, data)
-            self._write_all(fd, os.pread(old.fd, old.size - hole.end, hole.end))
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, old.path)
-        fsync_dir(self.directory)
-        os.close(old.fd)
-        seg = self._open_segment(old.path, old.base_offset, old.start_byte)
-        self._segments[si] = seg
-        next_base = None if last else self._segments[si + 1].base_offset
-        valid = seg.scan(next_base, self._fenced)
-        if valid < seg.size:
-            # the bytes were checked before: only a disk returning other bytes gets here
-            self._failed = f"repaired segment {old.path.name} does not read back intact"
-            raise StorageError(f"{self.topic}-{self.partition}: {self._failed}", retriable=False)
-        if next_base is not None and seg.next_offset < next_base:
-            seg.add_hole(seg.next_offset, next_base - 1, seg.size, seg.size)
-        for h in trailing:
-            if h.first == seg.next_offset:
-                seg.add_hole(h.first, h.last, seg.size, seg.size)
-        if not last:
-            seg.write_indexes()
-        else:
-            seg.remove_indexes()
-
-    @staticmethod
-    def _write_all(fd: int, data: bytes | memoryview) -> None:
-        view = memoryview(data)
-        written = 0
-        while written < len(view):
-            written += os.write(fd, view[written:])
+                fill_fenced(self._dir, self._segments, self._fenced, target, data)
+            except FillReadBack as exc:
+                self._failed = exc.reason
+                raise
+            finally:
+                self._bases = [seg.base_offset for seg in self._segments]
 
     @property
     def size_bytes(self) -> int:
@@ -518,50 +297,15 @@ class PartitionLog:
     # -- open / recovery ---------------------------------------------------------------------------
 
     def open(self, *, after_crash: bool = False) -> None:
-        """Create or recover the log (blocking). ``after_crash``: the node did not close cleanly
-        and appends were not each fsynced, so the tail may have lost records that were served
-        (a file reverted to its last synced size shows no torn bytes): unless recovery cut
-        something already, the log begins a new incarnation at its end."""
-        self.directory.mkdir(parents=True, exist_ok=True)
-        bases: list[int] = []
-        for p in self.directory.iterdir():
-            if p.name.startswith(".") and p.suffix == REPAIR_SUFFIX:
-                p.unlink()  # a repair that did not finish: the segment it was to replace is intact
-                continue
-            if p.suffix != LOG_SUFFIX:
-                continue
-            try:
-                bases.append(int(p.stem))
-            except ValueError:
-                log.warning("ignoring unexpected file in log directory", path=str(p))
-        bases.sort()
-        try:
-            loaded = self._load_history()
-            if not bases:
-                # created empty, or recreated: whatever a history says named records that are gone
-                self._begin_incarnation(0, "log created" if not loaded else "log files gone", cut=loaded)
-            elif not loaded:
-                # a log written before incarnations: every offset it holds stays valid under one id
-                self._begin_incarnation(bases[0], "log written before incarnations", cut=False)
-            recorded = self._load_fenced()
-            history_before = self._history.entries
-            self._recover(bases, recorded)
-            if not self._segments:
-                self._new_segment(0)
-            for first, last in recorded:
-                if first == self.max_offset and first >= 0:
-                    # a fenced range copied from a master at the log end: no bytes to find it by
-                    active = self._segments[-1]
-                    active.add_hole(first, last, active.size, active.size)
-            self._refresh_fenced_locked(recorded)
-            if self.max_offset < self._history.current_base:
-                # the files end before the current incarnation began: they were cut outside mqd
-                self._begin_incarnation(self.max_offset, "log shorter than its current incarnation")
-            elif after_crash and bases and self._history.entries == history_before:
-                self._begin_incarnation(self.max_offset, "unclean shutdown: unflushed records may be lost")
-        except BaseException:
-            self._close_fds()
-            raise
+        """Create or recover the log (blocking; log_loader.LogLoader). ``after_crash``: the node did
+        not close cleanly and appends were not each fsynced, so the tail may have lost records that
+        were served (a file reverted to its last synced size shows no torn bytes): unless recovery
+        cut something already, the log begins a new incarnation at its end."""
+        loaded = self._loader.load(after_crash=after_crash)
+        self._segments = loaded.segments
+        self._bases = [seg.base_offset for seg in loaded.segments]
+        self._dir_dirty = loaded.dir_dirty
+        self.segments_trusted, self.segments_scanned = loaded.trusted, loaded.scanned
         log.debug(
             "log opened",
             topic=self.topic,
@@ -573,158 +317,17 @@ class PartitionLog:
             scanned=self.segments_scanned,
         )
 
-    def _load_history(self) -> bool:
-        """Load the incarnation history; an unreadable one is set aside (kept for people) and the
-        log gets a new incarnation: consumers then land what they read again, counted, instead of
-        trusting offsets nothing vouches for, and the node still starts."""
-        try:
-            return self._history.load()
-        except IncarnationError as exc:
-            aside = self._history.path.with_name(self._history.path.name + ".damaged")
-            log.error(
-                "incarnation history unreadable: set aside, the log begins a new incarnation",
-                topic=self.topic,
-                partition=self.partition,
-                error=str(exc),
-                kept_as=str(aside),
-            )
-            os.replace(self._history.path, aside)
-            return False
-
-    def _recover(self, bases: list[int], recorded: list[tuple[int, int]]) -> None:
-        bases = self._drop_empty_closed_segments(bases)
-        start_byte = 0
-        for i, base in enumerate(bases):
-            path = self.directory / (segment_name(base) + LOG_SUFFIX)
-            last = i == len(bases) - 1
-            next_base = None if last else bases[i + 1]
-            if self._segments and base < self._segments[-1].next_offset:
-                log.warning(
-                    "overlapping segments: deleting the later segments",
-                    topic=self.topic,
-                    partition=self.partition,
-                    expected=self._segments[-1].next_offset,
-                    found=base,
-                    deleted=[segment_name(b) for b in bases[i:]],
-                )
-                self._begin_incarnation(self._segments[-1].next_offset, "recovery cut")
-                for b in bases[i:]:
-                    self._unlink_segment_files(self.directory / (segment_name(b) + LOG_SUFFIX))
-                self._dir_dirty = True
-                return
-            if self._segments and base > self._segments[-1].next_offset and last and path.stat().st_size == 0:
-                # an empty last segment after a gap (a crash inside a reset): it holds nothing
-                log.warning(
-                    "dropping an empty segment after a gap",
-                    topic=self.topic,
-                    partition=self.partition,
-                    segment=path.name,
-                    log_end=self._segments[-1].next_offset,
-                )
-                self._unlink_segment_files(path)
-                self._dir_dirty = True
-                return
-            # a gap before this segment (a segment file lost) is fenced by _refresh_fenced_locked
-            seg = self._open_segment(path, base, start_byte)
-            if not last and seg.load_indexes():
-                seg.trusted = True  # its middle batches are checked by the scrub (scrub.py)
-                self.segments_trusted += 1
-                self._append_segment(seg)
-                start_byte += seg.size
-                continue
-            self.segments_scanned += 1
-            valid = seg.scan(next_base, recorded)
-            if valid < seg.size and last:
-                log.warning(
-                    "truncating torn or corrupt log tail",
-                    topic=self.topic,
-                    partition=self.partition,
-                    segment=path.name,
-                    bytes=seg.size - valid,
-                    at=valid,
-                    offset=seg.next_offset,
-                )
-                # before the cut: a crash in between leaves a new id, never the old one over a gap
-                self._begin_incarnation(seg.next_offset, "recovery cut")
-                os.ftruncate(seg.fd, valid)
-                os.fsync(seg.fd)
-                seg.size = valid
-            elif next_base is not None and seg.next_offset < next_base:
-                # a closed segment damaged or cut short up to its end: fence the rest of its offsets
-                seg.add_hole(seg.next_offset, next_base - 1, valid, seg.size)
-            elif valid < seg.size:
-                # bytes after the last batch of a closed segment that stand for no offset
-                log.warning(
-                    "cutting bytes after the last batch of a closed segment",
-                    topic=self.topic,
-                    partition=self.partition,
-                    segment=path.name,
-                    bytes=seg.size - valid,
-                    at=valid,
-                )
-                os.ftruncate(seg.fd, valid)
-                os.fsync(seg.fd)
-                seg.size = valid
-            for hole in seg.holes:
-                log.error(
-                    "damaged range in a log segment: fenced",
-                    topic=self.topic,
-                    partition=self.partition,
-                    segment=path.name,
-                    first_offset=hole.first,
-                    last_offset=hole.last,
-                    byte_start=hole.start,
-                    byte_end=hole.end,
-                )
-            if not last:
-                seg.write_indexes()
-            self._append_segment(seg)
-            start_byte += seg.size
-
-    def _drop_empty_closed_segments(self, bases: list[int]) -> list[int]:
-        """An empty segment before others carries nothing (a crash inside a roll or a reset, or a
-        file cut to nothing, whose offsets then show as a gap): drop it."""
-        kept = []
-        for i, base in enumerate(bases):
-            path = self.directory / (segment_name(base) + LOG_SUFFIX)
-            if i < len(bases) - 1 and path.stat().st_size == 0:
-                self._unlink_segment_files(path)
-                self._dir_dirty = True
-                continue
-            kept.append(base)
-        return kept
-
-    def _open_segment(self, path: Path, base: int, start_byte: int) -> Segment:
-        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        seg = Segment(path, base, fd, start_byte)
-        seg.size = os.fstat(fd).st_size
-        return seg
-
-    def _append_segment(self, seg: Segment) -> None:
-        self._segments.append(seg)
-        self._bases.append(seg.base_offset)
-
     def _new_segment(self, base: int) -> Segment:
         start_byte = self._segments[-1].start_byte + self._segments[-1].size if self._segments else 0
         seg = self._create_segment(base, start_byte)
-        self._append_segment(seg)
+        self._segments.append(seg)
+        self._bases.append(seg.base_offset)
         return seg
 
     def _create_segment(self, base: int, start_byte: int) -> Segment:
-        path = self.directory / (segment_name(base) + LOG_SUFFIX)
-        seg = self._open_segment(path, base, start_byte)
-        if seg.size:
-            # a leftover file under this name can only be stale: the log says nothing lives here
-            os.ftruncate(seg.fd, 0)
-            seg.size = 0
-        seg.remove_indexes()
+        seg = self._dir.create_segment(base, start_byte)
         self._dir_dirty = True
         return seg
-
-    @staticmethod
-    def _unlink_segment_files(log_path: Path) -> None:
-        for suffix in (LOG_SUFFIX, INDEX_SUFFIX, TIMEINDEX_SUFFIX):
-            log_path.with_suffix(suffix).unlink(missing_ok=True)
 
     # -- append ------------------------------------------------------------------------------------
 
@@ -741,10 +344,7 @@ class PartitionLog:
 
     def _disk_error(self, exc: OSError, what: str) -> StorageError:
         """The StorageError for a failed disk operation, noted in the node's disk health."""
-        self._disk.note_error(exc, what)
-        self._disk.probe_soon()
-        retriable = exc.errno in DISK_ERRNOS and exc.errno != errno.EIO
-        return StorageError(f"{self.topic}-{self.partition}: {what} failed: {exc}", retriable=retriable)
+        return self._dir.disk_error(exc, what)
 
     def append(self, data: bytes, infos: list[BatchInfo]) -> tuple[int, int]:
         """Assign offsets to validated batches and write them; returns (first, last) offset."""
@@ -799,10 +399,7 @@ class PartitionLog:
             raise StorageError(f"{len(data)} bytes do not fit a segment", retriable=False)
         start = seg.size
         try:
-            view = memoryview(data)
-            written = 0
-            while written < len(view):
-                written += os.write(seg.fd, view[written:])
+            write_all(seg.fd, data)
         except OSError as exc:
             self._undo_write(seg, start, exc)
             raise self._disk_error(exc, "write") from exc
@@ -869,42 +466,7 @@ class PartitionLog:
             if self._fenced and self.fenced_at(offset) is not None:
                 return None
             si, bi = self._locate(offset)
-            ranges: list[tuple[int, int, int]] = []  # (fd, position, length)
-            budget = max_bytes
-            next_offset = offset
-            while si < len(self._segments):
-                seg = self._segments[si]
-                start = seg.positions[bi] if bi < len(seg.positions) else seg.size
-                # a read never crosses a hole: it ends where the first one after this batch begins
-                seg_end = (
-                    seg.readable_end(seg.offsets[bi]) if seg.holes and bi < len(seg.offsets) else seg.size
-                )
-                after = len(seg.positions)
-                if start < seg_end:
-                    limit = start + max(budget, 0)
-                    if seg_end <= limit:
-                        end = seg_end
-                        after = bisect_left(seg.positions, end) if seg.holes else len(seg.positions)
-                    else:
-                        k = bisect_right(seg.positions, limit) - 1  # batches before k end by limit
-                        if k > bi:
-                            end, after = seg.positions[k], k
-                        elif not ranges:
-                            end, after = seg.batch_end(bi), bi + 1  # the first batch goes out whole
-                        else:
-                            break
-                    ranges.append((seg.fd, start, end - start))
-                    next_offset = seg.offsets[after] if after < len(seg.offsets) else seg.next_offset
-                    budget -= end - start
-                    if after < len(seg.positions) or budget <= 0:
-                        break
-                elif start < seg.size:
-                    break  # the segment goes on with a hole right here
-                nxt = si + 1
-                if nxt < len(self._segments) and self._segments[nxt].base_offset != seg.next_offset:
-                    break  # a gap between segments: fenced
-                si, bi = nxt, 0
-            return ReadPlan(ranges, next_offset) if ranges else None
+            return plan_batches(self._segments, si, bi, offset, max_bytes)
 
     def read_into(self, plan: ReadPlan, buffer: memoryview) -> None:
         """Read ``plan`` into ``buffer`` (exactly ``plan.size`` bytes): one copy, no allocation."""
@@ -913,40 +475,17 @@ class PartitionLog:
         with self._lock:
             if self._closed:
                 raise StorageError(f"{self.topic}-{self.partition}: log is closed", retriable=True)
-            at = 0
-            for fd, pos, length in plan.ranges:
-                view = buffer[at : at + length]
-                got = os.preadv(fd, [view], pos)
-                while 0 < got < length:  # preadv may stop early (signals, very large reads)
-                    n = os.preadv(fd, [view[got:]], pos + got)
-                    if n == 0:
-                        break
-                    got += n
-                if got != length:
-                    raise StorageError(
-                        f"{self.topic}-{self.partition}: short read at {pos} (file changed underneath)",
-                        retriable=False,
-                    )
-                at += length
+            read_into_buffer(plan, buffer, self._dir)
 
     def read(self, offset: int, max_bytes: int) -> bytes:
         """Whole stored batches from the one holding ``offset``, up to ``max_bytes`` (at least one)."""
         plan = self.plan_read(offset, max_bytes)
         if plan is None:
             return b""
-        chunks = []
         with self._lock:
             if self._closed:
                 return b""
-            for fd, pos, length in plan.ranges:
-                chunk = os.pread(fd, length, pos)
-                if len(chunk) != length:
-                    raise StorageError(
-                        f"{self.topic}-{self.partition}: short read at {pos} (file changed underneath)",
-                        retriable=False,
-                    )
-                chunks.append(chunk)
-        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+            return read_bytes(plan, self._dir)
 
     def bytes_behind(self, offset: int) -> int:
         """Bytes from the batch holding ``offset`` to the log end (how cold a read at offset is)."""
@@ -981,7 +520,7 @@ class PartitionLog:
             self._check_writable()
             if offset >= self.max_offset:
                 if history is not None:
-                    self._begin_incarnation(offset, "nothing to cut", history, cut=False)
+                    begin_incarnation(self._dir, self._history, offset, "nothing to cut", history, cut=False)
                 return
             if offset <= self.min_offset:
                 self._reset_locked(offset, history)
@@ -991,10 +530,10 @@ class PartitionLog:
             if offset >= seg.next_offset:
                 bi = len(seg.offsets)  # in a gap after this segment: it stays whole
             new_end = seg.offsets[bi] if bi < len(seg.offsets) else seg.next_offset
-            self._begin_incarnation(new_end, "truncation", history)
+            begin_incarnation(self._dir, self._history, new_end, "truncation", history)
             for victim in reversed(self._segments[si + 1 :]):
                 os.close(victim.fd)
-                self._unlink_segment_files(victim.path)
+                self._dir.unlink_segment_files(victim.path)
             del self._segments[si + 1 :]
             del self._bases[si + 1 :]
             new_size = seg.positions[bi] if bi < len(seg.positions) else seg.size
@@ -1006,18 +545,9 @@ class PartitionLog:
                 requested=offset,
                 bytes=seg.size - new_size,
             )
-            os.ftruncate(seg.fd, new_size)
-            seg.size = new_size
-            del seg.offsets[bi:]
-            del seg.positions[bi:]
-            ti = bisect_left(seg.ts_offsets, new_end)
-            del seg.ts_offsets[ti:]
-            del seg.ts_values[ti:]
-            seg.holes = [h for h in seg.holes if h.first < new_end]
-            seg.next_offset = new_end
-            seg.remove_indexes()  # it is the active segment again: its index is rebuilt on open
+            self._dir.cut_segment(seg, bi)
             self._sync_truncation(seg)
-            self._refresh_fenced_locked()
+            self._fenced.refresh(self._segments)
 
     def truncate_fully_and_start_at(self, offset: int, history: list[IncarnationEntry] | None = None) -> None:
         """Drop the whole log and restart it empty at ``offset`` (a replica behind the master's
@@ -1029,7 +559,7 @@ class PartitionLog:
             self._reset_locked(offset, history)
 
     def _reset_locked(self, offset: int, history: list[IncarnationEntry] | None) -> None:
-        self._begin_incarnation(offset, "log reset", history)
+        begin_incarnation(self._dir, self._history, offset, "log reset", history)
         log.warning(
             "resetting log",
             topic=self.topic,
@@ -1047,9 +577,9 @@ class PartitionLog:
         self._segments, self._bases = [seg], [offset]
         for victim in old:
             if victim.base_offset != offset:
-                self._unlink_segment_files(victim.path)
+                self._dir.unlink_segment_files(victim.path)
         self._sync_truncation(seg)
-        self._refresh_fenced_locked()
+        self._fenced.refresh(self._segments)
 
     def _sync_truncation(self, seg: Segment) -> None:
         # truncation must reach the disk before new data lands in the freed offsets
@@ -1083,7 +613,7 @@ class PartitionLog:
                 if not (too_old or too_big):
                     break
                 os.close(seg.fd)
-                self._unlink_segment_files(seg.path)
+                self._dir.unlink_segment_files(seg.path)
                 del self._segments[0]
                 del self._bases[0]
                 total -= seg.size
@@ -1099,7 +629,7 @@ class PartitionLog:
                     min_offset=self.min_offset,
                 )
             if deleted and self._fenced:
-                self._refresh_fenced_locked()
+                self._fenced.refresh(self._segments)
         return deleted
 
     # -- durability and shutdown -------------------------------------------------------------------
@@ -1257,4 +787,12 @@ class Storage:
                 self._lock_fd = None
 
 
-__all__ = ["MAX_SEGMENT_BYTES", "PartitionLog", "ReadPlan", "ScrubView", "Storage", "StorageError"]
+__all__ = [
+    "FENCED_FILE",
+    "MAX_SEGMENT_BYTES",
+    "PartitionLog",
+    "ReadPlan",
+    "ScrubView",
+    "Storage",
+    "StorageError",
+]
