@@ -5,7 +5,7 @@ broker, API-version negotiation per connection, TLS, SASL PLAIN/SCRAM, framing a
 structs. mqd keeps its own fetch scheduling (the engine's NodeFetcher: one Fetch per leader node for
 all its fetchable partitions, one in flight) and decodes the records itself (record_batch).
 
-Fetch answers map onto the engine's statuses:
+Fetch answers map onto the engine's statuses (fetch_errors.py, a pure table):
 - records: FOUND; none: CAUGHT_UP (the broker long-polled; the next round asks again);
 - OFFSET_OUT_OF_RANGE: Kafka names no valid offset, so ListOffsets (earliest, latest) on the same
   node turns it into OFFSET_TOO_SMALL (next: the log start) or OFFSET_OVERFLOW_BADLY (next: the log
@@ -50,7 +50,7 @@ import ssl
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import replace
-from typing import Any
+from typing import Any, NamedTuple
 
 import structlog
 from aiokafka.client import AIOKafkaClient
@@ -82,28 +82,25 @@ from mqd.consumer.source import (
 )
 from mqd.sources.kafka.consumer_group_protocol import ConsumerProtocolGroup, ConsumerProtocolOffsetStore
 from mqd.sources.kafka.fetch_answer import MalformedAnswer, parsed_fetch
+from mqd.sources.kafka.fetch_errors import FetchOutcome, error_name, fetch_outcome, out_of_range_outcome
 from mqd.sources.kafka.fetch_session import SESSION_ERRORS, FetchSession, SessionRequest
 from mqd.sources.kafka.frame_reader import FrameClient
 from mqd.sources.kafka.group import KafkaGroup, KafkaOffsetStore
 from mqd.sources.kafka.log_incarnation import LogIncarnations, epoch_before
 from mqd.sources.kafka.metadata import NO_LEADER, KafkaMetadata
+from mqd.sources.kafka.protocol_ext import (
+    FetchedPartition,
+    OffsetsForLeaderEpochRequest,
+    epoch_end_offsets,
+    fetched_partitions,
+)
 from mqd.sources.kafka.protocol_ext import FetchRequest as KafkaFetchRequest
-from mqd.sources.kafka.protocol_ext import OffsetsForLeaderEpochRequest, epoch_end_offsets, fetched_partitions
 from mqd.sources.kafka.read_replica import ReadReplicas
 from mqd.sources.kafka.record_batch import AbortedTxn, batch_heads, decode_partition
 from mqd.topic_partition import TopicPartition
 
 log = structlog.get_logger("mqd.sources.kafka")
 
-OFFSET_OUT_OF_RANGE = 1
-UNKNOWN_TOPIC_OR_PARTITION = 3
-NOT_LEADER_OR_FOLLOWER = 6
-FENCED_LEADER_EPOCH = 74
-UNKNOWN_LEADER_EPOCH = 75
-UNKNOWN_TOPIC_ID = 100
-INCONSISTENT_TOPIC_ID = 103
-_EPOCH_ERRORS = frozenset({NOT_LEADER_OR_FOLLOWER, FENCED_LEADER_EPOCH, UNKNOWN_LEADER_EPOCH})
-_TOPIC_GONE = frozenset({UNKNOWN_TOPIC_OR_PARTITION, UNKNOWN_TOPIC_ID, INCONSISTENT_TOPIC_ID})
 EARLIEST, LATEST = -2, -1
 READ_COMMITTED = 1
 _HEAD_BYTES = 64  # what the budget charges per answer besides the records
@@ -144,6 +141,15 @@ def _changed(tp: TopicPartition, incarnation: str | None, diverged_at: int, why:
     return PartitionResult(
         tp, FetchStatus.INCARNATION_CHANGED, diverged_at, 0, 0, None, incarnation, why, _no_data, diverged_at
     )
+
+
+class _Settled(NamedTuple):
+    """What :meth:`KafkaSource._before_fetch` settles before a Fetch."""
+
+    early: list[PartitionResult]  # answered without fetching
+    current: dict[TopicPartition, str | None]  # each partition's incarnation
+    topic_ids: dict[TopicPartition, str | None]
+    fetchable: list[FetchRequest]
 
 
 class KafkaSource:
@@ -336,7 +342,137 @@ class KafkaSource:
         self, node_id: str, requests: list[FetchRequest], max_wait_ms: int, min_bytes: int, max_bytes: int
     ) -> FetchResult:
         assert self._client is not None
-        early: list[PartitionResult] = []  # answered without fetching (incarnation, epoch check)
+        early, current, topic_ids, fetchable = await self._before_fetch(node_id, requests)
+        if not fetchable:
+            return FetchResult(early, body=None, nbytes=_HEAD_BYTES)
+        offsets = {r.tp: r.offset for r in fetchable}
+        # KIP-320 in the fetch path (v12+): the epoch of the record before each position
+        epoch_at = self.incarnations.epoch_at
+        last_epochs = {r.tp: e for r in fetchable if (e := epoch_at(r.tp, r.offset)) is not None}
+        ids = {r.tp.topic: i for r in fetchable if (i := topic_ids[r.tp]) is not None}
+        try:
+            resp, session, sreq = await self._send_fetch(
+                node_id, fetchable, max_wait_ms, min_bytes, max_bytes, last_epochs, ids
+            )
+        except SourceError as exc:
+            for r in fetchable:  # the engine routes them elsewhere; a replica's lease ends here
+                if (leader := self._leader(r.tp)) is not None and leader != node_id:
+                    self.read_replicas.failed(r.tp, node_id, leader, str(exc))
+            raise
+        names = {i: t for t, i in ids.items()}
+        results: list[PartitionResult] = early
+        out_of_range: list[TopicPartition] = []
+        suspect: dict[TopicPartition, int] = {}  # answers a truncated or recreated log also gives
+        answered: set[TopicPartition] = set()
+        nbytes = _HEAD_BYTES
+        broker = self._broker_name(node_id)
+        served = self.served_bytes
+        for part in fetched_partitions(resp, names):
+            if part.topic is None:
+                log.warning("kafka fetch answer: unknown topic id", node=node_id, topic_id=part.topic_id)
+                continue
+            tp = TopicPartition(part.topic, part.partition)
+            error_code, records, offset = part.error_code, part.records, offsets.get(tp, -1)
+            nbytes += len(records or b"")
+            answered.add(tp)
+            if records:
+                served[node_id, tp] = served.get((node_id, tp), 0) + len(records)
+            leader = self._leader(tp)
+            on_replica = leader is not None and leader != node_id  # KIP-392: a follower serves
+            if on_replica and error_code:
+                assert leader is not None
+                self.read_replicas.failed(tp, node_id, leader, error_name(error_code))
+            if error_code == 0:
+                session.bounds(tp, part.highwater, part.last_stable, part.log_start)
+                if part.diverging is not None and tp in offsets:
+                    changed = self._diverged(node_id, tp, offset, last_epochs.get(tp), *part.diverging)
+                    if changed is not None:
+                        results.append(changed)
+                        continue
+            transitions, found_end = batch_heads(records) if records and not error_code else ([], None)
+            outcome = fetch_outcome(
+                error_code,
+                offset=offset,
+                highwater=part.highwater,
+                log_start=part.log_start,
+                records=bool(records),
+                found_end=found_end,
+                on_replica=on_replica,
+                node_id=node_id,
+            )
+            if outcome.check_epoch:
+                self.incarnations.pending.add(tp)  # a leader change: check the epoch first
+            if outcome.recheck:
+                suspect[tp] = offset
+            if outcome.status is None:
+                out_of_range.append(tp)  # the bounds are looked up below
+                continue
+            results.append(self._answer(node_id, broker, tp, part, leader, outcome, transitions, current[tp]))
+        results.extend(self._omitted(node_id, session, sreq, answered, offsets, current))
+        replaced = await self._recheck(node_id, suspect, topic_ids) if suspect else {}
+        if replaced:
+            results = [replaced.get(r.tp, r) for r in results]
+            out_of_range = [tp for tp in out_of_range if tp not in replaced]
+        if out_of_range:
+            bounds = await self._out_of_range(node_id, out_of_range, offsets)
+            results.extend(replace(r, incarnation=current[r.tp]) for r in bounds)
+        results.extend(r for tp, r in replaced.items() if tp in offsets and tp not in {x.tp for x in results})
+        # the answer's own buffer where it was read in place: the records are views of it
+        return FetchResult(results, body=getattr(resp, "body", resp), nbytes=nbytes)
+
+    def _answer(
+        self,
+        node_id: str,
+        broker: str,
+        tp: TopicPartition,
+        part: FetchedPartition,
+        leader: str | None,
+        outcome: FetchOutcome,
+        transitions: list[tuple[int, int]],
+        incarnation: str | None,
+    ) -> PartitionResult:
+        """The engine's result for partition answer ``part`` from ``node_id`` once the table
+        (fetch_errors.py) gave its ``outcome``: the records' decoder, the node to fetch from next."""
+        assert outcome.status is not None
+        records = part.records
+        on_replica = leader is not None and leader != node_id
+        decode = _no_data
+        if outcome.status is FetchStatus.FOUND and records:
+            aborted = None
+            if self.read_committed:
+                aborted = [AbortedTxn(pid, first) for pid, first in part.aborted]
+            decode = functools.partial(
+                _decode, records, tp=tp, aborted=aborted, epochs=transitions, broker=broker
+            )
+            if incarnation is not None:
+                self.incarnations.saw_batches(tp, transitions)
+        suggested = None
+        if on_replica:
+            if not part.error_code:
+                assert leader is not None
+                suggested = self.read_replicas.answered(tp, node_id, leader)
+        elif part.preferred_replica >= 0 and leader is not None:
+            cluster = self.cluster
+            live = {} if cluster is None else cluster.nodes
+            suggested = self.read_replicas.named(tp, str(part.preferred_replica), leader, live)
+        end = part.last_stable if self.read_committed and part.last_stable >= 0 else part.highwater
+        return PartitionResult(
+            tp=tp,
+            status=outcome.status,
+            next_offset=outcome.next_offset,
+            log_start=max(part.log_start, 0) if outcome.bounds else 0,
+            log_end=max(end, 0) if outcome.bounds else 0,
+            suggested_node=suggested,
+            incarnation=incarnation,
+            error=outcome.error,
+            decode=decode,
+        )
+
+    async def _before_fetch(self, node_id: str, requests: list[FetchRequest]) -> _Settled:
+        """What is settled before a Fetch: the results of requests answered without fetching (the
+        topic recreated; a leader epoch check that found a truncation or could not be made), each
+        partition's current incarnation and topic id, and the requests to fetch."""
+        early: list[PartitionResult] = []
         current: dict[TopicPartition, str | None] = {}
         topic_ids: dict[TopicPartition, str | None] = {}
         fetchable: list[FetchRequest] = []
@@ -362,152 +498,31 @@ class KafkaSource:
             checked = await self._check_epochs(node_id, pending)
             early.extend(checked.values())
             fetchable = [r for r in fetchable if r.tp not in checked]
-        if not fetchable:
-            return FetchResult(early, body=None, nbytes=_HEAD_BYTES)
-        offsets = {r.tp: r.offset for r in fetchable}
-        # KIP-320 in the fetch path (v12+): the epoch of the record before each position
-        epoch_at = self.incarnations.epoch_at
-        last_epochs = {r.tp: e for r in fetchable if (e := epoch_at(r.tp, r.offset)) is not None}
-        ids = {r.tp.topic: i for r in fetchable if (i := topic_ids[r.tp]) is not None}
-        try:
-            resp, session, sreq = await self._send_fetch(
-                node_id, fetchable, max_wait_ms, min_bytes, max_bytes, last_epochs, ids
-            )
-        except SourceError as exc:
-            for r in fetchable:  # the engine routes them elsewhere; a replica's lease ends here
-                if (leader := self._leader(r.tp)) is not None and leader != node_id:
-                    self.read_replicas.failed(r.tp, node_id, leader, str(exc))
-            raise
-        names = {i: t for t, i in ids.items()}
-        results: list[PartitionResult] = early
-        out_of_range: list[TopicPartition] = []
-        suspect: dict[TopicPartition, int] = {}  # answers a truncated or recreated log also gives
-        answered: set[TopicPartition] = set()
-        nbytes = _HEAD_BYTES
-        broker = self._broker_name(node_id)
-        cluster = self.cluster
-        live = {} if cluster is None else cluster.nodes
-        served = self.served_bytes
-        for part in fetched_partitions(resp, names):
-            if part.topic is None:
-                log.warning("kafka fetch answer: unknown topic id", node=node_id, topic_id=part.topic_id)
-                continue
-            tp = TopicPartition(part.topic, part.partition)
-            error_code, highwater, lso, log_start = (
-                part.error_code,
-                part.highwater,
-                part.last_stable,
-                part.log_start,
-            )
-            records = part.records
-            offset = offsets.get(tp, -1)
-            found_end: int | None = None
-            nbytes += len(records or b"")
-            end = lso if self.read_committed and lso >= 0 else highwater
-            answered.add(tp)
-            if records:
-                served[node_id, tp] = served.get((node_id, tp), 0) + len(records)
-            leader = self._leader(tp)
-            on_replica = leader is not None and leader != node_id  # KIP-392: a follower serves
-            if on_replica and error_code:
-                assert leader is not None
-                self.read_replicas.failed(tp, node_id, leader, for_code(error_code).__name__)
-                if error_code == OFFSET_OUT_OF_RANGE:
-                    # a replica's log can end before the leader's or start after it: the leader
-                    # says (Kafka's consumer does the same), never a reset on a replica's word
-                    why = f"OffsetOutOfRange on replica {node_id}: asking the leader"
-                    results.append(
-                        PartitionResult(
-                            tp, FetchStatus.NOT_SERVED, offset, 0, 0, None, current[tp], why, _no_data
-                        )
-                    )
-                    continue
-            if error_code == 0:
-                session.bounds(tp, highwater, lso, log_start)
-                if part.diverging is not None and tp in offsets:
-                    changed = self._diverged(node_id, tp, offset, last_epochs.get(tp), *part.diverging)
-                    if changed is not None:
-                        results.append(changed)
-                        continue
-            if error_code == OFFSET_OUT_OF_RANGE:
-                out_of_range.append(tp)
-                suspect[tp] = offset
-                continue
-            if error_code in _EPOCH_ERRORS:
-                self.incarnations.pending.add(tp)  # a leader change: check the epoch first
-            elif error_code in _TOPIC_GONE:
-                suspect[tp] = offset
-            if error_code:
-                status, decode, error = FetchStatus.NOT_SERVED, _no_data, for_code(error_code).__name__
-            elif records:
-                aborted = None
-                if self.read_committed:
-                    aborted = [AbortedTxn(pid, first) for pid, first in part.aborted]
-                status, error = FetchStatus.FOUND, None
-                transitions, found_end = batch_heads(records)
-                decode = functools.partial(
-                    _decode, records, tp=tp, aborted=aborted, epochs=transitions, broker=broker
-                )
-                if current[tp] is not None:
-                    self.incarnations.saw_batches(tp, transitions)
-            elif on_replica and offset > highwater >= 0:
-                # a follower's high watermark trails the leader's (KIP-392): it long-polled, and
-                # serves once its own catches up; its log end (LEO) is beyond our position, or it
-                # would have answered OFFSET_OUT_OF_RANGE
-                status, decode, error = FetchStatus.CAUGHT_UP, _no_data, None
-            elif offset > highwater >= 0:
-                # Kafka answers OFFSET_OUT_OF_RANGE here; Tansu answers nothing, forever
-                status, decode, error = FetchStatus.OFFSET_OVERFLOW_BADLY, _no_data, "beyond the log end"
-                suspect[tp] = offset
-            elif 0 <= offset < log_start:
-                status, decode, error = FetchStatus.OFFSET_TOO_SMALL, _no_data, "below the log start"
-            else:
-                status, decode, error = FetchStatus.CAUGHT_UP, _no_data, None
-            nxt = {FetchStatus.OFFSET_OVERFLOW_BADLY: highwater, FetchStatus.OFFSET_TOO_SMALL: log_start}
-            if status is FetchStatus.FOUND and found_end is not None and found_end > offset:
-                nxt[status] = found_end  # where the whole batches end: the engine fetches on from there
-            suggested = None
-            if on_replica:
-                if not error_code:
-                    assert leader is not None
-                    suggested = self.read_replicas.answered(tp, node_id, leader)
-            elif part.preferred_replica >= 0 and leader is not None:
-                suggested = self.read_replicas.named(tp, str(part.preferred_replica), leader, live)
-            results.append(
-                PartitionResult(
-                    tp=tp,
-                    status=status,
-                    next_offset=nxt.get(status, offset),
-                    log_start=max(log_start, 0),
-                    log_end=max(end, 0),
-                    suggested_node=suggested,
-                    incarnation=current[tp],
-                    error=error,
-                    decode=decode,
-                )
-            )
+        return _Settled(early, current, topic_ids, fetchable)
+
+    def _omitted(
+        self,
+        node_id: str,
+        session: FetchSession,
+        sreq: SessionRequest,
+        answered: set[TopicPartition],
+        offsets: dict[TopicPartition, int],
+        current: dict[TopicPartition, str | None],
+    ) -> list[PartitionResult]:
+        """The partitions an incremental answer left out (nothing new): caught up, with the bounds
+        as last seen; an idle partition on a replica goes back to the leader when its lease ends."""
+        out = []
         for tp, (highwater, lso, log_start) in session.omitted(sreq, answered).items():
-            # an incremental answer leaves out what has nothing new: caught up, bounds as last seen
             end = lso if self.read_committed and lso >= 0 else highwater
-            # an idle partition on a replica goes back to the leader when its lease ends, too
             leader = self._leader(tp)
             back = None
             if leader is not None and leader != node_id:
                 back = self.read_replicas.answered(tp, node_id, leader)
-            results.append(
+            out.append(
                 PartitionResult(tp, FetchStatus.CAUGHT_UP, offsets[tp], max(log_start, 0), max(end, 0),
                                 back, current[tp], None, _no_data)
             )  # fmt: skip
-        replaced = await self._recheck(node_id, suspect, topic_ids) if suspect else {}
-        if replaced:
-            results = [replaced.get(r.tp, r) for r in results]
-            out_of_range = [tp for tp in out_of_range if tp not in replaced]
-        if out_of_range:
-            bounds = await self._out_of_range(node_id, out_of_range, offsets)
-            results.extend(replace(r, incarnation=current[r.tp]) for r in bounds)
-        results.extend(r for tp, r in replaced.items() if tp in offsets and tp not in {x.tp for x in results})
-        # the answer's own buffer where it was read in place: the records are views of it
-        return FetchResult(results, body=getattr(resp, "body", resp), nbytes=nbytes)
+        return out
 
     async def _send_fetch(
         self,
@@ -740,13 +755,8 @@ class KafkaSource:
             ]  # fmt: skip
         out = []
         for tp in tps:
-            offset, start, end = offsets[tp], first[tp], last[tp]
-            if offset < start:
-                status, nxt = FetchStatus.OFFSET_TOO_SMALL, start
-            elif offset > end:
-                status, nxt = FetchStatus.OFFSET_OVERFLOW_BADLY, end
-            else:
-                status, nxt = FetchStatus.CAUGHT_UP, offset  # back in range by now: just ask again
+            start, end = first[tp], last[tp]
+            status, nxt = out_of_range_outcome(offsets[tp], start, end)
             out.append(PartitionResult(tp, status, nxt, start, end, None, None, "OffsetOutOfRange", _no_data))
         return out
 
