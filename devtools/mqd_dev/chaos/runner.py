@@ -344,6 +344,10 @@ class ChaosRun:
         self._supervisor: asyncio.Task[None] | None = None
         self._started = 0.0
         self.spark_hands_off = False  # an integrity fault stops and starts the streaming job itself
+        # One integrity fault at a time takes the streaming job into its hands: drawn in one round,
+        # claim_tamper and checkpoint_delete each judged the job the other had stopped, and the first
+        # to end gave it back to the supervisor while the other's checkpoint was still deleted.
+        self.spark_control = asyncio.Lock()
 
     # -- setup -------------------------------------------------------------------------------------
 
@@ -642,6 +646,10 @@ class ChaosRun:
         return self.s3.store.objects if self.s3 is not None else LocalObjects(self.landing)
 
     async def _claim_tamper(self, hold: float, rec: RoundRecord) -> None:
+        async with self.spark_control:
+            await self._claim_tamper_held(hold, rec)
+
+    async def _claim_tamper_held(self, hold: float, rec: RoundRecord) -> None:
         """A partition's head claim deleted or overwritten (integrity.py): its owner stops it naming
         the object and publishes nothing after the break; the landing check lists it; the claim is
         put back and the reporters restart. A failure when anything was published past the break
@@ -701,6 +709,10 @@ class ChaosRun:
             self.spark_hands_off = False
 
     async def _checkpoint_delete(self, hold: float, rec: RoundRecord) -> None:
+        async with self.spark_control:
+            await self._checkpoint_delete_held(hold, rec)
+
+    async def _checkpoint_delete_held(self, hold: float, rec: RoundRecord) -> None:
         """The Spark checkpoint deleted under the running streaming job (integrity.py): the restarted
         job must refuse naming it (exit 2); restoring the copy taken before lets it go on."""
         job = self.spark_job
