@@ -856,6 +856,47 @@ def landing_check(
     sys.exit(EXIT_FAIL if result.broken else EXIT_OK)
 
 
+@landing.command("query")
+@_config_option
+@click.option("--engine", type=click.Choice(["duckdb", "polars"]), default="duckdb", show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per row.")
+@click.argument("sql", required=False)
+def landing_query(config_path: Path, engine: str, as_json: bool, sql: str | None) -> None:
+    """SQL over the landing's Delta table (landing.table = "delta"), named `landing`.
+
+    Without SQL: records, first and last offset and newest timestamp per partition. DuckDB reads
+    it with its delta extension, Polars with scan_delta; both read only what the table's log
+    lists. Exit code 0, 1 when there is no table or the query fails.
+
+    \b
+    Examples:
+      mqd landing query -c /etc/mqd/mqd.toml
+      mqd landing query -c /etc/mqd/mqd.toml "SELECT count(*) FROM landing WHERE dt = '2026-12-02'"
+      mqd landing query -c /etc/mqd/mqd.toml --engine polars --json "SELECT * FROM landing LIMIT 5"
+    """
+    from mqd.errors import MqdError
+    from mqd.landing import delta_log, table_query
+
+    config = _load(config_path)
+    uri = delta_log.table_uri(config.landing.dir)
+    s3 = config.landing.s3
+    try:
+        result = table_query.query(
+            uri, sql or table_query.DEFAULT_SQL, engine=engine, endpoint_url=s3.endpoint_url, region=s3.region
+        )
+    except (MqdError, OSError) as exc:
+        _die(f"query failed: {exc}", EXIT_FAIL)
+    if as_json:
+        for row in result.to_pylist():
+            click.echo(json.dumps(row, default=lambda v: v.hex() if isinstance(v, bytes) else str(v)))
+    else:
+        import polars as pl
+
+        with pl.Config(tbl_rows=-1, tbl_cols=-1, tbl_width_chars=200):
+            click.echo(pl.from_arrow(result))
+    sys.exit(EXIT_OK)
+
+
 # -- cluster and spark --------------------------------------------------------------------------------
 
 

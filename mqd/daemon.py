@@ -151,7 +151,14 @@ class Daemon:
     def _table_committer(self, config: MqdConfig) -> TableCommitter | None:
         if config.landing.table != "delta":
             return None
+        import importlib.util
+
         from mqd.landing import delta_log
+
+        if importlib.util.find_spec("deltalake") is None:
+            raise delta_log.TableUnavailable(
+                'landing.table = "delta" needs the deltalake package (delta-rs): pip install deltalake==1.6.6'
+            )
         from mqd.landing.object_store import ObjectStore
         from mqd.landing.table_committer import TableCommitter
 
@@ -757,6 +764,17 @@ class Daemon:
             if self._cleaner is None
             else self._cleaner.deleted + self._cleaner.archived,
             "lifecycle_files_expired": 0 if self._cleaner is None else self._cleaner.expired,
+            # landing.table = "delta": commits to the landing table, files added, stale commits refused
+            **(
+                {}
+                if self.table is None
+                else {
+                    "table_commits": self.table.stats.commits,
+                    "table_files": self.table.stats.files,
+                    "table_commits_dropped": self.table.stats.dropped,
+                    "table_errors": self.table.stats.errors,
+                }
+            ),
         }
 
     def health(self) -> tuple[str, list[str]]:

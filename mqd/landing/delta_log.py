@@ -34,7 +34,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -73,6 +73,13 @@ class StaleCommit(MqdError):
     committer drops it, counts it, and computes what is missing again."""
 
     retriable = True
+
+
+class TableUnavailable(MqdError):
+    """landing.table = "delta" without the deltalake package installed: the daemon refuses to
+    start (a table that silently stays empty would be worse)."""
+
+    retriable = False
 
 
 class TableError(LandingError):
@@ -309,8 +316,3 @@ class LandingTable:
         except (OSError, deltalake.exceptions.DeltaError) as exc:
             raise TableError(f"{self.uri}: commit failed: {exc}") from None
         return self._table.version()
-
-
-def versions_of(table: LandingTable, apps: Iterable[str]) -> Mapping[str, int | None]:
-    """``txn`` versions of ``apps`` in the loaded log (tools and tests)."""
-    return {a: table.txn_version(a) for a in apps}

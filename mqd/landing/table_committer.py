@@ -65,6 +65,7 @@ class CommitStats:
     last_commit_ms: float | None = None  # duration of the last commit
     last_files: int = 0  # files in the last commit
     version: int | None = None  # table version after the last round
+    cpu_s: float = 0.0  # CPU time of the committer's thread in rounds (what the table costs)
 
 
 @dataclass(slots=True)
@@ -174,6 +175,7 @@ class TableCommitter:
             "skipped_gone": s.gone,
             "last_commit_ms": None if s.last_commit_ms is None else round(s.last_commit_ms, 1),
             "last_commit_files": s.last_files,
+            "cpu_s": round(s.cpu_s, 3),
             "pending_files": sum(len(v) for v in self._pending.values()),
             "error": self.error,
         }
@@ -183,6 +185,13 @@ class TableCommitter:
     def round(self, dirty: set[TP]) -> RoundResult:
         """Read the changed chains, the log, and add what is missing in one commit (module
         docstring). Never raises for the store or the log: the result says what happened."""
+        cpu0 = time.thread_time()
+        try:
+            return self._round(dirty)
+        finally:
+            self.stats.cpu_s += time.thread_time() - cpu0
+
+    def _round(self, dirty: set[TP]) -> RoundResult:
         res = RoundResult()
         try:
             res.pending = self._read_chains(dirty)

@@ -5,10 +5,12 @@ disk and on SeaweedFS (S3)."""
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
+from support.cli import mqd, write_config
 from support.daemon import daemon_config, produce_numbered
 from support.seaweedfs import fresh_uri
 from support.table_readers import S3, every_reader_keys, offsets
@@ -40,7 +42,8 @@ async def test_burst_lands_every_record_once_in_the_local_landing_table(
     """A burst run with landing.table = "delta" on a local landing: when `run` returns, delta-rs,
     DuckDB and Polars each read exactly the 20,000 produced records from the table, none twice;
     one txn per partition at its last offset; a second burst with 100 more records per partition
-    commits only those (every reader then reads 20,400)."""
+    commits only those (every reader then reads 20,400); `mqd landing query` with DuckDB and with
+    Polars says the same per partition."""
     cluster = cluster_factory(topics={"events": PARTITIONS}, groups=1)
     async with BrokerClient(request_timeout=20) as client:
         await produce_numbered(client, cluster, PARTITIONS, PER_PARTITION, per_batch=500)
@@ -66,13 +69,27 @@ async def test_burst_lands_every_record_once_in_the_local_landing_table(
             assert offsets(keys) == expected(PARTITIONS, PER_PARTITION + 100), reader
         assert d2.status()["landing"]["table"]["files"] == d2.stats["files_published"]
 
+    # `mqd landing query`, both engines, on the same table
+    toml = write_config(tmp_path, cluster, landing={"dir": str(root), "table": "delta"})
+    for engine in ("duckdb", "polars"):
+        res = mqd("landing", "query", "-c", str(toml), "--engine", engine, "--json")
+        assert res.returncode == 0, res.stderr
+        rows = [json.loads(line) for line in res.stdout.splitlines()]
+        got = [(r["partition"], r["records"], r["first_offset"], r["last_offset"]) for r in rows]
+        assert got == [(p, PER_PARTITION + 100, 0, PER_PARTITION + 99) for p in range(PARTITIONS)], engine
+        res = mqd(
+            "landing", "query", "-c", str(toml), "--engine", engine, "SELECT count(*) AS n FROM landing"
+        )
+        assert res.returncode == 0 and str(PARTITIONS * (PER_PARTITION + 100)) in res.stdout, res.stdout
+
 
 @pytest.mark.slow
 async def test_burst_lands_every_record_once_in_the_s3_landing_table(
     cluster_factory: Any, tmp_path: Path, seaweedfs: SeaweedFS, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The same on SeaweedFS (landing.dir = "s3://..."): delta-rs, DuckDB and Polars read exactly
-    the 20,000 records from the table at the landing's root, none twice."""
+    the 20,000 records from the table at the landing's root, none twice; so does `mqd landing
+    query` with either engine."""
     for k, v in seaweedfs.env().items():
         monkeypatch.setenv(k, v)
     uri = fresh_uri(seaweedfs)
@@ -88,3 +105,18 @@ async def test_burst_lands_every_record_once_in_the_s3_landing_table(
     readers = S3(seaweedfs.endpoint, ACCESS_KEY, SECRET_KEY, REGION)
     for reader, keys in every_reader_keys(uri, readers).items():
         assert offsets(keys) == expected(PARTITIONS, PER_PARTITION), reader
+    toml = write_config(tmp_path, cluster, landing={"dir": uri, "table": "delta"})
+    for engine in ("duckdb", "polars"):
+        res = mqd(
+            "landing",
+            "query",
+            "-c",
+            str(toml),
+            "--engine",
+            engine,
+            "--json",
+            "SELECT count(*) AS n FROM landing",
+            env={"MQD_LANDING__S3__ENDPOINT_URL": seaweedfs.endpoint},
+        )
+        assert res.returncode == 0, res.stderr
+        assert json.loads(res.stdout) == {"n": PARTITIONS * PER_PARTITION}, engine
