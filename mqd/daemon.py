@@ -728,6 +728,11 @@ class Daemon:
 
     async def reload(self, config: MqdConfig) -> None:
         """Apply a new config: topics and consumer thresholds, landing thresholds/compression."""
+        if (config.landing.table, config.landing.delta) != (
+            self._config.landing.table,
+            self._config.landing.delta,
+        ):
+            raise ValueError("landing.table and [landing.delta] cannot change on reload; restart the daemon")
         self.sink.reconfigure(config.landing)  # refuses a new landing dir before anything changes
         self.consumer.update_config(config.consumer)
         self._config = config
