@@ -9,7 +9,7 @@ on a host of its own (a network namespace with its own address on a shared bridg
     with HostRig(tmp_path, partitions=6) as rig:       # 3 Kafka, 1 SeaweedFS, 3 daemon hosts
         rig.start_daemons()                            # `mqd run` on d0, d1, d2: one group
         ...                                            # produce to rig.bootstrap (from the test)
-        rig.host("d1").cut(rig.coordinator_host())     # d1 <-> group coordinator only; S3 still reached
+        rig.host("d1").cut(rig.coordinator_host())     # d1 <-> group coordinator only
         rig.host("d2").isolate()                       # d2 reaches nobody
         rig.host("d0").loss(rig.host("s3"), 0.2)       # 20 % of d0's packets to S3 dropped
         rig.host("k1").kill(); rig.kafka.start_broker(1)   # a broker host lost, started again
@@ -22,7 +22,9 @@ on a host of its own (a network namespace with its own address on a shared bridg
 Hosts: ``k0``..``k2`` (:class:`~mqd.testing.hosts_services.HostKafkaCluster`, Apache Kafka 4.4
 in KRaft mode, every broker a voter, the topic replicated 3 times with ``min.insync.replicas`` 2),
 ``s3`` (:class:`~mqd.testing.hosts_services.HostSeaweedFS`), ``d0``..``d<n-1>`` (one ``mqd run``
-each, :meth:`HostRig.daemon_config`). The test process
+each, :meth:`HostRig.daemon_config`), and with ``spark_workers`` a ``spark`` host (a Spark
+standalone master, :class:`~mqd.testing.hosts_spark.HostSpark`, and the ``mqd spark`` driver) and
+``w0``.. (one worker each). The test process
 is on the bridge too (:attr:`HostNetwork.address`): it produces, reads the landing and checks, and
 is never faulted. Delay and jitter go through mqd's fault proxy on the link
 (:meth:`HostNetwork.proxy`). Daemons run under libfaketime when the machine has it, at offset 0
@@ -45,11 +47,11 @@ from typing import Any
 from mqd.testing.configfiles import daemon_section, to_toml
 from mqd.testing.hosts_net import HostNetwork, NetHost, faketime_library
 from mqd.testing.hosts_services import HostKafkaCluster, HostSeaweedFS
+from mqd.testing.hosts_spark import HostSpark
 from mqd.testing.process import ManagedProcess
 from mqd.waiting import wait_until_sync
 
 TOPIC = "events"
-GROUP = "rig"
 _STARTED = b'"daemon started"'
 _BANNER = b"===== start "
 
@@ -57,11 +59,14 @@ _BANNER = b"===== start "
 class HostRig:
     """The many-hosts topology (see the module docstring).
 
-    - ``partitions``: of the topic :data:`TOPIC` (replication 3, ``min.insync.replicas`` 2).
-    - ``daemons``: how many ``mqd run`` hosts (one consumer group, :data:`GROUP`).
+    - ``partitions``: of the first stream's topic :data:`TOPIC` (replication 3,
+      ``min.insync.replicas`` 2); :meth:`use_stream` starts over on another.
+    - ``daemons``: how many ``mqd run`` hosts (one consumer group, named as the topic).
     - ``session_timeout``: the daemons' group session (seconds).
     - ``group_protocol``: ``classic`` or ``consumer`` (KIP-848).
     - ``daemon_settings``: tables merged over :meth:`daemon_config` (``{"landing": {...}}``).
+    - ``spark_workers``: more than 0 adds a ``spark`` host (a Spark standalone master, and the
+      ``mqd spark`` driver: :meth:`spark_driver`) and that many worker hosts ``w0``..
     """
 
     def __init__(
@@ -73,6 +78,7 @@ class HostRig:
         session_timeout: float = 3.0,
         group_protocol: str = "classic",
         daemon_settings: dict[str, dict[str, Any]] | None = None,
+        spark_workers: int = 0,
     ) -> None:
         self.root = Path(root).resolve()
         self.partitions = partitions
@@ -84,7 +90,12 @@ class HostRig:
         self.s3: HostSeaweedFS | None = None
         self.daemons: list[ManagedProcess] = []
         self._n_daemons = daemons
-        self.uri = "s3://landing/rig"
+        self._stream_settings: dict[str, dict[str, Any]] = {}
+        self.spark_workers = spark_workers
+        self.spark: HostSpark | None = None
+        self.topic = TOPIC
+        self.group = TOPIC
+        self.uri = f"s3://landing/{TOPIC}"
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
@@ -115,7 +126,29 @@ class HostRig:
         self.s3 = HostSeaweedFS(self.root / "seaweedfs", s3_host)
         self.kafka.start()
         self.s3.start()
-        self.kafka.create_topic(TOPIC, self.partitions, replication_factor=3)
+        if self.spark_workers:
+            master = self.net.add_host("spark")
+            workers = [self.net.add_host(f"w{i}") for i in range(self.spark_workers)]
+            self.spark = HostSpark(self.root / "spark", master, workers, env=self.s3.env())
+            self.spark.start()
+        self.use_stream(TOPIC, self.partitions)
+
+    def use_stream(
+        self, name: str, partitions: int | None = None, settings: dict[str, dict[str, Any]] | None = None
+    ) -> None:
+        """Start over on a new topic ``name`` (``partitions``, default: as before), read by a
+        group of that name into ``s3://landing/<name>``, with ``settings`` over the rig's
+        ``daemon_settings``: every daemon is killed and made anew (not started). One rig serves
+        several tests this way, each on a stream of its own."""
+        assert self.kafka is not None, "start() first"
+        for d in self.daemons:
+            d.kill_now()
+        self.daemons = []
+        self.topic = self.group = name
+        self.uri = f"s3://landing/{name}"
+        self.partitions = partitions or self.partitions
+        self._stream_settings = settings or {}
+        self.kafka.create_topic(name, self.partitions, replication_factor=3)
         for i in range(self._n_daemons):
             self.daemons.append(self._daemon_process(i))
 
@@ -123,6 +156,8 @@ class HostRig:
         """Stop everything and remove the hosts. Idempotent."""
         for d in self.daemons:
             d.kill_now()
+        if self.spark is not None:
+            self.spark.stop()
         if self.kafka is not None:
             self.kafka.stop()
         if self.s3 is not None:
@@ -145,9 +180,10 @@ class HostRig:
         assert self.kafka is not None, "start() first"
         return self.kafka.bootstrap
 
-    def coordinator_host(self, group: str = GROUP) -> NetHost:
-        """The host of the broker that coordinates ``group`` right now."""
+    def coordinator_host(self, group: str | None = None) -> NetHost:
+        """The host of the broker that coordinates ``group`` (default: the stream's) right now."""
         assert self.kafka is not None
+        group = group or self.group
         admin = self.kafka.admin()
         fut = admin.describe_consumer_groups([group], request_timeout=5)[group]
         node = fut.result(10).coordinator.id
@@ -162,8 +198,8 @@ class HostRig:
     # -- daemons -----------------------------------------------------------------------------------
 
     def daemon_config(self, i: int) -> dict[str, Any]:
-        """Daemon ``i``'s config (the TOML at ``root/d<i>.toml``): the Kafka source in group
-        :data:`GROUP` with static membership, landing on the ``s3`` host, the table config for
+        """Daemon ``i``'s config (the TOML at ``root/d<i>.toml``): the Kafka source in the
+        stream's group with static membership, landing on the ``s3`` host, the table config for
         ``mqd spark`` (on the spark host when there is one)."""
         assert self.s3 is not None
         state = self.root / "state" / f"d{i}"
@@ -173,10 +209,10 @@ class HostRig:
         body: dict[str, Any] = {
             "consumer": {
                 "source": "kafka",
-                "group": GROUP,
+                "group": self.group,
                 "client_id": f"d{i}",
                 "bootstrap": self.bootstrap.split(","),
-                "topics": [TOPIC],
+                "topics": [self.topic],
                 "consume_from": "first",
                 "session_timeout": self.session_timeout,
                 "heartbeat_interval": 0.5,
@@ -191,9 +227,9 @@ class HostRig:
             "landing": {"dir": self.uri, "max_age": 0.5, "disk_retry_interval": 0.5},
             "landing.s3": {"endpoint_url": self.s3.endpoint, "region": "us-east-1"},
             "spark": {
-                "output_dir": str(self.root / "warehouse" / "events"),
-                "checkpoint_dir": str(self.root / "warehouse" / "_checkpoints" / "events"),
-                "quarantine_dir": str(self.root / "warehouse" / "_quarantine" / "events"),
+                "output_dir": str(self.root / "warehouse" / self.topic),
+                "checkpoint_dir": str(self.root / "warehouse" / "_checkpoints" / self.topic),
+                "quarantine_dir": str(self.root / "warehouse" / "_quarantine" / self.topic),
                 "shuffle_partitions": 2,
                 "driver_memory": "512m",
             },
@@ -201,12 +237,13 @@ class HostRig:
             "log": {"level": "info", "format": "json"},
             "daemon": daemon_section(state),
         }
-        for table, values in self.daemon_settings.items():
-            body[table] = {**body.get(table, {}), **values}
+        for extra in (self.daemon_settings, self._stream_settings):
+            for table, values in extra.items():
+                body[table] = {**body.get(table, {}), **values}
         return body
 
     def config_path(self, i: int) -> Path:
-        return self.root / f"d{i}.toml"
+        return self.root / f"{self.topic}-d{i}.toml"
 
     def _daemon_process(self, i: int) -> ManagedProcess:
         assert self.s3 is not None
@@ -216,7 +253,7 @@ class HostRig:
         return self.host(f"d{i}").process(
             f"d{i}",
             [sys.executable, "-m", "mqd.cli", "run", "--config", str(path)],
-            self.root / f"d{i}.log",
+            self.root / f"{self.topic}-d{i}.log",
             cwd=self.root,
             env=env,
             clock=faketime_library() is not None,
@@ -269,7 +306,7 @@ class HostRig:
         out = {}
         for p in range(self.partitions):
             try:
-                last = store.head(TOPIC, p).last_offset
+                last = store.head(self.topic, p).last_offset
             except OSError:
                 last = None
             out[p] = 0 if last is None else int(last) + 1
@@ -294,7 +331,7 @@ class HostRig:
         schema = pa.schema([("partition", pa.int32()), ("offset", pa.int64()), ("value", pa.binary())])
         tables = []
         for key in store.visible_files():
-            if not key.startswith(f"topic={TOPIC}/"):
+            if not key.startswith(f"topic={self.topic}/"):
                 continue
             got = store.objects.get(key)
             if got is None:
@@ -303,6 +340,18 @@ class HostRig:
             tables.append(t.select(["partition", "offset", "value"]).cast(schema))
         return pa.concat_tables(tables) if tables else schema.empty_table()
 
+    def spark_driver(self, *args: str) -> ManagedProcess:
+        """``mqd spark`` (not started) on the spark host with daemon 0's config, against the
+        standalone master; ``args``: more of its options (``--once``)."""
+        assert self.spark is not None, "HostRig(spark_workers=...) first"
+        argv = [sys.executable, "-m", "mqd.cli", "spark", "--config", str(self.config_path(0))]
+        argv += ["--master", self.spark.url, *args]
+        return self.spark.driver(argv, self.root / f"{self.topic}-spark.log")
+
+    def table_path(self) -> Path:
+        """The stream's table folder (``spark.output_dir``)."""
+        return self.root / "warehouse" / self.topic
+
     def dump_logs(self, tail: int = 40) -> str:
         """The end of every log of the rig, for a failed test's output."""
         out = [f"--- {d.name} ---\n{d.tail(tail)}" for d in self.daemons]
@@ -310,4 +359,6 @@ class HostRig:
             out.append(self.kafka.dump_logs(tail))
         if self.s3 is not None:
             out.append(self.s3.dump_logs(tail))
+        if self.spark is not None:
+            out.append(self.spark.dump_logs(tail))
         return "\n".join(out)

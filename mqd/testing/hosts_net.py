@@ -217,24 +217,36 @@ class NetHost:
     def running(self) -> list[ManagedProcess]:
         return [p for p in self.processes if p.running]
 
+    def pids(self) -> list[int]:
+        """Every process inside this host's namespace (children of its processes too: a Spark
+        worker's executors)."""
+        return [int(x) for x in run("ip", "netns", "pids", self.netns, check=False).split()]
+
+    def _signal_all(self, sig: int) -> None:
+        for pid in self.pids():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+
     def kill(self) -> list[ManagedProcess]:
-        """SIGKILL every process of this host (the host lost its power); those that ran."""
+        """SIGKILL every process inside this host (it lost its power), started here or not; the
+        managed ones that ran (start them again to restart the host)."""
         victims = self.running()
+        self._signal_all(signal.SIGKILL)
         for p in victims:
             p.stop(signal.SIGKILL)
         return victims
 
     def freeze(self) -> None:
-        """SIGSTOP every running process of this host (a host stalled: connections open, silent)."""
+        """SIGSTOP every process inside this host (a stalled host: connections open, silent)."""
         for p in self.running():
-            if not p.frozen:
-                p.send_signal(signal.SIGSTOP)
+            p.frozen = True
+        self._signal_all(signal.SIGSTOP)
 
     def thaw(self) -> None:
         """SIGCONT after :meth:`freeze`."""
+        self._signal_all(signal.SIGCONT)
         for p in self.running():
-            if p.frozen:
-                p.send_signal(signal.SIGCONT)
+            p.frozen = False
 
     # -- faults ------------------------------------------------------------------------------------
 
