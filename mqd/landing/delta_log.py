@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from collections.abc import Iterable
 from datetime import UTC, datetime
@@ -175,6 +176,14 @@ def table_uri(location: str | Path) -> str:
     return s.rstrip("/") if s.startswith("s3://") else str(Path(s).resolve())
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def _text(exc: BaseException) -> str:
+    """delta-rs's error text on one line, without its terminal colours."""
+    return " ".join(_ANSI.sub("", str(exc)).replace("\u21b3", "").split())
+
+
 def _is_concurrent(exc: BaseException) -> bool:
     return "concurrent transaction" in str(exc).lower()
 
@@ -223,7 +232,7 @@ class LandingTable:
             return True
         except (OSError, deltalake.exceptions.DeltaError) as exc:
             self._table = None
-            raise TableError(f"{self.uri}: reading the Delta log: {exc}") from None
+            raise TableError(f"{self.uri}: reading the Delta log: {_text(exc)}") from None
 
     def _create(self) -> None:
         try:
@@ -311,8 +320,8 @@ class LandingTable:
             )
         except deltalake.exceptions.CommitFailedError as exc:
             if _is_concurrent(exc):
-                raise StaleCommit(f"{self.uri}: {exc}") from None
-            raise TableError(f"{self.uri}: commit failed: {exc}") from None
+                raise StaleCommit(f"{self.uri}: {_text(exc)}") from None
+            raise TableError(f"{self.uri}: commit failed: {_text(exc)}") from None
         except (OSError, deltalake.exceptions.DeltaError) as exc:
-            raise TableError(f"{self.uri}: commit failed: {exc}") from None
+            raise TableError(f"{self.uri}: commit failed: {_text(exc)}") from None
         return self._table.version()
