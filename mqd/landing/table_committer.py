@@ -32,6 +32,7 @@ every stop commit what they published).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -138,8 +139,8 @@ class TableCommitter:
         self._next = time.monotonic() + self.interval
         loop = asyncio.get_running_loop()
         res = await loop.run_in_executor(self._executor, self.round, dirty)
-        if res.pending:
-            self._dirty.update(dirty)  # a head not visible yet: read those chains again
+        if res.pending or res.error is not None:
+            self._dirty.update(dirty)  # a head not visible yet, or a chain not read: read them again
 
     async def flush(self, tps: set[TP] | None = None, *, rounds: int = 4) -> bool:
         """Commit everything published so far (``tps``: those chains as well): waits for a
@@ -270,23 +271,25 @@ class TableCommitter:
         return pending
 
     def _existing(self, files: list[FileRange], versions: dict[str, int | None]) -> list[FileRange]:
-        """``files`` without those of a never-committed appId whose file is gone (counted)."""
+        """``files`` without those of a never-committed appId whose file is gone (counted); a
+        range without its size (landed by an old mqd, migrated) gets it from the store."""
         out = []
         for f in files:
-            if (
-                versions.get(app_id(f.topic, f.partition, f.incarnation)) is None
-                and self.objects.head(f.path) is None
-            ):
-                self.stats.gone += 1
-                metrics.landing_table_files_gone.inc()
-                log.warning(
-                    "landed file gone before the landing table held it (deleted before the table "
-                    "existed?); not added",
-                    path=f.path,
-                    first_offset=f.first_offset,
-                    last_offset=f.last_offset,
-                    records=f.count,
-                )
-                continue
+            if versions.get(app_id(f.topic, f.partition, f.incarnation)) is None or f.bytes <= 0:
+                info = self.objects.head(f.path)
+                if info is None:
+                    self.stats.gone += 1
+                    metrics.landing_table_files_gone.inc()
+                    log.warning(
+                        "landed file gone before the landing table held it (deleted before the "
+                        "table existed?); not added",
+                        path=f.path,
+                        first_offset=f.first_offset,
+                        last_offset=f.last_offset,
+                        records=f.count,
+                    )
+                    continue
+                if f.bytes <= 0:
+                    f = dataclasses.replace(f, bytes=info.size)
             out.append(f)
         return out
