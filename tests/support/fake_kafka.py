@@ -26,6 +26,10 @@ group_instance_id the first one's member id): FindCoordinator v0, JoinGroup v5 (
 leader; every join is recorded in ``joins`` as (member id asked, group_instance_id)), SyncGroup v3
 (the leader's own assignment back), Heartbeat v1 and LeaveGroup v1 (recorded in ``leaves``). The test
 sets ``group_errors[api_key]`` to make every answer of that API carry an error code.
+
+The consumer's side of the tests against it is here too: the topic ``T`` (``TP0``, ``TP1``), a fast
+Kafka-source consumer config on the fake broker (``kafka_config``) and ``drain``, values per
+partition until a condition holds.
 """
 
 from __future__ import annotations
@@ -33,9 +37,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import struct
+import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from io import BytesIO
+from pathlib import Path
 from typing import Any
 from uuid import uuid4
 
@@ -57,6 +64,8 @@ from aiokafka.protocol.metadata import MetadataResponse_v1, MetadataResponse_v5
 from aiokafka.protocol.offset import OffsetRequest_v2, OffsetResponse_v2
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
+from mqd.config import ConsumerConfig
+from mqd.consumer import Consumer, FetchedBatch, TopicPartition
 from mqd.sources.kafka.protocol_ext import (
     FetchRequest_v12,
     FetchRequest_v13,
@@ -67,6 +76,7 @@ from mqd.sources.kafka.protocol_ext import (
     OffsetsForLeaderEpochResponse_v3,
     diverging_epoch,
 )
+from support.consumer import FAST
 
 API_VERSIONS = 18
 METADATA = 3
@@ -404,3 +414,46 @@ class FakeKafka:
         if not any_data:
             await asyncio.sleep(min(req.max_wait_time, 200) / 1000)  # a long poll, shortened
         return FetchResponse_v4(0, [(self.topic, out)])
+
+
+# the consumer's side: the topic, a consumer config on the fake broker, draining it
+
+T = "events"
+TP0, TP1 = TopicPartition(T, 0), TopicPartition(T, 1)
+
+
+def kafka_config(broker: FakeKafka, tmp_path: Path, **overrides: Any) -> ConsumerConfig:
+    return ConsumerConfig(
+        **{
+            **FAST,
+            "source": "kafka",
+            "mode": "broadcast",
+            "consume_from": "first",
+            "client_id": f"fake-{time.monotonic_ns() % 10**6}",
+            "bootstrap": [broker.bootstrap],
+            "topics": [T],
+            "offset_file": tmp_path / "offsets.json",
+            **overrides,
+        }
+    )
+
+
+async def drain(
+    consumer: Consumer,
+    until: Callable[[dict[TopicPartition, list[bytes | None]]], bool],
+    timeout: float = 10.0,
+) -> dict[TopicPartition, list[bytes | None]]:
+    """Values per partition, drained until ``until`` holds (bounded by ``timeout``)."""
+    got: dict[TopicPartition, list[bytes | None]] = {}
+    batches: list[FetchedBatch] = []
+    deadline = time.monotonic() + timeout
+    while not until(got):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"got {got}; status {consumer.status()}")
+        await consumer.wait_for_data(min(left, 0.2))
+        for b in consumer.fetched_batches():
+            batches.append(b)
+            got.setdefault(b.tp, []).extend(b.records.column("value").to_pylist())
+            consumer.mark_consumed(b.tp, b.next_offset)
+    return got

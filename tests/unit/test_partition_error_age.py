@@ -4,7 +4,7 @@ only an answer with records cleared it)."""
 
 from __future__ import annotations
 
-from test_consumer_answers import answer, batches, deliver, manager
+from support.fetch_answers import answer, batches, deliver, manager
 
 from mqd.protocol import Status
 

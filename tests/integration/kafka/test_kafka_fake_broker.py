@@ -5,21 +5,14 @@ aborted-transaction lists, OFFSET_OUT_OF_RANGE and NOT_LEADER_OR_FOLLOWER answer
 from __future__ import annotations
 
 import struct
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-from support.consumer import FAST
-from support.fake_kafka import FakeKafka, control, recrc, values
+from support.fake_kafka import TP0, TP1, FakeKafka, T, control, drain, kafka_config, recrc, values
 
-from mqd.config import ConsumerConfig
-from mqd.consumer import Consumer, FetchedBatch, TopicPartition
+from mqd.consumer import Consumer, TopicPartition
 from mqd.waiting import wait_until
-
-T = "events"
-TP0, TP1 = TopicPartition(T, 0), TopicPartition(T, 1)
 
 
 @pytest.fixture
@@ -29,43 +22,6 @@ async def fake() -> AsyncIterator[FakeKafka]:
         yield broker
     finally:
         await broker.stop()
-
-
-def kafka_config(broker: FakeKafka, tmp_path: Path, **overrides: Any) -> ConsumerConfig:
-    return ConsumerConfig(
-        **{
-            **FAST,
-            "source": "kafka",
-            "mode": "broadcast",
-            "consume_from": "first",
-            "client_id": f"fake-{time.monotonic_ns() % 10**6}",
-            "bootstrap": [broker.bootstrap],
-            "topics": [T],
-            "offset_file": tmp_path / "offsets.json",
-            **overrides,
-        }
-    )
-
-
-async def drain(
-    consumer: Consumer,
-    until: Callable[[dict[TopicPartition, list[bytes | None]]], bool],
-    timeout: float = 10.0,
-) -> dict[TopicPartition, list[bytes | None]]:
-    """Values per partition, drained until ``until`` holds (bounded by ``timeout``)."""
-    got: dict[TopicPartition, list[bytes | None]] = {}
-    batches: list[FetchedBatch] = []
-    deadline = time.monotonic() + timeout
-    while not until(got):
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError(f"got {got}; status {consumer.status()}")
-        await consumer.wait_for_data(min(left, 0.2))
-        for b in consumer.fetched_batches():
-            batches.append(b)
-            got.setdefault(b.tp, []).extend(b.records.column("value").to_pylist())
-            consumer.mark_consumed(b.tp, b.next_offset)
-    return got
 
 
 def parked(consumer: Consumer, tp: TopicPartition) -> str | None:

@@ -8,8 +8,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from support.fake_kafka import FakeKafka, values
-from test_kafka_fake_broker import TP0, TP1, T, drain, kafka_config
+from support.fake_kafka import TP0, TP1, FakeKafka, T, drain, kafka_config, values
 
 from mqd.consumer import Consumer, TopicPartition
 from mqd.waiting import wait_until

@@ -12,8 +12,7 @@ from pathlib import Path
 from uuid import uuid4
 
 import pytest
-from support.fake_kafka import FakeKafka, values
-from test_kafka_fake_broker import TP0, T, drain, kafka_config
+from support.fake_kafka import TP0, FakeKafka, T, drain, kafka_config, values
 
 from mqd.consumer import Consumer
 from mqd.consumer.snapshot import PartitionSnapshot

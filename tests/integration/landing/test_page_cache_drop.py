@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from test_stage_streaming import records, stream_three_row_groups
+from support.streamed_files import records, stream_three_row_groups
 
 from mqd.landing import layout
 from mqd.landing.local_store import LocalStore

@@ -11,25 +11,21 @@ import json
 import time
 from pathlib import Path
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from support.seaweedfs import object_store
+from support.streamed_files import records, stream_three_row_groups
 
-from mqd import format as fmt
 from mqd.config import LandingConfig
 from mqd.landing import layout
 from mqd.landing.layout import LandingError
 from mqd.landing.local_store import LocalStore
-from mqd.landing.object_store import ObjectStore
 from mqd.landing.publisher import Publisher, file_range
 from mqd.landing.s3_objects import PART_BYTES, S3Objects
 from mqd.landing.sink import LandingSink
 from mqd.testing.seaweedfs import SeaweedFS
 from mqd.waiting import wait_until
-
-T0 = 1_767_225_600_000  # 2026-01-01T00:00Z
 
 
 class Batch:
@@ -43,31 +39,6 @@ class Batch:
         self.nbytes = self.records.nbytes
         self.fetched_at = time.monotonic()
         self.incarnation: str | None = None
-
-
-def records(first: int, count: int, size: int = 10) -> pa.Table:
-    rng = np.random.default_rng(first)
-    raw = fmt.encode_batch(
-        [rng.bytes(size) for _ in range(count)],
-        timestamps=np.full(count, T0, dtype=np.int64),
-        base_offset=first,
-    )
-    return pa.Table.from_batches([fmt.to_arrow(raw, fmt.scan(raw)[0])])
-
-
-def stream_three_row_groups(store: ObjectStore, size: int = 10) -> layout.FileRange:
-    """Stage offsets 0..2999 as three row groups through open_stage and commit them."""
-    parts = [records(i * 1000, 1000, size) for i in range(3)]
-    first = file_range("t", 0, parts[0])
-    writer = store.open_stage(first, "snappy")
-    for part in parts:
-        writer.write(layout.landing_table("t", 0, part))
-    whole = file_range("t", 0, pa.concat_tables(parts))
-    staged = writer.finish(whole)
-    try:
-        return store.commit(staged, None)
-    finally:
-        store.discard(staged)
 
 
 def check_file(path: Path | str, data: bytes | None = None) -> None:

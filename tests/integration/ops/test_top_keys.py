@@ -15,8 +15,8 @@ from mqd.waiting import wait_until_sync
 
 PROGRAM = """
 import sys
-sys.path.insert(0, {unit!r})
-from test_top_render import busy, status
+sys.path.insert(0, {tests!r})
+from support.top_status import busy, status
 from mqd.top import Reading, run
 
 data = status(*busy())
@@ -48,9 +48,9 @@ def test_keys_switch_the_sort_order_and_quit(tmp_path: Path) -> None:
     largest lag comes first; `q` ends the program with 0 and the terminal has echo back on."""
     master, slave = os.openpty()
     before = termios.tcgetattr(slave)
-    unit = str(Path(__file__).resolve().parents[2] / "unit")
+    tests = str(Path(__file__).resolve().parents[2])  # tests/: the program imports support.top_status
     proc = subprocess.Popen(
-        [sys.executable, "-c", PROGRAM.format(unit=unit)],
+        [sys.executable, "-c", PROGRAM.format(tests=tests)],
         stdin=slave,
         stdout=slave,
         stderr=slave,
