@@ -133,8 +133,10 @@ bench: install $(VENV)/.bench-installed
 # acks=all) with broker and leader kills, broker freezes and an unclean election; SOURCE=tansu: one
 # Tansu broker (the issue 14 run); LANDING=s3: an object-store landing (mqd brokers only)
 # GROUP_PROTOCOL=consumer (with SOURCE=kafka): the daemons join with KIP-848's consumer group protocol
+# TOPOLOGY=hosts (as root): the many-hosts rig, Kafka, S3, daemons and Spark each on a network host of
+# its own, faulted by host (devtools/mqd_dev/chaos/hosts_topology.py)
 chaos: install
-	$(PY) -m mqd_dev.chaos --rounds 20 $(if $(KINDS),--kinds $(KINDS)) $(if $(LANDING),--landing $(LANDING)) $(if $(SOURCE),--source $(SOURCE)) $(if $(GROUP_PROTOCOL),--group-protocol $(GROUP_PROTOCOL))
+	$(PY) -m mqd_dev.chaos --rounds 20 $(if $(KINDS),--kinds $(KINDS)) $(if $(LANDING),--landing $(LANDING)) $(if $(SOURCE),--source $(SOURCE)) $(if $(GROUP_PROTOCOL),--group-protocol $(GROUP_PROTOCOL)) $(if $(TOPOLOGY),--topology $(TOPOLOGY))
 
 # the README's pictures of the views (docs/img/): a real daemon under load, its status page in headless
 # chromium (apt-get install chromium) and one `mqd top` screen; not part of the tests

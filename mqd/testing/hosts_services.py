@@ -5,7 +5,8 @@ JVM flags, admin and waits) with broker ``i`` inside host ``hosts[i]``: it liste
 host's addresses (``9092`` for clients and brokers, ``9093`` for the controller quorum; every broker
 is a voter) and advertises the host's bridge address, so every client, the other brokers and the
 test process reach it across the bridge, where the host's faults apply. :class:`HostSeaweedFS` is
-:class:`~mqd.testing.seaweedfs.SeaweedFS`'s ``weed mini`` inside one host, S3 on ``8333``.
+:class:`~mqd.testing.seaweedfs.SeaweedFS`'s ``weed mini`` inside one host, S3 on
+``s3_port``.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
+from mqd.testing.cluster import free_port
 from mqd.testing.hosts_net import NetHost
 from mqd.testing.kafka_cluster import KafkaCluster
 from mqd.testing.process import ManagedProcess
@@ -20,7 +22,6 @@ from mqd.testing.seaweedfs import SeaweedFS
 
 KAFKA_PORT = 9092
 CONTROLLER_PORT = 9093
-S3_PORT = 8333
 
 
 def answers_tcp(address: str, port: int, timeout: float = 1.0) -> bool:
@@ -72,28 +73,30 @@ class HostKafkaCluster(KafkaCluster):
 
 
 class HostSeaweedFS(SeaweedFS):
-    """``weed mini`` (master, volume, filer, S3) inside ``host``; S3 at ``http://<host>:8333``."""
+    """``weed mini`` (master, volume, filer, S3) inside ``host``; S3 at ``http://<host>:<s3_port>``."""
 
     def __init__(self, root: Path, host: NetHost, *, bucket: str = "landing") -> None:
-        super().__init__(root, bucket=bucket)
+        super().__init__(root, bucket=bucket)  # picks the filer's ports (free on this machine)
         self.host = host
-        self.filer_port = 8888
-        self.filer_grpc = 18888
+        self.s3_port = free_port()
 
     def start(self) -> None:
         data = self.root / "data"
         data.mkdir(parents=True, exist_ok=True)
+        # ports free on this machine, not fixed ones, though the host has a network of its own:
+        # weed names its gRPC unix sockets after them (/tmp/seaweedfs-<role>-grpc-<port>.sock), and
+        # the file system is shared, so two rigs on fixed ports would talk to each other's servers
         ports = {
-            "master.port": 9333,
-            "master.port.grpc": 19333,
-            "volume.port": 8080,
-            "volume.port.grpc": 18080,
+            "master.port": free_port(),
+            "master.port.grpc": free_port(),
+            "volume.port": free_port(),
+            "volume.port.grpc": free_port(),
             "filer.port": self.filer_port,
             "filer.port.grpc": self.filer_grpc,
-            "s3.port": S3_PORT,
-            "s3.port.grpc": 18333,
-            "admin.port": 23646,
-            "admin.port.grpc": 33646,
+            "s3.port": self.s3_port,
+            "s3.port.grpc": free_port(),
+            "admin.port": free_port(),
+            "admin.port.grpc": free_port(),
         }
         argv = [
             self.weed,
@@ -115,7 +118,7 @@ class HostSeaweedFS(SeaweedFS):
         proc = self.host.process("weed-mini", argv, self._log_dir() / "mini.out")
         self._procs.append(proc)
         proc.start()
-        self.endpoints.append(f"http://{self.host.address}:{S3_PORT}")
+        self.endpoints.append(f"http://{self.host.address}:{self.s3_port}")
         self._wait_s3(proc, self.endpoint)
         self.client().create_bucket(Bucket=self.bucket)
 

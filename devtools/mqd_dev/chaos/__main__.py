@@ -93,6 +93,14 @@ def _parser() -> argparse.ArgumentParser:
         "broker's assignor; the brokers' group session lowered so a killed or frozen daemon's "
         "partitions move within seconds)",
     )
+    p.add_argument(
+        "--topology",
+        choices=("local", "hosts"),
+        default="local",
+        help="local: every process on this machine's network; hosts: the many-hosts rig (root: Kafka, "
+        "S3, daemons and Spark each on a network namespace of its own, faulted by host; "
+        "mqd_dev/chaos/hosts_topology.py; --kinds from its kinds, --rounds, --hold-*, --no-spark apply)",
+    )
     p.add_argument("--no-spark", action="store_true", help="skip the Spark job and the table check")
     p.add_argument("--no-unshare", action="store_true", help="do not re-execute in a mount namespace")
     p.add_argument("--keep", action="store_true", help="keep the work directory")
@@ -108,7 +116,7 @@ def source_choice(name: str) -> tuple[str, str]:
 
 
 def _maybe_unshare(args: argparse.Namespace) -> None:
-    if args.no_unshare or os.environ.get(_NS_ENV) or os.geteuid() != 0:
+    if args.no_unshare or args.topology == "hosts" or os.environ.get(_NS_ENV) or os.geteuid() != 0:
         return
     unshare = shutil.which("unshare")
     if unshare is None:
@@ -123,6 +131,10 @@ def main(argv: list[str] | None = None) -> int:
     _maybe_unshare(args)
     mqdlog.configure("info", "console" if sys.stderr.isatty() else "json")
     seed = args.seed if args.seed is not None else int(time.time()) % 1_000_000
+    if args.topology == "hosts":
+        from mqd_dev.chaos.hosts_topology import hosts_main
+
+        return hosts_main(args, seed, args.root or Path(tempfile.mkdtemp(prefix="mqd-chaos-hosts-")))
     source, kafka_broker = source_choice(args.source)
     try:
         options = ChaosOptions(
