@@ -403,15 +403,16 @@ class OffsetsTool:
     ``stop()``."""
 
     def __init__(self, config: Any) -> None:
-        from mqd.consumer.consumer import _default_source, _group_settings
+        from mqd.consumer.consumer import group_settings
         from mqd.consumer.offset_store import LocalFileOffsetStore, OffsetStore
+        from mqd.sources import open_source
 
         self._config = config
         cc = config.consumer
-        self._source = _default_source(cc, None)
+        self._source = open_source(cc)
         self._offsets: OffsetStore
         if cc.mode == "cluster":
-            self._offsets = self._source.consumer_group(_group_settings(cc), lambda: None).offsets
+            self._offsets = self._source.consumer_group(group_settings(cc), lambda: None).offsets
         else:
             self._offsets = LocalFileOffsetStore(cc.offset_file)
         self._store: Any = None

@@ -1,7 +1,8 @@
-"""The source seam holds: the consumer engine's modules import nothing HTTP- or broker-specific
-(mqd.client, mqd.protocol, mqd.format, mqd.metadata, mqd.broker, mqd.sources, aiohttp), so a second
-source plugs in without touching them. The facade alone names the sources, lazily, inside the one
-function that chooses from consumer.source."""
+"""The source seam holds: the consumer engine's modules (mqd/consumer/, its subpackages too) import
+nothing HTTP- or broker-specific (mqd.client, mqd.protocol, mqd.format, mqd.metadata, mqd.broker,
+mqd.sources, aiohttp), so a second source plugs in without touching them. No engine module names a
+source implementation: the sources are chosen and built by mqd.sources.open_source, which the
+facade's default (a caller that hands in no source) calls, lazily, in one function."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import ast
 from pathlib import Path
 
 import mqd.consumer
+import mqd.sources
 
 ENGINE = Path(mqd.consumer.__file__).parent
 FORBIDDEN = (
@@ -20,10 +22,12 @@ FORBIDDEN = (
     "mqd.sources",
     "aiohttp",
 )
-# the lazy imports of the source the config chooses (consumer.source), in one function
+# the source implementations: never imported by the engine, anywhere
+IMPLEMENTATIONS = ("mqd.sources.mqd_broker", "mqd.sources.kafka")
+# the facade's default source, from the sources' factory (not an implementation), in one function
 ALLOWED = {
-    ("consumer.py", "_default_source", "mqd.sources.mqd_broker"),
-    ("consumer.py", "_default_source", "mqd.sources.kafka"),
+    ("consumer.py", "_open_default_source", "mqd.sources"),
+    ("consumer.py", "_open_default_source", "mqd.sources.open_source"),
 }
 
 
@@ -50,7 +54,7 @@ def imports(path: Path) -> list[tuple[str, str | None]]:
 
 def test_engine_imports_nothing_broker_specific() -> None:
     """No engine module imports a forbidden module (other than the one allowed lazy import)."""
-    files = sorted(ENGINE.glob("*.py"))
+    files = sorted(ENGINE.rglob("*.py"))
     assert {f.name for f in files} >= {
         "budget.py",
         "consumer.py",
@@ -66,16 +70,28 @@ def test_engine_imports_nothing_broker_specific() -> None:
     for f in files:
         for module, func in imports(f):
             hit = any(module == m or module.startswith(m + ".") for m in FORBIDDEN)
-            if hit and not any(
-                (f.name, func) == (a[0], a[1]) and (module == a[2] or module.startswith(a[2] + "."))
-                for a in ALLOWED
-            ):
-                bad.append(f"{f.name}: {module} (in {func or 'module scope'})")
+            if hit and (str(f.relative_to(ENGINE)), func, module) not in ALLOWED:
+                bad.append(f"{f.relative_to(ENGINE)}: {module} (in {func or 'module scope'})")
+    assert bad == []
+
+
+def test_engine_names_no_source_implementation() -> None:
+    """No module of mqd/consumer/ imports mqd.sources.mqd_broker or mqd.sources.kafka (or anything
+    under them), wherever the import sits; the implementations are what the seam's factory,
+    mqd.sources.open_source, knows."""
+    implementations = {p.name for p in Path(mqd.sources.__file__).parent.iterdir() if p.is_dir()}
+    assert {m.rsplit(".", 1)[1] for m in IMPLEMENTATIONS} == implementations - {"__pycache__"}
+    bad = [
+        f"{f.relative_to(ENGINE)}: {module} (in {func or 'module scope'})"
+        for f in sorted(ENGINE.rglob("*.py"))
+        for module, func in imports(f)
+        if any(module == m or module.startswith(m + ".") for m in IMPLEMENTATIONS)
+    ]
     assert bad == []
 
 
 def test_the_rule_sees_imports() -> None:
     """The check itself finds imports at module scope and inside functions."""
     found = imports(ENGINE / "consumer.py")
-    assert ("mqd.sources.mqd_broker", "_default_source") in found
+    assert ("mqd.sources.open_source", "_open_default_source") in found
     assert any(m == "mqd.consumer.fetcher" and f is None for m, f in found)
