@@ -237,6 +237,8 @@ class HostRig:
             "log": {"level": "info", "format": "json"},
             "daemon": daemon_section(state),
         }
+        if self.spark is not None:
+            body["spark"]["master"] = self.spark.url
         for extra in (self.daemon_settings, self._stream_settings):
             for table, values in extra.items():
                 body[table] = {**body.get(table, {}), **values}

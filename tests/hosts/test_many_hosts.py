@@ -387,3 +387,35 @@ async def test_a_spark_worker_killed_mid_batch(rig: HostRig, tmp_path: Path) -> 
         assert driver.running
     finally:
         driver.stop(signal.SIGTERM, 60)
+
+
+def _keys(table: dict[str, Any], prefix: str = "") -> set[str]:
+    out: set[str] = set()
+    for k, v in table.items():
+        out |= _keys(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}"}
+    return out
+
+
+def test_the_readmes_three_host_config_is_what_the_rig_runs(rig: HostRig, tmp_path: Path) -> None:
+    """The README's "Three hosts" file passes ``mqd config check`` as printed, and every key it sets,
+    the rig's daemons set too (their values differ: host names, test-sized timers)."""
+    import subprocess
+    import tomllib
+
+    from support import REPO_ROOT
+
+    section = (REPO_ROOT / "README.md").read_text().split("### Three hosts", 1)[1]
+    block = section.split("```toml\n", 1)[1].split("```", 1)[0]
+    path = tmp_path / "mqd.toml"
+    path.write_text(block)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MQD_")}
+    res = subprocess.run(
+        [sys.executable, "-m", "mqd.cli", "config", "check", str(path)],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    readme = _keys(tomllib.loads(block))
+    ours = _keys({k: v for k, v in rig.daemon_config(0).items()})
+    assert readme - ours == set()
