@@ -235,7 +235,11 @@ class LandingTable:
             raise TableError(f"{self.uri}: reading the Delta log: {_text(exc)}") from None
 
     def _create(self) -> None:
+        from deltalake.transaction import CommitProperties
+
         try:
+            # no retry: delta-rs retries a create that lost the race for version 0 as version 1, a
+            # second table id over the first (19 of 30 races of two creators); refused, it is read
             deltalake.DeltaTable.create(
                 self.uri,
                 table_schema(),
@@ -245,6 +249,7 @@ class LandingTable:
                 description="mqd's landing: the files the claim chains published (mqd/landing/delta_log.py)",
                 configuration=self.properties(),
                 storage_options=self.storage,
+                commit_properties=CommitProperties(max_commit_retries=0),
             )
             log.info("landing table created", table=self.uri)
         except deltalake.exceptions.CommitFailedError:

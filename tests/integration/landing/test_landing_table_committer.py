@@ -94,7 +94,8 @@ def test_two_committers_racing_add_every_file_once(store: LocalStore) -> None:
     """Two committers (two daemons) run their rounds at the same moment over the same chains, 15
     times, with new files each time: each time exactly one commit lands (the other is refused as
     stale and counted, or finds nothing missing), at least one refusal happened (15 of 15 when
-    measured), and the readers read every record once."""
+    measured), the table was created once though both created it, and the readers read every
+    record once."""
     a, b = committer(store, "a"), committer(store, "b")
     landed = 0
     for i in range(15):
@@ -117,6 +118,11 @@ def test_two_committers_racing_add_every_file_once(store: LocalStore) -> None:
         assert a.stats.commits + b.stats.commits == before + 1, f"iteration {i}"
     got = table_offsets(store)
     assert got == sorted(("events", p, o) for p in range(PARTITIONS) for o in range(landed))
+    # both created the table in the first race: one creation only (delta-rs retried the loser's
+    # as version 1, a second table id, until creation stopped retrying)
+    log = Path(store.location) / "_delta_log"
+    created = [p.name for p in sorted(log.glob("*.json")) if '"metaData"' in p.read_text()]
+    assert created == ["00000000000000000000.json"]
     # both rounds read the log before either committed, nearly every time: the refusal happened
     assert a.stats.dropped + b.stats.dropped >= 1
 
