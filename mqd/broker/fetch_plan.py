@@ -16,24 +16,22 @@ per-partition work for them (docs/protocol.md).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
 from mqd.broker.cluster_state import ClusterState
-from mqd.broker.incarnation import entries_to_json
 from mqd.broker.offset_check import check_offset
 from mqd.broker.pull_suggestion import master_suggestion, slave_suggestion
 from mqd.broker.replica_progress import ReplicaProgress
 from mqd.broker.storage import PartitionLog, ReadPlan, Storage
 from mqd.config import BrokerConfig
-from mqd.protocol import Status, encode_fetch_answer
+from mqd.protocol import FetchAnswerHeader, PartitionHeader, Status, frame_fetch_answer
 
 # a partition's planned read: the log and the byte ranges in it (None: nothing to read)
 PlannedRead = tuple[PartitionLog, ReadPlan] | None
 
 # the statuses of a partition whose log ends at the offset asked for (held, nothing new to say)
-_AT_LOG_END = (Status.OFFSET_OVERFLOW_ONE.value, Status.NO_MESSAGE_IN_QUEUE.value)
+_AT_LOG_END = (Status.OFFSET_OVERFLOW_ONE, Status.NO_MESSAGE_IN_QUEUE)
 
 
 @dataclass(slots=True)
@@ -53,9 +51,9 @@ class FetchItem:
 
 @dataclass(slots=True)
 class FetchPlan:
-    """A planned answer: one JSON entry and one planned read per requested partition."""
+    """A planned answer: one header entry and one planned read per requested partition."""
 
-    entries: list[dict[str, Any]]
+    entries: list[PartitionHeader]
     reads: list[PlannedRead]
 
 
@@ -89,7 +87,7 @@ class FetchPlanner:
         urgent = False  # a status the client must act on now (moved offset, not served)
         for it in items:
             budget = min(it.max_bytes, max_bytes - total)
-            entry, planned, waitable = self._plan_partition(it, budget, total == 0, replica)
+            entry, planned, waitable = self._plan_partition(it, budget, total, replica)
             if changes_only and planned is None and unchanged(it, entry):
                 continue
             plan.entries.append(entry)
@@ -116,15 +114,16 @@ class FetchPlanner:
             plog.read_into(read_plan, chunk)
             chunks.append(chunk)
             at += read_plan.size
-        parts = encode_fetch_answer(node_id, plan.entries, chunks)  # type: ignore[arg-type]
-        return b"".join(parts[:3]), view
+        parts = frame_fetch_answer(FetchAnswerHeader(node_id, tuple(plan.entries)), chunks)
+        return b"".join(parts), view
 
     def _plan_partition(
-        self, it: FetchItem, budget: int, first: bool, replica: bool
-    ) -> tuple[dict[str, Any], PlannedRead, bool]:
+        self, it: FetchItem, budget: int, pos: int, replica: bool
+    ) -> tuple[PartitionHeader, PlannedRead, bool]:
+        """``pos``: where this partition's batches will start in the answer's data (the bytes
+        planned before it; 0: it is the first to read)."""
         topic, partition, offset = it.topic, it.partition, it.offset
         state = self._state
-        entry: dict[str, Any] = {"topic": topic, "partition": partition}
         plog = self._storage.get(topic, partition) if state.holds(topic, partition) else None
         # replicas copy from the master only
         if plog is None or (replica and not self._is_master):
@@ -136,13 +135,15 @@ class FetchPlanner:
             else:
                 error = f"not_served: partition lives on group {broker_group.name}"
             check = check_offset(offset, 0, 0, served=False, is_master=self._is_master)
-            entry.update(
-                status=check.status.value,
+            entry = PartitionHeader(
+                topic,
+                partition,
+                check.status,
                 next_offset=check.next_offset,
                 min_offset=0,
                 max_offset=0,
-                suggest=None,
                 error=error,
+                pos=pos,
             )
             return entry, None, check.waitable
         lo, hi = plog.min_offset, plog.max_offset
@@ -165,26 +166,31 @@ class FetchPlanner:
         )
         next_offset = check.next_offset
         planned: PlannedRead = None
+        first = pos == 0
         if check.status is Status.FOUND and (budget > 0 or first):
             # the first partition gets at least one whole batch, even one larger than the budget
             read_plan = plog.plan_read(offset, max(budget, 1))
             if read_plan is not None and (read_plan.size <= budget or first):
                 planned = (plog, read_plan)
                 next_offset = read_plan.next_offset
-        entry.update(
-            status=check.status.value,
+        changed = check.status is Status.INCARNATION_CHANGED
+        lost_range = lost if check.status is Status.DATA_LOST else None
+        entry = PartitionHeader(
+            topic,
+            partition,
+            check.status,
             next_offset=next_offset,
             min_offset=lo,
             max_offset=hi,
             suggest=None if replica else self._suggest(plog, check.status, offset, next_offset),
             incarnation=current,
+            diverged_at=diverged if changed else None,
+            lost_first=None if lost_range is None else lost_range[0],
+            lost_last=None if lost_range is None else lost_range[1],
+            history=tuple(plog.history) if replica else None,
+            pos=pos,
+            length=0 if planned is None else planned[1].size,
         )
-        if check.status is Status.INCARNATION_CHANGED:
-            entry["diverged_at"] = diverged
-        elif check.status is Status.DATA_LOST and lost is not None:
-            entry["lost_first"], entry["lost_last"] = lost
-        if replica:
-            entry["history"] = entries_to_json(plog.history)
         return entry, planned, check.waitable
 
     def _suggest(self, plog: PartitionLog, status: Status, offset: int, next_offset: int) -> str | None:
@@ -204,14 +210,14 @@ class FetchPlanner:
         return slave_suggestion(status, next_offset, plog.bytes_behind, threshold, master.id, alive)
 
 
-def unchanged(it: FetchItem, entry: dict[str, Any]) -> bool:
+def unchanged(it: FetchItem, entry: PartitionHeader) -> bool:
     """The planned entry tells the consumer nothing it does not know: the log ends at the offset it
     asked for, under the incarnation it named, with no error and no other node to pull from."""
     return (
-        entry["status"] in _AT_LOG_END
-        and entry["next_offset"] == it.offset == entry["max_offset"]
+        entry.status in _AT_LOG_END
+        and entry.next_offset == it.offset == entry.max_offset
         and it.incarnation is not None
-        and entry.get("incarnation") == it.incarnation
-        and entry["suggest"] is None
-        and "error" not in entry
+        and entry.incarnation == it.incarnation
+        and entry.suggest is None
+        and entry.error is None
     )

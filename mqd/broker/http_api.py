@@ -18,6 +18,7 @@ logged at most once per interval (:mod:`mqd.broker.rejected_requests`), never wi
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import hmac
 import json
@@ -34,7 +35,7 @@ from mqd.broker.client_stats import ClientStats
 from mqd.broker.cluster_state import ClusterState
 from mqd.broker.consumer_groups import ConsumerGroupError, ConsumerGroupStore
 from mqd.broker.fetch_plan import FetchItem, FetchPlan, FetchPlanner
-from mqd.broker.incarnation import MAX_LINEAGE, entries_to_json, is_valid_id
+from mqd.broker.incarnation import MAX_LINEAGE, is_valid_id
 from mqd.broker.long_poll import LongPoll, LongPollFull
 from mqd.broker.rejected_requests import WARNED_STATUSES, RejectedRequests
 from mqd.broker.replica_auth import HEADER_NONCE, ReplicaAuth, ReplicaAuthError
@@ -494,10 +495,10 @@ class BrokerApi:
         # replica fetches are not capped: there are only as many as slaves, and acks=all needs them
         plan = await self.long_poll.hold(keys, max_wait_ms / 1000, attempt, capped=not replica)
         if with_history:  # a slave answering its recovering master: which records its offsets name
-            for entry in plan.entries:
-                plog = self.storage.get(entry["topic"], entry["partition"])
-                if plog is not None and "history" not in entry:
-                    entry["history"] = entries_to_json(plog.history)
+            for i, entry in enumerate(plan.entries):
+                plog = self.storage.get(entry.topic, entry.partition)
+                if plog is not None and entry.history is None:
+                    plan.entries[i] = dataclasses.replace(entry, history=tuple(plog.history))
         # no await between the last plan and reading it: its file descriptors stay valid until then
         head, data = self._planner.read(self.node_id, plan)
         headers = {"Content-Type": FETCH_CONTENT_TYPE}

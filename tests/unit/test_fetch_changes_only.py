@@ -12,7 +12,7 @@ from mqd.config import ConsumerConfig
 from mqd.consumer import ByteBudget, FlowLimits, SubscriptionState, TopicPartition
 from mqd.consumer.fetcher import FetchManager, _Sent
 from mqd.metadata import ClusterMetadata
-from mqd.protocol import decode_fetch_answer, encode_fetch_answer
+from mqd.protocol import PartitionHeader, Status, decode_fetch_answer, encode_fetch_answer
 from mqd.sources.mqd_broker import MqdBrokerSource
 
 INC = "9f1c2e0a4b7d4e8f9a0b1c2d3e4f5a6b"
@@ -34,11 +34,11 @@ LAYOUT = {
 }
 
 
-def entry(**kw: Any) -> dict[str, Any]:
+def entry(**kw: Any) -> PartitionHeader:
     e: dict[str, Any] = {
         "topic": "events",
         "partition": 0,
-        "status": "OFFSET_OVERFLOW_ONE",
+        "status": Status.OFFSET_OVERFLOW_ONE,
         "next_offset": 7,
         "min_offset": 0,
         "max_offset": 7,
@@ -46,7 +46,8 @@ def entry(**kw: Any) -> dict[str, Any]:
         "incarnation": INC,
     }
     e.update(kw)
-    return e
+    e["status"] = Status(e["status"])
+    return PartitionHeader(**e)
 
 
 def test_only_a_partition_with_nothing_new_is_left_out() -> None:
