@@ -17,8 +17,8 @@ import pytest
 from support.cli import mqd, write_config
 from support.daemon import produce_numbered
 from support.seaweedfs import fresh_uri, s3_objects
-from test_spark_s3 import s3_config
-from test_spark_s3 import s3_spark as s3_spark  # the module's Spark session with the store's env
+from support.spark_s3 import s3_config
+from support.spark_s3 import s3_spark as s3_spark  # the module's Spark session with the store's env
 
 from mqd.client import BrokerClient
 from mqd.landing.object_store import ObjectStore

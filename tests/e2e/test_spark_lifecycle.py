@@ -13,7 +13,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 from support.seaweedfs import object_store
-from test_spark_s3 import assert_once, s3_config, s3_spark, table_keys
+from support.spark_s3 import assert_once, s3_config, s3_spark, table_keys
 
 from mqd import format as fmt
 from mqd.config import LandingConfig, MqdConfig, SparkConfig
@@ -23,7 +23,7 @@ from mqd.spark import job
 from mqd.testing.seaweedfs import SeaweedFS
 
 pytestmark = pytest.mark.spark
-__all__ = ["s3_spark"]  # the module's Spark session fixture, shared with test_spark_s3
+__all__ = ["s3_spark"]  # the module's Spark session fixture (tests/support/spark_s3.py)
 
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 PER_FILE = 5

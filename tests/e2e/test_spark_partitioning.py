@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 import structlog
-from support.delta import T0, make_config
+from support.delta import T0, land_values, make_config
 from support.iceberg_readers import every_iceberg_reader_keys
 from support.table_readers import every_reader_keys, offsets
 
@@ -25,16 +25,6 @@ from mqd.spark import job
 pytestmark = pytest.mark.spark
 
 DAY_MS = 86_400_000
-
-
-def land_values(root: Path, values: list[bytes]) -> list[tuple[str, int, int]]:
-    """``values`` into partition 0 of topic ``events``, all with the Kafka timestamp T0 (so the
-    landing's own dt is one day for all of them); their keys."""
-    pub = Publisher(LocalStore(root))
-    pub.store.open()
-    raw = fmt.encode_batch(values, timestamps=np.full(len(values), T0, dtype=np.int64), base_offset=0)
-    pub.publish("events", 0, pa.Table.from_batches([fmt.to_arrow(raw, fmt.scan(raw)[0])]), None)
-    return [("events", 0, i) for i in range(len(values))]
 
 
 def event_values(n: int) -> tuple[list[bytes], dict[int, str | None]]:

@@ -11,9 +11,8 @@ import deltalake
 import numpy as np
 import pyarrow as pa
 import pytest
-from support.delta import T0, make_config
+from support.delta import T0, land_values, make_config
 from support.table_readers import every_reader_keys, offsets
-from test_spark_partitioning import land_values
 
 from mqd import format as fmt
 from mqd.landing import LocalStore, Publisher

@@ -1,5 +1,5 @@
-"""Helpers of the Delta table tests: land numbered records, a job config, and the check that Spark
-and every other reader see each record once."""
+"""Helpers of the Delta table tests: land numbered records (or given values), a job config, and the
+check that Spark and every other reader see each record once."""
 
 from __future__ import annotations
 
@@ -35,6 +35,16 @@ def land(root: Path, partitions: int, files: int, records: int, *, first_file: i
             pub.publish("events", p, pa.Table.from_batches([batch]), pub.store.head("events", p).last_offset)
             keys += [("events", p, f * records + i) for i in range(records)]
     return sorted(keys)
+
+
+def land_values(root: Path, values: list[bytes]) -> list[tuple[str, int, int]]:
+    """``values`` into partition 0 of topic ``events``, all with the Kafka timestamp T0 (so the
+    landing's own dt is one day for all of them); their keys."""
+    pub = Publisher(LocalStore(root))
+    pub.store.open()
+    raw = fmt.encode_batch(values, timestamps=np.full(len(values), T0, dtype=np.int64), base_offset=0)
+    pub.publish("events", 0, pa.Table.from_batches([fmt.to_arrow(raw, fmt.scan(raw)[0])]), None)
+    return [("events", 0, i) for i in range(len(values))]
 
 
 def make_config(root: Path, **spark_kw: Any) -> MqdConfig:
