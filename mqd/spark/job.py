@@ -70,6 +70,7 @@ from mqd.landing.schema import LANDING_SCHEMA, PARTITION_COLUMNS, landing_column
 from mqd.landing.store import open_store
 from mqd.spark import dead_letters as dl
 from mqd.spark.batch_log import BatchLog
+from mqd.spark.extra_fields import EXTRA_COLUMN, extra_fields
 from mqd.spark.partitioning import PartitionField, parse_all
 from mqd.spark.session import EXIT_SESSION, SessionError, build_session, open_session
 from mqd.spark.static_checks import RAW_TIMESTAMP_COLUMN, master_problem, partition_problem
@@ -80,9 +81,9 @@ BATCH_LOG_INTERVAL_S = 2.0  # between reads of the queries' progress for the per
 RECORD_INTERVAL_S = 5.0  # between lifecycle records of a running query (cheap when no batch committed)
 
 CORRUPT_COLUMN = "_mqd_corrupt_record"
-EXTRA_COLUMN = "_extra"  # JSON mode: the value's fields that value_schema does not name, as JSON
 BATCH_METRICS = "mqd_batch"  # the name of each query's observed metrics (Dataset.observe)
 DEAD_LETTER_PREFIX = "dead_letter_"  # an observed metric per error class: dead_letter_<class>
+DEAD_LETTER_STAMP_DIR = "dead-letters"  # typed Iceberg dead letters' maintenance clock (in the checkpoint)
 LANDING_DDL = landing_ddl()  # derived from the Arrow schema (mqd.landing.schema)
 _LANDING_COLUMNS = landing_columns()
 # the landing's folder range (layout.folder_hours), in epoch ms: 1970-01-01 .. 9999-12-31T23:59:59.999Z
@@ -253,7 +254,7 @@ def _queries(spark: Any, config: MqdConfig) -> list[tuple[str, Any, str, Path, l
     good = checked.where(F.col("_reason").isNull()).select(
         *keep,
         *[F.col(f"_v.{f.name}").alias(f.name) for f in value_schema.fields],
-        _extra_fields(value_schema.fieldNames()).alias(EXTRA_COLUMN),
+        extra_fields(F.col("value").cast("string"), value_schema.fieldNames()).alias(EXTRA_COLUMN),
     )
     _check_partitioning(sc.partition_by, good.columns, sc.table_format)
     good = _partitioned(good, fields, extra=EXTRA_COLUMN)
@@ -322,22 +323,30 @@ def _typed_sink(spark: Any, config: MqdConfig, batch_log: BatchLog) -> Any:
     lookup = registry_lookup(SchemaRegistryClient(sc.schema_registry), sc.schema_registry.retry_timeout)
     name = query_name(config)
 
+    out = _table_location(sc.table_format, sc.output_dir)
+    dead_letters = _table_location(sc.table_format, sc.quarantine_dir)
+    checkpoint = Path(sc.checkpoint_dir) / "main"  # the typed query's (_queries)
+
     def iceberg(location: str, parts: list[str], query: str) -> Any:
         from mqd.spark.iceberg_sink import IcebergSink
+        from mqd.spark.table_maintenance import MaintenanceSchedule
 
+        # each table's schedule keeps its own clock in the query's checkpoint
+        stamp = checkpoint / DEAD_LETTER_STAMP_DIR if location == dead_letters else checkpoint
         return IcebergSink(
             location,
             partition_by=parts,
             catalog=sc.iceberg_catalog,
             query_name=query,
             file_io=iceberg_file_io(config),
+            maintenance=MaintenanceSchedule(config, [location], stamp_dir=stamp),
         )
 
     return TypedSink(
         spark=spark,
         table_format=sc.table_format,
-        out=_table_location(sc.table_format, sc.output_dir),
-        dead_letters=_table_location(sc.table_format, sc.quarantine_dir),
+        out=out,
+        dead_letters=dead_letters,
         partitions=fields,
         parts=_sink_parts(fields),
         dead_letter_parts=[f.name for f in fields if f.is_column and f.name in _LANDING_COLUMNS],
@@ -349,21 +358,6 @@ def _typed_sink(spark: Any, config: MqdConfig, batch_log: BatchLog) -> Any:
         iceberg=iceberg,
         on_batch=batch_log.record,
     ).start()
-
-
-def _extra_fields(known: list[str]) -> Any:
-    """The value's top-level fields that ``value_schema`` does not name, as a JSON object (their
-    values as they were: numbers, strings, objects), null when there are none: kept, not dropped.
-    The value is parsed a second time only for records that have such fields."""
-    from pyspark.sql import functions as F
-
-    text = F.col("value").cast("string")
-    names = F.array(*[F.lit(n) for n in known]) if known else F.array().cast("array<string>")
-    unknown = F.array_except(F.json_object_keys(text), names)
-    fields = F.from_json(text, "map<string, variant>")
-    return F.when(
-        F.size(unknown) > 0, F.to_json(F.map_filter(fields, lambda k, _v: ~F.array_contains(names, k)))
-    )
 
 
 def _partitioned(df: Any, fields: list[PartitionField], extra: str | None) -> Any:
@@ -699,12 +693,16 @@ def iceberg_file_io(config: MqdConfig) -> dict[str, str]:
 
 
 def _maintenance(config: MqdConfig, plan: list[tuple[str, Any, str, Path, list[str]]]) -> Any:
-    """The Delta tables' maintenance schedule (None for a parquet table)."""
+    """The Delta tables' maintenance schedule (None for a parquet table): every query's table, and
+    the typed sink's dead-letter table, which no query of its own writes."""
     if config.spark.table_format != "delta":
         return None
     from mqd.spark.table_maintenance import MaintenanceSchedule
 
-    return MaintenanceSchedule(config, [out for _name, _df, out, _ckpt, _parts in plan])
+    tables = [out for _name, _df, out, _ckpt, _parts in plan]
+    if is_typed(config):
+        tables.append(_table_location("delta", config.spark.quarantine_dir))
+    return MaintenanceSchedule(config, tables)
 
 
 def _log_batches(batch_log: BatchLog, queries: list[Any], stopping: threading.Event) -> None:

@@ -330,6 +330,25 @@ class ColumnDecoder:
             out = F.when(cond, branch).otherwise(out)
         return out
 
+    def keeps_extra(self) -> bool:
+        """A JSON Schema value: its documents may carry properties the schema does not declare
+        (``additionalProperties`` is true unless the schema says otherwise), kept by :meth:`extra`."""
+        return self.fmt == "json_schema" and self.role == "value"
+
+    def extra(self, sid_col: Any) -> Any:
+        """Each object document's properties its writer schema does not declare, as a JSON object
+        (mqd/spark/extra_fields.py); null when there are none or for other records."""
+        from pyspark.sql import functions as F
+
+        from mqd.spark.extra_fields import extra_fields
+
+        text = wire.payload(F.col(self.role)).cast("string")
+        out = F.lit(None).cast("string")
+        for cond, _name, v, _key in self._branches(sid_col):
+            if v.wrap is None:
+                out = F.when(cond, extra_fields(text, list(v.original.fieldNames()))).otherwise(out)
+        return out
+
     def _decode_expr(self, data: Any, v: _Verdict, key: Any) -> Any:
         """The expression decoding ``data`` by one branch's writer schema (a struct in the writer's
         own shape; JSON Schema's with the corrupt-record column)."""

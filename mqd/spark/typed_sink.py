@@ -24,11 +24,13 @@ import structlog
 
 from mqd.spark import dead_letters as dl
 from mqd.spark import wire_format as wire
+from mqd.spark.extra_fields import EXTRA_COLUMN
 from mqd.spark.partitioning import PartitionField
 from mqd.spark.typed_records import ColumnDecoder, Format, SchemaLookup
 
 _log = structlog.get_logger("mqd.spark")
 
+_EXTRA = "_value_extra"  # the batch's column of a JSON Schema value's undeclared properties
 SOURCE_FILE = "_mqd_source_file"  # the landed file of each row, carried into the batch
 
 
@@ -76,8 +78,12 @@ class TypedSink:
 
         existing = self._table_type()
         computed = {f.name for f in self.partitions if f.expression is not None}
-        reserved = set(self.envelope) | computed | {"key", "value"}
         value, key = self._typed["value"], self._typed["key"]
+        reserved = set(self.envelope) | computed | {"key", "value"}
+        if value is not None and value[1] == "json_schema":
+            reserved.add(
+                EXTRA_COLUMN
+            )  # the table's column of undeclared properties (a field of that name is renamed)
         if value is not None:
             owned = [f for f in existing.fields if f.name not in reserved or f.name == "value"]
             if any(f.name == "value" and f.dataType.typeName() == "binary" for f in owned):
@@ -139,6 +145,8 @@ class TypedSink:
             staged = df.withColumns(raw).withColumns(
                 {f"_{r}_dec": dec.decoded(F.col(f"_{r}_sid")) for r, dec in self.decoders.items()}
             )
+            if self._keeps_extra():
+                staged = staged.withColumn(_EXTRA, self.decoders["value"].extra(F.col("_value_sid")))
             foreign = F.col("partition").isNull() | F.col("offset").isNull()
             cls = F.when(foreign, F.lit(dl.FOREIGN_FILE))
             msg = F.when(foreign, F.lit(dl.ERROR_CLASSES[dl.FOREIGN_FILE]))
@@ -151,7 +159,10 @@ class TypedSink:
             staged = staged.withColumns({"_reason": cls, "_message": msg, "_sid": sid}).persist()
             try:
                 # rows per outcome in one pass: the good ones (no reason) and each dead-letter class
-                counts = {r[0]: int(r[1]) for r in staged.groupBy("_reason").count().collect()}
+                extra = F.count(_EXTRA) if self._keeps_extra() else F.lit(0)
+                outcomes = staged.groupBy("_reason").agg(F.count(F.lit(1)), extra).collect()
+                counts = {r[0]: int(r[1]) for r in outcomes}
+                extra_rows = sum(int(r[2]) for r in outcomes if r[0] is None)
                 dead = {k: v for k, v in counts.items() if k is not None}
                 good, bad = self._split(staged)
                 written = self._write(good, counts.get(None, 0), self.out, self.parts, query_id, batch_id)
@@ -163,6 +174,7 @@ class TypedSink:
                 staged.unpersist()
         finally:
             df.unpersist()
+        self._maintain_iceberg()
         figures: dict[str, Any] = {
             "query": self.query_name,
             "batch": batch_id,
@@ -171,10 +183,23 @@ class TypedSink:
             "seconds": round(time.monotonic() - t0, 3),
             **{f"dead_letter_{k}": v for k, v in dead.items()},
         }
+        if self._keeps_extra():
+            figures["extra_field_rows"] = extra_rows
         if new_columns:
             figures["new_columns"] = new_columns
         if self.on_batch is not None:
             self.on_batch(figures)
+
+    def _keeps_extra(self) -> bool:
+        return "value" in self.decoders and self.decoders["value"].keeps_extra()
+
+    def _maintain_iceberg(self) -> None:
+        """Compact and expire each Iceberg table this sink writes when its schedule says so: after a
+        batch, in the batch's thread, so no commit of the sink's own runs beside it."""
+        from mqd.spark.iceberg_sink import maintain_if_due
+
+        for sink in self._sinks.values():
+            maintain_if_due(sink)
 
     def _split(self, staged: Any) -> tuple[Any, Any]:
         from pyspark.sql import functions as F
@@ -187,6 +212,8 @@ class TypedSink:
             typed += [
                 F.col(f"_value_dec.{f.name}").alias(f.name) for f in self.decoders["value"].table_type.fields
             ]
+        if self._keeps_extra():
+            typed.append(F.col(_EXTRA).alias(EXTRA_COLUMN))
         good = staged.where(F.col("_reason").isNull()).select(*[F.col(c) for c in keep], *typed)
         for f in self.partitions:
             if f.expression is not None:

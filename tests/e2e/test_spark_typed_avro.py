@@ -6,8 +6,10 @@ cannot be decoded is in the dead-letter table with its class and reason; nothing
 from __future__ import annotations
 
 import json
+import os
 import signal
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +23,9 @@ from support.table_readers import every_reader_keys
 from support.typed import avro_value, land_values, record_schema, register, registry, typed_config
 
 from mqd.spark import job
+from mqd.spark.job import DEAD_LETTER_STAMP_DIR
 from mqd.spark.job_metrics import FILE_NAME
+from mqd.spark.table_maintenance import LAST_RUN_NAME
 from mqd.testing.schema_registry import SchemaRegistry
 from mqd.waiting import wait_until_sync
 
@@ -255,9 +259,9 @@ def test_a_new_checkpoint_for_a_typed_table_is_refused(
 def test_a_frozen_registry_delays_the_batch_and_dead_letters_nothing(
     tmp_path: Path, spark: Any, registry: SchemaRegistry
 ) -> None:
-    """The registry frozen (SIGSTOP) when the batch needs a schema: the job waits with backoff and
-    says so (schema_registry_unreachable), and once the registry is thawed it lands every record;
-    nothing is dead-lettered for the outage."""
+    """The registry frozen (SIGSTOP) for 30 s when the batch needs a schema: the job waits with
+    backoff and says so (schema_registry_unreachable, more than once), and once the registry is
+    thawed it lands every record; nothing is dead-lettered for the outage."""
     i1 = register(registry, "orders-frozen-value", V1)
     url = registry.url
     cfg = typed_config(
@@ -271,15 +275,64 @@ def test_a_frozen_registry_delays_the_batch_and_dead_letters_nothing(
     result: dict[str, int] = {}
     with capture_logs() as logs:
         proc.send_signal(signal.SIGSTOP)
+        thaw_at = time.monotonic() + 30.0  # the issue's outage: longer than a few backoff rounds
         try:
             worker = threading.Thread(target=lambda: result.setdefault("code", job.run(cfg, once=True)))
             worker.start()
             wait_until_sync(
-                lambda: sum(e["event"] == "schema_registry_unreachable" for e in logs) >= 2, timeout=120
+                lambda: (
+                    time.monotonic() >= thaw_at
+                    and sum(e["event"] == "schema_registry_unreachable" for e in logs) >= 2
+                ),
+                timeout=120,
             )
+            assert worker.is_alive(), "the job ended while the registry was frozen"
         finally:
             proc.send_signal(signal.SIGCONT)
         worker.join(180)
     assert result.get("code") == 0
     assert [r["id"] for r in _rows(Path(cfg.spark.output_dir))] == [0, 1, 2, 3]
     assert not Path(cfg.spark.quarantine_dir).exists()
+
+
+@pytest.mark.timeout(600)  # four Spark jobs of maintenance after the batches (OPTIMIZE and VACUUM twice)
+@pytest.mark.parametrize("table_format", ["delta", "iceberg"])
+def test_the_typed_table_and_its_dead_letters_are_both_maintained(
+    tmp_path: Path, spark: Any, registry: SchemaRegistry, table_format: str
+) -> None:
+    """The typed sink writes two tables from one query; maintenance compacts both (the dead-letter
+    table has no query of its own, so the schedule must name it): after batches of one file each,
+    with maintenance due, each table logs a compaction that removed files, and both still hold
+    exactly the landed records."""
+    i1 = register(registry, "orders-maintained-value", V1)
+    cfg = typed_config(
+        tmp_path,
+        registry.url,
+        table_format=table_format,
+        max_files_per_trigger=1,
+        maintenance_interval=0.001,
+        target_file_size="1MiB",
+    )
+    landing = Path(cfg.landing.dir)
+    offsets: list[int] = []
+    for f in range(2):
+        good = [avro_value(i1, V1, {"id": f * 10 + n, "name": "a", "timestamp": n}) for n in range(3)]
+        offsets += land_values(landing, [*good, b"junk"])
+    # due from the first look: each schedule's clock an interval old (its stamp's mtime)
+    ckpt = Path(cfg.spark.checkpoint_dir)
+    clocks = [ckpt] if table_format == "delta" else [ckpt / "main", ckpt / "main" / DEAD_LETTER_STAMP_DIR]
+    for clock in clocks:
+        path = clock / LAST_RUN_NAME
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.touch()
+        os.utime(path, (0, 0))
+    with capture_logs() as logs:
+        assert job.run(cfg, once=True) == 0
+    out, dead = cfg.spark.output_dir, cfg.spark.quarantine_dir
+    compacted = {str(e["table"]) for e in logs if e["event"] == "table_maintained" and e["files_removed"] > 0}
+    assert {str(out), str(dead)} <= compacted, [e for e in logs if "maint" in e["event"]]
+    read = every_reader_keys if table_format == "delta" else every_iceberg_reader_keys
+    for reader, table_keys in read(Path(out)).items():
+        dead_keys = read(Path(dead))[reader]
+        assert len(table_keys) == 6 and len(dead_keys) == 2, reader
+        assert sorted(k[3] for k in table_keys + dead_keys) == sorted(offsets), reader

@@ -16,6 +16,7 @@ from support.table_readers import every_reader_keys
 from support.typed import land_values, register, registry, typed_config
 
 from mqd.spark import job
+from mqd.spark.job_metrics import FILE_NAME
 from mqd.spark.wire_format import header
 from mqd.testing.schema_registry import SchemaRegistry
 
@@ -85,3 +86,32 @@ def test_json_schema_versions_land_typed_and_bad_documents_are_dead_letters(
     assert sorted([r["offset"] for r in rows] + [r["offset"] for r in dead]) == offsets
     for reader, keys in every_reader_keys(out).items():
         assert [k[3] for k in keys] == offsets[:4], reader
+
+
+def test_properties_the_schema_does_not_declare_are_kept_and_counted(
+    tmp_path: Path, spark: Any, registry: SchemaRegistry
+) -> None:
+    """A JSON Schema allows undeclared properties unless it says otherwise: a document's `seq` and
+    `tags`, which the schema does not name, are kept in the row's `_extra` as JSON (values as
+    sent), null for a document without any, and counted (extra_field_rows in the metrics file);
+    a declared property named `_extra` takes the column `value__extra` and is not mistaken for one."""
+    schema = _schema(id={"type": "integer"}, _extra={"type": "string"})
+    sid = register(registry, "orders-js-extra-value", schema, "JSON")
+    cfg = typed_config(tmp_path, registry.url, value_format="json_schema")
+    docs = [
+        {"id": 0, "_extra": "declared"},
+        {"id": 1, "seq": 7, "tags": ["a", "b"]},
+        {"id": 2, "seq": {"nested": True}},
+    ]
+    land_values(Path(cfg.landing.dir), [_doc(sid, d) for d in docs])
+    assert job.run(cfg, once=True) == 0
+    out = Path(cfg.spark.output_dir)
+    rows = sorted(deltalake.DeltaTable(str(out)).to_pyarrow_table().to_pylist(), key=lambda r: r["offset"])
+    assert [r["value__extra"] for r in rows] == ["declared", None, None]
+    extra = [json.loads(r["_extra"]) if r["_extra"] is not None else None for r in rows]
+    assert extra == [None, {"seq": 7, "tags": ["a", "b"]}, {"seq": {"nested": True}}]
+    metrics = (Path(cfg.spark.checkpoint_dir) / FILE_NAME).read_text()
+    assert 'mqd_spark_extra_field_rows_total{query="' in metrics
+    assert [
+        line.split()[-1] for line in metrics.splitlines() if "extra_field_rows" in line and "{" in line
+    ] == ["2"]
