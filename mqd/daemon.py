@@ -157,7 +157,8 @@ class Daemon:
 
         if importlib.util.find_spec("deltalake") is None:
             raise delta_log.TableUnavailable(
-                'landing.table = "delta" needs the deltalake package (delta-rs): pip install "mqd[landing-table]"'
+                'landing.table = "delta" needs the deltalake package (delta-rs): '
+                'pip install "mqd[landing-table]"'
             )
         from mqd.landing.object_store import ObjectStore
         from mqd.landing.table_committer import TableCommitter
