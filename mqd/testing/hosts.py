@@ -48,10 +48,24 @@ from mqd.testing.configfiles import daemon_section, to_toml
 from mqd.testing.hosts_net import HostNetwork, NetHost, faketime_library
 from mqd.testing.hosts_services import HostKafkaCluster, HostSeaweedFS
 from mqd.testing.hosts_spark import HostSpark
+from mqd.testing.kafka_cluster import JVM_FLAGS
 from mqd.testing.process import ManagedProcess
 from mqd.waiting import wait_until_sync
 
 TOPIC = "events"
+OFFSETS_PARTITIONS = 50  # Kafka's offsets.topic.num.partitions (KafkaCluster leaves the default)
+
+
+def _java_hash(text: str) -> int:
+    """``String.hashCode`` of ``text`` made non-negative as Kafka's ``Utils.abs`` does (the
+    absolute value; 0 for the smallest int)."""
+    h = 0
+    for unit in text.encode("utf-16-be").hex(" ", 2).split():
+        h = (31 * h + int(unit, 16)) & 0xFFFFFFFF
+    signed = h - (1 << 32) if h >= 1 << 31 else h
+    return 0 if signed == -(1 << 31) else abs(signed)
+
+
 _STARTED = b'"daemon started"'
 _BANNER = b"===== start "
 
@@ -65,6 +79,8 @@ class HostRig:
     - ``session_timeout``: the daemons' group session (seconds).
     - ``group_protocol``: ``classic`` or ``consumer`` (KIP-848).
     - ``daemon_settings``: tables merged over :meth:`daemon_config` (``{"landing": {...}}``).
+    - ``kafka_heap``: each broker's ``-Xmx`` (256m holds a few hundred partitions; 1,000
+      partitions replicated 3 times need more).
     - ``spark_workers``: more than 0 adds a ``spark`` host (a Spark standalone master, and the
       ``mqd spark`` driver: :meth:`spark_driver`) and that many worker hosts ``w0``..
     """
@@ -79,6 +95,7 @@ class HostRig:
         group_protocol: str = "classic",
         daemon_settings: dict[str, dict[str, Any]] | None = None,
         spark_workers: int = 0,
+        kafka_heap: str = "256m",
     ) -> None:
         self.root = Path(root).resolve()
         self.partitions = partitions
@@ -92,6 +109,7 @@ class HostRig:
         self._n_daemons = daemons
         self._stream_settings: dict[str, dict[str, Any]] = {}
         self.spark_workers = spark_workers
+        self.kafka_heap = kafka_heap
         self.spark: HostSpark | None = None
         self.topic = TOPIC
         self.group = TOPIC
@@ -122,14 +140,16 @@ class HostRig:
                 "group.consumer.heartbeat.interval.ms": "500",
                 "group.consumer.min.heartbeat.interval.ms": "100",
             }
-        self.kafka = HostKafkaCluster(self.root / "kafka", kafka_hosts, settings=settings)
+        flags = tuple(f"-Xmx{self.kafka_heap}" if f.startswith("-Xmx") else f for f in JVM_FLAGS)
+        self.kafka = HostKafkaCluster(self.root / "kafka", kafka_hosts, settings=settings, jvm_flags=flags)
         self.s3 = HostSeaweedFS(self.root / "seaweedfs", s3_host)
         self.kafka.start()
         self.s3.start()
         if self.spark_workers:
             master = self.net.add_host("spark")
             workers = [self.net.add_host(f"w{i}") for i in range(self.spark_workers)]
-            self.spark = HostSpark(self.root / "spark", master, workers, env=self.s3.env())
+            # two task slots per worker: a task mostly waits on S3 and Python, the machine has 2 cores
+            self.spark = HostSpark(self.root / "spark", master, workers, worker_cores=2, env=self.s3.env())
             self.spark.start()
         self.use_stream(TOPIC, self.partitions)
 
@@ -180,14 +200,22 @@ class HostRig:
         assert self.kafka is not None, "start() first"
         return self.kafka.bootstrap
 
-    def coordinator_host(self, group: str | None = None) -> NetHost:
-        """The host of the broker that coordinates ``group`` (default: the stream's) right now."""
+    def coordinator_host(self, group: str | None = None, timeout: float = 60.0) -> NetHost:
+        """The host of the broker that coordinates ``group`` (default: the stream's) right now: the
+        leader of the group's ``__consumer_offsets`` partition (Kafka's own placement: the group
+        id's Java hash modulo the topic's partitions), read from the metadata, which answers
+        while a DescribeConsumerGroups may fail for a while (NOT_COORDINATOR, a connection to a
+        broker that was cut still timing out)."""
         assert self.kafka is not None
-        group = group or self.group
-        admin = self.kafka.admin()
-        fut = admin.describe_consumer_groups([group], request_timeout=5)[group]
-        node = fut.result(10).coordinator.id
-        return self.kafka.hosts[int(node)]
+        kafka = self.kafka
+        partition = _java_hash(group or self.group) % OFFSETS_PARTITIONS
+        leader = wait_until_sync(
+            lambda: kafka.leader("__consumer_offsets", partition, timeout=5.0),
+            timeout,
+            f"a leader of __consumer_offsets partition {partition}",
+            interval=0.2,
+        )
+        return kafka.hosts[leader]
 
     def heal(self) -> None:
         """Lift every network fault and thaw every frozen process."""

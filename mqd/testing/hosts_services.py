@@ -16,7 +16,7 @@ from pathlib import Path
 
 from mqd.testing.cluster import free_port
 from mqd.testing.hosts_net import NetHost
-from mqd.testing.kafka_cluster import KafkaCluster
+from mqd.testing.kafka_cluster import JVM_FLAGS, KafkaCluster
 from mqd.testing.process import ManagedProcess
 from mqd.testing.seaweedfs import SeaweedFS
 
@@ -36,10 +36,18 @@ def answers_tcp(address: str, port: int, timeout: float = 1.0) -> bool:
 
 class HostKafkaCluster(KafkaCluster):
     """One broker per host in ``hosts`` (combined broker + controller nodes; no TLS/SASL here).
-    ``settings``: server.properties over the defaults, as for :class:`KafkaCluster`."""
+    ``settings``: server.properties over the defaults, ``jvm_flags`` (a larger ``-Xmx`` for
+    thousands of partitions), as for :class:`KafkaCluster`."""
 
-    def __init__(self, root: Path, hosts: list[NetHost], *, settings: dict[str, str] | None = None) -> None:
-        super().__init__(root, len(hosts), settings=settings)
+    def __init__(
+        self,
+        root: Path,
+        hosts: list[NetHost],
+        *,
+        settings: dict[str, str] | None = None,
+        jvm_flags: tuple[str, ...] = JVM_FLAGS,
+    ) -> None:
+        super().__init__(root, len(hosts), settings=settings, jvm_flags=jvm_flags)
         self.hosts = list(hosts)
         for b, h in zip(self.brokers, self.hosts, strict=True):
             b.port = KAFKA_PORT

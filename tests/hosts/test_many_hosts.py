@@ -341,7 +341,7 @@ def batches_done(log: Path) -> int:
         return 0
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(900)
 async def test_a_spark_worker_killed_mid_batch(rig: HostRig, tmp_path: Path) -> None:
     """``mqd spark`` streams the landing into a Delta table on the standalone cluster (driver on
     the spark host, executors on w0 and w1) while records flow. While a batch's job runs, w0's
@@ -358,7 +358,9 @@ async def test_a_spark_worker_killed_mid_batch(rig: HostRig, tmp_path: Path) -> 
     run = Run(rig, tmp_path, interval=0.5)
     await run.start()
     try:
-        await wait_until(lambda: batches_done(driver.log_path) >= 1, 300, "the first batch", interval=0.5)
+        # the first batch waits for the executors to fetch the job's jars from the driver (~0.6 GB,
+        # the AWS SDK bundle most of it): minutes on a loaded 2-core machine
+        await wait_until(lambda: batches_done(driver.log_path) >= 1, 480, "the first batch", interval=0.5)
         await wait_until(
             lambda: asyncio.to_thread(running_jobs, rig), 120, "a batch's job running", interval=0.1
         )

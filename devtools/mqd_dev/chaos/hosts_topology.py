@@ -95,7 +95,7 @@ class HostsOptions:
     kinds: tuple[str, ...] = HOST_KINDS
     spark: bool = True
     settle_timeout: float = 180.0
-    spark_timeout: float = 600.0
+    spark_timeout: float = 1500.0
 
     def validate(self) -> None:
         unknown = set(self.kinds) - set(HOST_KINDS)
@@ -132,6 +132,10 @@ class HostsChaosRun:
             partitions=options.partitions,
             session_timeout=SESSION_S,
             spark_workers=2 if options.spark else 0,
+            # files of 5 s, not the rig's half second: the end check's mqd spark --once on the two
+            # workers reads a few landed files a second at load 20 (a 20-round run of half-second
+            # files did not finish in 10 min); a round's recovery includes up to one file's age
+            daemon_settings={"landing": {"max_age": 5.0}},
         )
         self.ledger = Ledger(self.root / "ledger.tsv")
         self.load: KafkaLoad | None = None
