@@ -136,7 +136,7 @@ bench: install $(VENV)/.bench-installed
 # TOPOLOGY=hosts (as root): the many-hosts rig, Kafka, S3, daemons and Spark each on a network host of
 # its own, faulted by host (devtools/mqd_dev/chaos/hosts_topology.py)
 chaos: install
-	$(PY) -m mqd_dev.chaos --rounds 20 $(if $(KINDS),--kinds $(KINDS)) $(if $(LANDING),--landing $(LANDING)) $(if $(SOURCE),--source $(SOURCE)) $(if $(GROUP_PROTOCOL),--group-protocol $(GROUP_PROTOCOL)) $(if $(TOPOLOGY),--topology $(TOPOLOGY))
+	$(PY) -m mqd_dev.chaos --rounds 20 $(if $(KINDS),--kinds $(KINDS)) $(if $(LANDING),--landing $(LANDING)) $(if $(LANDING_TABLE),--landing-table $(LANDING_TABLE)) $(if $(SOURCE),--source $(SOURCE)) $(if $(GROUP_PROTOCOL),--group-protocol $(GROUP_PROTOCOL)) $(if $(TOPOLOGY),--topology $(TOPOLOGY))
 
 # the README's pictures of the views (docs/img/): a real daemon under load, its status page in headless
 # chromium (apt-get install chromium) and one `mqd top` screen; not part of the tests

@@ -69,6 +69,14 @@ def _parser() -> argparse.ArgumentParser:
         help="local: a directory (a tmpfs as root); s3: s3:// on a SeaweedFS the run starts on 127.0.0.1",
     )
     p.add_argument(
+        "--landing-table",
+        choices=("none", "delta"),
+        default="delta",
+        help="the daemons' landing.table: delta (default) commits what they publish to a Delta table "
+        "at the landing's root, which the end check reads with delta-rs, DuckDB and Polars against the "
+        "landing and the ledger; none: files only",
+    )
+    p.add_argument(
         "--source",
         choices=("mqd", "kafka", "tansu"),
         default="mqd",
@@ -159,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
             kafka_storage=args.kafka_storage,
             kafka_broker=kafka_broker,
             group_protocol=args.group_protocol,
+            landing_table=args.landing_table,
         )
         options.validate()
     except ValueError as exc:

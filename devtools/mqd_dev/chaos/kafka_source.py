@@ -50,6 +50,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import structlog
 
+from mqd.landing.local_objects import LocalObjects
 from mqd.landing.store import open_store
 from mqd.runner import EXIT_TEMPFAIL
 from mqd.testing import daemon_section, to_toml
@@ -57,7 +58,7 @@ from mqd.testing.cluster import free_port
 from mqd.testing.seaweedfs import ACCESS_KEY, REGION, SECRET_KEY, SeaweedFS
 from mqd.testing.tansu import tansu_binary
 from mqd.waiting import wait_until
-from mqd_dev.chaos import check
+from mqd_dev.chaos import check, landing_table
 from mqd_dev.chaos.apache_kafka import BROKER_MAY_LOSE, BROKER_SESSION_S, GROUP_SESSION_S, ApacheKafka
 from mqd_dev.chaos.ledger import Ledger, read_ledger
 from mqd_dev.chaos.load import Ack, record_value
@@ -514,7 +515,15 @@ class KafkaChaosRun:
                 "error_backoff_max_ms": 1000,
             },
             "consumer.kafka": kafka,
-            "landing": {"dir": str(self.landing), "max_age": 0.5, "disk_retry_interval": 0.5},
+            "landing": {
+                "dir": str(self.landing),
+                "max_age": 0.5,
+                "disk_retry_interval": 0.5,
+                "table": o.landing_table,
+            },
+            "landing.delta": (
+                {"commit_interval": o.table_commit_interval} if o.landing_table == "delta" else None
+            ),
             "spark": {
                 "master": "local[2]",
                 "output_dir": str(warehouse / "events"),
@@ -809,6 +818,17 @@ class KafkaChaosRun:
             out["landing_vs_log"] = check.compare(self.log_tables, landing).to_json()
         if not landed.ok:
             self.failures.append(f"landing vs the producer's ledger: {landed.examples}")
+        if self.opts.landing_table == "delta":
+            store = landing_table.TableStore(str(self.landing.resolve()))
+            keys = await asyncio.to_thread(landing_table.landing_keys_local, self.landing, self.topic)
+            caught = await asyncio.to_thread(
+                landing_table.catch_up, LocalObjects(self.landing), store, self.topic, self.opts.partitions
+            )
+            table_res = await asyncio.to_thread(
+                landing_table.check_table, store, keys, ledger, self.topic, caught, self.lossy
+            )
+            self.failures.extend(table_res.failures)
+            out["landing_table"] = table_res.to_json()
         if self.opts.spark:
             out["table"] = await spark_check(
                 self.daemons[0].config_path,
@@ -912,6 +932,15 @@ class KafkaChaosRun:
                 "mismatched": landing.get("moved", 0) + landing.get("foreign", 0) if landing else None,
             },
             "table": result.get("table", {}),
+            "landing_table": result.get(
+                "landing_table",
+                {"not checked": "the run ended before its end check"}
+                if self.opts.landing_table == "delta"
+                else {"off": "--landing-table none"},
+            ),
+            "landing_table_events": landing_table.table_events(
+                d.log_path for d in [*self.daemons, self.extra]
+            ),
             "replicas": {},
             "node_health": {},
             "landing_incarnations": result.get("landing_incarnations"),

@@ -63,7 +63,7 @@ from mqd.landing.store import LandingStore, open_store
 from mqd.runner import EXIT_TEMPFAIL
 from mqd.testing import ProcessError, daemon_section, to_toml
 from mqd.waiting import wait_until
-from mqd_dev.chaos import check, integrity, node_data
+from mqd_dev.chaos import check, integrity, landing_table, node_data
 from mqd_dev.chaos.apache_kafka import GROUP_PROTOCOLS
 from mqd_dev.chaos.disk import LandingDisk
 from mqd_dev.chaos.ledger import Ledger, read_ledger
@@ -206,6 +206,8 @@ class ChaosOptions:
     round_timeout: float = 60.0  # recovery deadline of one round
     run_timeout: float = 1800.0
     settle_timeout: float = 120.0
+    # the brokers' first start (4 Python processes at once): 17 s for one alone at load 36
+    start_timeout: float = 120.0
     batch_records: int = 20
     produce_interval: float = 0.1  # per partition
     session_timeout: float = 3.0
@@ -229,6 +231,12 @@ class ChaosOptions:
     # a Kafka source's consumer group protocol: "classic" (JoinGroup/SyncGroup, mqd's allocation
     # run by the group's leader) or "consumer" (KIP-848, the broker's assignor; Apache Kafka only)
     group_protocol: str = "classic"
+    # landing.table of the daemons (issue 35): "delta" commits what they publish to a Delta table at
+    # the landing's root, which the end check reads with delta-rs, DuckDB and Polars
+    # (landing_table.py); "none": files only
+    landing_table: str = "delta"
+    # the table's commit interval in chaos: shorter than the default 5 s, so commits race faults
+    table_commit_interval: float = 1.0
 
     @property
     def known_kinds(self) -> tuple[str, ...]:
@@ -262,6 +270,8 @@ class ChaosOptions:
             raise ValueError(f"landing is local or s3, not {self.landing!r}")
         if not 0 < self.hold_min <= self.hold_max:
             raise ValueError("need 0 < hold_min <= hold_max")
+        if self.landing_table not in landing_table.TABLE_CHOICES:
+            raise ValueError(f"landing_table is none or delta, not {self.landing_table!r}")
 
 
 @dataclass
@@ -378,7 +388,11 @@ class ChaosRun:
                 "dir": str(self.landing) if self.s3 is None else self.s3.uri,
                 "max_age": 0.5,
                 "disk_retry_interval": 0.5,
+                "table": o.landing_table,
             },
+            "landing.delta": (
+                {"commit_interval": o.table_commit_interval} if o.landing_table == "delta" else None
+            ),
             # daemon i publishes through gateway i % 2 (s3_landing); to_toml writes [landing.s3]
             "landing.s3": self.s3.s3_section(int(d.name[1:])) if self.s3 is not None else None,
             "spark": {
@@ -406,7 +420,7 @@ class ChaosRun:
             self.disk.setup()
         if not self.disk.available:
             log.warning("chaos.disk_faults_unavailable", reason=self.disk.reason)
-        await self.cluster.start()
+        await self.cluster.start(self.opts.start_timeout)
         for d in [*self.daemons, self.extra]:
             self._write_daemon_config(d)
         await self.client.start()
@@ -940,11 +954,42 @@ class ChaosRun:
             }
             for n in self.cluster.nodes.values()
         }
+        if self.opts.landing_table == "delta":
+            out["landing_table"] = await self._verify_landing_table(ledger)
         if self.opts.spark:
             out["table"] = await self._spark(ledger, log_tables)
         else:
             out["table"] = {"skipped": "--no-spark"}
         return out
+
+    async def _verify_landing_table(self, ledger: pa.Table) -> dict[str, Any]:
+        """The landing table after the daemons stopped: one catch-up round over every chain, then
+        its keys by delta-rs, DuckDB and Polars against the landing's and the ledger
+        (landing_table.py)."""
+        if self.s3 is not None:
+            env = self.s3.env()
+            store = landing_table.TableStore(
+                self.s3.uri,
+                endpoint=self.s3.endpoint_for(0),
+                access_key=env["AWS_ACCESS_KEY_ID"],
+                secret_key=env["AWS_SECRET_ACCESS_KEY"],
+                region=env["AWS_REGION"],
+            )
+            s3_store = self.s3.store
+            keys = await asyncio.to_thread(
+                lambda: landing_table.landing_keys_store(
+                    s3_store.objects, s3_store.visible_files(), self.topic
+                )
+            )
+        else:
+            store = landing_table.TableStore(str(self.landing.resolve()))
+            keys = await asyncio.to_thread(landing_table.landing_keys_local, self.landing, self.topic)
+        caught = await asyncio.to_thread(
+            landing_table.catch_up, self._landing_objects(), store, self.topic, self.opts.partitions
+        )
+        res = await asyncio.to_thread(landing_table.check_table, store, keys, ledger, self.topic, caught)
+        self.failures.extend(res.failures)
+        return res.to_json()
 
     async def _verify_replicas(self, log_tables: dict[int, Any]) -> dict[str, Any]:
         """Every slave, once caught up, holds its master's log byte for byte (record for record)."""
@@ -1096,6 +1141,15 @@ class ChaosRun:
                 "mismatched": landing.get("moved", 0) + landing.get("foreign", 0) if landing else None,
             },
             "table": table,
+            "landing_table": result.get(
+                "landing_table",
+                {"not checked": "the run ended before its end check"}
+                if self.opts.landing_table == "delta"
+                else {"off": "--landing-table none"},
+            ),
+            "landing_table_events": landing_table.table_events(
+                d.log_path for d in [*self.daemons, self.extra]
+            ),
             "replicas": result.get("replicas"),
             "node_health": result.get("node_health"),
             "landing_incarnations": result.get("landing_incarnations"),
@@ -1265,6 +1319,11 @@ def format_summary(s: dict[str, Any]) -> str:
             f"; gone with a destroyed source log {r['gone_with_source']}" if r.get("gone_with_source") else ""
         ),
         table,
+        *(
+            [landing_table.summary_line(s["landing_table"], s.get("landing_table_events"))]
+            if "landing_table" in s
+            else []
+        ),
         "replicas: "
         + (
             ", ".join(
