@@ -71,7 +71,7 @@ def main() -> None:
     \b
     Daemon:      run, start, stop, status, top, reload, pause, resume
     Config:      config check
-    Landing:     landing migrate, landing clean, landing check
+    Landing:     landing migrate, landing clean, landing check, landing query
     Offsets:     offsets show, offsets reset
     Cluster:     broker, broker-credentials, broker-init, produce
     Spark:       spark, table describe, table optimize, table vacuum, table convert
