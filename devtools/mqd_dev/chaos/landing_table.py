@@ -343,9 +343,13 @@ def summary_line(t: dict[str, Any], events: dict[str, int] | None) -> str:
     first: dict[str, Any] = next(iter(t["readers"].values()), {})
     led = first.get("ledger", {})
     ev = events or {}
+    same = all(
+        not r.get("error") and not (r.get("missing") or r.get("not_in_landing") or r.get("duplicates"))
+        for r in t["readers"].values()
+    )
     return (
         f"landing table: version {t.get('version')}, {t.get('landing_keys')} landing keys; {readers}; "
-        f"{'equal to the landing, each once' if not t.get('failures') else 'DIFFERS'}; vs ledger lost "
+        f"{'equal to the landing, each once' if same else 'DIFFERS from the landing'}; vs ledger lost "
         f"{led.get('lost')}, duplicated {led.get('duplicates')}; caught up at the end: "
         f"{t.get('caught_up_files')} files; commits dropped as stale {ev.get('commits_dropped', 0)}, "
         f"failed rounds {ev.get('commit_failures', 0)}"

@@ -64,6 +64,11 @@ class Node(NodeProcess):
         return self.proxy.url
 
 
+# a broker's start or restart until it answers /v1/health: 17 s for one alone at load 36; 30 s failed
+# the first start (4 nodes at once) of three runs and a segment_truncate restart
+BROKER_START_TIMEOUT = 120.0
+
+
 class ChaosCluster:
     """Broker groups (``broker-a``, ``broker-b``, ...) of one master and ``slaves`` slaves each.
 
@@ -110,7 +115,7 @@ class ChaosCluster:
     def urls(self) -> list[str]:
         return [n.url for n in self.nodes.values()]
 
-    async def start(self, timeout: float = 30.0) -> None:
+    async def start(self, timeout: float = BROKER_START_TIMEOUT) -> None:
         for n in self.nodes.values():
             await n.proxy.start()
         self._write_configs()
@@ -152,7 +157,7 @@ class ChaosCluster:
 
         await node.wait_ready_async(healthy, timeout, interval=0.1)
 
-    async def restart(self, node: Node, timeout: float = 30.0) -> None:
+    async def restart(self, node: Node, timeout: float = BROKER_START_TIMEOUT) -> None:
         node.start()
         await self.wait_healthy(node, timeout)
 

@@ -69,7 +69,7 @@ from mqd_dev.chaos.disk import LandingDisk
 from mqd_dev.chaos.ledger import Ledger, read_ledger
 from mqd_dev.chaos.load import ProduceLoad
 from mqd_dev.chaos.lock_freeze import freeze_in_lock
-from mqd_dev.chaos.procs import ChaosCluster, DaemonProc, Proc, spark_started_in_log
+from mqd_dev.chaos.procs import BROKER_START_TIMEOUT, ChaosCluster, DaemonProc, Proc, spark_started_in_log
 from mqd_dev.chaos.proxy import Faults
 from mqd_dev.chaos.publish_kill import kill_before_publish, resolved_partitions
 from mqd_dev.chaos.s3_landing import NOT_ON_S3, S3Landing
@@ -141,6 +141,7 @@ APACHE_KAFKA_KINDS: tuple[str, ...] = tuple(k for kinds in APACHE_KAFKA_CATEGORI
 SOURCES = ("mqd", "kafka")
 KAFKA_BROKERS = ("apache", "tansu")
 _FREEZES = ("daemon_freeze", "lock_freeze")
+TABLE_LOG_TMPFS_MB = 32  # the landing tmpfs's room for the landing table's Delta log
 # daemon log events the summary counts whatever their level: they show a fault took effect
 _SHOWN_EVENTS = frozenset(
     {
@@ -206,8 +207,7 @@ class ChaosOptions:
     round_timeout: float = 60.0  # recovery deadline of one round
     run_timeout: float = 1800.0
     settle_timeout: float = 120.0
-    # the brokers' first start (4 Python processes at once): 17 s for one alone at load 36
-    start_timeout: float = 120.0
+    start_timeout: float = BROKER_START_TIMEOUT  # a broker's start and restart (procs.py)
     batch_records: int = 20
     produce_interval: float = 0.1  # per partition
     session_timeout: float = 3.0
@@ -315,7 +315,10 @@ class ChaosRun:
             },
         )
         self.landing = self.root / "landing"
-        self.disk = LandingDisk(self.landing, options.landing_tmpfs_mb)
+        # the landing table's log shares the tmpfs: 7.7 MB after ~720 commits (a commit a second,
+        # checkpoints every 100 of up to 1.2 MB kept for the log retention) filled 32 MiB by round 8
+        tmpfs_mb = options.landing_tmpfs_mb + (TABLE_LOG_TMPFS_MB if options.landing_table == "delta" else 0)
+        self.disk = LandingDisk(self.landing, tmpfs_mb)
         self.s3 = S3Landing(self.root) if options.landing == "s3" else None
         env = self.cluster.env if self.s3 is None else {**self.cluster.env, **self.s3.env()}
         self.daemons = [self._daemon(f"d{i}", env) for i in range(options.daemons)]
@@ -556,7 +559,7 @@ class ChaosRun:
             rec.notes.append(f"{kind} {node.id}")
             await node.stop_async(signal.SIGKILL)
             await asyncio.sleep(hold)
-            await self.cluster.restart(node)
+            await self.cluster.restart(node, self.opts.start_timeout)
         elif kind == "spark_kill":
             assert self.spark_job is not None
             rec.notes.append("SIGKILL mqd spark")
@@ -874,7 +877,7 @@ class ChaosRun:
         for n in self.cluster.nodes.values():
             n.proxy.clear()
             if not n.running:
-                await self.cluster.restart(n)
+                await self.cluster.restart(n, self.opts.start_timeout)
         await self.disk.make_writable()
         await self.disk.drain()
         for d in self.daemons:
