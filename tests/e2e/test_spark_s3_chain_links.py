@@ -7,8 +7,6 @@ records missing, or an older claim's file read twice (160 duplicated, 160 missin
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +15,7 @@ import pytest
 import structlog.testing
 from support.chain_tamper import HOW, publish_files, tamper
 from support.seaweedfs import object_store
+from support.spark_s3 import s3_spark as s3_spark  # the module's Spark session with the store's env
 
 from mqd.config import LandingConfig, LandingS3Config, MqdConfig, SparkConfig
 from mqd.landing import Publisher
@@ -26,31 +25,6 @@ from mqd.testing.seaweedfs import SeaweedFS
 pytestmark = pytest.mark.spark
 
 PER_FILE = 160
-
-
-@pytest.fixture(scope="module")
-def s3_spark(seaweedfs: SeaweedFS) -> Iterator[Any]:
-    """A local[2] session whose Python workers get the store's AWS variables (workers inherit the
-    JVM's environment: os.environ when this module starts the JVM, else spark.executorEnv.*)."""
-    from pyspark import SparkContext
-
-    saved = {k: os.environ.get(k) for k in seaweedfs.env()}
-    os.environ.update(seaweedfs.env())
-    job.python_workers("local[2]")
-    jvm = SparkContext._jvm
-    if jvm is not None:
-        for k, v in seaweedfs.env().items():
-            jvm.java.lang.System.setProperty(f"spark.executorEnv.{k}", v)
-    session = job.build_session(MqdConfig(spark=SparkConfig(master="local[2]", shuffle_partitions=2)))
-    try:
-        yield session
-    finally:
-        session.stop()
-        for k, old in saved.items():
-            if old is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = old
 
 
 def table_offsets(spark: Any, out: Path) -> np.ndarray:
