@@ -680,7 +680,12 @@ class ChaosRun:
         spark_start = integrity.log_size(self.spark_job.log_path) if self.spark_job is not None else 0
         self.spark_hands_off = True  # a Spark read of the broken claim refuses it: judged below
         try:
-            t = await asyncio.to_thread(integrity.tamper_head, objects, self.topic, p, how)
+            try:
+                t = await asyncio.to_thread(integrity.tamper_head, objects, self.topic, p, how)
+            except OSError as exc:  # landing_full or landing_readonly of the same round
+                rec.notes.append(f"claim_tamper: the landing refused the tamper ({exc}); none made")
+                await asyncio.sleep(hold)
+                return
             if t is None:
                 rec.notes.append(f"claim_tamper: partition {p}'s chain too short for {how}")
                 await asyncio.sleep(hold)
@@ -704,7 +709,7 @@ class ChaosRun:
                 )
             if not await asyncio.to_thread(integrity.landing_check_names, objects, t):
                 self.failures.append(f"round {rec.number}: claim_tamper: the landing check missed {t.key}")
-            problem = await asyncio.to_thread(integrity.restore, objects, t)
+            problem = await self._restore_claim(objects, t)
             if problem is not None:
                 self.failures.append(f"round {rec.number}: claim_tamper: repair failed: {problem}")
             hit = reporters()
@@ -724,6 +729,19 @@ class ChaosRun:
                 job.start()
         finally:
             self.spark_hands_off = False
+
+    async def _restore_claim(self, objects: Objects, t: integrity.Tamper) -> str | None:
+        """The operator's repair, tried again while a landing fault of the same round (full,
+        read-only) refuses the write: seed 178805 drew landing_full beside claim_tamper, the repair
+        met ENOSPC once and the partition stayed stopped to the end (40,820 records never landed)."""
+        deadline = time.monotonic() + self.opts.round_timeout
+        while True:
+            try:
+                return await asyncio.to_thread(integrity.restore, objects, t)
+            except OSError as exc:
+                if time.monotonic() >= deadline:
+                    return f"{t.key} could not be put back within {self.opts.round_timeout}s: {exc}"
+            await asyncio.sleep(0.5)  # the other fault's hold ends on its own clock
 
     async def _checkpoint_delete(self, hold: float, rec: RoundRecord) -> None:
         async with self.spark_control:
