@@ -229,7 +229,9 @@ def test_a_pass_costs_requests_for_new_claims_only(store: ObjectStore) -> None:
     cleaner.clean()
     second_clean = counting.take()
     print(f"requests per clean: first {first_clean}, next (+1 claim) {second_clean}")
-    assert first_clean > 46 and second_clean <= 12, (first_clean, second_clean)
+    # 13: the chains' reads, and one LIST of _delta_log/ (the cleaner finds a landing table by its
+    # log, issue 35, so `mqd landing clean` keeps one it was not told about whole)
+    assert first_clean > 46 and second_clean <= 13, (first_clean, second_clean)
 
 
 def test_the_s3_source_reads_through_the_reader(store: ObjectStore) -> None:
