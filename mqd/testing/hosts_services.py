@@ -94,35 +94,7 @@ class HostSeaweedFS(SeaweedFS):
         # ports free on this machine, not fixed ones, though the host has a network of its own:
         # weed names its gRPC unix sockets after them (/tmp/seaweedfs-<role>-grpc-<port>.sock), and
         # the file system is shared, so two rigs on fixed ports would talk to each other's servers
-        ports = {
-            "master.port": free_port(),
-            "master.port.grpc": free_port(),
-            "volume.port": free_port(),
-            "volume.port.grpc": free_port(),
-            "filer.port": self.filer_port,
-            "filer.port.grpc": self.filer_grpc,
-            "s3.port": self.s3_port,
-            "s3.port.grpc": free_port(),
-            "admin.port": free_port(),
-            "admin.port.grpc": free_port(),
-        }
-        argv = [
-            self.weed,
-            f"-logdir={self._log_dir()}",
-            "mini",
-            f"-dir={data}",
-            f"-ip={self.host.address}",
-            "-ip.bind=0.0.0.0",
-            "-master.telemetry=false",
-            "-master.volumeSizeLimitMB=64",
-            "-s3.port.iceberg=0",
-            "-s3.port.lance=0",
-            "-webdav=false",
-            "-admin.ui=false",
-            f"-filer.localSocket={self.root / 'filer.sock'}",
-            f"-s3.localSocket={self.root / 's3.sock'}",
-            *(f"-{k}={v}" for k, v in ports.items()),
-        ]
+        argv = self._mini_argv(data, self.s3_port, ip=self.host.address, bind="0.0.0.0")
         proc = self.host.process("weed-mini", argv, self._log_dir() / "mini.out")
         self._procs.append(proc)
         proc.start()

@@ -73,6 +73,15 @@ class SeaweedFS:
         data = self.root / "data"
         data.mkdir(parents=True, exist_ok=True)
         s3_port = free_port()
+        argv = self._mini_argv(data, s3_port, ip="127.0.0.1", bind="127.0.0.1")
+        self._start(ManagedProcess("weed-mini", argv, self._log_dir() / "mini.out", die_with_parent=True))
+        self.endpoints.append(f"http://127.0.0.1:{s3_port}")
+        self._wait_s3(self._procs[-1], self.endpoint)
+        self.client().create_bucket(Bucket=self.bucket)
+
+    def _mini_argv(self, data: Path, s3_port: int, *, ip: str, bind: str) -> list[str]:
+        """``weed mini``'s command line: every port one free on this machine (weed names its gRPC
+        unix sockets after them in the shared /tmp), the filer's and S3's as chosen."""
         ports = {
             "master.port": free_port(),
             "master.port.grpc": free_port(),
@@ -85,13 +94,13 @@ class SeaweedFS:
             "admin.port": free_port(),
             "admin.port.grpc": free_port(),
         }
-        argv = [
+        return [
             self.weed,
             f"-logdir={self._log_dir()}",
             "mini",
             f"-dir={data}",
-            "-ip=127.0.0.1",
-            "-ip.bind=127.0.0.1",
+            f"-ip={ip}",
+            f"-ip.bind={bind}",
             "-master.telemetry=false",
             "-master.volumeSizeLimitMB=64",  # small volumes: the data dir stays small
             "-s3.port.iceberg=0",
@@ -102,10 +111,6 @@ class SeaweedFS:
             f"-s3.localSocket={self.root / 's3.sock'}",
             *(f"-{k}={v}" for k, v in ports.items()),
         ]
-        self._start(ManagedProcess("weed-mini", argv, self._log_dir() / "mini.out", die_with_parent=True))
-        self.endpoints.append(f"http://127.0.0.1:{s3_port}")
-        self._wait_s3(self._procs[-1], self.endpoint)
-        self.client().create_bucket(Bucket=self.bucket)
 
     def add_gateway(self, *extra_args: str) -> str:
         """Start another ``weed s3`` on the same filer; returns its endpoint URL. ``extra_args``:
