@@ -124,6 +124,21 @@ def replica_credentials(cluster_path: Path, out_dir: Path) -> dict[str, Path]:
     return generate_credentials(load_cluster_config(cluster_path), out_dir)
 
 
+def fast_consumer_timings() -> dict[str, Any]:
+    """The ``[consumer]`` timings of a daemon a harness runs under faults: heartbeats, rebalances,
+    metadata, commits and retries on the scale of a second, so a round sees a fault and its
+    recovery in seconds (the session timeout is each harness's own)."""
+    return {
+        "heartbeat_interval": 0.5,
+        "rebalance_interval": 2.0,
+        "metadata_refresh_interval": 2.0,
+        "commit_interval": 1.0,
+        "request_timeout": 5.0,
+        "fetch_max_wait_ms": 300,
+        "error_backoff_max_ms": 1000,
+    }
+
+
 def daemon_section(state_dir: Path, shutdown_timeout: float = 10.0) -> dict[str, Any]:
     """The ``[daemon]`` table of a daemon a tool runs as a child: its files under ``state_dir``, no
     systemd watchdog."""

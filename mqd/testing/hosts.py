@@ -44,7 +44,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from mqd.testing.configfiles import daemon_section, to_toml
+from mqd.testing.configfiles import daemon_section, fast_consumer_timings, to_toml
 from mqd.testing.hosts_net import HostNetwork, NetHost, faketime_library
 from mqd.testing.hosts_services import HostKafkaCluster, HostSeaweedFS
 from mqd.testing.hosts_spark import HostSpark
@@ -243,13 +243,7 @@ class HostRig:
                 "topics": [self.topic],
                 "consume_from": "first",
                 "session_timeout": self.session_timeout,
-                "heartbeat_interval": 0.5,
-                "rebalance_interval": 2.0,
-                "metadata_refresh_interval": 2.0,
-                "commit_interval": 1.0,
-                "request_timeout": 5.0,
-                "fetch_max_wait_ms": 300,
-                "error_backoff_max_ms": 1000,
+                **fast_consumer_timings(),
             },
             "consumer.kafka": kafka,
             "landing": {"dir": self.uri, "max_age": 0.5, "disk_retry_interval": 0.5},

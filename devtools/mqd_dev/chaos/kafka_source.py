@@ -53,7 +53,7 @@ import structlog
 from mqd.landing.local_objects import LocalObjects
 from mqd.landing.store import open_store
 from mqd.runner import EXIT_TEMPFAIL
-from mqd.testing import daemon_section, to_toml
+from mqd.testing import daemon_section, fast_consumer_timings, to_toml
 from mqd.testing.cluster import free_port
 from mqd.testing.seaweedfs import ACCESS_KEY, REGION, SECRET_KEY, SeaweedFS
 from mqd.testing.tansu import tansu_binary
@@ -506,13 +506,7 @@ class KafkaChaosRun:
                 "topics": [self.topic],
                 "consume_from": "first",
                 "session_timeout": o.session_timeout,
-                "heartbeat_interval": 0.5,
-                "rebalance_interval": 2.0,
-                "metadata_refresh_interval": 2.0,
-                "commit_interval": 1.0,
-                "request_timeout": 5.0,
-                "fetch_max_wait_ms": 300,
-                "error_backoff_max_ms": 1000,
+                **fast_consumer_timings(),
             },
             "consumer.kafka": kafka,
             "landing": {

@@ -61,7 +61,7 @@ from mqd.landing.local_objects import LocalObjects
 from mqd.landing.objects import Objects
 from mqd.landing.store import LandingStore, open_store
 from mqd.runner import EXIT_TEMPFAIL
-from mqd.testing import ProcessError, daemon_section, to_toml
+from mqd.testing import ProcessError, daemon_section, fast_consumer_timings, to_toml
 from mqd.waiting import wait_until
 from mqd_dev.chaos import check, integrity, landing_table, node_data
 from mqd_dev.chaos.apache_kafka import GROUP_PROTOCOLS
@@ -379,13 +379,7 @@ class ChaosRun:
                 "topics": [self.topic],
                 "consume_from": "last" if self.first_start_kill else "first",
                 "session_timeout": o.session_timeout,
-                "heartbeat_interval": 0.5,
-                "rebalance_interval": 2.0,
-                "metadata_refresh_interval": 2.0,
-                "commit_interval": 1.0,
-                "request_timeout": 5.0,
-                "fetch_max_wait_ms": 300,
-                "error_backoff_max_ms": 1000,
+                **fast_consumer_timings(),
             },
             "landing": {
                 "dir": str(self.landing) if self.s3 is None else self.s3.uri,
