@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from support.daemon import FAST_CONSUMER, assert_exactly_once, daemon_config, produce_numbered
+from support.delta import read_delta
 from support.harness import Cluster, to_toml
 
 from mqd.client import BrokerClient, BrokerError
@@ -43,7 +44,7 @@ def spark_config(cfg: MqdConfig, root: Path) -> MqdConfig:
 
 
 def assert_table_exactly_once(spark: Any, cfg: MqdConfig, total: int) -> None:
-    table = spark.read.parquet(str(cfg.spark.output_dir))
+    table = read_delta(spark, cfg.spark.output_dir)
     assert table.count() == total
     assert table.select("topic", "partition", "offset").distinct().count() == total
 

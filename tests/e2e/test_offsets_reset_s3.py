@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from support.cli import mqd, write_config
 from support.daemon import produce_numbered
+from support.delta import read_delta
 from support.seaweedfs import fresh_uri, s3_objects
 from support.spark_s3 import s3_config
 from support.spark_s3 import s3_spark as s3_spark  # the module's Spark session with the store's env
@@ -101,7 +102,7 @@ async def test_reset_to_earliest_on_s3_replays_every_record_once_more(
 
     assert await asyncio.to_thread(job.run, spark_cfg, once=True) == 0
     rows = (
-        s3_spark.read.parquet(str(spark_cfg.spark.output_dir))
+        read_delta(s3_spark, spark_cfg.spark.output_dir)
         .select("partition", "offset", "incarnation")
         .collect()
     )

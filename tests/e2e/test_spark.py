@@ -16,6 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from support.delta import read_delta
 from support.spark_job import start_streaming, stop_streaming
 
 from mqd import format as fmt
@@ -83,7 +84,7 @@ def test_raw_job_drains_landing_once_and_stops_at_corrupt_files(tmp_path: Path, 
     assert job.run(cfg, once=True) == 1
     corrupt.unlink()  # the operator moves it out of the landing directory
     assert job.run(cfg, once=True) == 0
-    out = spark.read.parquet(str(cfg.spark.output_dir))
+    out = read_delta(spark, cfg.spark.output_dir)
     assert out.count() == 300
     assert out.select("topic", "partition", "offset").distinct().count() == 300
     assert sorted(str(r.dt) for r in out.select("dt").distinct().collect()) == ["2026-01-01"]
@@ -92,7 +93,7 @@ def test_raw_job_drains_landing_once_and_stops_at_corrupt_files(tmp_path: Path, 
 
     publish(pub, "events", 0, 100, [b"c"] * 25, T0 + 7_200_000)
     assert job.run(cfg, once=True) == 0
-    out = spark.read.parquet(str(cfg.spark.output_dir))
+    out = read_delta(spark, cfg.spark.output_dir)
     assert out.count() == 325
     assert out.select("topic", "partition", "offset").distinct().count() == 325
 

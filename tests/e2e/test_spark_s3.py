@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 import structlog.testing
 from support.daemon import daemon_config, produce_numbered
+from support.delta import read_delta
 from support.seaweedfs import fresh_uri, object_store
 from support.spark_s3 import assert_once, s3_config, table_keys
 from support.spark_s3 import s3_spark as s3_spark  # the module's Spark session with the store's env
@@ -137,7 +138,7 @@ def test_staged_objects_and_void_claims_never_reach_the_table(
     assert sorted(map(tuple, keys.tolist())) == sorted(
         [(0, o) for o in range(15)] + [(1, o) for o in range(7)]
     )
-    values = {r.value for r in s3_spark.read.parquet(str(cfg.spark.output_dir)).select("value").collect()}
+    values = {r.value for r in read_delta(s3_spark, cfg.spark.output_dir).select("value").collect()}
     assert not any(v.startswith(b"lost") or v == b"orphan" for v in values)
 
 
@@ -153,9 +154,9 @@ def test_json_mode_quarantines_with_the_objects_uri(
     rb = fmt.to_arrow(raw, fmt.scan(raw)[0])
     rng = Publisher(store).publish("events", 0, pa.Table.from_batches([rb]), None)
     assert job.run(cfg, once=True) == 0
-    good = s3_spark.read.parquet(str(cfg.spark.output_dir))
+    good = read_delta(s3_spark, cfg.spark.output_dir)
     assert sorted(r.n for r in good.select("n").collect()) == list(range(5))
-    [bad] = s3_spark.read.parquet(str(cfg.spark.quarantine_dir)).collect()
+    [bad] = read_delta(s3_spark, cfg.spark.quarantine_dir).collect()
     assert bad.offset == 5 and bad.error_class == "not_json" and bad.error_message
     assert bad.source_file == f"{store.location}/{rng.path}"
 

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pytest
+from support.delta import read_delta
 
 from mqd import format as fmt
 from mqd.config import LandingConfig, MqdConfig, SparkConfig
@@ -65,7 +66,7 @@ def test_nanosecond_timestamps_are_clamped_and_kept_raw(tmp_path: Path, spark: A
     assert job.run(cfg, once=True) == 0
     rows = {
         (r.partition, r.offset): (r.timestamp_ms, r.timestamp_raw_ms)
-        for r in spark.read.parquet(str(cfg.spark.output_dir))
+        for r in read_delta(spark, cfg.spark.output_dir)
         .selectExpr("partition", "offset", "unix_millis(timestamp) AS timestamp_ms", "timestamp_raw_ms")
         .collect()
     }
@@ -94,7 +95,7 @@ def test_truncated_file_fails_the_job_until_restored(tmp_path: Path, spark: Any)
     assert job.run(cfg, once=True) == 1
     victim.write_bytes(whole)
     assert job.run(cfg, once=True) == 0
-    out = spark.read.parquet(str(cfg.spark.output_dir))
+    out = read_delta(spark, cfg.spark.output_dir)
     assert sorted(r.offset for r in out.select("offset").collect()) == list(range(40))
 
 

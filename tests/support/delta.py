@@ -12,6 +12,7 @@ import pyarrow as pa
 from mqd import format as fmt
 from mqd.config import LandingConfig, MqdConfig, SparkConfig
 from mqd.landing import LocalStore, Publisher
+from mqd.spark.table_format import spark_location
 from support.table_readers import Key, every_reader_keys, offsets
 
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
@@ -60,8 +61,15 @@ def make_config(root: Path, **spark_kw: Any) -> MqdConfig:
     return MqdConfig(landing=LandingConfig(dir=root / "landing"), spark=SparkConfig(**spark))
 
 
+def read_delta(spark: Any, path: Path | str) -> Any:
+    """The Delta table at ``path`` (a folder or an ``s3://`` URI) as Spark's Delta reader sees it:
+    through its log. A folder read (``spark.read.parquet``) also lists the files of a batch that
+    failed, which the log never named: a job that exited 1 leaves them (CI, 2026-12-02)."""
+    return spark.read.format("delta").load(spark_location(path))
+
+
 def spark_keys(spark: Any, path: Path) -> list[Key]:
-    rows = spark.read.format("delta").load(str(path)).select("topic", "partition", "incarnation", "offset")
+    rows = read_delta(spark, path).select("topic", "partition", "incarnation", "offset")
     return sorted((r.topic, r.partition, r.incarnation, r.offset) for r in rows.collect())
 
 

@@ -17,6 +17,7 @@ import pytest
 from mqd.config import LandingConfig, LandingS3Config, MqdConfig, SparkConfig
 from mqd.spark import job
 from mqd.testing.seaweedfs import SeaweedFS
+from support.delta import read_delta
 
 
 @pytest.fixture(scope="module")
@@ -60,8 +61,8 @@ def s3_config(root: Path, uri: str, endpoint: str, **spark_kw: Any) -> MqdConfig
 
 
 def table_keys(spark: Any, out: Path | str) -> np.ndarray:
-    """(partition, offset) of every row of the output table, read through Spark's sink log."""
-    rows = spark.read.parquet(str(out)).select("partition", "offset").collect()
+    """(partition, offset) of every row of the output table, read through its Delta log."""
+    rows = read_delta(spark, out).select("partition", "offset").collect()
     return np.array([(r.partition, r.offset) for r in rows], dtype=np.int64).reshape(-1, 2)
 
 
