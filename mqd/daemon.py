@@ -23,7 +23,7 @@ Failure handling:
   paused, buffered records are kept, nothing is committed; publication is retried every
   ``landing.disk_retry_interval`` and fetching resumes once it succeeds. ``health()`` says
   degraded with the reason meanwhile;
-* a broken claim chain (a claim deleted, overwritten or unreadable: claim_chain.ChainBroken) is not
+* a broken claim chain (a claim deleted, overwritten or unreadable: errors.ChainBroken) is not
   the disk's and no retry fixes it: that partition alone stops (paused, its buffered records
   dropped, nothing committed past the landing), counted, logged naming the object, and reported by
   ``health()`` (so ``mqd status`` exits 1) until a start position of it reads a whole chain again
@@ -58,11 +58,9 @@ from mqd.consumer.memory_gauge import MemoryGauge
 from mqd.consumer.source import LandedEpoch
 from mqd.fsutil import LockTimeout
 from mqd.landing import layout
-from mqd.landing.claim_chain import ChainBroken
-from mqd.landing.layout import LandingCorrupt, LandingError
+from mqd.landing.errors import ChainBroken, CommitLockTimeout, LandingCorrupt, LandingError
 from mqd.landing.markers import IDLE_GRACE_MS
 from mqd.landing.sink import LandingSink, PublishResult
-from mqd.landing.store import CommitLockTimeout
 
 if TYPE_CHECKING:
     from mqd.landing.table_committer import TableCommitter

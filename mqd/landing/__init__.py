@@ -9,12 +9,13 @@ seam: the publication contract), ``local_store`` (its local-directory implementa
 
 from typing import Any
 
-from mqd.landing.layout import FileRange, LandingCorrupt, LandingError
+from mqd.landing.errors import LandingCorrupt, LandingError, PublishConflict
+from mqd.landing.layout import FileRange
 from mqd.landing.local_store import LocalStore, PartitionState, read_manifest
 from mqd.landing.markers import update_markers
 from mqd.landing.publisher import Publisher
 from mqd.landing.sink import LandingSink, PublishResult, PublishStats
-from mqd.landing.store import LandingStore, PartitionHead, PublishConflict, StagedFile, open_store
+from mqd.landing.store import LandingStore, PartitionHead, StagedFile, open_store
 
 __all__ = [
     "FileRange",

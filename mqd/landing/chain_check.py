@@ -1,7 +1,7 @@
 """``mqd landing check``: every broken link of every claim chain of a landing, read-only.
 
 A reader (the Spark source, the cleaner) and a publisher stop at the first broken link of a chain
-(claim_chain.ChainBroken): that is the safe thing for them, but an operator repairing a landing wants
+(``errors.ChainBroken``): that is the safe thing for them, but an operator repairing a landing wants
 the whole list at once. This walks each chain above its floor (``claim_chain.check_chain``: holes in
 the numbering, unreadable claims, a claim whose ``seq`` is not its key's, links that do not start
 where the claim before ended), reads the archive lines below each floor, and lists the visible data
@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from mqd.landing import layout
 from mqd.landing.claim_chain import BrokenLink, archive_prefix, check_chain
+from mqd.landing.errors import LandingCorrupt
 from mqd.landing.layout import FileRange
 from mqd.landing.objects import Objects
 from mqd.topic_name import check_topic_name
@@ -103,7 +104,7 @@ def _archived(objects: Objects, topic: str, partition: int, out: LandingCheck) -
         for n, raw in enumerate((got[0] if got else b"").splitlines(), 1):
             try:
                 ranges.append(FileRange.from_json(json.loads(raw)["range"]))
-            except (ValueError, KeyError, TypeError, layout.LandingCorrupt) as exc:
+            except (ValueError, KeyError, TypeError, LandingCorrupt) as exc:
                 out.broken.append(BrokenLink(info.key, f"archive line {n} unreadable ({exc})"))
     return ranges
 

@@ -37,8 +37,9 @@ from dataclasses import dataclass, field
 import structlog
 
 from mqd.landing.claim_chain import ChainState, Claim, PartitionChain, archive_prefix
-from mqd.landing.layout import FileRange, LandingCorrupt
-from mqd.landing.objects import Objects, ObjectStoreError
+from mqd.landing.errors import LandingCorrupt, ObjectStoreError
+from mqd.landing.layout import FileRange
+from mqd.landing.objects import Objects
 from mqd.topic_name import check_topic_name
 
 log = structlog.get_logger("mqd.landing")

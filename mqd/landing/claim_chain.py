@@ -65,9 +65,15 @@ from typing import Any
 import structlog
 
 from mqd.landing import layout, watermark
-from mqd.landing.layout import FileRange, LandingCorrupt
-from mqd.landing.objects import Objects, ObjectStoreError, PreconditionFailed
-from mqd.landing.store import PublishConflict
+from mqd.landing.errors import (
+    ChainBroken,
+    LandingCorrupt,
+    ObjectStoreError,
+    PreconditionFailed,
+    PublishConflict,
+)
+from mqd.landing.layout import FileRange
+from mqd.landing.objects import Objects
 from mqd.topic_name import check_topic_name
 
 log = structlog.get_logger("mqd.landing")
@@ -77,21 +83,6 @@ UNSAFE_STEPS = frozenset({"head_check", "claim_condition", "readback"})
 _ATTEMPTS = 8  # bounded retries of a read-modify cycle that lost a race (each loss means progress)
 _SEQ = re.compile(r"^(\d{20})\.json$")
 REAP_SUFFIX = ".reap"
-
-
-class ChainBroken(LandingCorrupt):
-    """A claim chain whose links do not hold (a claim deleted, overwritten, unreadable, or one
-    that does not start where the one before it ended). Not retriable: nothing of the partition is
-    read or published past it until a human repairs the landing (``mqd landing check`` lists
-    every broken link). ``key``: the object, relative to the landing root."""
-
-    def __init__(self, location: str, key: str, problem: str) -> None:
-        self.key = key
-        self.problem = problem
-        super().__init__(
-            f"claim chain broken at {location}/{key}: {problem}; nothing of the partition is read or "
-            "published past it (mqd landing check lists every broken link)"
-        )
 
 
 @dataclass(frozen=True, slots=True)

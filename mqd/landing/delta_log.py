@@ -43,7 +43,8 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from mqd.errors import MqdError
-from mqd.landing.layout import FileRange, LandingError
+from mqd.landing.errors import LandingError
+from mqd.landing.layout import FileRange
 from mqd.lazy_import import lazy_import
 
 if TYPE_CHECKING:

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mqd import fsutil
-from mqd.errors import MqdError
+from mqd.landing.errors import LandingCorrupt
 from mqd.lazy_import import lazy_import
 from mqd.topic_name import check_topic_name
 
@@ -80,28 +80,6 @@ FORMAT_FILE = "_format.json"
 FORMAT_VERSION = 3
 FORMAT_STORE = "claim-chain"  # the protocol named in the marker; format 2 with it = format 3's layout
 MIGRATE_COMMAND = "mqd landing migrate --config <file>"
-
-
-class LandingError(MqdError):
-    """The landing directory cannot be written (disk full, read-only, permissions). Retriable:
-    the daemon pauses fetching and retries until the disk accepts writes again."""
-
-    retriable = True
-
-    def __init__(self, message: str, *, errno: int | None = None) -> None:
-        super().__init__(message)
-        self.errno = errno
-
-
-class LandingCorrupt(MqdError):
-    """A file or state record in the landing directory is not what mqd wrote. Not retriable."""
-
-    retriable = False
-
-
-class LandingFormatError(LandingCorrupt):
-    """The landing directory has another format than this mqd writes (an old landing to migrate,
-    or a newer mqd's). Not retriable: an operator migrates or upgrades."""
 
 
 def check_incarnation(value: object) -> str | None:

@@ -56,7 +56,8 @@ from mqd.errors import MqdError
 from mqd.landing import layout
 from mqd.landing.chain_reader import ChainReader
 from mqd.landing.delta_log import DELTA_LOG, LandingTable, storage_options, table_uri
-from mqd.landing.layout import FileRange, LandingCorrupt
+from mqd.landing.errors import LandingCorrupt
+from mqd.landing.layout import FileRange
 from mqd.landing.object_store import ObjectStore
 
 log = structlog.get_logger("mqd.landing")
@@ -143,7 +144,7 @@ def register(store: ObjectStore, query: str, checkpoint: str = "") -> None:
     """Register ``query`` (create-only: an existing record and its progress are kept). From now
     on the cleaner deletes nothing this query has not committed. LifecycleConflict when the name
     is registered with another checkpoint (two tables of one name reading one landing)."""
-    from mqd.landing.objects import PreconditionFailed
+    from mqd.landing.errors import PreconditionFailed
 
     key = _query_key(query)
     rec = QueryRecord(query, checkpoint=checkpoint, updated=layout.iso_now())

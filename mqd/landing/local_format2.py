@@ -21,7 +21,8 @@ from typing import Any
 
 from mqd import fsutil
 from mqd.landing import layout, watermark
-from mqd.landing.layout import FileRange, LandingCorrupt, LandingError, LandingFormatError
+from mqd.landing.errors import LandingCorrupt, LandingError, LandingFormatError
+from mqd.landing.layout import FileRange
 from mqd.topic_name import check_topic_name
 
 STATE_VERSION = 2  # 2: with the incarnation of the last published offset (landing format 2)

@@ -29,7 +29,8 @@ from pathlib import Path
 
 from mqd.landing import layout
 from mqd.landing.claim_chain import ChainState, Floor, archive_prefix, chain_prefix
-from mqd.landing.layout import FileRange, LandingFormatError
+from mqd.landing.errors import LandingFormatError, PreconditionFailed
+from mqd.landing.layout import FileRange
 from mqd.landing.local_format2 import (
     MIGRATION_LOCK_TIMEOUT_S,
     Format2Store,
@@ -37,7 +38,6 @@ from mqd.landing.local_format2 import (
     upgrade_states_1_to_2,
 )
 from mqd.landing.local_objects import LocalObjects
-from mqd.landing.objects import PreconditionFailed
 
 LEGACY_DIR = "_format2"  # format 2's manifests and state records, kept for audit
 _DAY = re.compile(r"^\d{4}-\d{2}-\d{2}\.jsonl$")

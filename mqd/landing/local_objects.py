@@ -43,8 +43,8 @@ import structlog
 
 from mqd import fsutil, metrics
 from mqd.landing import layout
-from mqd.landing.objects import ObjectInfo, ObjectStoreError, PreconditionFailed
-from mqd.landing.store import CommitLockTimeout
+from mqd.landing.errors import CommitLockTimeout, ObjectStoreError, PreconditionFailed
+from mqd.landing.objects import ObjectInfo
 
 log = structlog.get_logger("mqd.landing.local_objects")
 

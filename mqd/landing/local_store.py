@@ -17,13 +17,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from mqd.landing import watermark
-from mqd.landing.layout import FileRange, LandingError
+from mqd.landing.errors import LandingError, ObjectStoreError
+from mqd.landing.layout import FileRange
 from mqd.landing.local_format2 import PartitionState as PartitionState  # format 2's, for the migration
 from mqd.landing.local_migration import Migration as Migration
 from mqd.landing.local_migration import migrate as migrate
 from mqd.landing.local_objects import LocalObjects
 from mqd.landing.object_store import ObjectStore
-from mqd.landing.objects import ObjectStoreError
 from mqd.topic_name import check_topic_name
 
 # a swap of a small bookkeeping record holds its key's lock for one read and a rename; waiting

@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from mqd.landing import layout
-from mqd.landing.objects import Objects, PreconditionFailed
+from mqd.landing.errors import PreconditionFailed
+from mqd.landing.objects import Objects
 
 IDLE_GRACE_MS = 10_000  # an idle partition vouches for event times older than now - grace
 

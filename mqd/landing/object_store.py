@@ -34,13 +34,20 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mqd import fsutil
-from mqd.errors import MqdError
 from mqd.landing import layout, markers, watermark
 from mqd.landing.claim_chain import REAP_SUFFIX, Claim, PartitionChain, reap, staging_prefix
-from mqd.landing.layout import FileRange, LandingCorrupt, LandingError, LandingFormatError
-from mqd.landing.objects import Objects, PreconditionFailed
+from mqd.landing.errors import (
+    CommitLockTimeout,
+    LandingCorrupt,
+    LandingError,
+    LandingFormatError,
+    PreconditionFailed,
+    UnsafeObjectStore,
+)
+from mqd.landing.layout import FileRange
+from mqd.landing.objects import Objects
 from mqd.landing.stage_writer import ParquetStage, Upload
-from mqd.landing.store import STALE_AFTER_S, CommitLockTimeout, PartitionHead, StagedFile
+from mqd.landing.store import STALE_AFTER_S, PartitionHead, StagedFile
 from mqd.lazy_import import lazy_import
 from mqd.topic_name import check_topic_name
 
@@ -50,12 +57,6 @@ else:
     pa = lazy_import("pyarrow")
 
 _ATTEMPTS = 8
-
-
-class UnsafeObjectStore(MqdError):
-    """The store accepted a write its condition forbids: exactly-once cannot hold on it."""
-
-    retriable = False
 
 
 class ObjectStore:

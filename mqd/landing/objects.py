@@ -18,20 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from mqd.errors import MqdError
-from mqd.landing.layout import LandingError
-
-
-class PreconditionFailed(MqdError):
-    """The condition of a put did not hold (the key exists, or its etag differs); nothing written."""
-
-    retriable = False
-
-
-class ObjectStoreError(LandingError):
-    """The store did not answer (network, timeout, 5xx): the request's effect is unknown.
-    Retriable, like a full disk for the local store."""
-
 
 @dataclass(frozen=True, slots=True)
 class ObjectInfo:

@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from mqd.landing import layout
-from mqd.landing.layout import FileRange, LandingCorrupt, LandingError
-from mqd.landing.store import LandingStore, PublishConflict, StageWriter
+from mqd.landing.errors import LandingCorrupt, LandingError, PublishConflict
+from mqd.landing.layout import FileRange
+from mqd.landing.store import LandingStore, StageWriter
 from mqd.lazy_import import lazy_import
 
 if TYPE_CHECKING:

@@ -19,7 +19,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from mqd.landing.objects import ObjectInfo, ObjectStoreError, PreconditionFailed
+from mqd.landing.errors import ObjectStoreError, PreconditionFailed
+from mqd.landing.objects import ObjectInfo
 
 MULTIPART_THRESHOLD = 64 * 1024 * 1024  # staged files below this go up in one request
 # a streamed staged file (open_upload) goes up in parts of this size as it is written: S3's

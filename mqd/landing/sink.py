@@ -42,10 +42,11 @@ import structlog
 from mqd import metrics
 from mqd.config import LandingConfig
 from mqd.landing import preflight
-from mqd.landing.layout import FileRange, LandingCorrupt, LandingError
+from mqd.landing.errors import LandingCorrupt, LandingError, PublishConflict
+from mqd.landing.layout import FileRange
 from mqd.landing.micro_batches import TP, Drained, FileProgress, MicroBatch, MicroBatches
 from mqd.landing.publisher import OpenFile, Publisher, PublishOutcome
-from mqd.landing.store import LandingStore, PartitionHead, PublishConflict, open_store
+from mqd.landing.store import LandingStore, PartitionHead, open_store
 from mqd.landing.watermark import AheadOfClock
 from mqd.memory_trim import trim_heap
 from mqd.waiting import wait_event

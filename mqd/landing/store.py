@@ -41,13 +41,11 @@ All methods block (file or network I/O): the sink calls them on its worker threa
 
 from __future__ import annotations
 
-import errno
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from mqd.errors import MqdError
-from mqd.landing.layout import FileRange, LandingError
+from mqd.landing.layout import FileRange
 from mqd.lazy_import import lazy_import
 
 if TYPE_CHECKING:
@@ -56,41 +54,6 @@ else:
     pa = lazy_import("pyarrow")
 
 STALE_AFTER_S = 3600.0  # a staged file this old belongs to no live publisher (a publication takes seconds)
-
-
-class PublishConflict(MqdError):
-    """Another owner published offsets of this partition first. Not retriable as is: drop the
-    batch and resume after ``last_offset``."""
-
-    retriable = False
-
-    def __init__(
-        self,
-        topic: str,
-        partition: int,
-        expected: int | None,
-        last_offset: int | None,
-        *,
-        incarnation: str | None = None,
-    ) -> None:
-        super().__init__(
-            f"{topic}/{partition}: publication conflict: expected last published offset {expected}, "
-            f"landing directory has {last_offset} (incarnation {incarnation})"
-        )
-        self.topic = topic
-        self.partition = partition
-        self.expected = expected
-        self.last_offset = last_offset
-        self.incarnation = incarnation  # of the landed last_offset: resume there under it
-
-
-class CommitLockTimeout(LandingError):
-    """A store with locks found the partition's publication lock held past its bound (a frozen
-    holder?): nothing was published; the publisher keeps its batch and tries again later, and
-    the daemon does not treat it as an unwritable landing. Retriable."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message, errno=errno.ETIMEDOUT)
 
 
 @dataclass(frozen=True, slots=True)

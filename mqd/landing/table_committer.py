@@ -43,9 +43,9 @@ import structlog
 from mqd import metrics
 from mqd.errors import MqdError
 from mqd.landing.chain_reader import ChainReader
-from mqd.landing.claim_chain import ChainBroken
 from mqd.landing.delta_log import LandingTable, StaleCommit, TableError, app_id
-from mqd.landing.layout import FileRange, LandingCorrupt, LandingError
+from mqd.landing.errors import ChainBroken, LandingCorrupt, LandingError
+from mqd.landing.layout import FileRange
 from mqd.landing.objects import Objects
 
 log = structlog.get_logger("mqd.landing")

@@ -37,7 +37,8 @@ from pyiceberg.typedef import EMPTY_DICT, Identifier, Properties
 from pyiceberg.view import View
 
 from mqd.errors import MqdError
-from mqd.landing.objects import Objects, PreconditionFailed
+from mqd.landing.errors import PreconditionFailed
+from mqd.landing.objects import Objects
 
 _log = structlog.get_logger("mqd.spark")
 

@@ -9,7 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mqd.landing.claim_chain import ChainState, Claim, _live_ranges, follows
-from mqd.landing.layout import FileRange, LandingCorrupt
+from mqd.landing.errors import LandingCorrupt
+from mqd.landing.layout import FileRange
 from mqd.landing.s3_objects import parse_s3_uri
 
 offsets = st.integers(min_value=0, max_value=2**62)

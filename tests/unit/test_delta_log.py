@@ -9,7 +9,8 @@ import json
 import pytest
 
 from mqd.landing import delta_log
-from mqd.landing.layout import FileRange, LandingError
+from mqd.landing.errors import LandingError
+from mqd.landing.layout import FileRange
 
 INC = "0123456789abcdef0123456789abcdef"
 

@@ -15,9 +15,10 @@ import pytest
 
 from mqd import format as fmt
 from mqd.landing import layout
+from mqd.landing.errors import PublishConflict
 from mqd.landing.local_store import LocalStore
 from mqd.landing.publisher import file_range
-from mqd.landing.store import LandingStore, PublishConflict, StagedFile
+from mqd.landing.store import LandingStore, StagedFile
 
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 

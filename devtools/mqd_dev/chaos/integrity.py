@@ -24,7 +24,8 @@ from pathlib import Path
 
 from mqd.landing.chain_check import check_landing
 from mqd.landing.claim_chain import chain_prefix
-from mqd.landing.objects import Objects, PreconditionFailed
+from mqd.landing.errors import PreconditionFailed
+from mqd.landing.objects import Objects
 from mqd.testing import ManagedProcess
 
 HOWS = ("deleted", "older", "junk")

@@ -22,7 +22,7 @@ from support.daemon import daemon_config, produce_numbered
 
 from mqd.client import BrokerClient
 from mqd.daemon import Daemon
-from mqd.landing.claim_chain import ChainBroken
+from mqd.landing.errors import ChainBroken
 from mqd.landing.local_store import LocalStore
 from mqd.waiting import wait_until
 

@@ -19,7 +19,7 @@ from support.seaweedfs import fresh_uri, object_store
 
 from mqd.landing import Publisher
 from mqd.landing.chain_reader import ChainReader
-from mqd.landing.claim_chain import ChainBroken
+from mqd.landing.errors import ChainBroken
 from mqd.landing.local_store import LocalStore
 from mqd.landing.object_store import ObjectStore
 from mqd.testing.seaweedfs import SeaweedFS

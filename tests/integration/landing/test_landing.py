@@ -22,15 +22,8 @@ from hypothesis import strategies as st
 from mqd import format as fmt
 from mqd.config import LandingConfig
 from mqd.consumer import FetchedBatch, TopicPartition
-from mqd.landing import (
-    LandingSink,
-    LocalStore,
-    PublishConflict,
-    Publisher,
-    layout,
-    read_manifest,
-    update_markers,
-)
+from mqd.landing import LandingSink, LocalStore, Publisher, layout, read_manifest, update_markers
+from mqd.landing.errors import LandingCorrupt, LandingError, PublishConflict
 from mqd.landing.local_objects import LocalObjects
 from mqd.landing.markers import read_watermarks
 from mqd.waiting import wait_until
@@ -292,7 +285,7 @@ async def test_unwritable_root_fails_start(tmp_path: Path) -> None:
     """A landing dir that cannot be created is a clear, retriable LandingError at start."""
     (tmp_path / "file").write_bytes(b"")
     s = LandingSink(LandingConfig(dir=tmp_path / "file" / "landing"))
-    with pytest.raises(layout.LandingError) as err:
+    with pytest.raises(LandingError) as err:
         await s.start()
     assert err.value.retriable and "not writable" in str(err.value)
     await s.close()
@@ -348,10 +341,10 @@ def test_foreign_file_is_corrupt_not_ours(tmp_path: Path) -> None:
     """read_ranges refuses a file mqd did not write, with a clear error."""
     p = tmp_path / "x.parquet"
     p.write_bytes(b"PAR1garbage")
-    with pytest.raises(layout.LandingCorrupt):
+    with pytest.raises(LandingCorrupt):
         layout.read_ranges(p)
     pq.write_table(pa.table({"a": [1]}), p)
-    with pytest.raises(layout.LandingCorrupt, match="not an mqd landing file"):
+    with pytest.raises(LandingCorrupt, match="not an mqd landing file"):
         layout.read_ranges(p)
     assert os.path.exists(p)
 

@@ -20,7 +20,8 @@ from support.cli import mqd
 from mqd import format as fmt
 from mqd.config import LandingConfig
 from mqd.landing import LandingSink, LocalStore, layout
-from mqd.landing.layout import FileRange, LandingCorrupt, LandingFormatError
+from mqd.landing.errors import LandingCorrupt, LandingFormatError
+from mqd.landing.layout import FileRange
 from mqd.landing.local_format2 import PartitionState
 from mqd.landing.local_migration import MigrationInterrupted, migrate
 from mqd.landing.publisher import Publisher, file_range

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
+from mqd.landing.errors import PreconditionFailed
 from mqd.landing.local_objects import LocalObjects
 from mqd.landing.local_store import LocalStore
-from mqd.landing.objects import PreconditionFailed
 
 WRITERS = 4
 ROUNDS = 10

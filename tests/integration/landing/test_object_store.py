@@ -18,11 +18,11 @@ from support.seaweedfs import fresh_uri, s3_objects
 from mqd import format as fmt
 from mqd.landing import layout
 from mqd.landing.claim_chain import ChainState, Claim
-from mqd.landing.layout import LandingFormatError
+from mqd.landing.errors import LandingFormatError, ObjectStoreError, PublishConflict
 from mqd.landing.object_store import ObjectStore
-from mqd.landing.objects import ObjectInfo, Objects, ObjectStoreError
+from mqd.landing.objects import ObjectInfo, Objects
 from mqd.landing.publisher import file_range
-from mqd.landing.store import PublishConflict, StagedFile
+from mqd.landing.store import StagedFile
 from mqd.testing.seaweedfs import SeaweedFS
 
 T0 = 1_767_225_600_000

@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 from support.seaweedfs import fresh_uri, object_store, s3_objects
 
-from mqd.landing.object_store import ObjectStore, UnsafeObjectStore
-from mqd.landing.objects import ObjectInfo, Objects, PreconditionFailed
+from mqd.landing.errors import PreconditionFailed, UnsafeObjectStore
+from mqd.landing.object_store import ObjectStore
+from mqd.landing.objects import ObjectInfo, Objects
 from mqd.testing.seaweedfs import SeaweedFS
 
 RACERS = 2  # threads per gateway (SeaweedFS backs off ~1 s per lost lock: keep rounds short)

@@ -36,13 +36,18 @@ from support.seaweedfs import fresh_uri
 
 from mqd import format as fmt
 from mqd.landing import layout
-from mqd.landing.layout import LandingCorrupt, LandingError
+from mqd.landing.errors import (
+    LandingCorrupt,
+    LandingError,
+    ObjectStoreError,
+    PreconditionFailed,
+    PublishConflict,
+)
 from mqd.landing.local_objects import LocalObjects
 from mqd.landing.object_store import ObjectStore
-from mqd.landing.objects import ObjectInfo, Objects, ObjectStoreError, PreconditionFailed
+from mqd.landing.objects import ObjectInfo, Objects
 from mqd.landing.publisher import file_range
 from mqd.landing.s3_objects import S3Objects
-from mqd.landing.store import PublishConflict
 from mqd.testing.seaweedfs import SeaweedFS
 
 T0 = 1_767_225_600_000

@@ -19,7 +19,7 @@ from support.streamed_files import records, stream_three_row_groups
 
 from mqd.config import LandingConfig
 from mqd.landing import layout
-from mqd.landing.layout import LandingError
+from mqd.landing.errors import LandingError
 from mqd.landing.local_store import LocalStore
 from mqd.landing.publisher import Publisher, file_range
 from mqd.landing.s3_objects import PART_BYTES, S3Objects
