@@ -757,14 +757,12 @@ def landing_clean(config_path: Path, deregister_query: str | None, list_only: bo
     """
     from mqd.errors import MqdError
     from mqd.landing import lifecycle
-    from mqd.landing.object_store import ObjectStore
-    from mqd.landing.store import open_store
+    from mqd.landing.backends import open_store
 
     config = _load(config_path)
     lc, s3 = config.landing.lifecycle, config.landing.s3
     try:
         store = open_store(str(config.landing.dir), endpoint_url=s3.endpoint_url, region=s3.region)
-        assert isinstance(store, ObjectStore)  # both stores are (local_store.py)
         if deregister_query is not None:
             if not lifecycle.deregister(store, deregister_query):
                 _die(f"{deregister_query}: no such registered query", EXIT_FAIL)

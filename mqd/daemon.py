@@ -158,12 +158,8 @@ class Daemon:
                 'landing.table = "delta" needs the deltalake package (delta-rs): '
                 'pip install "mqd[landing-table]"'
             )
-        from mqd.landing.object_store import ObjectStore
         from mqd.landing.table_committer import TableCommitter
 
-        store = self.sink.store
-        if not isinstance(store, ObjectStore):  # a test's own store: no objects to read chains from
-            return None
         lc = config.landing
         uri = delta_log.table_uri(lc.dir)
         table = delta_log.LandingTable(
@@ -173,7 +169,7 @@ class Daemon:
             log_retention_s=lc.delta.log_retention,
         )
         return TableCommitter(
-            store.objects,
+            self.sink.store.objects,
             table,
             interval=lc.delta.commit_interval,
             max_files=lc.delta.commit_files,
@@ -571,14 +567,11 @@ class Daemon:
         """Delete what every registered Spark query committed (mqd/landing/lifecycle.py). A failure
         is recorded and retried next interval; it never pauses the landing."""
         from mqd.landing.lifecycle import Cleaner
-        from mqd.landing.object_store import ObjectStore
 
         lc = self._config.landing.lifecycle
-        if self._cleaner is None and isinstance(self.sink.store, ObjectStore):
+        if self._cleaner is None:
             retention_ms = int(lc.retention * 1000) or None
             self._cleaner = Cleaner(self.sink.store, archive_dir=lc.archive_dir, retention_ms=retention_ms)
-        if self._cleaner is None:
-            return
         try:
             await self.sink.run_blocking(self._cleaner.clean)
         except (LandingError, LandingCorrupt, OSError) as exc:
@@ -668,10 +661,6 @@ class Daemon:
     ) -> tuple[int | None, str | None]:
         """A `mqd offsets reset` record for ``tp`` (mqd/offsets_reset.py) moves the start position
         while the landed head is still the one it was decided against; a stale one is removed."""
-        from mqd.landing.object_store import ObjectStore
-
-        if not isinstance(self.sink.store, ObjectStore):  # a test's own store: no records
-            return position, incarnation
         landing = self.sink.store.objects  # the records' store: a directory or s3://
         loop = asyncio.get_running_loop()
         try:

@@ -63,6 +63,7 @@ if TYPE_CHECKING:
     import numpy as np
 
     from mqd.consumer.process_queue import FetchedBatch
+    from mqd.landing.store import LandingStore
 else:
     np = lazy_import("numpy")  # only a replay needs it, never the start path (mqd/lazy_import.py)
 
@@ -415,24 +416,28 @@ class OffsetsTool:
             self._offsets = self._source.consumer_group(group_settings(cc), lambda: None).offsets
         else:
             self._offsets = LocalFileOffsetStore(cc.offset_file)
-        self._store: Any = None
+        self._store: LandingStore | None = None
 
     async def start(self) -> None:
-        from mqd.landing.store import open_store
+        from mqd.landing.backends import open_store
 
         cc = self._config.consumer
         await self._source.start(timeout=cc.request_timeout)
         await self._offsets.start()
         lc = self._config.landing
-        self._store = open_store(
-            lc.dir, head_lock_timeout=5.0, endpoint_url=lc.s3.endpoint_url, region=lc.s3.region
-        )
+        self._store = open_store(lc.dir, endpoint_url=lc.s3.endpoint_url, region=lc.s3.region)
+
+    @property
+    def store(self) -> LandingStore:
+        """The landing's store (landed heads), after ``start()``."""
+        if self._store is None:
+            raise RuntimeError("OffsetsTool.start() was not called")
+        return self._store
 
     @property
     def landing(self) -> Objects:
         """The landing's objects (where reset records are kept), after ``start()``."""
-        objects: Objects = self._store.objects
-        return objects
+        return self.store.objects
 
     async def stop(self) -> None:
         await self._offsets.stop()
@@ -470,7 +475,7 @@ class OffsetsTool:
         ends = await self._lookup(tps, "latest")
         out = []
         for tp in tps:
-            head = await loop.run_in_executor(None, self._store.head, tp.topic, tp.partition)
+            head = await loop.run_in_executor(None, self.store.head, tp.topic, tp.partition)
             rec = await loop.run_in_executor(None, read_reset, self.landing, tp)
             landed = None if head.last_offset is None else head.last_offset + 1
             pending = None
@@ -487,7 +492,7 @@ class OffsetsTool:
         loop = asyncio.get_running_loop()
         out = {}
         for tp in tps:
-            head = await loop.run_in_executor(None, self._store.head, tp.topic, tp.partition)
+            head = await loop.run_in_executor(None, self.store.head, tp.topic, tp.partition)
             landed = None if head.last_offset is None else head.last_offset + 1
             rec = await loop.run_in_executor(None, read_reset, self.landing, tp)
             replaying = rec is not None and resume(rec, landed, head.incarnation).outcome == "replaying"

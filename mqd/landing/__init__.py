@@ -2,20 +2,22 @@
 
 Code map: ``sink`` (publication scheduling, the daemon's interface), ``micro_batches`` (buffers
 and when to cut them), ``publisher`` (records -> files through a store), ``store`` (the storage
-seam: the publication contract), ``local_store`` (its local-directory implementation),
+seam: ``LandingStore``, the one store), ``local_store`` (that store on a local directory),
+``backends`` (``open_store``: the store ``landing.dir`` names), ``errors`` (the landing's errors),
 ``layout`` (names and Parquet encoding), ``schema`` (the landing schema, once), ``markers``
 (completeness markers).
 """
 
 from typing import Any
 
+from mqd.landing.backends import open_store
 from mqd.landing.errors import LandingCorrupt, LandingError, PublishConflict
 from mqd.landing.layout import FileRange
-from mqd.landing.local_store import LocalStore, PartitionState, read_manifest
-from mqd.landing.markers import update_markers
+from mqd.landing.local_store import LocalStore
 from mqd.landing.publisher import Publisher
 from mqd.landing.sink import LandingSink, PublishResult, PublishStats
-from mqd.landing.store import LandingStore, PartitionHead, StagedFile, open_store
+from mqd.landing.stage_writer import StagedFile
+from mqd.landing.store import LandingStore, PartitionHead
 
 __all__ = [
     "FileRange",
@@ -25,15 +27,12 @@ __all__ = [
     "LandingStore",
     "LocalStore",
     "PartitionHead",
-    "PartitionState",
     "PublishConflict",
     "PublishResult",
     "PublishStats",
     "Publisher",
     "StagedFile",
     "open_store",
-    "read_manifest",
-    "update_markers",
 ]
 
 

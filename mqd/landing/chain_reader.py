@@ -1,5 +1,5 @@
 """The read-only, incremental view of a landing's claim chains: what readers (the Spark driver's s3
-source, the lifecycle's cleaner) use instead of ``ObjectStore.manifest()``.
+source, the lifecycle's cleaner) use instead of ``LandingStore.manifest()``.
 
 ``manifest()`` resolves each chain's head first, as every writer's head read does (it may copy a
 staged object or write a void record), so it needs write access, and it reads every claim above the
@@ -23,7 +23,7 @@ floor on every call. A reader needs neither:
   replay). A broken link raises ``ChainBroken`` naming the object, and the view does not move: nothing
   is read past it (a reader that skipped a deleted claim used to lose its file silently).
 
-The files are the manifest's (``ObjectStore.manifest``) minus a pending head, in the same order, so
+The files are the manifest's (``LandingStore.manifest``) minus a pending head, in the same order, so
 counts taken here are the same stable positions the s3 source's offsets and the lifecycle's records
 use. Not thread-safe: one reader per thread (the Spark driver and the cleaner each own one).
 """

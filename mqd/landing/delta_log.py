@@ -26,7 +26,7 @@ the committer (table_committer.py) asks the claim chains and this module writes 
   through the table would rewrite landing files the claim chain owns).
 
 delta-rs writes the log with create-only puts: ``os.link``-like on a local disk, ``If-None-Match``
-on S3 (the landing already requires it: object_store.py's probe).
+on S3 (the landing already requires it: store.py's probe).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ has not read. So every query that reads the landing keeps a small record in the 
     _lifecycle/queries/<query name>.json   {"query", "checkpoint", "batch", "committed": {"t/p": n}}
     _lifecycle/cleaned.json                {"t/p": n}: the cleaner's progress (a hint only)
 
-``committed[chain] = n`` says: the first ``n`` files of the chain's manifest (``ObjectStore.manifest``,
+``committed[chain] = n`` says: the first ``n`` files of the chain's manifest (``LandingStore.manifest``,
 the same order the s3 source counts in) are in this query's output, by its checkpoint. The job
 registers its queries at start (an empty record: it holds everything back) and rewrites a record
 from the query's checkpoint after batches commit (``checkpoint_committed``): Spark writes
@@ -58,7 +58,7 @@ from mqd.landing.chain_reader import ChainReader
 from mqd.landing.delta_log import DELTA_LOG, LandingTable, storage_options, table_uri
 from mqd.landing.errors import LandingCorrupt
 from mqd.landing.layout import FileRange
-from mqd.landing.object_store import ObjectStore
+from mqd.landing.store import LandingStore
 
 log = structlog.get_logger("mqd.landing")
 
@@ -140,7 +140,7 @@ def _query_key(name: str) -> str:
 # -- the registry -----------------------------------------------------------------------------------
 
 
-def register(store: ObjectStore, query: str, checkpoint: str = "") -> None:
+def register(store: LandingStore, query: str, checkpoint: str = "") -> None:
     """Register ``query`` (create-only: an existing record and its progress are kept). From now
     on the cleaner deletes nothing this query has not committed. LifecycleConflict when the name
     is registered with another checkpoint (two tables of one name reading one landing)."""
@@ -163,7 +163,7 @@ def register(store: ObjectStore, query: str, checkpoint: str = "") -> None:
         )
 
 
-def deregister(store: ObjectStore, query: str) -> bool:
+def deregister(store: LandingStore, query: str) -> bool:
     """Remove ``query``'s record (it no longer holds files back); False when it had none."""
     key = _query_key(query)
     if store.objects.head(key) is None:
@@ -173,7 +173,7 @@ def deregister(store: ObjectStore, query: str) -> bool:
     return True
 
 
-def records(store: ObjectStore) -> dict[str, QueryRecord]:
+def records(store: LandingStore) -> dict[str, QueryRecord]:
     """Every registered query's record, by name."""
     out: dict[str, QueryRecord] = {}
     for info in store.objects.list_objects(QUERIES_PREFIX):
@@ -186,7 +186,7 @@ def records(store: ObjectStore) -> dict[str, QueryRecord]:
 
 
 def record_committed(
-    store: ObjectStore, query: str, committed: Mapping[str, int], batch: int | None, checkpoint: str = ""
+    store: LandingStore, query: str, committed: Mapping[str, int], batch: int | None, checkpoint: str = ""
 ) -> None:
     """Rewrite ``query``'s record (one writer per query: its job)."""
     rec = QueryRecord(query, dict(committed), batch, checkpoint, layout.iso_now())
@@ -276,7 +276,7 @@ def prefix_counts(chains: Mapping[str, Sequence[FileRange]], done: set[str]) -> 
     return out
 
 
-def manifest_chains(store: ObjectStore, reader: ChainReader | None = None) -> dict[str, list[FileRange]]:
+def manifest_chains(store: LandingStore, reader: ChainReader | None = None) -> dict[str, list[FileRange]]:
     """Every chain's visible files in chain order (the manifest's order; the s3 source counts in
     it), read-only (chain_reader.py); ``reader``: one kept across calls reads only what is new."""
     reader = reader if reader is not None else ChainReader(store.objects)
@@ -284,7 +284,7 @@ def manifest_chains(store: ObjectStore, reader: ChainReader | None = None) -> di
 
 
 def checkpoint_committed(
-    store: ObjectStore,
+    store: LandingStore,
     checkpoint: Path,
     *,
     file_source_root: Path | None,
@@ -324,7 +324,7 @@ class Cleaner:
 
     def __init__(
         self,
-        store: ObjectStore,
+        store: LandingStore,
         *,
         archive_dir: str | None = None,
         retention_ms: int | None = None,

@@ -1,7 +1,7 @@
 """The local store: the landing on a POSIX directory, with the same claim-chain protocol as object
 storage (landing format 3). Blocking code: it runs on the sink's worker threads, or in tools.
 
-``LocalStore`` is the object store (object_store.py, claim_chain.py) over ``LocalObjects``
+``LocalStore`` is the landing store (store.py, claim_chain.py) over ``LocalObjects``
 (local_objects.py): a create-only put is an exclusive ``os.link``, a server-side copy a link, so
 the argument that the chain lands exactly once is one argument for both stores, and no lock is held
 across a publication: a frozen publisher cannot stall another owner. What Spark reads does not
@@ -18,33 +18,25 @@ from pathlib import Path
 
 from mqd.landing import watermark
 from mqd.landing.errors import LandingError, ObjectStoreError
-from mqd.landing.layout import FileRange
-from mqd.landing.local_format2 import PartitionState as PartitionState  # format 2's, for the migration
-from mqd.landing.local_migration import Migration as Migration
-from mqd.landing.local_migration import migrate as migrate
 from mqd.landing.local_objects import LocalObjects
-from mqd.landing.object_store import ObjectStore
-from mqd.topic_name import check_topic_name
+from mqd.landing.store import LandingStore
 
 # a swap of a small bookkeeping record holds its key's lock for one read and a rename; waiting
 # longer means the holder is frozen (a stopped VM, SIGSTOP): give up and retry later
 COMMIT_LOCK_TIMEOUT_S = 5.0
 
 
-class LocalStore(ObjectStore):
+class LocalStore(LandingStore):
     """The landing in one local (or shared POSIX) directory."""
 
     def __init__(
         self,
         root: Path,
         *,
-        head_lock_timeout: float | None = None,
         commit_lock_timeout: float = COMMIT_LOCK_TIMEOUT_S,
         max_event_ahead_ms: int = watermark.DEFAULT_MAX_EVENT_AHEAD_MS,
     ) -> None:
         self.root = Path(root)
-        # head_lock_timeout: format 2 waited for a lock to read a head; the chain reads without one
-        del head_lock_timeout
         # bounds every wait for a swap lock (local_objects.py): a frozen holder makes the write
         # fail with a retriable error after it, never wait as long as the freeze
         self.commit_lock_timeout = commit_lock_timeout
@@ -55,15 +47,9 @@ class LocalStore(ObjectStore):
 
     def open(self) -> None:
         """Create the landing if needed, prove it writable and honouring the conditions the chain
-        relies on, check its format (ObjectStore.open)."""
+        relies on, check its format (LandingStore.open)."""
         try:
             super().open()
         except ObjectStoreError as exc:
             msg = f"landing directory {self.root} is not writable: {exc}"
             raise LandingError(msg, errno=exc.errno) from None
-
-
-def read_manifest(root: Path, topic: str | None = None) -> list[FileRange]:
-    """Every published file of the local landing ``root`` (of ``topic``), in chain order per
-    partition (for tools and tests)."""
-    return LocalStore(Path(root)).manifest(None if topic is None else check_topic_name(topic))

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 from typing import Any
 
 from mqd.landing import layout
@@ -31,24 +30,6 @@ from mqd.landing.errors import PreconditionFailed
 from mqd.landing.objects import Objects
 
 IDLE_GRACE_MS = 10_000  # an idle partition vouches for event times older than now - grace
-
-
-def read_watermarks(root: Path, topic: str, partitions: int) -> list[int | None]:
-    """Watermark per partition 0..partitions-1 of the local landing ``root`` (None: unknown,
-    nothing published or seen idle)."""
-    from mqd.landing.local_store import LocalStore
-
-    return LocalStore(Path(root)).watermarks(topic, partitions)
-
-
-def update_markers(root: Path, topic: str, partitions: int, now_ms: int | None = None) -> list[Path]:
-    """The markers of the local landing ``root`` (see :func:`mark_complete_hours`), as paths.
-    fsutil.LockTimeout (retriable) when another process holds the progress record's swap past its
-    bound (the next call tries again)."""
-    from mqd.landing.local_store import LocalStore
-
-    root = Path(root)
-    return [root / key for key in LocalStore(root).update_markers(topic, partitions, now_ms=now_ms)]
 
 
 def _hour_dirs(objects: Objects, topic: str, from_hour: int, to_hour: int) -> list[tuple[int, str]]:

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING
 from mqd.landing import layout
 from mqd.landing.errors import LandingCorrupt, LandingError, PublishConflict
 from mqd.landing.layout import FileRange
-from mqd.landing.store import LandingStore, StageWriter
+from mqd.landing.stage_writer import ParquetStage
+from mqd.landing.store import LandingStore
 from mqd.lazy_import import lazy_import
 
 if TYPE_CHECKING:
@@ -34,7 +35,7 @@ class OpenFile:
     sink's buffers fill, and it is committed once it reaches ``max_records``/``max_bytes``, its
     hour or log incarnation ends, or the sink finishes it (``max_age``, the end of a burst)."""
 
-    writer: StageWriter
+    writer: ParquetStage
     topic: str
     partition: int
     path: str

@@ -42,11 +42,12 @@ import structlog
 from mqd import metrics
 from mqd.config import LandingConfig
 from mqd.landing import preflight
+from mqd.landing.backends import open_store
 from mqd.landing.errors import LandingCorrupt, LandingError, PublishConflict
 from mqd.landing.layout import FileRange
 from mqd.landing.micro_batches import TP, Drained, FileProgress, MicroBatch, MicroBatches
 from mqd.landing.publisher import OpenFile, Publisher, PublishOutcome
-from mqd.landing.store import LandingStore, PartitionHead, open_store
+from mqd.landing.store import PartitionHead
 from mqd.landing.watermark import AheadOfClock
 from mqd.memory_trim import trim_heap
 from mqd.waiting import wait_event
@@ -55,13 +56,9 @@ log = structlog.get_logger("mqd.landing")
 
 _T = TypeVar("_T")
 
-# How long a new owner waits for a partition's publication lock to read its head. A live holder
-# keeps it for one commit (a link and two small fsynced writes: milliseconds, a second on a slow
-# disk); a holder frozen inside it (a stopped VM) keeps it as long as it is frozen. Past the bound
-# the partition is retried in the next rebalance round while the others start.
-HEAD_LOCK_TIMEOUT_S = 5.0
 # heads of newly assigned partitions are read on threads of their own, several at once, so a
-# partition waiting for its lock neither delays the others nor a publication's worker
+# partition whose head is slow to read (a half-done commit to complete, a slow store) neither
+# delays the others nor a publication's worker
 _HEAD_READERS = 4
 # Bytes written into files after which the sink, once idle (nothing buffered, open or being published), hands
 # the C heap's free pages back (mqd/memory_trim.py). A backlog's decoded records and answers
@@ -119,8 +116,6 @@ class LandingSink:
         executor: ThreadPoolExecutor | None = None,
         workers: int = 2,
         on_result: Callable[[PublishResult], None] = _ignore,
-        store: LandingStore | None = None,
-        head_lock_timeout: float = HEAD_LOCK_TIMEOUT_S,
         trim_after_bytes: int = TRIM_AFTER_BYTES,
         on_warm: Callable[[], None] = _nothing,
     ) -> None:
@@ -128,16 +123,11 @@ class LandingSink:
             raise ValueError(f"workers must be at least 1, got {workers}")
         self._config = config
         ahead_ms = round(config.max_event_ahead * 1000)
-        self.store = (
-            store
-            if store is not None
-            else open_store(
-                config.dir,
-                head_lock_timeout=head_lock_timeout,
-                max_event_ahead_ms=ahead_ms,
-                endpoint_url=config.s3.endpoint_url,
-                region=config.s3.region,
-            )
+        self.store = open_store(
+            config.dir,
+            max_event_ahead_ms=ahead_ms,
+            endpoint_url=config.s3.endpoint_url,
+            region=config.s3.region,
         )
         self.ahead_of_clock = AheadOfClock(ahead_ms)  # files the watermark ignores: counted, logged
         self._readers = ThreadPoolExecutor(_HEAD_READERS, thread_name_prefix="mqd-landing-head")

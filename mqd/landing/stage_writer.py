@@ -6,7 +6,7 @@ as they are cut from the sink's buffers (``write``: one row group per call); ``f
 footer with the file's final range, makes the bytes durable where no reader looks and returns the
 ``StagedFile`` the claim chain commits; ``abort`` forgets it.
 
-Where the bytes go is the target's business (object_store.py builds the two):
+Where the bytes go is the target's business (store.py builds the two):
 
 * a local directory: a scratch file under ``_staging/.scratch`` (same filesystem), fsynced and
   linked under ``_staging/`` by ``finish`` (``LocalObjects.upload``);
@@ -26,12 +26,11 @@ import base64
 import contextlib
 import json
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Protocol
 
 from mqd.landing import layout
 from mqd.landing.layout import FileRange
-from mqd.landing.store import StagedFile
 from mqd.lazy_import import lazy_import
 
 if TYPE_CHECKING:
@@ -45,6 +44,15 @@ else:  # off the daemon's start path (mqd/lazy_import.py)
     schema = lazy_import("mqd.landing.schema")
 
 _ARROW_SCHEMA = b"ARROW:schema"
+
+
+@dataclass(frozen=True, slots=True)
+class StagedFile:
+    """A file written durably but not visible: what ``finish`` returns, the input of the store's
+    ``commit``."""
+
+    range: FileRange  # with its size and creation time
+    location: str  # where the store keeps the staged bytes (local: the temp file's path)
 
 
 class Upload(Protocol):

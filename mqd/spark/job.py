@@ -65,9 +65,10 @@ import structlog
 
 from mqd.config import MqdConfig
 from mqd.errors import MqdError
+from mqd.landing.backends import open_store
 from mqd.landing.chain_reader import ChainReader
 from mqd.landing.schema import LANDING_SCHEMA, PARTITION_COLUMNS, landing_columns, landing_ddl, spark_type
-from mqd.landing.store import open_store
+from mqd.landing.store import LandingStore
 from mqd.spark import dead_letters as dl
 from mqd.spark.batch_log import BatchLog
 from mqd.spark.extra_fields import EXTRA_COLUMN, extra_fields
@@ -120,7 +121,7 @@ def unlisted_files(landing: Path) -> list[Path]:
     return sorted(landing / rel for rel in _unlisted(open_store(landing)))
 
 
-def _unlisted(store: Any) -> list[str]:
+def _unlisted(store: LandingStore) -> list[str]:
     """The store's visible data files that no claim names (keys). Read-only: the job may run on a
     read-only landing (or with read-only keys), and resolving a chain's head would finish a
     publication a writer left half done, a write (a job started on a read-only landing died on it)."""
@@ -403,7 +404,7 @@ def _table_location(table_format: str, place: Path | str) -> str:
     return str(place) if table_format == "iceberg" else spark_location(place)
 
 
-def _landing_store(config: MqdConfig) -> Any:
+def _landing_store(config: MqdConfig) -> LandingStore:
     s3 = config.landing.s3
     return open_store(str(config.landing.dir), endpoint_url=s3.endpoint_url, region=s3.region)
 

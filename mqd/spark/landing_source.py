@@ -2,11 +2,11 @@
 
 The pip pyspark has no S3A jars, so Spark's file source cannot list ``s3://`` here. This is a Spark 4
 Python streaming data source (``pyspark.sql.datasource``) that reads the landing through mqd's own
-store code (object_store.py over s3_objects.py, boto3: the same endpoint, region and credentials as
+store code (store.py over s3_objects.py, boto3: the same endpoint, region and credentials as
 the daemon), so what Spark reads is decided by the claim chain, never by a listing:
 
 - The offset is one number per partition chain: ``{"<topic>/<partition>": n}``, the first ``n``
-  files of the chain's manifest (``ObjectStore.manifest()``: archived claims, then live claims, void
+  files of the chain's manifest (``LandingStore.manifest()``: archived claims, then live claims, void
   records and the claims they void left out) have been read. Only the newest claim of a chain can be
   unresolved (claim ``k + 1`` is written only by someone who saw ``k``'s file visible), and a claim
   whose file is visible is never voided, so a prefix whose last file is visible never changes:

@@ -316,13 +316,13 @@ class HostRig:
     # -- the landing -------------------------------------------------------------------------------
 
     def store(self) -> Any:
-        """The landing as an :class:`mqd.landing.object_store.ObjectStore` (read from the test
+        """The landing as an :class:`mqd.landing.store.LandingStore` (read from the test
         process, across the bridge)."""
-        from mqd.landing.object_store import ObjectStore
         from mqd.landing.s3_objects import S3Objects
+        from mqd.landing.store import LandingStore
 
         assert self.s3 is not None
-        return ObjectStore(S3Objects(self.uri, client=self.s3.client()))
+        return LandingStore(S3Objects(self.uri, client=self.s3.client()))
 
     def landed_end(self) -> dict[int, int]:
         """Per partition, the offset after the last one published (0: none yet)."""

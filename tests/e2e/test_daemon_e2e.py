@@ -15,11 +15,11 @@ import pytest
 from support.daemon import FAST_CONSUMER, assert_exactly_once, daemon_config, produce_numbered
 from support.delta import read_delta
 from support.harness import Cluster, to_toml
+from support.landing import read_manifest
 
 from mqd.client import BrokerClient, BrokerError
 from mqd.config import MqdConfig, SparkConfig, load_daemon_config
 from mqd.daemon import Daemon
-from mqd.landing import read_manifest
 from mqd.spark import job
 from mqd.waiting import wait_until
 

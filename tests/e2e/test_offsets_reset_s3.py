@@ -22,7 +22,7 @@ from support.spark_s3 import s3_config
 from support.spark_s3 import s3_spark as s3_spark  # the module's Spark session with the store's env
 
 from mqd.client import BrokerClient
-from mqd.landing.object_store import ObjectStore
+from mqd.landing.store import LandingStore
 from mqd.offsets_reset import read_reset
 from mqd.spark import job
 from mqd.testing.seaweedfs import SeaweedFS
@@ -91,7 +91,7 @@ async def test_reset_to_earliest_on_s3_replays_every_record_once_more(
     assert {k: v["replayed_offsets"] for k, v in applied.items()} == {
         f"events/{p}": PER_PARTITION for p in range(PARTITIONS)
     }
-    manifest = ObjectStore(objects).manifest("events")
+    manifest = LandingStore(objects).manifest("events")
     for p in range(PARTITIONS):
         rec = recs[p]
         assert rec is not None

@@ -14,8 +14,8 @@ import structlog.testing
 from support.delta import land, make_config
 
 from mqd.landing import lifecycle
-from mqd.landing.object_store import ObjectStore
-from mqd.landing.store import open_store
+from mqd.landing.backends import open_store
+from mqd.landing.store import LandingStore
 from mqd.spark import job
 from mqd.spark.checkpoint_guard import TableWriter, delta_writer, problem
 
@@ -49,7 +49,7 @@ def test_a_deleted_checkpoint_is_refused(tmp_path: Path, spark: Any, fmt: str) -
     out = Path(cfg.spark.output_dir)
     assert _rows(spark, fmt, out) == 100
     store = open_store(str(cfg.landing.dir))
-    assert isinstance(store, ObjectStore)  # a path landing is the object store on local objects
+    assert isinstance(store, LandingStore)  # a path landing is the object store on local objects
     before = lifecycle.records(store)
     assert before  # the first run recorded what it committed
 

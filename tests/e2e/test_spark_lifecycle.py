@@ -18,7 +18,7 @@ from support.spark_s3 import assert_once, s3_config, s3_spark, table_keys
 from mqd import format as fmt
 from mqd.config import LandingConfig, MqdConfig, SparkConfig
 from mqd.landing import LocalStore, Publisher, lifecycle
-from mqd.landing.object_store import ObjectStore
+from mqd.landing.store import LandingStore
 from mqd.spark import job
 from mqd.testing.seaweedfs import SeaweedFS
 
@@ -29,7 +29,7 @@ T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 PER_FILE = 5
 
 
-def land(store: ObjectStore, partitions: int, files: int) -> list[list[str]]:
+def land(store: LandingStore, partitions: int, files: int) -> list[list[str]]:
     """``files`` more files of PER_FILE JSON records on each partition of topic ``events``."""
     pub = Publisher(store)
     out: list[list[str]] = []
@@ -46,11 +46,11 @@ def land(store: ObjectStore, partitions: int, files: int) -> list[list[str]]:
     return out
 
 
-def present(store: ObjectStore, paths: list[str]) -> list[bool]:
+def present(store: LandingStore, paths: list[str]) -> list[bool]:
     return [store.objects.head(p) is not None for p in paths]
 
 
-def check_lifecycle(cfg: MqdConfig, store: ObjectStore, spark: Any, queries: list[str]) -> None:
+def check_lifecycle(cfg: MqdConfig, store: LandingStore, spark: Any, queries: list[str]) -> None:
     first = land(store, 2, 3)
     assert job.run(cfg, once=True) == 0
     recs = lifecycle.records(store)
@@ -102,6 +102,6 @@ def test_s3_landing_cleans_what_the_query_committed(
     """s3:// landing (mqd's data source, offsets per chain in the checkpoint): the job's record
     comes from the checkpoint's offset log; cleaning and a second run as on the local landing."""
     store = object_store(seaweedfs)
-    assert isinstance(store, ObjectStore)
+    assert isinstance(store, LandingStore)
     cfg = s3_config(tmp_path, store.location, seaweedfs.endpoint, max_files_per_trigger=2)
     check_lifecycle(cfg, store, s3_spark, [job.query_name(cfg)])

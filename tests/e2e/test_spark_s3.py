@@ -27,8 +27,8 @@ from mqd.client import BrokerClient
 from mqd.daemon import Daemon
 from mqd.landing import Publisher, layout
 from mqd.landing.claim_chain import ChainState, Claim
-from mqd.landing.object_store import ObjectStore
 from mqd.landing.publisher import file_range
+from mqd.landing.store import LandingStore
 from mqd.spark import job
 from mqd.spark.table_format import existing_format
 from mqd.testing.seaweedfs import SeaweedFS
@@ -79,7 +79,7 @@ def publish(pub: Publisher, partition: int, first: int, n: int, ts: int) -> None
     pub.publish("events", partition, pa.Table.from_batches([rb]), last)
 
 
-def stage_claim_then_lose_it(store: ObjectStore, partition: int, first: int, n: int, ts: int) -> str:
+def stage_claim_then_lose_it(store: LandingStore, partition: int, first: int, n: int, ts: int) -> str:
     """A publisher that claimed a staged file and died, and the janitor took the staged bytes:
     the claim can never be promoted (claim_chain.py voids it). Returns the staged key."""
     raw = fmt.encode_batch([b"lost%d" % i for i in range(n)], timestamps=[ts] * n, base_offset=first)

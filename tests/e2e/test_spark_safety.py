@@ -14,10 +14,11 @@ import numpy as np
 import pyarrow as pa
 import pytest
 from support.delta import read_delta
+from support.landing import read_manifest
 
 from mqd import format as fmt
 from mqd.config import LandingConfig, MqdConfig, SparkConfig
-from mqd.landing import LocalStore, Publisher, read_manifest
+from mqd.landing import LocalStore, Publisher
 from mqd.spark import job
 
 pytestmark = pytest.mark.spark

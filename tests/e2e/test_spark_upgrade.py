@@ -15,7 +15,7 @@ import pytest
 from mqd import format as fmt
 from mqd.config import LandingConfig, MqdConfig, SparkConfig
 from mqd.landing import LocalStore, Publisher, layout
-from mqd.landing.local_store import migrate
+from mqd.landing.local_migration import migrate
 from mqd.spark import job
 
 pytestmark = pytest.mark.spark

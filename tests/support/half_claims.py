@@ -13,14 +13,14 @@ from mqd import format as fmt
 from mqd.landing import layout
 from mqd.landing.claim_chain import ChainState, Claim
 from mqd.landing.layout import FileRange
-from mqd.landing.object_store import ObjectStore
 from mqd.landing.publisher import file_range
+from mqd.landing.store import LandingStore
 
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 
 
 def claim_unpromoted(
-    store: ObjectStore, topic: str, partition: int, n: int = 3, *, lose_staged: bool = False
+    store: LandingStore, topic: str, partition: int, n: int = 3, *, lose_staged: bool = False
 ) -> tuple[FileRange, str]:
     """Stage ``n`` records after the head and claim them without promoting (``lose_staged``: the
     janitor then took the staged bytes, so the claim can only be voided). Returns the claimed

@@ -10,8 +10,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from mqd.landing.object_store import ObjectStore
 from mqd.landing.s3_objects import S3Objects
+from mqd.landing.store import LandingStore
 from mqd.testing.seaweedfs import ACCESS_KEY, SECRET_KEY, SeaweedFS
 
 
@@ -54,8 +54,8 @@ def s3_objects(server: SeaweedFS, uri: str, gateway: int = 0) -> S3Objects:
     return S3Objects(uri, client=server.client(server.endpoints[gateway]))
 
 
-def object_store(server: SeaweedFS, uri: str | None = None, gateway: int = 0) -> ObjectStore:
+def object_store(server: SeaweedFS, uri: str | None = None, gateway: int = 0) -> LandingStore:
     """An opened object store at ``uri`` (a fresh landing by default)."""
-    store = ObjectStore(s3_objects(server, uri or fresh_uri(server), gateway))
+    store = LandingStore(s3_objects(server, uri or fresh_uri(server), gateway))
     store.open()
     return store

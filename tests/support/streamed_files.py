@@ -10,8 +10,8 @@ import pyarrow as pa
 
 from mqd import format as fmt
 from mqd.landing import layout
-from mqd.landing.object_store import ObjectStore
 from mqd.landing.publisher import file_range
+from mqd.landing.store import LandingStore
 
 T0 = 1_767_225_600_000  # 2026-01-01T00:00Z
 
@@ -26,7 +26,7 @@ def records(first: int, count: int, size: int = 10) -> pa.Table:
     return pa.Table.from_batches([fmt.to_arrow(raw, fmt.scan(raw)[0])])
 
 
-def stream_three_row_groups(store: ObjectStore, size: int = 10) -> layout.FileRange:
+def stream_three_row_groups(store: LandingStore, size: int = 10) -> layout.FileRange:
     """Stage offsets 0..2999 as three row groups through open_stage and commit them."""
     parts = [records(i * 1000, 1000, size) for i in range(3)]
     first = file_range("t", 0, parts[0])

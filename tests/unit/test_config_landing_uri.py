@@ -9,8 +9,8 @@ from pathlib import Path
 from support.config import config_error, write_file
 
 from mqd.config import load_daemon_config
-from mqd.landing.object_store import ObjectStore
-from mqd.landing.store import open_store
+from mqd.landing.backends import open_store
+from mqd.landing.store import LandingStore
 
 
 def test_an_s3_uri_stays_a_uri_with_its_endpoint(tmp_path: Path) -> None:
@@ -27,7 +27,7 @@ def test_an_s3_uri_stays_a_uri_with_its_endpoint(tmp_path: Path) -> None:
     store = open_store(
         cfg.landing.dir, endpoint_url=cfg.landing.s3.endpoint_url, region=cfg.landing.s3.region
     )
-    assert isinstance(store, ObjectStore) and store.location == "s3://lake/mqd/landing"
+    assert isinstance(store, LandingStore) and store.location == "s3://lake/mqd/landing"
 
 
 def test_a_path_is_still_a_path_relative_to_the_file(tmp_path: Path) -> None:

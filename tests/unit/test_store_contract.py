@@ -18,7 +18,8 @@ from mqd.landing import layout
 from mqd.landing.errors import PublishConflict
 from mqd.landing.local_store import LocalStore
 from mqd.landing.publisher import file_range
-from mqd.landing.store import LandingStore, StagedFile
+from mqd.landing.stage_writer import StagedFile
+from mqd.landing.store import LandingStore
 
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 

@@ -10,11 +10,12 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from support.landing import read_manifest, read_watermarks, update_markers
 
 from mqd.admin import AdminError, parse_partition_spec
 from mqd.errors import MqdError
-from mqd.landing import layout, markers
-from mqd.landing.local_store import LocalStore, read_manifest
+from mqd.landing import layout
+from mqd.landing.local_store import LocalStore
 from mqd.produce_command import produce_cli
 from mqd.topic_name import MAX_LENGTH, InvalidTopicName, check_topic_name, topic_name_problem
 
@@ -83,8 +84,8 @@ def test_landing_never_builds_a_path_from_an_invalid_name(tmp_path: Path, name: 
         lambda: layout.topic_manifest_dir(name),
         lambda: store.head(name, 0),
         lambda: store.advance_watermark(name, 0, 1),
-        lambda: markers.read_watermarks(tmp_path / "landing", name, 1),
-        lambda: markers.update_markers(tmp_path / "landing", name, 1),
+        lambda: read_watermarks(tmp_path / "landing", name, 1),
+        lambda: update_markers(tmp_path / "landing", name, 1),
         lambda: read_manifest(tmp_path / "landing", name),
     ]
     for call in calls:

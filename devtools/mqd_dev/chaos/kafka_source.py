@@ -50,8 +50,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import structlog
 
+from mqd.landing.backends import open_store
 from mqd.landing.local_objects import LocalObjects
-from mqd.landing.store import open_store
 from mqd.runner import EXIT_TEMPFAIL
 from mqd.testing import daemon_section, fast_consumer_timings, to_toml
 from mqd.testing.cluster import free_port

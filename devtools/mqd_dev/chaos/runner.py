@@ -57,9 +57,10 @@ import structlog
 from mqd.client import BrokerClient, BrokerError
 from mqd.errors import MqdError
 from mqd.landing import lifecycle
+from mqd.landing.backends import open_store
 from mqd.landing.local_objects import LocalObjects
 from mqd.landing.objects import Objects
-from mqd.landing.store import LandingStore, open_store
+from mqd.landing.store import LandingStore
 from mqd.runner import EXIT_TEMPFAIL
 from mqd.testing import ProcessError, daemon_section, fast_consumer_timings, to_toml
 from mqd.waiting import wait_until

@@ -4,7 +4,7 @@
 every listener on 127.0.0.1) plus a second ``weed s3`` gateway on the same filer, so the daemons
 publish through different gateways ("two machines" writing one store): daemon ``i`` is configured
 with gateway ``i % 2``. The chaos process itself reads the landing only through gateway 0 (the
-``weed mini``), which no fault touches, and only through the store (``ObjectStore``: heads,
+``weed mini``), which no fault touches, and only through the store (``LandingStore``: heads,
 manifest, visible files), as the Spark job does.
 
 The S3-only fault kinds act on gateway 1, the one the odd daemons publish through:
@@ -22,8 +22,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from mqd.landing.object_store import ObjectStore
 from mqd.landing.s3_objects import S3Objects
+from mqd.landing.store import LandingStore
 from mqd.testing.process import ManagedProcess
 from mqd.testing.seaweedfs import REGION, SeaweedFS
 from mqd_dev.chaos.check import COPY_COLUMNS, COPY_SCHEMA
@@ -54,19 +54,19 @@ class S3Landing:
         self.server = ChaosSeaweedFS(root / "seaweedfs", bucket="landing")
         self.gateways = gateways
         self.uri = f"s3://{self.server.bucket}/chaos"
-        self._store: ObjectStore | None = None
+        self._store: LandingStore | None = None
 
     def start(self) -> None:
         self.server.start()
         for _ in range(self.gateways - 1):
             self.server.add_gateway()
-        self._store = ObjectStore(S3Objects(self.uri, client=self.server.client(self.server.endpoint)))
+        self._store = LandingStore(S3Objects(self.uri, client=self.server.client(self.server.endpoint)))
 
     def stop(self) -> None:
         self.server.stop()
 
     @property
-    def store(self) -> ObjectStore:
+    def store(self) -> LandingStore:
         if self._store is None:
             raise RuntimeError("S3Landing.start() first")
         return self._store

@@ -16,12 +16,12 @@ from support.daemon import (
     daemon_config,
     produce_numbered,
 )
+from support.landing import read_manifest
 
 from mqd.client import BrokerClient
 from mqd.consumer import TopicPartition
 from mqd.daemon import Daemon
 from mqd.format import now_ms
-from mqd.landing import read_manifest
 from mqd.waiting import wait_until
 
 

@@ -25,10 +25,10 @@ import pytest
 from support.cli import write_config
 from support.daemon import produce_numbered
 from support.harness import Cluster
+from support.landing import read_manifest
 from support.table_readers import delta_rs_keys, every_reader_keys, offsets
 
 from mqd.client import BrokerClient
-from mqd.landing.local_store import read_manifest
 from mqd.waiting import wait_until
 
 PARTITIONS = 4

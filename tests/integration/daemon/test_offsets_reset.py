@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 from support.cli import mqd, produce, write_config
 from support.harness import Cluster
+from support.landing import read_manifest
 
 from mqd.client import BrokerClient
-from mqd.landing.local_store import read_manifest
 from mqd.offsets_reset import reset_path
 from mqd.topic_partition import TopicPartition
 

@@ -20,9 +20,9 @@ import pytest
 from click.testing import CliRunner
 from support.cli import SHUTDOWN_TIMEOUT, mqd, produce, write_config
 from support.harness import Cluster
+from support.landing import read_manifest
 
 from mqd.cli import main
-from mqd.landing.local_store import read_manifest
 from mqd.waiting import wait_until_sync
 
 

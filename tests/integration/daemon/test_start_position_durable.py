@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 from support.cli import produce, write_config
 from support.harness import Cluster, fetch_all
+from support.landing import read_manifest
 
-from mqd.landing.local_store import read_manifest
 from mqd.waiting import wait_until_sync
 
 PARTITIONS = 4

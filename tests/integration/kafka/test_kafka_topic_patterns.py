@@ -14,9 +14,9 @@ import pytest
 from support.daemon import daemon_config
 from support.harness import Cluster
 from support.kafka import Broker, kafka_daemon_config, produce
+from support.landing import read_manifest
 
 from mqd.daemon import Daemon
-from mqd.landing.local_store import read_manifest
 from mqd.producer import Producer
 from mqd.waiting import wait_until
 

@@ -15,7 +15,7 @@ from support.fake_kafka import FakeKafka, values
 from support.kafka import kafka_daemon_config
 
 from mqd.daemon import Daemon
-from mqd.landing.store import open_store
+from mqd.landing.backends import open_store
 from mqd.sources.kafka.log_incarnation import derived
 from mqd.waiting import wait_until
 

@@ -21,7 +21,7 @@ from mqd.landing import Publisher
 from mqd.landing.chain_reader import ChainReader
 from mqd.landing.errors import ChainBroken
 from mqd.landing.local_store import LocalStore
-from mqd.landing.object_store import ObjectStore
+from mqd.landing.store import LandingStore
 from mqd.testing.seaweedfs import SeaweedFS
 
 PER_FILE = 160  # the reproduction lost or doubled one file of 160 records
@@ -33,7 +33,7 @@ def make_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[objec
     if request.param == "local":
         root = tmp_path / "landing"
 
-        def local() -> ObjectStore:
+        def local() -> LandingStore:
             s = LocalStore(root)
             s.open()
             return s
@@ -113,7 +113,7 @@ def test_a_publisher_never_writes_past_a_broken_head(make_store: object, how: st
     assert store.objects.get(claim_key("events", 0, 3)) is None
 
 
-def landing_check(store: ObjectStore, server: SeaweedFS | None, *extra: str) -> tuple[int, str, str]:
+def landing_check(store: LandingStore, server: SeaweedFS | None, *extra: str) -> tuple[int, str, str]:
     args = ["landing", "check", "--dir", store.location, *extra]
     env = {}
     if server is not None:

@@ -24,9 +24,9 @@ from mqd.landing import layout, lifecycle
 from mqd.landing.chain_reader import ChainReader
 from mqd.landing.layout import FileRange
 from mqd.landing.local_store import LocalStore
-from mqd.landing.object_store import ObjectStore
 from mqd.landing.objects import ObjectInfo, Objects
 from mqd.landing.publisher import file_range
+from mqd.landing.store import LandingStore
 
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 
@@ -108,28 +108,28 @@ class CountingObjects:
         return n
 
 
-def _object_store(request: pytest.FixtureRequest, tmp_path: Path) -> ObjectStore:
+def _object_store(request: pytest.FixtureRequest, tmp_path: Path) -> LandingStore:
     from support.seaweedfs import object_store  # the S3 store on the session's SeaweedFS
 
     s = object_store(request.getfixturevalue("seaweedfs"))
-    assert isinstance(s, ObjectStore)
+    assert isinstance(s, LandingStore)
     return s
 
 
-def _local_store(request: pytest.FixtureRequest, tmp_path: Path) -> ObjectStore:
+def _local_store(request: pytest.FixtureRequest, tmp_path: Path) -> LandingStore:
     s = LocalStore(tmp_path / "landing")
     s.open()
     return s
 
 
-STORES: dict[str, Callable[[pytest.FixtureRequest, Path], ObjectStore]] = {
+STORES: dict[str, Callable[[pytest.FixtureRequest, Path], LandingStore]] = {
     "local": _local_store,
     "object": _object_store,
 }
 
 
 @pytest.fixture(params=sorted(STORES))
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> ObjectStore:
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> LandingStore:
     return STORES[request.param](request, tmp_path)
 
 
@@ -138,7 +138,7 @@ def _records(first: int, n: int, tag: bytes = b"v") -> pa.Table:
     return pa.Table.from_batches([fmt.to_arrow(raw, fmt.scan(raw)[0])])
 
 
-def publish(store: ObjectStore, partition: int, files: int) -> None:
+def publish(store: LandingStore, partition: int, files: int) -> None:
     last = store.head("t", partition).last_offset
     for _ in range(files):
         records = _records(0 if last is None else last + 1, 2)
@@ -147,14 +147,14 @@ def publish(store: ObjectStore, partition: int, files: int) -> None:
         last = rng.last_offset
 
 
-def by_chain(store: ObjectStore) -> dict[tuple[str, int], list[FileRange]]:
+def by_chain(store: LandingStore) -> dict[tuple[str, int], list[FileRange]]:
     out: dict[tuple[str, int], list[FileRange]] = {}
     for r in store.manifest():
         out.setdefault((r.topic, r.partition), []).append(r)
     return out
 
 
-def test_a_half_promoted_head_is_not_shown_and_not_fixed_by_the_reader(store: ObjectStore) -> None:
+def test_a_half_promoted_head_is_not_shown_and_not_fixed_by_the_reader(store: LandingStore) -> None:
     """A claim whose promotion is not done (staged bytes present) and one whose staged bytes are
     gone: a reader on read-only Objects shows neither and writes nothing (no promotion, no void);
     once a writer resolves the heads, the reader shows exactly the manifest."""
@@ -177,7 +177,7 @@ def test_a_half_promoted_head_is_not_shown_and_not_fixed_by_the_reader(store: Ob
     assert half in reader.files()[("t", 0)] and lost not in reader.files()[("t", 1)]
 
 
-def test_the_reader_catches_up_through_archives_after_compaction(store: ObjectStore) -> None:
+def test_the_reader_catches_up_through_archives_after_compaction(store: LandingStore) -> None:
     """Compaction that archived claims the reader had not read yet (and a void among them): the
     next pass takes them from the archives, and the files equal the manifest."""
     publish(store, 0, 4)
@@ -191,14 +191,14 @@ def test_the_reader_catches_up_through_archives_after_compaction(store: ObjectSt
     assert len(reader.files()[("t", 0)]) == 10
 
 
-def test_a_pass_costs_requests_for_new_claims_only(store: ObjectStore) -> None:
+def test_a_pass_costs_requests_for_new_claims_only(store: LandingStore) -> None:
     """Counted through the Objects layer, with 40 files landed: reading the manifest costs more
     than 40 requests every pass (one GET per claim), the incremental reader's first pass the same,
     and each later pass a constant number (a LIST after its last claim, a GET per new claim, one
     HEAD of the newest), whatever the chain's length. The cleaner and the s3 source use it."""
     publish(store, 0, 40)
     counting = CountingObjects(store.objects)
-    full = ObjectStore(counting)
+    full = LandingStore(counting)
     full.manifest()
     before = counting.take()
     assert before > 40
@@ -220,7 +220,7 @@ def test_a_pass_costs_requests_for_new_claims_only(store: ObjectStore) -> None:
     assert reader.files() == by_chain(store)
 
     # the cleaner (one registered query that committed everything): its second pass is constant
-    cleaner = lifecycle.Cleaner(ObjectStore(counting))
+    cleaner = lifecycle.Cleaner(LandingStore(counting))
     lifecycle.register(store, "q")
     lifecycle.record_committed(store, "q", {"t/0": 46}, 0)
     cleaner.clean()
@@ -234,7 +234,7 @@ def test_a_pass_costs_requests_for_new_claims_only(store: ObjectStore) -> None:
     assert first_clean > 46 and second_clean <= 13, (first_clean, second_clean)
 
 
-def test_the_s3_source_reads_through_the_reader(store: ObjectStore) -> None:
+def test_the_s3_source_reads_through_the_reader(store: LandingStore) -> None:
     """The Spark source's driver (landing_source.LandingStreamReader) on read-only Objects: its
     heads count visible files only, a pending head is left alone, and a later trigger lists only
     what is new."""

@@ -18,14 +18,14 @@ import pyarrow.parquet as pq
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.landing import read_manifest, read_watermarks, update_markers
 
 from mqd import format as fmt
 from mqd.config import LandingConfig
 from mqd.consumer import FetchedBatch, TopicPartition
-from mqd.landing import LandingSink, LocalStore, Publisher, layout, read_manifest, update_markers
+from mqd.landing import LandingSink, LocalStore, Publisher, layout
 from mqd.landing.errors import LandingCorrupt, LandingError, PublishConflict
 from mqd.landing.local_objects import LocalObjects
-from mqd.landing.markers import read_watermarks
 from mqd.waiting import wait_until
 
 HOUR = layout.HOUR_MS

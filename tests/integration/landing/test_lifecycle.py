@@ -15,38 +15,38 @@ import pytest
 from mqd import format as fmt
 from mqd.landing import layout, lifecycle
 from mqd.landing.local_store import LocalStore
-from mqd.landing.object_store import ObjectStore
 from mqd.landing.publisher import file_range
+from mqd.landing.store import LandingStore
 
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 
 
-def _object_store(request: pytest.FixtureRequest, tmp_path: Path) -> ObjectStore:
+def _object_store(request: pytest.FixtureRequest, tmp_path: Path) -> LandingStore:
     from support.seaweedfs import object_store  # the S3 store on the session's SeaweedFS
 
     s = object_store(request.getfixturevalue("seaweedfs"))
-    assert isinstance(s, ObjectStore)
+    assert isinstance(s, LandingStore)
     return s
 
 
-def _local_store(request: pytest.FixtureRequest, tmp_path: Path) -> ObjectStore:
+def _local_store(request: pytest.FixtureRequest, tmp_path: Path) -> LandingStore:
     s = LocalStore(tmp_path / "landing")
     s.open()
     return s
 
 
-STORES: dict[str, Callable[[pytest.FixtureRequest, Path], ObjectStore]] = {
+STORES: dict[str, Callable[[pytest.FixtureRequest, Path], LandingStore]] = {
     "local": _local_store,
     "object": _object_store,
 }
 
 
 @pytest.fixture(params=sorted(STORES))
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> ObjectStore:
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> LandingStore:
     return STORES[request.param](request, tmp_path)
 
 
-def publish(store: ObjectStore, partition: int, files: int, per_file: int = 10) -> list[str]:
+def publish(store: LandingStore, partition: int, files: int, per_file: int = 10) -> list[str]:
     """Land ``files`` consecutive files on partition ``partition``; their paths."""
     paths = []
     last = store.head("t", partition).last_offset
@@ -63,11 +63,11 @@ def publish(store: ObjectStore, partition: int, files: int, per_file: int = 10) 
     return paths
 
 
-def present(store: ObjectStore, paths: list[str]) -> list[bool]:
+def present(store: LandingStore, paths: list[str]) -> list[bool]:
     return [store.objects.head(p) is not None for p in paths]
 
 
-def test_clean_removes_exactly_what_every_query_committed(store: ObjectStore) -> None:
+def test_clean_removes_exactly_what_every_query_committed(store: LandingStore) -> None:
     """Two registered queries: files go only below the smaller count; the newest file of a chain
     stays even when committed; the manifest (what the s3 source counts in) is unchanged."""
     p0, p1 = publish(store, 0, 5), publish(store, 1, 3)
@@ -87,7 +87,7 @@ def test_clean_removes_exactly_what_every_query_committed(store: ObjectStore) ->
     assert present(store, p0) == [False] * 5 + [True]
 
 
-def test_a_registered_query_without_progress_holds_everything_back(store: ObjectStore) -> None:
+def test_a_registered_query_without_progress_holds_everything_back(store: LandingStore) -> None:
     """No query registered: nothing goes. A registered query that never committed (stopped):
     nothing goes, whatever the others did. Deregistering it releases the files."""
     paths = publish(store, 0, 4)
@@ -104,7 +104,7 @@ def test_a_registered_query_without_progress_holds_everything_back(store: Object
     assert present(store, paths) == [False, False, False, True]
 
 
-def test_clean_compacts_the_chain_and_archives_when_asked(store: ObjectStore) -> None:
+def test_clean_compacts_the_chain_and_archives_when_asked(store: LandingStore) -> None:
     """With archive_dir the committed files move there (same relative path); the chain is compacted
     to KEEP_CLAIMS claims with its floor, and the manifest still lists every file."""
     paths = publish(store, 0, lifecycle.KEEP_CLAIMS + 6, per_file=2)
@@ -120,7 +120,7 @@ def test_clean_compacts_the_chain_and_archives_when_asked(store: ObjectStore) ->
     assert not any(k.startswith("_archive") for k in store.visible_files())
 
 
-def test_retention_expires_uncommitted_files_with_a_counter(store: ObjectStore) -> None:
+def test_retention_expires_uncommitted_files_with_a_counter(store: LandingStore) -> None:
     """Retention deletes files older than it that no query committed (counted as expired, never
     as deleted), not younger ones, and never the newest of a chain."""
     paths = publish(store, 0, 3)
@@ -138,7 +138,7 @@ def test_retention_expires_uncommitted_files_with_a_counter(store: ObjectStore) 
     assert present(store, fresh) == [False, True]
 
 
-def test_a_name_registered_with_another_checkpoint_is_refused(store: ObjectStore) -> None:
+def test_a_name_registered_with_another_checkpoint_is_refused(store: LandingStore) -> None:
     """Two queries of one name (two tables called alike) with different checkpoints: the second
     registration is refused, so one query's progress can never release the other's files; the
     same checkpoint registers again (a restart) and keeps its progress."""
@@ -150,7 +150,7 @@ def test_a_name_registered_with_another_checkpoint_is_refused(store: ObjectStore
     assert lifecycle.records(store)["mqd-events"].committed == {"t/0": 2}
 
 
-def test_a_chain_whose_only_file_is_not_visible_yet_is_left_alone(store: ObjectStore) -> None:
+def test_a_chain_whose_only_file_is_not_visible_yet_is_left_alone(store: LandingStore) -> None:
     """A chain whose first claim's file is not visible yet (published, promotion pending, as after a
     crash between claim and promotion) has no files to clean: the cleaner passes it by and cleans
     the other chains, instead of failing the whole pass (it read files[-1] of an empty list)."""

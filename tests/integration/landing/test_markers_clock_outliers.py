@@ -8,13 +8,13 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+from support.landing import read_watermarks, update_markers
 
 from mqd import format as fmt
 from mqd import metrics
 from mqd.config import LandingConfig
 from mqd.consumer import FetchedBatch, TopicPartition
-from mqd.landing import LandingSink, LocalStore, Publisher, layout, update_markers
-from mqd.landing.markers import read_watermarks
+from mqd.landing import LandingSink, LocalStore, Publisher, layout
 
 HOUR = layout.HOUR_MS
 DAY = 24 * HOUR

@@ -19,10 +19,10 @@ from mqd import format as fmt
 from mqd.landing import layout
 from mqd.landing.claim_chain import ChainState, Claim
 from mqd.landing.errors import LandingFormatError, ObjectStoreError, PublishConflict
-from mqd.landing.object_store import ObjectStore
 from mqd.landing.objects import ObjectInfo, Objects
 from mqd.landing.publisher import file_range
-from mqd.landing.store import StagedFile
+from mqd.landing.stage_writer import StagedFile
+from mqd.landing.store import LandingStore
 from mqd.testing.seaweedfs import SeaweedFS
 
 T0 = 1_767_225_600_000
@@ -87,7 +87,7 @@ def once(op: str, key_part: str, exc: BaseException) -> Callable[[str, str], Non
     return fault
 
 
-def stage(store: ObjectStore, first: int, count: int, partition: int = 0) -> StagedFile:
+def stage(store: LandingStore, first: int, count: int, partition: int = 0) -> StagedFile:
     raw = fmt.encode_batch(
         [f"v{first + i}".encode() for i in range(count)],
         timestamps=np.full(count, T0, dtype=np.int64),
@@ -103,13 +103,13 @@ def landing(seaweedfs: SeaweedFS) -> tuple[SeaweedFS, str]:
     return seaweedfs, fresh_uri(seaweedfs)
 
 
-def store_at(landing: tuple[SeaweedFS, str], fault: Callable[[str, str], None] | None = None) -> ObjectStore:
+def store_at(landing: tuple[SeaweedFS, str], fault: Callable[[str, str], None] | None = None) -> LandingStore:
     server, uri = landing
     objects: Any = s3_objects(server, uri)
-    return ObjectStore(Scripted(objects, fault) if fault else objects)
+    return LandingStore(Scripted(objects, fault) if fault else objects)
 
 
-def offsets(store: ObjectStore) -> list[tuple[int, int]]:
+def offsets(store: LandingStore) -> list[tuple[int, int]]:
     return [(r.first_offset, r.last_offset) for r in store.manifest("t")]
 
 

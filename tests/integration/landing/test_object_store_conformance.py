@@ -14,8 +14,8 @@ import pytest
 from support.seaweedfs import fresh_uri, object_store, s3_objects
 
 from mqd.landing.errors import PreconditionFailed, UnsafeObjectStore
-from mqd.landing.object_store import ObjectStore
 from mqd.landing.objects import ObjectInfo, Objects
+from mqd.landing.store import LandingStore
 from mqd.testing.seaweedfs import SeaweedFS
 
 RACERS = 2  # threads per gateway (SeaweedFS backs off ~1 s per lost lock: keep rounds short)
@@ -135,7 +135,7 @@ def test_probe_accepts_seaweedfs_and_refuses_a_store_ignoring_conditions(seaweed
     uri = fresh_uri(seaweedfs)
     store = object_store(seaweedfs, uri)
     assert [o.key for o in store.objects.list_objects("")] == ["_format.json"]
-    bad = ObjectStore(IgnoresConditions(s3_objects(seaweedfs, uri)))
+    bad = LandingStore(IgnoresConditions(s3_objects(seaweedfs, uri)))
     with pytest.raises(UnsafeObjectStore, match="If-None-Match") as err:
         bad.open()
     assert not err.value.retriable

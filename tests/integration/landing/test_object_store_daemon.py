@@ -18,15 +18,15 @@ from support.seaweedfs import fresh_uri
 from mqd.client import BrokerClient
 from mqd.config import LandingS3Config
 from mqd.daemon import Daemon
-from mqd.landing.object_store import ObjectStore
 from mqd.landing.s3_objects import S3Objects
+from mqd.landing.store import LandingStore
 from mqd.testing.seaweedfs import SeaweedFS
 
 PARTITIONS = 4
 PER_PARTITION = 25_000
 
 
-def landed(store: ObjectStore) -> Counter[tuple[int, int]]:
+def landed(store: LandingStore) -> Counter[tuple[int, int]]:
     """(partition, offset) -> how many visible files hold it, read through the store."""
     seen: Counter[tuple[int, int]] = Counter()
     for key in store.visible_files():
@@ -57,7 +57,7 @@ async def test_daemon_lands_100k_records_into_s3_exactly_once(
         await asyncio.wait_for(d.run(), 240)
         assert d.stats["records_published"] == PARTITIONS * PER_PARTITION
 
-        store = ObjectStore(S3Objects(uri, client=seaweedfs.client()))
+        store = LandingStore(S3Objects(uri, client=seaweedfs.client()))
         seen = landed(store)
         assert len(seen) == PARTITIONS * PER_PARTITION and set(seen.values()) == {1}
         assert set(seen) == {(p, o) for p in range(PARTITIONS) for o in range(PER_PARTITION)}

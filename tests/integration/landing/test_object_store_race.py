@@ -1,7 +1,7 @@
 """The claim chain under races and faults, judged from a reader's view (SeaweedFS, two gateways;
 and a local directory shared by two stores, the same protocol on LocalObjects).
 
-Each trial: two publishers (one per gateway, each its own ObjectStore as two daemons would have)
+Each trial: two publishers (one per gateway, each its own LandingStore as two daemons would have)
 land offsets 0..N-1 of one partition in files of random sizes, each resuming from the head and
 re-seeking after a conflict as the sink does. Every object operation may lose its response (the
 operation took effect, or failed, but the caller gets an error) or crash the publisher (before or
@@ -44,10 +44,10 @@ from mqd.landing.errors import (
     PublishConflict,
 )
 from mqd.landing.local_objects import LocalObjects
-from mqd.landing.object_store import ObjectStore
 from mqd.landing.objects import ObjectInfo, Objects
 from mqd.landing.publisher import file_range
 from mqd.landing.s3_objects import S3Objects
+from mqd.landing.store import LandingStore
 from mqd.testing.seaweedfs import SeaweedFS
 
 T0 = 1_767_225_600_000
@@ -160,10 +160,10 @@ class Verdict:
 
 
 def publish(
-    store: ObjectStore,
+    store: LandingStore,
     partition: int,
     rnd: random.Random,
-    janitor: ObjectStore | None,
+    janitor: LandingStore | None,
     errors: list[str],
 ) -> None:
     """Land offsets 0..N-1 as the sink would: resume from the head, re-seek after a conflict,
@@ -199,7 +199,7 @@ def publish(
             return
 
 
-def janitor_loop(store: ObjectStore, partition: int, stop: threading.Event) -> None:
+def janitor_loop(store: LandingStore, partition: int, stop: threading.Event) -> None:
     while not stop.wait(0.01):  # paced, not a busy loop: it shares two cores with the publishers
         try:
             store.remove_stale(0.0)
@@ -208,7 +208,7 @@ def janitor_loop(store: ObjectStore, partition: int, stop: threading.Event) -> N
             pass
 
 
-def read_offsets(store: ObjectStore, keys: list[str]) -> list[int]:
+def read_offsets(store: LandingStore, keys: list[str]) -> list[int]:
     out: list[int] = []
     for key in keys:
         got = store.objects.get(key)
@@ -247,13 +247,13 @@ def trial(landing: Landing, partition: int, seed: int, skip: frozenset[str], los
     rnd = random.Random(seed)
     with_janitor = rnd.random() < JANITOR
     pubs = [
-        ObjectStore(
+        LandingStore(
             Faulty(landing(gw), random.Random(rnd.random()), lost=lost, crash=P_CRASH),
             unsafe_skip=skip,
         )
         for gw in (0, 1)
     ]
-    janitor = ObjectStore(landing(1)) if with_janitor else None
+    janitor = LandingStore(landing(1)) if with_janitor else None
     stop = threading.Event()
     threads = [
         threading.Thread(
@@ -269,7 +269,7 @@ def trial(landing: Landing, partition: int, seed: int, skip: frozenset[str], los
         t.join(timeout=120)
     stop.set()
     threads[-1].join(timeout=60)
-    clean = ObjectStore(landing(0))
+    clean = LandingStore(landing(0))
     try:
         publish(clean, partition, random.Random(seed), None, verdict.errors)  # no faults: it finishes
         prefix = f"{layout.topic_dir(TOPIC)}/"
