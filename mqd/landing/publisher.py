@@ -3,8 +3,9 @@
 Blocking code: it runs on the sink's worker threads (or in tools), never on the event loop. It
 knows nothing of where files land: it cuts the records into files (one per run of records of one
 log incarnation in one hour of event time, at most ``max_records`` each) and publishes each
-through the store's two steps (store.py): ``stage`` without a lock, then ``commit`` conditional
-on the previous end.
+through the store's two steps (store.py): ``open_stage`` (written a row group at a time) without
+a lock, then ``commit`` conditional on the previous end. The sink publishes through ``stream``;
+``publish`` (one table as one file) is for tools that land prepared records (the benchmark).
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ class OpenFile:
 
 @dataclass(slots=True)
 class PublishOutcome:
-    """What ``publish_records`` / ``stream`` did with one partition's records."""
+    """What ``stream`` did with one partition's records."""
 
     published: list[FileRange] = field(default_factory=list)
     remaining: list[pa.RecordBatch] = field(default_factory=list)  # not published (error)
@@ -159,44 +160,17 @@ class Publisher:
         published yet), LandingError when the store cannot be written.
         """
         rng = file_range(topic, partition, records, incarnation, leader_epoch)
-        table = layout.landing_table(topic, partition, records, incarnation)
-        staged = self.store.stage(table, rng, self.compression)
+        writer = self.store.open_stage(rng, self.compression)
+        try:
+            writer.write(layout.landing_table(topic, partition, records, incarnation))
+            staged = writer.finish(rng)
+        except BaseException:
+            writer.abort()
+            raise
         try:
             return self.store.commit(staged, expected_last, expected_incarnation)
         finally:
             self.store.discard(staged)  # committed: already gone from the staging name
-
-    def publish_records(
-        self,
-        topic: str,
-        partition: int,
-        batches: list[pa.RecordBatch],
-        expected_last: int | None,
-        max_records: int | None = None,
-        *,
-        incarnations: list[str | None] | None = None,
-        expected_incarnation: str | None = None,
-        leader_epochs: Mapping[str | None, int] | None = None,
-    ) -> PublishOutcome:
-        """Publish drained batches of one partition: one file per run of records of one log
-        incarnation (``incarnations``, one per batch; default all None) in one hour, cut into
-        files of at most ``max_records`` records. ``leader_epochs``: per incarnation, the source's
-        leader epoch of its newest record (MicroBatch.leader_epochs), stamped on each of its files.
-
-        Never raises for conflicts or disk errors: the outcome says what was published and what
-        is left, so the caller keeps the rest buffered (disk) or drops it (conflict).
-        """
-        return self.stream(
-            topic,
-            partition,
-            batches,
-            expected_last,
-            max_records,
-            incarnations=incarnations,
-            expected_incarnation=expected_incarnation,
-            leader_epochs=leader_epochs,
-            finish=True,
-        )
 
     def stream(
         self,
@@ -218,9 +192,12 @@ class Publisher:
         opened at ``since``) a row group at a time, committing each file that is complete: at
         ``max_records`` records or ``max_bytes`` bytes, at the end of an hour or a log incarnation
         run, and the last one when ``finish``. Without ``finish`` the last file stays open
-        (``outcome.open``) for the next call. ``leader_epochs``: as ``publish_records``.
+        (``outcome.open``) for the next call. ``incarnations``: one per batch (default all None);
+        ``leader_epochs``: per incarnation, the source's leader epoch of its newest record
+        (MicroBatch.leader_epochs), stamped on each of its files.
 
-        Never raises for conflicts or disk errors (see ``publish_records``). On an error the open
+        Never raises for conflicts or disk errors: the outcome says what was published and what is
+        left, so the caller keeps the rest buffered (disk) or drops it (conflict). On an error the open
         file is aborted: records of this call that it held are ``remaining``; if it also held
         records of earlier calls, which are no longer in memory, ``refetch`` says where the
         partition must be fetched again (and nothing is remaining).

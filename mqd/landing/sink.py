@@ -221,20 +221,10 @@ class LandingSink:
 
     # -- positions and ownership -----------------------------------------------------------------
 
-    async def resume_position(self, tp: TP) -> int | None:
-        """Next offset to fetch for a newly owned partition, from the store's published head
-        (None: nothing published yet, the caller falls back to its offset store). Drops old
-        buffers."""
-        return (await self.resume(tp))[0]
-
-    async def resume(self, tp: TP) -> tuple[int | None, str | None]:
-        """``resume_position`` and the log incarnation that position belongs to (None: unknown).
-        fsutil.LockTimeout (retriable) when the partition's lock stays held past the bound."""
-        head = await self.resume_head(tp)
-        return (None if head.last_offset is None else head.last_offset + 1), head.incarnation
-
     async def resume_head(self, tp: TP) -> PartitionHead:
-        """``resume`` with the whole published head (its leader epoch too)."""
+        """A newly owned partition's published head, read on the head readers: the next offset to
+        fetch is after its ``last_offset`` (None: nothing published yet, the caller falls back to
+        its offset store), in its ``incarnation``, with its ``leader_epoch``. Drops old buffers."""
         loop = asyncio.get_running_loop()
         head = await loop.run_in_executor(self._readers, self.store.head, tp[0], tp[1])
         self.drop(tp)

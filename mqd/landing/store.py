@@ -274,15 +274,6 @@ class LandingStore:
 
     # -- publication ------------------------------------------------------------------------------
 
-    def stage(self, records: pa.Table, rng: FileRange, compression: str) -> StagedFile:
-        writer = self.open_stage(rng, compression)
-        try:
-            writer.write(records)
-            return writer.finish(rng)
-        except BaseException:
-            writer.abort()
-            raise
-
     def open_stage(self, rng: FileRange, compression: str) -> ParquetStage:
         """A staged file written a row group at a time (stage_writer.py): a local directory
         encodes into a scratch file, linked under ``_staging/`` by ``finish``; object storage

@@ -18,6 +18,7 @@ import pytest
 import structlog.testing
 from support.daemon import daemon_config, produce_numbered
 from support.delta import read_delta
+from support.landing import stage as stage_table
 from support.seaweedfs import fresh_uri, object_store
 from support.spark_s3 import assert_once, s3_config, table_keys
 from support.spark_s3 import s3_spark as s3_spark  # the module's Spark session with the store's env
@@ -85,7 +86,7 @@ def stage_claim_then_lose_it(store: LandingStore, partition: int, first: int, n:
     raw = fmt.encode_batch([b"lost%d" % i for i in range(n)], timestamps=[ts] * n, base_offset=first)
     records = pa.Table.from_batches([fmt.to_arrow(raw, fmt.scan(raw)[0])])
     rng = file_range("events", partition, records)
-    staged = store.stage(layout.landing_table("events", partition, records), rng, "snappy")
+    staged = stage_table(store, layout.landing_table("events", partition, records), rng, "snappy")
     chain = store.chain("events", partition)
     seq, st = chain.head()
     claim = Claim(
@@ -118,7 +119,7 @@ def test_staged_objects_and_void_claims_never_reach_the_table(
     # an orphan staged object (a publisher that died before claiming)
     raw = fmt.encode_batch([b"orphan"], timestamps=[T0], base_offset=10)
     orphan = pa.Table.from_batches([fmt.to_arrow(raw, fmt.scan(raw)[0])])
-    store.stage(layout.landing_table("events", 0, orphan), file_range("events", 0, orphan), "snappy")
+    stage_table(store, layout.landing_table("events", 0, orphan), file_range("events", 0, orphan), "snappy")
     stage_claim_then_lose_it(store, 0, 10, 5, T0)
     buf = io.BytesIO()
     pq.write_table(pa.table({"a": [1]}), buf)

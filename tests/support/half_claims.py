@@ -15,6 +15,7 @@ from mqd.landing.claim_chain import ChainState, Claim
 from mqd.landing.layout import FileRange
 from mqd.landing.publisher import file_range
 from mqd.landing.store import LandingStore
+from support.landing import stage
 
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 
@@ -30,7 +31,7 @@ def claim_unpromoted(
     raw = fmt.encode_batch([b"half"] * n, timestamps=np.full(n, T0, dtype=np.int64), base_offset=first)
     records = pa.Table.from_batches([fmt.to_arrow(raw, fmt.scan(raw)[0])])
     rng = file_range(topic, partition, records, None)
-    staged = store.stage(layout.landing_table(topic, partition, records, None), rng, "snappy")
+    staged = stage(store, layout.landing_table(topic, partition, records, None), rng, "snappy")
     chain = store.chain(topic, partition)
     seq, st = chain.head()
     claim = Claim(

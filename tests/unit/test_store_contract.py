@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pytest
+from support.landing import stage as stage_table
 
 from mqd import format as fmt
 from mqd.landing import layout
@@ -53,7 +54,7 @@ def stage(
     raw = fmt.encode_batch([b"v"] * count, timestamps=np.full(count, ts, dtype=np.int64), base_offset=first)
     records = pa.Table.from_batches([fmt.to_arrow(raw, fmt.scan(raw)[0])])
     rng = file_range("t", partition, records, inc)
-    return store.stage(layout.landing_table("t", partition, records, inc), rng, "snappy")
+    return stage_table(store, layout.landing_table("t", partition, records, inc), rng, "snappy")
 
 
 OLD, NEW = "a" * 32, "b" * 32  # two incarnations of one partition's log

@@ -18,6 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support.half_claims import claim_unpromoted
+from support.landing import stage
 
 from mqd import format as fmt
 from mqd.landing import layout, lifecycle
@@ -143,7 +144,7 @@ def publish(store: LandingStore, partition: int, files: int) -> None:
     for _ in range(files):
         records = _records(0 if last is None else last + 1, 2)
         rng = file_range("t", partition, records, None)
-        store.commit(store.stage(layout.landing_table("t", partition, records, None), rng, "snappy"), last)
+        store.commit(stage(store, layout.landing_table("t", partition, records, None), rng, "snappy"), last)
         last = rng.last_offset
 
 

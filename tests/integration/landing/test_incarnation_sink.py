@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import structlog
+from support.landing import resume, resume_position
 
 from mqd import format as fmt
 from mqd import metrics
@@ -39,7 +40,7 @@ async def test_records_cut_at_the_landed_floor_are_counted_and_logged(tmp_path: 
     tp = TopicPartition("cut", 0)
     sink = LandingSink(LandingConfig(dir=tmp_path / "landing"))
     await sink.start()
-    await sink.resume_position(tp)
+    await resume_position(sink, tp)
     sink.add(fetched(tp, 0, 10, None))
     await sink.publish()
     before = metrics.REGISTRY.get_sample_value("mqd_cut_records_total", {"topic": "cut"}) or 0.0
@@ -62,7 +63,7 @@ async def test_a_new_incarnation_lands_beside_the_old_one(tmp_path: Path) -> Non
     root = tmp_path / "landing"
     sink = LandingSink(LandingConfig(dir=root))
     await sink.start()
-    await sink.resume_position(tp)
+    await resume_position(sink, tp)
     sink.add(fetched(tp, 0, 10, OLD))
     await sink.publish()
     sink.add(fetched(tp, 10, 2, OLD))
@@ -86,5 +87,5 @@ async def test_a_new_incarnation_lands_beside_the_old_one(tmp_path: Path) -> Non
     await sink.close()
     again = LandingSink(LandingConfig(dir=root))
     await again.start()
-    assert await again.resume(tp) == (8, NEW)
+    assert await resume(again, tp) == (8, NEW)
     await again.close()

@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from support.landing import read_manifest, read_watermarks, update_markers
+from support.landing import read_manifest, read_watermarks, resume_position, update_markers
 
 from mqd import format as fmt
 from mqd.config import LandingConfig
@@ -64,7 +64,7 @@ async def test_publish_is_atomic_hive_laid_out_and_described(tmp_path: Path) -> 
     sink = LandingSink(cfg(tmp_path))
     await sink.start()
     tp = TopicPartition("events", 3)
-    assert await sink.resume_position(tp) is None
+    assert await resume_position(sink, tp) is None
     ts = np.array([T0 + HOUR - 2, T0 + HOUR - 1, T0 + HOUR, T0 + HOUR + 5], dtype=np.int64)
     sink.add(fetched("events", 3, 0, 4, ts))
     [res] = await sink.publish()
@@ -112,7 +112,7 @@ async def test_conditional_publication_between_two_sinks(tmp_path: Path) -> None
     tp = TopicPartition("events", 0)
     for s in (a, b):
         await s.start()
-        assert await s.resume_position(tp) is None
+        assert await resume_position(s, tp) is None
     a.add(fetched("events", 0, 0, 100))
     b.add(fetched("events", 0, 0, 60))
     [ra] = await a.publish()
@@ -178,7 +178,7 @@ async def test_resume_position_survives_restart_and_lost_state(tmp_path: Path) -
     s = LandingSink(cfg(tmp_path))
     await s.start()
     tp = TopicPartition("events", 2)
-    await s.resume_position(tp)
+    await resume_position(s, tp)
     s.add(fetched("events", 2, 0, 10))
     await s.publish()
     s.add(fetched("events", 2, 10, 5, T0 + 3 * HOUR))
@@ -191,7 +191,7 @@ async def test_resume_position_survives_restart_and_lost_state(tmp_path: Path) -
             f.unlink(missing_ok=True)
         s2 = LandingSink(cfg(tmp_path))
         await s2.start()
-        assert await s2.resume_position(tp) == 15
+        assert await resume_position(s2, tp) == 15
         await s2.close()
     assert len(read_manifest(root)) == 2
     assert read_watermarks(root, "events", 3)[2] == T0 + 3 * HOUR
@@ -266,7 +266,7 @@ async def test_unwritable_landing_keeps_records_and_recovers(tmp_path: Path) -> 
     s = LandingSink(cfg(tmp_path))
     await s.start()
     tp = TopicPartition("blocked", 0)
-    await s.resume_position(tp)
+    await resume_position(s, tp)
     blocker = tmp_path / "landing" / "topic=blocked"
     blocker.write_bytes(b"not a folder")  # works as root too, unlike chmod
     s.add(fetched("blocked", 0, 0, 5))
@@ -438,7 +438,7 @@ async def test_busy_partition_is_skipped_and_its_publications_stay_ordered(tmp_p
     s = LandingSink(cfg(tmp_path, max_age=1.0), executor=pool)
     await s.start()
     tp = TopicPartition("events", 0)
-    await s.resume_position(tp)
+    await resume_position(s, tp)
     gate = hold(pool)
     s.add(fetched("events", 0, 0, 10), now=100.0)
     first = s.publish_partition(tp)
@@ -466,7 +466,7 @@ async def test_revoke_during_publication_keeps_it_but_forgets_the_partition(tmp_
     s = LandingSink(cfg(tmp_path), executor=pool)
     await s.start()
     tp = TopicPartition("events", 1)
-    await s.resume_position(tp)
+    await resume_position(s, tp)
     gate = hold(pool)
     s.add(fetched("events", 1, 0, 10))
     task = asyncio.create_task(s.publish_partition(tp))
@@ -477,6 +477,6 @@ async def test_revoke_during_publication_keeps_it_but_forgets_the_partition(tmp_
     res = await asyncio.wait_for(task, 10)
     assert res is not None and res.next_offset == 10 and not res.owned
     assert s.expected(tp) is None and s.pending() == {}
-    assert await s.resume_position(tp) == 10
+    assert await resume_position(s, tp) == 10
     await s.close()
     pool.shutdown()

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pytest
+from support.landing import stage
 
 from mqd import format as fmt
 from mqd.landing import layout, lifecycle
@@ -57,7 +58,7 @@ def publish(store: LandingStore, partition: int, files: int, per_file: int = 10)
         )
         records = pa.Table.from_batches([fmt.to_arrow(raw, fmt.scan(raw)[0])])
         rng = file_range("t", partition, records, None)
-        staged = store.stage(layout.landing_table("t", partition, records, None), rng, "snappy")
+        staged = stage(store, layout.landing_table("t", partition, records, None), rng, "snappy")
         paths.append(store.commit(staged, last).path)
         last = rng.last_offset
     return paths

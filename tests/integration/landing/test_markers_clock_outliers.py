@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-from support.landing import read_watermarks, update_markers
+from support.landing import read_watermarks, resume_position, update_markers
 
 from mqd import format as fmt
 from mqd import metrics
@@ -123,7 +123,7 @@ async def test_sink_counts_records_stamped_past_its_configured_bound(tmp_path: P
     ts = [now - HOUR, now + 2 * HOUR]
     raw = fmt.encode_batch([b"a", b"b"], timestamps=np.array(ts))
     rb = fmt.to_arrow(raw, fmt.scan(raw)[0])
-    await sink.resume_position(TopicPartition("ahead", 0))
+    await resume_position(sink, TopicPartition("ahead", 0))
     sink.add(FetchedBatch(TopicPartition("ahead", 0), 1, rb, 0, 2, len(raw)))
     results = await sink.publish()
     await sink.close()

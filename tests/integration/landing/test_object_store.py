@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pytest
+from support.landing import stage as stage_table
 from support.seaweedfs import fresh_uri, s3_objects
 
 from mqd import format as fmt
@@ -95,7 +96,7 @@ def stage(store: LandingStore, first: int, count: int, partition: int = 0) -> St
     )
     records = pa.Table.from_batches([fmt.to_arrow(raw, fmt.scan(raw)[0])])
     rng = file_range("t", partition, records)
-    return store.stage(layout.landing_table("t", partition, records), rng, "snappy")
+    return stage_table(store, layout.landing_table("t", partition, records), rng, "snappy")
 
 
 @pytest.fixture
@@ -231,7 +232,7 @@ def test_an_event_time_far_ahead_of_the_clock_lands_but_does_not_move_the_waterm
     ahead = layout.HOUR_MS * 48 + int(time.time() * 1000)
     raw = fmt.encode_batch([b"x"], timestamps=np.array([ahead], dtype=np.int64), base_offset=2)
     records = pa.Table.from_batches([fmt.to_arrow(raw, fmt.scan(raw)[0])])
-    staged = store.stage(layout.landing_table("t", 0, records), file_range("t", 0, records), "snappy")
+    staged = stage_table(store, layout.landing_table("t", 0, records), file_range("t", 0, records), "snappy")
     store.commit(staged, 1)
     head = store.head("t", 0)
     assert (head.last_offset, head.files, head.watermark_ms) == (2, 2, T0)

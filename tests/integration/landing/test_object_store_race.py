@@ -32,6 +32,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from support.landing import stage
 from support.seaweedfs import fresh_uri
 
 from mqd import format as fmt
@@ -181,7 +182,7 @@ def publish(
                 return
             table = records(pos, min(rnd.randint(1, 5), N - pos))
             rng = file_range(TOPIC, partition, table)
-            staged = store.stage(layout.landing_table(TOPIC, partition, table), rng, "none")
+            staged = stage(store, layout.landing_table(TOPIC, partition, table), rng, "none")
             try:
                 if janitor is not None and rnd.random() < 0.2:
                     janitor.remove_stale(0.0)  # this publisher slept past the janitor's age

@@ -144,7 +144,7 @@ async def test_task_created_before_a_reassignment_re_seeks_after_losing_a_confli
                 # the other owner lands 0..3 first
                 table = pa.Table.from_batches([b.records for b in drained]).slice(0, OTHER_LANDS)
                 outcome = await other.run_blocking(
-                    other.publisher.publish_records, TOPIC, 0, table.to_batches(), None, None
+                    other.publisher.stream, TOPIC, 0, table.to_batches(), None, None
                 )
                 assert outcome.conflict is None and outcome.error is None
                 assert [(r.first_offset, r.last_offset) for r in outcome.published] == [(0, OTHER_LANDS - 1)]
