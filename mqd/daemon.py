@@ -58,7 +58,7 @@ from mqd.consumer.memory_gauge import MemoryGauge
 from mqd.consumer.source import LandedEpoch
 from mqd.fsutil import LockTimeout
 from mqd.landing import layout
-from mqd.landing.errors import ChainBroken, CommitLockTimeout, LandingCorrupt, LandingError
+from mqd.landing.errors import ChainBroken, CommitLockTimeout, LandingCorrupt, LandingError, TableUnavailable
 from mqd.landing.markers import IDLE_GRACE_MS
 from mqd.landing.sink import LandingSink, PublishResult
 
@@ -154,7 +154,7 @@ class Daemon:
         from mqd.landing import delta_log
 
         if importlib.util.find_spec("deltalake") is None:
-            raise delta_log.TableUnavailable(
+            raise TableUnavailable(
                 'landing.table = "delta" needs the deltalake package (delta-rs): '
                 'pip install "mqd[landing-table]"'
             )

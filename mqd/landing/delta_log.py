@@ -42,8 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from mqd.errors import MqdError
-from mqd.landing.errors import LandingError
+from mqd.landing.errors import LandingError, StaleCommit, TableError
 from mqd.landing.layout import FileRange
 from mqd.lazy_import import lazy_import
 
@@ -67,26 +66,6 @@ APP_PREFIX = "mqd-landing"
 # delta-rs retries a commit that lost a race with a commit of other partitions (no conflict) this
 # often; every daemon of a landing commits every few seconds, so dozens of races are possible
 MAX_COMMIT_RETRIES = 200
-
-
-class StaleCommit(MqdError):
-    """A commit lost to a commit of the same partitions (another committer got there first, a
-    frozen owner's committer after its session expired): nothing of it is in the table. The
-    committer drops it, counts it, and computes what is missing again."""
-
-    retriable = True
-
-
-class TableUnavailable(MqdError):
-    """landing.table = "delta" without the deltalake package installed: the daemon refuses to
-    start (a table that silently stays empty would be worse)."""
-
-    retriable = False
-
-
-class TableError(LandingError):
-    """The Delta log could not be read or written (the store did not answer, a commit failed for
-    another reason). Retriable: the next round tries again; the landing goes on meanwhile."""
 
 
 def app_id(topic: str, partition: int, incarnation: str | None) -> str:

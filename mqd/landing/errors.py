@@ -10,6 +10,9 @@ Two families, by the flag the daemon acts on (mqd/errors.py):
 
 ``PublishConflict`` is an answer, not a failure: another owner landed the range first.
 ``PreconditionFailed`` is the object primitives' definite "the condition did not hold".
+Then the errors of the landing's other mechanisms: the first encode (``PreflightError``), the
+lifecycle's query records (``LifecycleConflict``), the landing table (``TableUnavailable``,
+``TableError``, ``StaleCommit``) and its queries (``QueryError``).
 """
 
 from __future__ import annotations
@@ -104,5 +107,45 @@ class ObjectStoreError(LandingError):
 
 class UnsafeObjectStore(MqdError):
     """The store accepted a write its condition forbids: exactly-once cannot hold on it."""
+
+    retriable = False
+
+
+class PreflightError(MqdError):
+    """The landing cannot encode a file with its settings: nothing would ever be published."""
+
+    retriable = False
+
+
+class LifecycleConflict(MqdError):
+    """Another query (another checkpoint) is registered under this name: recording under it would
+    let one query's progress release the other's files. Not retriable: rename a table or
+    deregister the old query."""
+
+    retriable = False
+
+
+class TableUnavailable(MqdError):
+    """landing.table = "delta" without the deltalake package installed: the daemon refuses to
+    start (a table that silently stays empty would be worse)."""
+
+    retriable = False
+
+
+class TableError(LandingError):
+    """The Delta log could not be read or written (the store did not answer, a commit failed for
+    another reason). Retriable: the next round tries again; the landing goes on meanwhile."""
+
+
+class StaleCommit(MqdError):
+    """A commit lost to a commit of the same partitions (another committer got there first, a
+    frozen owner's committer after its session expired): nothing of it is in the table. The
+    committer drops it, counts it, and computes what is missing again."""
+
+    retriable = True
+
+
+class QueryError(MqdError):
+    """The query could not run (no table there, a missing engine, bad SQL)."""
 
     retriable = False

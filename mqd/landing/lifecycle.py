@@ -52,11 +52,10 @@ from urllib.parse import unquote, urlparse
 import structlog
 
 from mqd import metrics
-from mqd.errors import MqdError
 from mqd.landing import layout
 from mqd.landing.chain_reader import ChainReader
 from mqd.landing.delta_log import DELTA_LOG, LandingTable, storage_options, table_uri
-from mqd.landing.errors import LandingCorrupt
+from mqd.landing.errors import LandingCorrupt, LifecycleConflict
 from mqd.landing.layout import FileRange
 from mqd.landing.store import LandingStore
 
@@ -121,14 +120,6 @@ class CleanResult:
     expired: int = 0
     compacted: int = 0
     queries: tuple[str, ...] = ()
-
-
-class LifecycleConflict(MqdError):
-    """Another query (another checkpoint) is registered under this name: recording under it would
-    let one query's progress release the other's files. Not retriable: rename a table or
-    deregister the old query."""
-
-    retriable = False
 
 
 def _query_key(name: str) -> str:

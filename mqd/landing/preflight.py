@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from mqd.errors import MqdError
+from mqd.landing.errors import PreflightError
 from mqd.lazy_import import lazy_import
 
 if TYPE_CHECKING:
@@ -36,12 +36,6 @@ else:  # off the daemon's start path (mqd/lazy_import.py): this runs on a landin
 
 _TOPIC = "mqd-preflight"
 _TS_MS = 1_767_225_600_000  # 2026-01-01T00:00Z: any fixed hour
-
-
-class PreflightError(MqdError):
-    """The landing cannot encode a file with its settings: nothing would ever be published."""
-
-    retriable = False
 
 
 def _records() -> pa.Table:

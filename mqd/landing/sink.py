@@ -43,7 +43,7 @@ from mqd import metrics
 from mqd.config import LandingConfig
 from mqd.landing import preflight
 from mqd.landing.backends import open_store
-from mqd.landing.errors import LandingCorrupt, LandingError, PublishConflict
+from mqd.landing.errors import LandingCorrupt, LandingError, PreflightError, PublishConflict
 from mqd.landing.layout import FileRange
 from mqd.landing.micro_batches import TP, Drained, FileProgress, MicroBatch, MicroBatches
 from mqd.landing.publisher import OpenFile, Publisher, PublishOutcome
@@ -183,7 +183,7 @@ class LandingSink:
         compression = self._config.compression
         try:
             size = await self.run_blocking(preflight.encode_check, compression)
-        except preflight.PreflightError as exc:
+        except PreflightError as exc:
             log.error("landing cannot encode", error=str(exc))
             self.failure = exc
             return

@@ -43,8 +43,8 @@ import structlog
 from mqd import metrics
 from mqd.errors import MqdError
 from mqd.landing.chain_reader import ChainReader
-from mqd.landing.delta_log import LandingTable, StaleCommit, TableError, app_id
-from mqd.landing.errors import ChainBroken, LandingCorrupt, LandingError
+from mqd.landing.delta_log import LandingTable, app_id
+from mqd.landing.errors import ChainBroken, LandingCorrupt, LandingError, StaleCommit, TableError
 from mqd.landing.layout import FileRange
 from mqd.landing.objects import Objects
 

@@ -17,7 +17,7 @@ import urllib.parse
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mqd.errors import MqdError
+from mqd.landing.errors import QueryError
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -27,12 +27,6 @@ DEFAULT_SQL = (
     'max("offset") AS last_offset, max("timestamp") AS newest FROM landing GROUP BY 1, 2 ORDER BY 1, 2'
 )
 ENGINES = ("duckdb", "polars")
-
-
-class QueryError(MqdError):
-    """The query could not run (no table there, a missing engine, bad SQL)."""
-
-    retriable = False
 
 
 def _extension(module: Any, name: str) -> Path:

@@ -67,6 +67,7 @@ from mqd.config import MqdConfig
 from mqd.errors import MqdError
 from mqd.landing.backends import open_store
 from mqd.landing.chain_reader import ChainReader
+from mqd.landing.errors import LifecycleConflict
 from mqd.landing.schema import LANDING_SCHEMA, PARTITION_COLUMNS, landing_columns, landing_ddl, spark_type
 from mqd.landing.store import LandingStore
 from mqd.spark import dead_letters as dl
@@ -427,7 +428,7 @@ class _Recorder:
         for name, ckpt in self.queries:
             try:
                 lifecycle.register(self.store, name, str(ckpt))
-            except lifecycle.LifecycleConflict:
+            except LifecycleConflict:
                 raise  # running would let the other query's progress release this one's files
             except (MqdError, OSError) as exc:
                 _log.warning("lifecycle_register_failed", query=name, error=str(exc))

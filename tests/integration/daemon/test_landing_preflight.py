@@ -16,6 +16,7 @@ from mqd.client import BrokerClient
 from mqd.config import LandingConfig
 from mqd.daemon import Daemon
 from mqd.landing import preflight
+from mqd.landing.errors import PreflightError
 from mqd.waiting import wait_until
 
 
@@ -37,7 +38,7 @@ async def test_a_codec_that_cannot_encode_fails_the_daemon_at_start(
     cfg = daemon_config(cluster, tmp_path, max_age=300)
     cfg = cfg.model_copy(update={"landing": cfg.landing.model_copy(update={"compression": "nocodec"})})
     d = Daemon(cfg)
-    with pytest.raises(preflight.PreflightError, match=r"landing.compression = 'nocodec'"):
+    with pytest.raises(PreflightError, match=r"landing.compression = 'nocodec'"):
         await asyncio.wait_for(d.run(), 30)
     assert d.stats["records_published"] == 0
     # a publication may have begun a scratch file in _staging (removed at the next start): none landed

@@ -16,7 +16,8 @@ from support.table_readers import every_reader_keys, offsets
 
 from mqd import format as fmt
 from mqd.landing import delta_log, lifecycle
-from mqd.landing.delta_log import LandingTable, StaleCommit
+from mqd.landing.delta_log import LandingTable
+from mqd.landing.errors import StaleCommit
 from mqd.landing.layout import FileRange
 from mqd.landing.local_store import LocalStore
 from mqd.landing.publisher import Publisher

@@ -15,6 +15,7 @@ from support.landing import stage
 
 from mqd import format as fmt
 from mqd.landing import layout, lifecycle
+from mqd.landing.errors import LifecycleConflict
 from mqd.landing.local_store import LocalStore
 from mqd.landing.publisher import file_range
 from mqd.landing.store import LandingStore
@@ -145,7 +146,7 @@ def test_a_name_registered_with_another_checkpoint_is_refused(store: LandingStor
     same checkpoint registers again (a restart) and keeps its progress."""
     lifecycle.register(store, "mqd-events", "/a/ckpt/main")
     lifecycle.record_committed(store, "mqd-events", {"t/0": 2}, 1, "/a/ckpt/main")
-    with pytest.raises(lifecycle.LifecycleConflict, match="/a/ckpt/main"):
+    with pytest.raises(LifecycleConflict, match="/a/ckpt/main"):
         lifecycle.register(store, "mqd-events", "/b/ckpt/main")
     lifecycle.register(store, "mqd-events", "/a/ckpt/main")
     assert lifecycle.records(store)["mqd-events"].committed == {"t/0": 2}
