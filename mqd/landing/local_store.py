@@ -37,9 +37,8 @@ class LocalStore(LandingStore):
         max_event_ahead_ms: int = watermark.DEFAULT_MAX_EVENT_AHEAD_MS,
     ) -> None:
         self.root = Path(root)
-        # bounds every wait for a swap lock (local_objects.py): a frozen holder makes the write
-        # fail with a retriable error after it, never wait as long as the freeze
-        self.commit_lock_timeout = commit_lock_timeout
+        # commit_lock_timeout bounds every wait for a swap lock (local_objects.py): a frozen holder
+        # makes the write fail with a retriable error after it, never wait as long as the freeze
         super().__init__(
             LocalObjects(self.root, cas_lock_timeout=commit_lock_timeout),
             max_event_ahead_ms=max_event_ahead_ms,
