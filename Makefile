@@ -128,6 +128,7 @@ bench: install $(VENV)/.bench-installed
 	$(if $(SHAPES),,$(PY) -m bench.spark_once $(if $(QUICK),--quick))
 	$(if $(SHAPES),,$(PY) -m bench.kafka_to_table $(if $(QUICK),--quick))
 	$(if $(SHAPES),,$(PY) -m bench.landing_table_cost $(if $(QUICK),--sizes 200000 --rounds 1))
+	$(if $(SHAPES),,$(PY) -m bench.fixed_cost $(if $(QUICK),--sizes 20000,100000 --rounds 1))
 
 # KINDS=...: only these fault kinds (names, categories, classic, safety; see --help). SOURCE=kafka: three
 # Apache Kafka brokers (KRaft, a controller node of their own; replication 3, min.insync.replicas 2,

@@ -1,14 +1,11 @@
 """mqd: pull a partitioned message queue and land it, exactly once, as Parquet for Spark."""
 
-from importlib.metadata import PackageNotFoundError, version
-
 from mqd.log import library_default
 
-library_default()  # quiet unless the application configures logging (mqd/log.py)
+# The one place the version is written (pyproject.toml reads it): a lookup through
+# importlib.metadata cost every process ~35 ms of CPU before its first fetch (issue 34).
+__version__ = "0.1.0"
 
-try:
-    __version__ = version("mqd")
-except PackageNotFoundError:  # a source tree that was never installed
-    __version__ = "0+unknown"
+library_default()  # quiet unless the application configures logging (mqd/log.py)
 
 __all__ = ["__version__"]

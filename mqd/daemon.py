@@ -44,7 +44,6 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from mqd import metrics, offsets_reset
-from mqd.client import BrokerClient
 from mqd.config import MqdConfig
 from mqd.consumer import (
     Consumer,
@@ -61,6 +60,7 @@ from mqd.landing import layout
 from mqd.landing.errors import ChainBroken, CommitLockTimeout, LandingCorrupt, LandingError, TableUnavailable
 from mqd.landing.markers import IDLE_GRACE_MS
 from mqd.landing.sink import LandingSink, PublishResult
+from mqd.sources import open_source
 
 if TYPE_CHECKING:
     from mqd.landing.table_committer import TableCommitter
@@ -100,11 +100,6 @@ class Daemon:
     def __init__(self, config: MqdConfig, *, burst: bool = False) -> None:
         self._config = config
         self.burst = burst
-        self._client = BrokerClient(
-            request_timeout=config.consumer.request_timeout,
-            auth_token=config.consumer.auth_token,
-            ca_file=config.consumer.tls_ca_file,
-        )
         # the budget bounds the process's RSS above idle, not only what it charges (memory_gauge.py);
         # its baseline is taken once the landing encoded once (landing/preflight.py)
         self.memory = MemoryGauge()
@@ -115,7 +110,7 @@ class Daemon:
             config.consumer,
             start_position=self._start_position,
             listener=self,
-            client=self._client,
+            source=open_source(config.consumer),  # the source builds its own connections
             budget_held=True,  # the budget bounds answers until published, not only until drained
             memory_gauge=self.memory,
         )
@@ -187,7 +182,6 @@ class Daemon:
         self.state = "starting"
         self._started_at = time.monotonic()
         _use_jemalloc_pool()
-        await self._client.start()
         try:
             await self.sink.start()
         except LandingError as exc:
@@ -197,7 +191,6 @@ class Daemon:
             self.state = "failed"
             log.error("landing directory refused", error=str(exc))
             await self.sink.close()
-            await self._client.close()
             raise
         cc = self._config.consumer
         # until the first metadata answer nothing else is logged: say what start waits for
@@ -212,7 +205,6 @@ class Daemon:
         except BaseException:
             self.state = "failed"  # the consumer cleaned up after itself
             await self.sink.close()
-            await self._client.close()
             raise
         self._consumer_started = True
         self.sink.start_preflight()  # after the first fetch: it imports pyarrow (issue 16)
@@ -259,7 +251,6 @@ class Daemon:
             if self.state != "failed":
                 self.state = "stopped"
             await self.sink.close()
-            await self._client.close()
             self.memory.stop()
             return
         self.state = "stopping"
@@ -293,7 +284,6 @@ class Daemon:
         await self.sink.close()
         if self.table is not None:
             self.table.close()
-        await self._client.close()
         self.memory.stop()
         self.state = "stopped"
         log.info("daemon stopped", **self.stats)

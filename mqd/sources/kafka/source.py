@@ -50,7 +50,7 @@ import ssl
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import replace
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import structlog
 from aiokafka.client import AIOKafkaClient
@@ -80,6 +80,7 @@ from mqd.consumer.source import (
     PartitionResult,
     SourceError,
 )
+from mqd.lazy_import import lazy_import
 from mqd.sources.kafka.consumer_group_protocol import ConsumerProtocolGroup, ConsumerProtocolOffsetStore
 from mqd.sources.kafka.fetch_answer import MalformedAnswer, parsed_fetch
 from mqd.sources.kafka.fetch_errors import FetchOutcome, error_name, fetch_outcome, out_of_range_outcome
@@ -96,8 +97,12 @@ from mqd.sources.kafka.protocol_ext import (
 )
 from mqd.sources.kafka.protocol_ext import FetchRequest as KafkaFetchRequest
 from mqd.sources.kafka.read_replica import ReadReplicas
-from mqd.sources.kafka.record_batch import AbortedTxn, batch_heads, decode_partition
 from mqd.topic_partition import TopicPartition
+
+if TYPE_CHECKING:
+    from mqd.sources.kafka import record_batch
+else:  # numpy and pyarrow: imported at the first answer, after the first fetch is out (issue 34)
+    record_batch = lazy_import("mqd.sources.kafka.record_batch")
 
 log = structlog.get_logger("mqd.sources.kafka")
 
@@ -118,7 +123,7 @@ def _decode(
     check_crc: bool,
     *,
     tp: TopicPartition,
-    aborted: list[AbortedTxn] | None,
+    aborted: list[record_batch.AbortedTxn] | None,
     epochs: list[tuple[int, int]],
     broker: str,
 ) -> Decoded:
@@ -127,7 +132,9 @@ def _decode(
     would reach the fetcher's catch-all, which drops the node's whole answer and fetches the same
     bytes again at once, while an error here parks this partition with backoff."""
     try:
-        decoded = decode_partition(records, start, check_crc, tp=tp, aborted=aborted, broker=broker)
+        decoded = record_batch.decode_partition(
+            records, start, check_crc, tp=tp, aborted=aborted, broker=broker
+        )
     except Exception as exc:  # a decoder bug: the fuzz tests find none, the traceback says where
         log.exception("kafka record decoding failed", topic=tp.topic, partition=tp.partition, broker=broker)
         return Decoded([], f"{tp}: record batches at offset {start} from {broker}: decoder failed: {exc!r}")
@@ -389,7 +396,9 @@ class KafkaSource:
                     if changed is not None:
                         results.append(changed)
                         continue
-            transitions, found_end = batch_heads(records) if records and not error_code else ([], None)
+            transitions, found_end = (
+                record_batch.batch_heads(records) if records and not error_code else ([], None)
+            )
             outcome = fetch_outcome(
                 error_code,
                 offset=offset,
@@ -440,7 +449,7 @@ class KafkaSource:
         if outcome.status is FetchStatus.FOUND and records:
             aborted = None
             if self.read_committed:
-                aborted = [AbortedTxn(pid, first) for pid, first in part.aborted]
+                aborted = [record_batch.AbortedTxn(pid, first) for pid, first in part.aborted]
             decode = functools.partial(
                 _decode, records, tp=tp, aborted=aborted, epochs=transitions, broker=broker
             )

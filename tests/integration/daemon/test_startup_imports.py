@@ -13,10 +13,18 @@ import json
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from support.cli import mqd, produce, write_config
 from support.daemon import assert_exactly_once
 from support.harness import Cluster
+from support.kafka import landed_rows
+from support.kafka import produce as produce_kafka
+from support.kafka import tansu as tansu  # the fixture
+
+from mqd.testing import to_toml
+from mqd.testing.configfiles import daemon_section
+from mqd.testing.tansu import Tansu
 
 # imported only once the first fetch is on the wire: decoding and landing (pyarrow, numpy), the
 # admin endpoint (aiohttp.web, psutil, the status page)
@@ -79,13 +87,8 @@ sys.stderr = _Stderr(sys.stderr)
 '''
 
 
-def test_first_fetch_is_sent_before_pyarrow_numpy_and_admin_are_imported(
-    tmp_path: Path, cluster_factory: Callable[..., Cluster]
-) -> None:
-    """`mqd run --burst` (admin endpoint on, JSON logs) logs ``first fetch sent`` while none of
-    pyarrow, numpy, mqd.admin and difflib is in ``sys.modules`` and none of the broker's config models
-    is built, the garbage collector is on again, imports the first three afterwards, and lands every
-    record exactly once: the deferral changes when the cost is paid, not what the daemon does."""
+def _run_watched(tmp_path: Path, cfg: Path, watched: tuple[str, ...]) -> list[dict[str, Any]]:
+    """``mqd run --burst`` of ``cfg`` with the hook watching ``watched``; what the hook wrote."""
     hook = tmp_path / "hook"
     hook.mkdir()
     (hook / "sitecustomize.py").write_text(_HOOK)
@@ -93,25 +96,69 @@ def test_first_fetch_is_sent_before_pyarrow_numpy_and_admin_are_imported(
     env = {
         "PYTHONPATH": os.pathsep.join(p for p in (str(hook), os.environ.get("PYTHONPATH", "")) if p),
         "STARTUP_IMPORTS_FILE": str(out),
-        "STARTUP_IMPORTS_WATCHED": ",".join((*DEFERRED, *OFF_THE_START_PATH)),
+        "STARTUP_IMPORTS_WATCHED": ",".join(watched),
         "STARTUP_MODELS_WATCHED": ",".join((*BROKER_MODELS, "MqdConfig")),
     }
-    cluster = cluster_factory(topics={"events": 2})
-    cfg = write_config(tmp_path, cluster)
-    produce(cluster, 2000)
-
     res = mqd("run", "--config", str(cfg), "--burst", timeout=120, env=env)
     assert res.returncode == 0, res.stderr
-    assert_exactly_once(tmp_path, partitions=2, per_partition=1000)
-
     entries = [json.loads(line) for line in out.read_text().splitlines()]
     at_first_fetch = [e["first_fetch"] for e in entries if "first_fetch" in e]
     assert len(at_first_fetch) == 1, f"no 'first fetch sent' line seen: {res.stderr[-2000:]}"
     who = {e["imported"]: e["by"] for e in entries if "imported" in e}
     assert at_first_fetch[0] == [], {m: who.get(m) for m in at_first_fetch[0]}
+    return entries
+
+
+def _imported(entries: list[dict[str, Any]]) -> set[str]:
+    return {e["imported"] for e in entries if "imported" in e}
+
+
+def test_first_fetch_is_sent_before_pyarrow_numpy_and_admin_are_imported(
+    tmp_path: Path, cluster_factory: Callable[..., Cluster]
+) -> None:
+    """`mqd run --burst` (admin endpoint on, JSON logs) logs ``first fetch sent`` while none of
+    pyarrow, numpy, mqd.admin and difflib is in ``sys.modules`` and none of the broker's config models
+    is built, the garbage collector is on again, imports the first three afterwards, and lands every
+    record exactly once: the deferral changes when the cost is paid, not what the daemon does."""
+    cluster = cluster_factory(topics={"events": 2})
+    cfg = write_config(tmp_path, cluster)
+    produce(cluster, 2000)
+
+    entries = _run_watched(tmp_path, cfg, (*DEFERRED, *OFF_THE_START_PATH))
+    assert_exactly_once(tmp_path, partitions=2, per_partition=1000)
     (built,) = [e["built"] for e in entries if "built" in e]
     assert built == ["MqdConfig"], built  # the daemon's own model is built: the check sees builds
     # the collector, paused while start-up imports, runs again
     assert [e["gc_enabled"] for e in entries if "gc_enabled" in e] == [True]
     # the hook sees the imports (else the first assertion proves nothing): they came after
-    assert set(DEFERRED) <= set(who), who
+    assert set(DEFERRED) <= _imported(entries), entries
+
+
+def test_the_kafka_source_starts_without_the_mqd_brokers_http_client(tmp_path: Path, tansu: Tansu) -> None:
+    """With ``consumer.source = "kafka"`` nothing before the first fetch imports aiohttp or the
+    mqd broker's client (mqd.client): the daemon no longer builds that client, its source does
+    (issue 34: aiohttp's import alone was ~0.2 CPU-s of the Kafka source's start). The admin
+    endpoint, on here, imports aiohttp afterwards; every record lands."""
+    produce_kafka(tansu.bootstrap, [(p, None, b"v%d" % i, []) for p in range(2) for i in range(500)])
+    cfg = tmp_path / "mqd.toml"
+    cfg.write_text(
+        to_toml(
+            {
+                "consumer": {
+                    "source": "kafka",
+                    "mode": "broadcast",
+                    "bootstrap": [tansu.bootstrap],
+                    "topics": ["events"],
+                    "consume_from": "first",
+                    "offset_file": str(tmp_path / "state" / "offsets.json"),
+                },
+                "landing": {"dir": str(tmp_path / "landing"), "max_age": 0.3},
+                "admin": {"port": 0},
+                "log": {"level": "info", "format": "json"},
+                "daemon": daemon_section(tmp_path / "state"),
+            }
+        )
+    )
+    entries = _run_watched(tmp_path, cfg, (*DEFERRED, "aiohttp", "mqd.client"))
+    assert {p: len(rows) for p, rows in landed_rows(tmp_path / "landing").items()} == {0: 500, 1: 500}
+    assert {"aiohttp", "mqd.admin"} <= _imported(entries), entries

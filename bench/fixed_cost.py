@@ -1,0 +1,244 @@
+"""The daemon's fixed cost per run (issue 34): spawn to first fetch, and CPU seconds as the intercept
+of CPU against run size, for each source, per code tree, interleaved.
+
+One mqd broker cluster and (when the benchmark extras are installed) one Tansu broker hold the same
+records at two sizes, a topic per size. Each round runs every variant (a code tree: a checkout of
+mqd) on every source at both sizes, in an order rotated per round, each run ``mqd run --burst`` with
+a fresh group and landing over its whole topic, configured as a user runs it (the admin endpoint
+on, JSON logs). Per run: CPU seconds of the process, spawn to its first fetch (the ``first fetch
+sent`` log line), whether it landed every record. Per variant and source: the medians, and the
+fixed cost as the intercept of the line through the round's two sizes, its median over rounds::
+
+    python -m bench.fixed_cost                          # this tree, both sources, 5 rounds
+    python -m bench.fixed_cost --variant base=/tmp/mqd-base --variant new=. --rounds 7
+
+A tree's modules are compiled before the first round (``compileall``): an installed package has
+its bytecode, and ``PYTHONDONTWRITEBYTECODE`` in the environment would otherwise make every run
+compile mqd again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import compileall
+import itertools
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench import alt_kafka, common
+from bench import pipeline as pl
+from bench.common import WatchedProcess, Workload
+from mqd.testing import LocalCluster, to_toml
+from mqd.testing.configfiles import daemon_section
+from mqd.testing.tansu import Tansu
+
+PARTITIONS = 12
+VALUE_SIZE = 100
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def topic(size: int) -> str:
+    return f"fixed-{size}"
+
+
+def daemon_config(
+    path: Path, source: str, bootstrap: list[str], size: int, group: str, landing: Path
+) -> Path:
+    """A daemon over ``topic(size)``: the mqd broker source in a consumer group, or the Kafka
+    source in broadcast mode (no group join: the issue's setting for the Kafka side)."""
+    state = path.parent / f"state-{group}"
+    consumer: dict[str, Any] = {
+        "group": group,
+        "client_id": f"{group}-daemon",
+        "bootstrap": bootstrap,
+        "topics": [topic(size)],
+        "consume_from": "first",
+    }
+    if source == "kafka":
+        consumer |= {"source": "kafka", "mode": "broadcast", "offset_file": str(state / "offsets.json")}
+    body = {
+        "consumer": consumer,
+        "landing": {
+            "dir": str(landing),
+            "max_records": 500_000,
+            "max_bytes": 32 * 2**20,
+            "max_age": 5.0,
+            "compression": "snappy",
+        },
+        "admin": {"enabled": True, "host": "127.0.0.1", "port": 0},
+        "log": {"level": "info", "format": "json"},
+        "daemon": daemon_section(state),
+    }
+    path.write_text(to_toml(body))
+    return path
+
+
+def run_once(
+    variant: str, tree: Path, source: str, bootstrap: list[str], size: int, workdir: Path, tag: str
+) -> dict[str, Any]:
+    group = f"fc-{variant}-{source}-{size}-{tag}"
+    landing = workdir / f"landing-{group}"
+    cfg = daemon_config(workdir / f"{group}.toml", source, bootstrap, size, group, landing)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env["PYTHONPATH"] = str(tree)
+    proc = WatchedProcess(
+        [sys.executable, "-m", "mqd.cli", "run", "--config", str(cfg), "--burst"],
+        log_path=workdir / f"{group}.log",
+        cwd=workdir,
+        env=env,
+    )
+    load = os.getloadavg()[0]
+    proc.start()
+    stats = proc.finish(300.0)
+    if stats.exit_code != 0:
+        tail = proc.log_path.read_text(errors="replace")[-3000:]
+        raise RuntimeError(f"{group}: exit {stats.exit_code}:\n{tail}")
+    landed = pl.LandedCounter(landing, topic(size))()
+    shutil.rmtree(landing, ignore_errors=True)
+    first = common.log_event_time(proc.log_path, "first fetch sent")
+    return {
+        "variant": variant,
+        "source": source,
+        "size": size,
+        "exact": landed == size,
+        "landed": landed,
+        "cpu_s": round(stats.cpu_s, 3),
+        "wall_s": round(stats.wall_s, 3),
+        "spawn_to_first_fetch_s": round(first - stats.started_at, 3) if first else None,
+        "load": round(load, 2),
+    }
+
+
+def intercept(small: dict[str, Any], big: dict[str, Any]) -> tuple[float, float]:
+    """(fixed CPU-s, CPU-s per million records) of the line through two runs."""
+    slope = (big["cpu_s"] - small["cpu_s"]) / (big["size"] - small["size"])
+    return small["cpu_s"] - slope * small["size"], slope * 1e6
+
+
+def summarize(runs: list[dict[str, Any]], sizes: list[int]) -> list[dict[str, Any]]:
+    out = []
+    keys = sorted({(r["variant"], r["source"]) for r in runs}, key=lambda k: (k[1], k[0]))
+    lo, hi = min(sizes), max(sizes)
+    for variant, source in keys:
+        mine = [r for r in runs if r["variant"] == variant and r["source"] == source]
+        rounds = sorted({r["round"] for r in mine})
+        fits = []
+        for n in rounds:
+            pair = {r["size"]: r for r in mine if r["round"] == n}
+            if lo in pair and hi in pair:
+                fits.append(intercept(pair[lo], pair[hi]))
+        first = [r["spawn_to_first_fetch_s"] for r in mine if r["spawn_to_first_fetch_s"] is not None]
+        row: dict[str, Any] = {
+            "variant": variant,
+            "source": source,
+            "runs": len(mine),
+            "exact": all(r["exact"] for r in mine),
+            "spawn_to_first_fetch_s": round(statistics.median(first), 3) if first else None,
+            "fixed_cpu_s": round(statistics.median(f[0] for f in fits), 3) if fits else None,
+            "cpu_s_per_million": round(statistics.median(f[1] for f in fits), 3) if fits else None,
+            "load": round(statistics.median(r["load"] for r in mine), 2),
+        }
+        for size in sizes:
+            cpu = [r["cpu_s"] for r in mine if r["size"] == size]
+            row[f"cpu_s_at_{size}"] = round(statistics.median(cpu), 3) if cpu else None
+        out.append(row)
+    return out
+
+
+def markdown(result: dict[str, Any]) -> str:
+    sizes = result["sizes"]
+    head = "| source | variant | spawn → first fetch s | fixed CPU-s | CPU-s per M | " + " | ".join(
+        f"CPU-s at {s:,}" for s in sizes
+    )
+    lines = [head + " | exact | load |", "|" + "---|" * (7 + len(sizes))]
+    for r in result["summary"]:
+        cells = [
+            r["source"],
+            r["variant"],
+            r["spawn_to_first_fetch_s"],
+            r["fixed_cpu_s"],
+            r["cpu_s_per_million"],
+        ]
+        cells += [r[f"cpu_s_at_{s}"] for s in sizes] + [r["exact"], r["load"]]
+        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", default="200000,1000000", help="two run sizes, records")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--variant", action="append", help="name=tree (default: this tree as 'this')")
+    ap.add_argument("--source", default="mqd,kafka", help="mqd, kafka or both")
+    ap.add_argument("--out", type=Path, default=RESULTS / "fixed_cost.json")
+    args = ap.parse_args()
+    sizes = sorted(int(s) for s in args.sizes.split(","))
+    variants = [
+        (name, Path(tree).resolve())
+        for name, _, tree in (v.partition("=") for v in (args.variant or [f"this={Path.cwd()}"]))
+    ]
+    sources = args.source.split(",")
+    if "kafka" in sources and (why := alt_kafka.tansu_available()):
+        print(f"kafka source skipped: {why}", flush=True)
+        sources.remove("kafka")
+    for _, tree in variants:
+        compileall.compile_dir(tree / "mqd", quiet=1)
+    runs: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="mqd-fixed-") as tmp:
+        workdir = Path(tmp)
+        cluster = LocalCluster(
+            workdir / "cluster",
+            topics={topic(s): PARTITIONS for s in sizes},
+            groups=1,
+            slaves=0,
+            node_settings={"log_level": "warning"},
+        )
+        tansu = Tansu(workdir / "tansu") if "kafka" in sources else None
+        with cluster:
+            urls = list(cluster.urls.values())
+            for s in sizes:
+                asyncio.run(pl.produce_workload(urls, topic(s), Workload(s, VALUE_SIZE, PARTITIONS, 1000), 4))
+            try:
+                if tansu is not None:
+                    tansu.start()
+                    for s in sizes:
+                        tansu.create_topic(topic(s), PARTITIONS)
+                        alt_kafka.produce(
+                            tansu.bootstrap, topic(s), Workload(s, VALUE_SIZE, PARTITIONS, 1000)
+                        )
+                boot = {"mqd": urls, "kafka": [tansu.bootstrap] if tansu else []}
+                cells = list(itertools.product(variants, sources, sizes))
+                for n in range(args.rounds):
+                    k = n % len(cells)
+                    for (variant, tree), source, size in cells[k:] + cells[:k]:
+                        r = run_once(variant, tree, source, boot[source], size, workdir, str(n))
+                        r["round"] = n
+                        runs.append(r)
+                        print(json.dumps(r), flush=True)
+            finally:
+                if tansu is not None:
+                    tansu.stop()
+    result = {
+        "sizes": sizes,
+        "rounds": args.rounds,
+        "machine": common.machine_facts(),
+        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "runs": runs,
+        "summary": summarize(runs, sizes),
+    }
+    common.write_json(args.out, result)
+    args.out.with_suffix(".md").write_text(markdown(result))
+    print(markdown(result))
+    return 0 if all(r["exact"] for r in runs) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
