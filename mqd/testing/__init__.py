@@ -35,6 +35,12 @@ for typed records.
 The pieces underneath are public too: :class:`ManagedProcess` (one child process with its log:
 start, wait until ready, signal, stop with a SIGKILL deadline; sync and async) and the config file
 writers in :mod:`mqd.testing.configfiles`.
+
+:class:`HostRig` runs the whole production shape on one Linux machine, each part on a network host
+of its own (a network namespace on a shared bridge, :class:`HostNetwork`): three Apache Kafka
+brokers, three ``mqd run`` daemons in one group, SeaweedFS for S3, a Spark master and workers; it
+cuts, delays, freezes and kills by host (root needed: :func:`missing_requirements` says what is
+missing, so a suite can skip with the reason). See :mod:`mqd.testing.hosts`.
 """
 
 from mqd.testing.cluster import (
@@ -56,6 +62,8 @@ from mqd.testing.configfiles import (
     replica_credentials,
     to_toml,
 )
+from mqd.testing.hosts import HostRig
+from mqd.testing.hosts_net import HostNetwork, NetHost, missing_requirements
 from mqd.testing.kafka_cluster import KAFKA_VERSION, KafkaCluster, KafkaSecurity
 from mqd.testing.process import START_TIMEOUT, STOP_TIMEOUT, ManagedProcess, ProcessError
 from mqd.testing.schema_registry import SchemaRegistry
@@ -65,10 +73,13 @@ __all__ = [
     "KAFKA_VERSION",
     "START_TIMEOUT",
     "STOP_TIMEOUT",
+    "HostNetwork",
+    "HostRig",
     "KafkaCluster",
     "KafkaSecurity",
     "LocalCluster",
     "ManagedProcess",
+    "NetHost",
     "NodeAddress",
     "NodeProcess",
     "ProcessError",
@@ -81,6 +92,7 @@ __all__ = [
     "get_json",
     "group_names",
     "merge_settings",
+    "missing_requirements",
     "node_toml",
     "replica_credentials",
     "to_toml",
