@@ -189,7 +189,13 @@ def main() -> int:
     if "kafka" in sources and (why := alt_kafka.tansu_available()):
         print(f"kafka source skipped: {why}", flush=True)
         sources.remove("kafka")
-    for _, tree in variants:
+    for name, tree in variants:
+        if not any((tree / "mqd" / "sources" / "kafka").glob("_rbv2*.so")):
+            # the pure-Python fallback decodes ~10x slower: the Kafka rows would measure it
+            raise SystemExit(
+                f"{name}: {tree} has no compiled records kernel; build it there with "
+                "`python setup.py build_ext --inplace`"
+            )
         compileall.compile_dir(tree / "mqd", quiet=1)
     runs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="mqd-fixed-") as tmp:
