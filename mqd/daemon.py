@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import os
 import sys
 import time
@@ -420,6 +421,12 @@ class Daemon:
             self._clear_landing_error()
 
     def _take_memory_baseline(self) -> None:
+        # The landing encoded once: pyarrow, numpy and the writer's modules are in for good, ~20k
+        # objects no full collection needs to walk again (a burst's last trim_heap walked them all).
+        # Only where the process's owner froze its start-up (`mqd run`, cli.py): a test or an
+        # application running a Daemon in its own process decides about its own objects.
+        if gc.get_freeze_count():
+            gc.freeze()
         self.consumer.take_memory_baseline()
 
     def _apply(self, res: PublishResult) -> None:

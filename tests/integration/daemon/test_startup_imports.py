@@ -35,6 +35,7 @@ OFF_THE_START_PATH = ("difflib",)
 BROKER_MODELS = ("ClusterConfig", "BrokerConfig", "BrokerGroupSpec", "TopicSpec")
 
 _HOOK = '''
+import atexit
 import gc
 import json
 import os
@@ -76,6 +77,7 @@ class _Stderr:
             config = sys.modules["mqd.config"]
             _write({"built": sorted(n for n in _MODELS if getattr(config, n).__pydantic_complete__)})
             _write({"gc_enabled": gc.isenabled()})
+            _write({"frozen_at_first_fetch": gc.get_freeze_count()})
         return self._stream.write(text)
 
     def __getattr__(self, name):
@@ -83,6 +85,7 @@ class _Stderr:
 
 
 sys.meta_path.insert(0, _Who())
+atexit.register(lambda: _write({"frozen_at_exit": gc.get_freeze_count()}))
 sys.stderr = _Stderr(sys.stderr)
 '''
 
@@ -118,7 +121,9 @@ def test_first_fetch_is_sent_before_pyarrow_numpy_and_admin_are_imported(
 ) -> None:
     """`mqd run --burst` (admin endpoint on, JSON logs) logs ``first fetch sent`` while none of
     pyarrow, numpy, mqd.admin and difflib is in ``sys.modules`` and none of the broker's config models
-    is built, the garbage collector is on again, imports the first three afterwards, and lands every
+    is built, the garbage collector is on again with the start-up's objects frozen (gc.freeze: no
+    full collection walks them again; the warm-up's are frozen once the landing encoded), imports
+    the first three afterwards, and lands every
     record exactly once: the deferral changes when the cost is paid, not what the daemon does."""
     cluster = cluster_factory(topics={"events": 2})
     cfg = write_config(tmp_path, cluster)
@@ -130,6 +135,10 @@ def test_first_fetch_is_sent_before_pyarrow_numpy_and_admin_are_imported(
     assert built == ["MqdConfig"], built  # the daemon's own model is built: the check sees builds
     # the collector, paused while start-up imports, runs again
     assert [e["gc_enabled"] for e in entries if "gc_enabled" in e] == [True]
+    # and never walks the start-up's objects again, nor, once the landing encoded, the warm-up's
+    (at_first_fetch,) = [e["frozen_at_first_fetch"] for e in entries if "frozen_at_first_fetch" in e]
+    (at_exit,) = [e["frozen_at_exit"] for e in entries if "frozen_at_exit" in e]
+    assert 0 < at_first_fetch < at_exit, (at_first_fetch, at_exit)
     # the hook sees the imports (else the first assertion proves nothing): they came after
     assert set(DEFERRED) <= _imported(entries), entries
 
