@@ -21,7 +21,7 @@ from __future__ import annotations
 import itertools
 import struct
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import cramjam
 import crc32c
@@ -140,6 +140,26 @@ def _control_type(records: bytes | cramjam.Buffer | memoryview) -> int:
 _Row = tuple[int, int, int, int, int, int, int]  # a row of records_kernel's segment table
 
 
+@dataclass(slots=True)
+class _Scan:
+    """What one pass over an answer's batch headers found: the kernel's segment table (``rows``)
+    and where the answer stops, with the decompressed sections kept alive until the kernel copied
+    them."""
+
+    next_offset: int | None = None  # the offset after the last whole batch delivered
+    wire: int = 0  # bytes of the batches delivered
+    error: str | None = None
+    keep: list[object] = field(default_factory=list)
+    rows: list[_Row] = field(default_factory=list)
+    seg_start_next: list[int | None] = field(default_factory=list)  # next_offset before each segment
+    floors: list[int] = field(default_factory=list)  # per segment: its records below this are not new
+    # batches behind what this answer already gave: (segment it precedes or is, base offset,
+    # records dropped; -1 for a segment whose cut the decoded offsets tell)
+    disorder: list[tuple[int, int, int]] = field(default_factory=list)
+    dropped: int = 0  # records of aborted transactions
+    controls: int = 0  # control batches
+
+
 def decode_partition(
     data: bytes | memoryview,
     start: int,
@@ -154,48 +174,63 @@ def decode_partition(
     the end of the last whole batch (one, or one per run of kept records where the answer overlapped
     itself). ``aborted``: the answer's aborted transactions under read_committed, None under
     read_uncommitted. ``broker`` names the node in the log line of an out-of-order answer."""
-    mv = memoryview(data).cast("B")
+    scan = _scan(memoryview(data).cast("B"), start, check_crc, tp, aborted)
+    _count_skipped(tp, scan)
+    records, held = _kernel_records(scan, tp, compiled)
+    scan.keep.clear()
+    next_offset = scan.next_offset
+    if next_offset is None or next_offset <= start:
+        return Decoded([], scan.error)
+    nseg = len(scan.rows)
+    # what an error cut off was not delivered: neither are its out-of-order batches
+    disorder = [d for d in scan.disorder if d[0] < nseg or (d[0] == nseg and d[2] >= 0)]
+    late = 0
+    if records is None:
+        pieces = [DecodedBatch(_empty(), start, next_offset, scan.wire)]
+    else:
+        overlapping = [s for s, _, k in disorder if k < 0]
+        pieces, late = _cut(records, scan.rows, scan.floors, overlapping, start, next_offset, scan.wire)
+    if disorder:
+        _report(tp, broker, start, disorder, late)
+    return Decoded(pieces, scan.error, held)
+
+
+def _scan(
+    mv: memoryview, start: int, check_crc: bool, tp: TopicPartition, aborted: Sequence[AbortedTxn] | None
+) -> _Scan:
+    """One pass over the batch headers (no record is touched): the segments the kernel decodes, the
+    batches skipped (behind ``start``, aborted, control) and the first problem, which ends the pass."""
+    out = _Scan()
     size = len(mv)
     pos = 0
     expected = start  # the lowest offset not delivered yet: start, then the highest batch end so far
-    next_offset: int | None = None
-    wire = 0
-    error: str | None = None
-    keep: list[object] = []  # decompressed sections: alive until the kernel copied them
-    rows: list[_Row] = []  # records_kernel's segment table
-    seg_start_next: list[int | None] = []  # next_offset before each segment (a kernel error cuts there)
-    floors: list[int] = []  # per segment: its records below this one are not delivered
-    # batches behind what this answer already gave: (segment it precedes or is, base offset,
-    # records dropped; -1 for a segment whose cut the decoded offsets tell)
-    disorder: list[tuple[int, int, int]] = []
     txns = sorted(aborted or (), key=lambda a: a.first_offset)
     ti = 0
     aborted_pids: set[int] = set()
-    dropped = controls = 0
     base_addr = np.frombuffer(mv, np.uint8).ctypes.data if size else 0
     while pos + 17 <= size:
         base, length = struct.unpack_from(">qi", mv, pos)
         magic = mv[pos + 16]
         if magic != 2:
-            error = (
+            out.error = (
                 f"{tp}: record batch at offset {base} has magic {magic}: only magic 2 (Kafka 0.11+ "
                 "RecordBatch) is supported; upgrade the topic's message format"
             )
             break
         total = LOG_OVERHEAD + length
         if length < HEADER_SIZE - LOG_OVERHEAD:
-            error = f"{tp}: record batch at offset {base} has a bad length {length}"
+            out.error = f"{tp}: record batch at offset {base} has a bad length {length}"
             break
         if pos + total > size:
             break  # partial trailing batch: the broker cut the answer at max_bytes
         (_, _, _, _, crc, attrs, last_delta, base_ts, max_ts, pid, _, _, count) = HEADER.unpack_from(mv, pos)
         if check_crc and crc32c.crc32c(mv[pos + CRC_FROM : pos + total]) != crc:
-            error = f"{tp}: record batch at offset {base}: CRC-32C mismatch (corrupt data)"
+            out.error = f"{tp}: record batch at offset {base}: CRC-32C mismatch (corrupt data)"
             break
         batch_next = base + last_delta + 1
         if count < 0 or batch_next > _MAX_OFFSET:
             what = f"a negative record count {count}" if count < 0 else "offsets past 2^63-1"
-            error = f"{tp}: record batch at offset {base} has {what}"
+            out.error = f"{tp}: record batch at offset {base} has {what}"
             break
         here = pos
         pos += total
@@ -205,22 +240,22 @@ def decode_partition(
                 aborted_pids.add(txns[ti].producer_id)
                 ti += 1
         if batch_next <= expected:
-            if next_offset is not None:  # behind this answer's own batches, not only before start
-                disorder.append((len(rows), base, 0 if attrs & CONTROL else count))
+            if out.next_offset is not None:  # behind this answer's own batches, not only before start
+                out.disorder.append((len(out.rows), base, 0 if attrs & CONTROL else count))
             continue
-        overlaps = next_offset is not None and base < expected
+        overlaps = out.next_offset is not None and base < expected
         codec = attrs & COMPRESSION_MASK
         try:
             if attrs & CONTROL:
                 skip = True
-                controls += 1
+                out.controls += 1
                 if aborted is not None and pid in aborted_pids and count > 0:
                     body = decompress(codec, mv[here + HEADER_SIZE : here + total])
                     if _control_type(body) == 0:
                         aborted_pids.discard(pid)
             elif aborted is not None and attrs & TRANSACTIONAL and pid in aborted_pids:
                 skip = True
-                dropped += count
+                out.dropped += count
             if not skip and count > 0:
                 section = decompress(codec, mv[here + HEADER_SIZE : here + total])
                 if codec == 0:
@@ -228,55 +263,51 @@ def decode_partition(
                     n = total - HEADER_SIZE
                 else:
                     arr = np.frombuffer(memoryview(section), np.uint8)
-                    keep.append(arr)
+                    out.keep.append(arr)
                     addr, n = (arr.ctypes.data if len(arr) else 0), len(arr)
                 fixed = max_ts if attrs & TIMESTAMP_LOG_APPEND else NO_TS
                 if overlaps:
-                    disorder.append((len(rows), base, -1))
-                rows.append((addr, n, count, last_delta, base, base_ts, fixed))
-                seg_start_next.append(next_offset)
-                floors.append(expected)
+                    out.disorder.append((len(out.rows), base, -1))
+                out.rows.append((addr, n, count, last_delta, base, base_ts, fixed))
+                out.seg_start_next.append(out.next_offset)
+                out.floors.append(expected)
             elif overlaps:
-                disorder.append((len(rows), base, 0))  # nothing of it delivered anyway
+                out.disorder.append((len(out.rows), base, 0))  # nothing of it delivered anyway
         except (RecordBatchError, IndexError, struct.error) as exc:
-            error = f"{tp}: record batch at offset {base}: {exc}"
+            out.error = f"{tp}: record batch at offset {base}: {exc}"
             break
-        wire += total
-        next_offset = batch_next
+        out.wire += total
+        out.next_offset = batch_next
         expected = batch_next
-    if dropped or controls:
+    return out
+
+
+def _count_skipped(tp: TopicPartition, scan: _Scan) -> None:
+    if scan.dropped or scan.controls:
         label = (tp.topic, str(tp.partition))
-        if dropped:
-            aborted_records.labels(*label).inc(dropped)
-        if controls:
-            control_records.labels(*label).inc(controls)
-    records: pa.RecordBatch | None = None
-    held: tuple[tuple[object, int], ...] = ()
-    while rows:  # a failing segment goes with all after it, so this ends; the last error is the earliest
+        if scan.dropped:
+            aborted_records.labels(*label).inc(scan.dropped)
+        if scan.controls:
+            control_records.labels(*label).inc(scan.controls)
+
+
+def _kernel_records(
+    scan: _Scan, tp: TopicPartition, compiled: bool | None
+) -> tuple[pa.RecordBatch | None, tuple[tuple[object, int], ...]]:
+    """The scanned segments' records as one Arrow batch (None: no segment). A segment the kernel
+    refuses is cut with all after it and becomes the scan's error (so this ends; the last error is
+    the earliest), the delivered end moving back to before it."""
+    rows = scan.rows
+    while rows:
         try:
-            records, held = _to_arrow(rows, compiled)
-            break
+            return _to_arrow(rows, compiled)
         except KernelError as exc:
             bad = min(max(exc.segment, 0), len(rows) - 1)
-            error = f"{tp}: record batch at offset {rows[bad][records_kernel.S_BASE_OFFSET]}: {exc}"
-            next_offset = seg_start_next[bad]
-            wire = 0  # unknown split: charge nothing rather than wrongly; the budget pins the body
+            scan.error = f"{tp}: record batch at offset {rows[bad][records_kernel.S_BASE_OFFSET]}: {exc}"
+            scan.next_offset = scan.seg_start_next[bad]
+            scan.wire = 0  # unknown split: charge nothing rather than wrongly; the budget pins the body
             del rows[bad:]
-    del keep
-    if next_offset is None or next_offset <= start:
-        return Decoded([], error)
-    nseg = len(rows)
-    # what an error cut off was not delivered: neither are its out-of-order batches
-    disorder = [d for d in disorder if d[0] < nseg or (d[0] == nseg and d[2] >= 0)]
-    late = 0
-    if records is None:
-        pieces = [DecodedBatch(_empty(), start, next_offset, wire)]
-    else:
-        overlapping = [s for s, _, k in disorder if k < 0]
-        pieces, late = _cut(records, rows, floors, overlapping, start, next_offset, wire)
-    if disorder:
-        _report(tp, broker, start, disorder, late)
-    return Decoded(pieces, error, held)
+    return None, ()
 
 
 def _cut(
