@@ -192,6 +192,52 @@ def _source(spark: Any, config: MqdConfig) -> Any:
     )
 
 
+def _value_schema(ddl: str) -> Any:
+    """``spark.value_schema`` as a Spark struct, or SparkJobError naming what is wrong with it."""
+    from pyspark.sql.types import StructType
+
+    try:
+        value_schema = StructType.fromDDL(ddl)
+    except Exception as exc:  # Spark raises its own parse exception types
+        raise SparkJobError(f"spark.value_schema is not a valid Spark DDL schema: {exc}") from None
+    if not isinstance(value_schema, StructType):
+        raise SparkJobError("spark.value_schema must be a list of fields: 'a INT, b STRING'")
+    if CORRUPT_COLUMN in value_schema.fieldNames():
+        raise SparkJobError(f"spark.value_schema must not use the reserved column {CORRUPT_COLUMN}")
+    return value_schema
+
+
+def _json_dead_letters(checked: Any, config: MqdConfig) -> Any:
+    """JSON mode's rows with a ``_reason``, as dead letters (dead_letters.py's columns), counted per
+    error class in the batch's observed metrics."""
+    from pyspark.sql import functions as F
+
+    if is_object_landing(config):
+        from mqd.spark.landing_source import SOURCE_FILE_COLUMN
+
+        source_file = F.col(SOURCE_FILE_COLUMN)
+    else:
+        source_file = F.col("_metadata.file_path")
+    message = F.lit(None).cast("string")
+    for name, text in reversed([(c, dl.ERROR_CLASSES[c]) for c in dl.JSON_CLASSES]):
+        message = F.when(F.col("_reason") == name, F.lit(text)).otherwise(message)
+    bad = checked.where(F.col("_reason").isNotNull()).select(
+        *output_columns(),
+        F.col("_reason").alias(dl.ERROR_CLASS_COLUMN),
+        message.alias(dl.ERROR_MESSAGE_COLUMN),
+        F.lit(None).cast("int").alias(dl.SCHEMA_ID_COLUMN),
+        source_file.alias(dl.SOURCE_FILE_COLUMN),
+        F.current_timestamp().alias(dl.DEAD_LETTERED_AT_COLUMN),
+    )
+    per_class = [
+        F.sum(F.when(F.col(dl.ERROR_CLASS_COLUMN) == name, 1).otherwise(0)).alias(
+            f"{DEAD_LETTER_PREFIX}{name}"
+        )
+        for name in dl.JSON_CLASSES
+    ]
+    return bad.observe(BATCH_METRICS, F.count(F.lit(1)).alias("rows"), *per_class)
+
+
 def _queries(spark: Any, config: MqdConfig) -> list[tuple[str, Any, str, Path, list[str]]]:
     """(name, dataframe, output location, checkpoint, partition columns) per streaming query."""
     from pyspark.sql import functions as F
@@ -224,14 +270,7 @@ def _queries(spark: Any, config: MqdConfig) -> list[tuple[str, Any, str, Path, l
             )
         ]
 
-    try:
-        value_schema = StructType.fromDDL(sc.value_schema)
-    except Exception as exc:  # Spark raises its own parse exception types
-        raise SparkJobError(f"spark.value_schema is not a valid Spark DDL schema: {exc}") from None
-    if not isinstance(value_schema, StructType):
-        raise SparkJobError("spark.value_schema must be a list of fields: 'a INT, b STRING'")
-    if CORRUPT_COLUMN in value_schema.fieldNames():
-        raise SparkJobError(f"spark.value_schema must not use the reserved column {CORRUPT_COLUMN}")
+    value_schema = _value_schema(sc.value_schema)
     parse_schema = StructType([*value_schema.fields, StructField(CORRUPT_COLUMN, StringType())])
     parsed = df.withColumn(
         "_v",
@@ -260,30 +299,7 @@ def _queries(spark: Any, config: MqdConfig) -> list[tuple[str, Any, str, Path, l
     )
     _check_partitioning(sc.partition_by, good.columns, sc.table_format)
     good = _partitioned(good, fields, extra=EXTRA_COLUMN)
-    if is_object_landing(config):
-        from mqd.spark.landing_source import SOURCE_FILE_COLUMN
-
-        source_file = F.col(SOURCE_FILE_COLUMN)
-    else:
-        source_file = F.col("_metadata.file_path")
-    message = F.lit(None).cast("string")
-    for name, text in reversed([(c, dl.ERROR_CLASSES[c]) for c in dl.JSON_CLASSES]):
-        message = F.when(F.col("_reason") == name, F.lit(text)).otherwise(message)
-    bad = checked.where(F.col("_reason").isNotNull()).select(
-        *output_columns(),
-        F.col("_reason").alias(dl.ERROR_CLASS_COLUMN),
-        message.alias(dl.ERROR_MESSAGE_COLUMN),
-        F.lit(None).cast("int").alias(dl.SCHEMA_ID_COLUMN),
-        source_file.alias(dl.SOURCE_FILE_COLUMN),
-        F.current_timestamp().alias(dl.DEAD_LETTERED_AT_COLUMN),
-    )
-    per_class = [
-        F.sum(F.when(F.col(dl.ERROR_CLASS_COLUMN) == name, 1).otherwise(0)).alias(
-            f"{DEAD_LETTER_PREFIX}{name}"
-        )
-        for name in dl.JSON_CLASSES
-    ]
-    bad = bad.observe(BATCH_METRICS, F.count(F.lit(1)).alias("rows"), *per_class)
+    bad = _json_dead_letters(checked, config)
     qparts = [f.name for f in fields if f.is_column and f.name in _LANDING_COLUMNS]
     return [
         (
@@ -475,16 +491,29 @@ def run(config: MqdConfig, *, once: bool, master: str | None = None) -> int:
         return EXIT_SESSION
 
 
-def _run(config: MqdConfig, *, once: bool, master: str | None = None) -> int:
-    """Run the job. ``once``: process what is in the landing directory (availableNow) and return;
-    otherwise run until SIGTERM/SIGINT. Returns a process exit code (0 ok, 1 query failed,
-    2 bad configuration, 75 no Spark session: EXIT_SESSION)."""
-    log = _log.bind(query=query_name(config))
-    url = master or config.spark.master
+def _start_problem(config: MqdConfig, url: str, log: Any) -> int | None:
+    """The exit code (logged) when the job cannot start: the master's URL (``--master`` bypasses
+    the config's check), the landing unreadable, the output a table of another format; None: go
+    on. Files in the landing that no claim chain names are logged, not read."""
     problem = master_problem(url)
-    if problem is not None:  # --master bypasses the config's check
+    if problem is not None:
         log.error("spark_master_invalid", master=url, error=problem)
         return 2
+    code = _landing_problem(config, log)
+    if code is not None:
+        return code
+    from mqd.config import table_format_problem
+
+    problem = table_format_problem(config)
+    if problem is not None:
+        log.error("spark_table_format", error=problem)
+        return 2
+    return None
+
+
+def _landing_problem(config: MqdConfig, log: Any) -> int | None:
+    """The exit code when the landing cannot be read at all (None: go on); files it holds that no
+    claim chain names are logged, not read."""
     if is_object_landing(config):
         try:
             stray_keys = unlisted_objects(config)
@@ -512,12 +541,90 @@ def _run(config: MqdConfig, *, once: bool, master: str | None = None) -> int:
                 note="not in the manifest: Spark reads them if they are valid Parquet with the "
                 "landing schema; a corrupt one fails the job",
             )
-    from mqd.config import table_format_problem
+    return None
 
-    problem = table_format_problem(config)
-    if problem is not None:
-        log.error("spark_table_format", error=problem)
-        return 2
+
+def _start_queries(
+    config: MqdConfig,
+    plan: list[Any],
+    typed_sink: Any,
+    iceberg_sinks: list[Any],
+    started: list[Any],
+    *,
+    once: bool,
+    log: Any,
+) -> None:
+    """Start each planned query (appended to ``started`` as it starts, so a stop reaches it): into
+    the typed sink, or the table writer of the configured format."""
+    for name, df, out, ckpt, parts in plan:
+        if typed_sink is not None:
+            writer = df.writeStream.queryName(name).foreachBatch(typed_sink)
+        else:
+            writer = _table_writer(
+                config, df.writeStream.queryName(name), out, parts, name, ckpt, iceberg_sinks
+            )
+        writer = writer.option("checkpointLocation", str(ckpt))
+        writer = (
+            writer.trigger(availableNow=True)
+            if once
+            else writer.trigger(processingTime=config.spark.trigger_interval)
+        )
+        started.append(writer.start())
+        log.info("spark_query_started", query=name, output=out, checkpoint=str(ckpt), once=once)
+
+
+def _maintain_once(spark: Any, maintenance: Any, iceberg_sinks: list[Any]) -> None:
+    """A --once run's table maintenance, after its queries ended, where it is due."""
+    if maintenance is not None:
+        maintenance.run_if_due(spark)
+    if iceberg_sinks:
+        from mqd.spark.iceberg_sink import maintain_if_due
+
+        for sink in iceberg_sinks:
+            maintain_if_due(sink)
+
+
+def _prepare(spark: Any, config: MqdConfig, log: Any) -> tuple[list[Any], _Recorder] | None:
+    """The planned queries and their lifecycle recorder, registered; None (logged) when the config,
+    a checkpoint or a query name refuses the run (exit 2)."""
+    try:
+        plan = _queries(spark, config)
+    except SparkJobError as exc:
+        log.error("spark_job_config", error=str(exc))
+        return None
+    mismatch = _checkpoint_mismatch(spark, config, plan)
+    if mismatch is not None:
+        log.error("spark_checkpoint_mismatch", error=mismatch)
+        return None
+    recorder = _Recorder(config, [(name, ckpt) for name, _df, _out, ckpt, _parts in plan])
+    try:
+        recorder.register()  # before any query runs: from now on each holds its files back
+    except MqdError as exc:
+        log.error("lifecycle_query_name_taken", error=str(exc))
+        return None
+    return plan, recorder
+
+
+def _start_streaming_threads(
+    spark: Any, recorder: _Recorder, maintenance: Any, stopping: threading.Event
+) -> None:
+    """A streaming run's lifecycle recorder and table maintenance, between batches, until ``stopping``."""
+    threading.Thread(target=recorder.run, args=(stopping,), name="mqd-lifecycle", daemon=True).start()
+    if maintenance is not None:
+        threading.Thread(
+            target=_maintain, args=(maintenance, spark, stopping), name="mqd-maintenance", daemon=True
+        ).start()
+
+
+def _run(config: MqdConfig, *, once: bool, master: str | None = None) -> int:
+    """Run the job. ``once``: process what is in the landing directory (availableNow) and return;
+    otherwise run until SIGTERM/SIGINT. Returns a process exit code (0 ok, 1 query failed,
+    2 bad configuration, 75 no Spark session: EXIT_SESSION)."""
+    log = _log.bind(query=query_name(config))
+    url = master or config.spark.master
+    code = _start_problem(config, url, log)
+    if code is not None:
+        return code
     had_session = _session_running()
     if is_object_landing(config):
         python_workers(url)
@@ -553,37 +660,12 @@ def _run(config: MqdConfig, *, once: bool, master: str | None = None) -> int:
     # a failed batch that would fail again at every restart (mqd/spark/partitioning.py)
     spark.conf.set("spark.sql.ansi.enabled", "false")
     try:
-        try:
-            plan = _queries(spark, config)
-        except SparkJobError as exc:
-            log.error("spark_job_config", error=str(exc))
+        prepared = _prepare(spark, config, log)
+        if prepared is None:
             return 2
-        mismatch = _checkpoint_mismatch(spark, config, plan)
-        if mismatch is not None:
-            log.error("spark_checkpoint_mismatch", error=mismatch)
-            return 2
-        recorder = _Recorder(config, [(name, ckpt) for name, _df, _out, ckpt, _parts in plan])
-        try:
-            recorder.register()  # before any query runs: from now on each holds its files back
-        except MqdError as exc:
-            log.error("lifecycle_query_name_taken", error=str(exc))
-            return 2
+        plan, recorder = prepared
         typed_sink = _typed_sink(spark, config, batch_log) if is_typed(config) else None
-        for name, df, out, ckpt, parts in plan:
-            if typed_sink is not None:
-                writer = df.writeStream.queryName(name).foreachBatch(typed_sink)
-            else:
-                writer = _table_writer(
-                    config, df.writeStream.queryName(name), out, parts, name, ckpt, iceberg_sinks
-                )
-            writer = writer.option("checkpointLocation", str(ckpt))
-            writer = (
-                writer.trigger(availableNow=True)
-                if once
-                else writer.trigger(processingTime=config.spark.trigger_interval)
-            )
-            started.append(writer.start())
-            log.info("spark_query_started", query=name, output=out, checkpoint=str(ckpt), once=once)
+        _start_queries(config, plan, typed_sink, iceberg_sinks, started, once=once, log=log)
         maintenance = _maintenance(config, plan)
         # a --once run too: Spark keeps the progress of the last 100 batches only
         polled = [] if typed_sink is not None else started  # a typed sink logs its own batches
@@ -591,11 +673,7 @@ def _run(config: MqdConfig, *, once: bool, master: str | None = None) -> int:
             target=_log_batches, args=(batch_log, polled, stopping), name="mqd-batch-log", daemon=True
         ).start()
         if not once:
-            threading.Thread(target=recorder.run, args=(stopping,), name="mqd-lifecycle", daemon=True).start()
-            if maintenance is not None:
-                threading.Thread(
-                    target=_maintain, args=(maintenance, spark, stopping), name="mqd-maintenance", daemon=True
-                ).start()
+            _start_streaming_threads(spark, recorder, maintenance, stopping)
         for q in started:
             q.awaitTermination()
             if q.exception() is not None and not stopping.is_set():
@@ -604,13 +682,8 @@ def _run(config: MqdConfig, *, once: bool, master: str | None = None) -> int:
         stopping.set()  # the queries are done: no new maintenance round beside what follows
         recorder.record()
         batch_log.poll(polled)
-        if once and maintenance is not None:  # a streaming run's thread did it between batches
-            maintenance.run_if_due(spark)
-        if once and iceberg_sinks:
-            from mqd.spark.iceberg_sink import maintain_if_due
-
-            for sink in iceberg_sinks:
-                maintain_if_due(sink)
+        if once:  # a streaming run's threads did it between batches
+            _maintain_once(spark, maintenance, iceberg_sinks)
         for q in started:
             progress = q.lastProgress or {}
             log.info(
