@@ -674,7 +674,8 @@ def markdown(result: dict[str, Any]) -> str:
                     else "-"
                 )
                 lines.append(
-                    f"| {s['shape']} | {name} | {_s(v['whole'])} | {_s(v['steady'])} | {ratio} | "
+                    f"| {s['shape']} ({s['records']:,}) | {name} | {_s(v['whole'])} | "
+                    f"{_s(v['steady'])} | {ratio} | "
                     f"{_s(v['startup_s'], '.2f')} | {_s(v['cpu_per_m'], '.2f')} | "
                     f"{_s(v['peak_rss_mb'], ',.0f')} | {v['exact']} ({v['runs'] - v['failed']}/{v['runs']}) |"
                 )
@@ -684,7 +685,7 @@ def markdown(result: dict[str, Any]) -> str:
             if not mq.get("whole"):
                 continue
             lines.append(
-                f"- {s['shape']}: {_s(mq.get('files'))} files, median "
+                f"- {s['shape']} ({s['records']:,} records): {_s(mq.get('files'))} files, median "
                 f"{_s(mq.get('median_file_mb'), '.1f')} MB; share of files >= max_bytes / 2 (each "
                 f"partition's last file aside): {_s(mq.get('burst_share'), '.2f')}; spawn to first fetch "
                 f"{_s(mq.get('spawn_to_first_fetch_s'), '.2f')} s."
