@@ -61,6 +61,7 @@ from mqd.landing import layout
 from mqd.landing.errors import ChainBroken, CommitLockTimeout, LandingCorrupt, LandingError, TableUnavailable
 from mqd.landing.markers import IDLE_GRACE_MS
 from mqd.landing.sink import LandingSink, PublishResult
+from mqd.process_state import DaemonState
 from mqd.sources import open_source
 
 if TYPE_CHECKING:
@@ -115,7 +116,7 @@ class Daemon:
             budget_held=True,  # the budget bounds answers until published, not only until drained
             memory_gauge=self.memory,
         )
-        self.state = "created"  # created, starting, running, stopping, stopped, failed
+        self.state = DaemonState.CREATED
         self.last_loop_time = time.monotonic()
         self._started_at: float | None = None
         self._user_paused: set[TopicPartition] = set()
@@ -178,9 +179,9 @@ class Daemon:
         """Open the landing directory, start the consumer (first assignment resolved from the
         landing directory). An unwritable landing directory does not fail start: the daemon comes
         up degraded, paused, and retries."""
-        if self.state != "created":
+        if self.state != DaemonState.CREATED:
             return
-        self.state = "starting"
+        self.state = DaemonState.STARTING
         self._started_at = time.monotonic()
         _use_jemalloc_pool()
         try:
@@ -189,7 +190,7 @@ class Daemon:
             self._set_landing_error(exc)
         except LandingCorrupt as exc:
             # not ours to fix (another landing format, a foreign marker): refuse to start
-            self.state = "failed"
+            self.state = DaemonState.FAILED
             log.error("landing directory refused", error=str(exc))
             await self.sink.close()
             raise
@@ -204,14 +205,14 @@ class Daemon:
         try:
             await self.consumer.start()
         except BaseException:
-            self.state = "failed"  # the consumer cleaned up after itself
+            self.state = DaemonState.FAILED  # the consumer cleaned up after itself
             await self.sink.close()
             raise
         self._consumer_started = True
         self.sink.start_preflight()  # after the first fetch: it imports pyarrow (issue 16)
         if self._landing_error is not None:
             self._pause_for_disk(self.consumer.assignment())
-        self.state = "running"
+        self.state = DaemonState.RUNNING
         log.info(
             "daemon started",
             landing=str(self._config.landing.dir),
@@ -222,9 +223,9 @@ class Daemon:
     async def run(self, shutdown: Awaitable[object] | None = None) -> None:
         """Work until ``shutdown`` resolves (or, in burst mode, until everything owned is landed
         and committed), then stop()."""
-        if self.state == "created":
+        if self.state == DaemonState.CREATED:
             await self.start()
-        if self.state != "running":
+        if self.state != DaemonState.RUNNING:
             return
         self._work_task = asyncio.create_task(self._work(), name="mqd-daemon-work")
         waiters: set[asyncio.Future[Any]] = {self._work_task}
@@ -248,13 +249,13 @@ class Daemon:
         await asyncio.shield(self._stop_task)
 
     async def _stop(self, timeout: float | None) -> None:
-        if not self._consumer_started or self.state == "stopped":
-            if self.state != "failed":
-                self.state = "stopped"
+        if not self._consumer_started or self.state == DaemonState.STOPPED:
+            if self.state != DaemonState.FAILED:
+                self.state = DaemonState.STOPPED
             await self.sink.close()
             self.memory.stop()
             return
-        self.state = "stopping"
+        self.state = DaemonState.STOPPING
         self._stop_event.set()
         if self._work_task is not None and not self._work_task.done():
             with contextlib.suppress(Exception, asyncio.CancelledError):
@@ -286,7 +287,7 @@ class Daemon:
         if self.table is not None:
             self.table.close()
         self.memory.stop()
-        self.state = "stopped"
+        self.state = DaemonState.STOPPED
         log.info("daemon stopped", **self.stats)
 
     async def _final_table_commit(self, deadline: float) -> None:
@@ -348,7 +349,7 @@ class Daemon:
             if self.sink.failure is not None:
                 raise self.sink.failure
         except Exception as exc:
-            self.state = "failed"
+            self.state = DaemonState.FAILED
             self._record_error("work_loop", exc)
             log.exception("working loop failed")
             raise
@@ -480,7 +481,7 @@ class Daemon:
                 error=str(exc),
             )
             self._record_error("landing", exc)
-        self._pause_for_disk(self.consumer.assignment() if self.state != "starting" else ())
+        self._pause_for_disk(self.consumer.assignment() if self.state != DaemonState.STARTING else ())
 
     def _pause_for_disk(self, tps: Iterable[TopicPartition]) -> None:
         fresh = [tp for tp in tps if tp not in self.consumer.paused()]
@@ -769,7 +770,7 @@ class Daemon:
 
     def health(self) -> tuple[str, list[str]]:
         reasons: list[str] = []
-        if self.state not in ("running", "starting"):
+        if self.state not in (DaemonState.RUNNING, DaemonState.STARTING):
             reasons.append(f"daemon {self.state}")
         if self._landing_error is not None:
             reasons.append(f"landing: {self._landing_error}")
@@ -799,7 +800,9 @@ class Daemon:
             "burst": self.burst,
             "uptime_s": None if self._started_at is None else round(time.monotonic() - self._started_at, 3),
             "last_loop_age_s": round(time.monotonic() - self.last_loop_time, 3),
-            "consumer": consumer_status_json(self.consumer.snapshot()) if self.state != "created" else None,
+            "consumer": consumer_status_json(self.consumer.snapshot())
+            if self.state != DaemonState.CREATED
+            else None,
             "landing": {
                 **self.sink.status(),
                 "error": self._landing_error,

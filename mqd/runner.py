@@ -36,6 +36,7 @@ from mqd import metrics
 from mqd.config import ConfigError, MqdConfig, load_daemon_config
 from mqd.errors import MqdError
 from mqd.fsutil import atomic_write
+from mqd.process_state import RunnerState
 from mqd.sdnotify import Notifier
 
 if TYPE_CHECKING:  # the CLI imports this module for the pid file helpers: keep aiohttp out of it
@@ -46,7 +47,6 @@ log = structlog.get_logger(__name__)
 
 STATUS_INTERVAL = 5.0  # seconds between STATUS= lines
 STUCK_AFTER = 30.0  # loop silent this long: /healthz fails (and watchdog pings stop, if sooner)
-STATES = ("starting", "running", "reloading", "stopping", "stopped")
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_TEMPFAIL = 75  # sysexits' EX_TEMPFAIL: the start failed on something a later try may not meet
@@ -227,8 +227,8 @@ class Runner:
         self._daemon = daemon
         self._pidfile = PidFile(config.daemon.pid_file)
         self._admin: AdminServer | None = None
-        self._state = ""
-        self._set_state("starting")
+        self._state = RunnerState.STARTING
+        self._set_state(RunnerState.STARTING)
         self._started = time.monotonic()
         self._stop_requested: asyncio.Event | None = None
         self._stop_reason = ""
@@ -240,9 +240,9 @@ class Runner:
         self._drain_seconds: float | None = None
         self._stop_at: float | None = None  # when the stop was asked for (the drain starts there)
 
-    def _set_state(self, state: str) -> None:
+    def _set_state(self, state: RunnerState) -> None:
         self._state = state
-        for name in STATES:
+        for name in RunnerState:
             metrics.daemon_state.labels(name).set(1 if name == state else 0)
 
     @property
@@ -254,9 +254,9 @@ class Runner:
     # -- AdminTarget -----------------------------------------------------------------------------
 
     def _loop_age(self) -> float | None:
-        last = getattr(self._daemon, "last_loop_time", None)
-        if not isinstance(last, int | float) or last <= 0:
+        if self._daemon is None or self._daemon.last_loop_time <= 0:
             return None
+        last = self._daemon.last_loop_time
         return time.monotonic() - last
 
     def _stuck_after(self) -> float:
@@ -264,7 +264,7 @@ class Runner:
         return min(STUCK_AFTER, wd / 2) if wd else STUCK_AFTER
 
     def liveness(self) -> tuple[bool, str]:
-        if self._state != "running":
+        if self._state != RunnerState.RUNNING:
             return True, self._state
         age = self._loop_age()
         if age is not None and age > self._stuck_after():
@@ -274,10 +274,10 @@ class Runner:
     def health(self) -> tuple[str, list[str]]:
         reasons: list[str] = []
         status = "ok"
-        if self._daemon is not None and self._state in ("running", "reloading"):
+        if self._daemon is not None and self._state in (RunnerState.RUNNING, RunnerState.RELOADING):
             status, reasons = self._daemon.health()
             reasons = list(reasons)
-        elif self._state != "running":
+        elif self._state != RunnerState.RUNNING:
             status, reasons = "degraded", [f"daemon is {self._state}"]
         live, why = self.liveness()
         if not live:
@@ -290,7 +290,7 @@ class Runner:
 
     def readiness(self) -> tuple[bool, list[str]]:
         status, reasons = self.health()
-        return self._state == "running" and status == "ok", reasons
+        return self._state == RunnerState.RUNNING and status == "ok", reasons
 
     def status(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -299,9 +299,9 @@ class Runner:
                 out.update(self._daemon.status())
             except Exception as exc:  # the status page must not die with the daemon
                 out["status_error"] = f"{type(exc).__name__}: {exc}"
-            out.setdefault("stats", dict(getattr(self._daemon, "stats", {}) or {}))
+            out.setdefault("stats", dict(self._daemon.stats))
             out.pop("reasons", None)  # superseded by "health" below, which adds the runner's own
-        if self._state != "running" or "state" not in out:
+        if self._state != RunnerState.RUNNING or "state" not in out:
             out["state"] = self._state
         health, reasons = self.health()
         out["health"] = {"status": health, "reasons": reasons}
@@ -393,7 +393,7 @@ class Runner:
         os._exit(EXIT_FORCED)
 
     def _on_reload_signal(self) -> None:
-        if self._state not in ("running", "reloading"):
+        if self._state not in (RunnerState.RUNNING, RunnerState.RELOADING):
             log.info("SIGHUP ignored: daemon is not running", state=self._state)
             return
         if self._reload_task is not None and not self._reload_task.done():
@@ -405,12 +405,12 @@ class Runner:
         while True:
             self._reload_again = False
             await self.reload()
-            if not self._reload_again or self._state not in ("running", "reloading"):
+            if not self._reload_again or self._state not in (RunnerState.RUNNING, RunnerState.RELOADING):
                 return
 
     async def reload(self) -> bool:
         """Re-read the config file and apply it; an invalid file is refused and the old config stays."""
-        self._set_state("reloading")
+        self._set_state(RunnerState.RELOADING)
         self.notifier.reloading()
         ok, error = False, None
         try:
@@ -435,8 +435,8 @@ class Runner:
             log.warning("config reloaded", config_file=str(self.config_path), changed=changed)
         self._reload.update(count=int(self._reload["count"] or 0) + 1, ok=ok, error=error, at=time.time())
         metrics.reloads.labels("ok" if ok else "refused").inc()
-        if self._state == "reloading":
-            self._set_state("running")
+        if self._state == RunnerState.RELOADING:
+            self._set_state(RunnerState.RUNNING)
             # READY=1 ends the reload for systemd (notify-reload waits for it)
             self.notifier.ready(self._status_line() if ok else f"reload refused: {error}".splitlines()[0])
         return ok
@@ -467,8 +467,12 @@ class Runner:
             else:
                 log.error("working loop stuck: withholding watchdog ping", loop_age_s=round(age, 1))
 
+    def _daemon_stats(self) -> dict[str, Any]:
+        """The daemon's counters, empty before it is built."""
+        return {} if self._daemon is None else dict(self._daemon.stats)
+
     def _status_line(self) -> str:
-        stats = getattr(self._daemon, "stats", {}) or {}
+        stats = self._daemon_stats()
         recs = _stat(stats, "records_published", "records")
         files = _stat(stats, "files_published", "files")
         return f"{self._rate_text} published {recs} records in {files} files".strip()
@@ -478,7 +482,7 @@ class Runner:
     async def _status_lines(self) -> None:
         prev: tuple[float, int, int] | None = None
         while True:
-            stats = getattr(self._daemon, "stats", {}) or {}
+            stats = self._daemon_stats()
             now = time.monotonic()
             recs = _stat(stats, "records_published", "records")
             nbytes = _stat(stats, "bytes_published", "bytes")
@@ -518,7 +522,7 @@ class Runner:
                     "reason": reason,
                     "drain_seconds": self._drain_seconds,
                     "stopped_at": time.time(),
-                    "stats": dict(getattr(self._daemon, "stats", {}) or {}),
+                    "stats": self._daemon_stats(),
                 },
             )
 
@@ -551,7 +555,7 @@ class Runner:
             if not await self._until_stop(starting):
                 reason = f"stopped on {self._stop_reason} while starting"
             else:
-                self._set_state("running")
+                self._set_state(RunnerState.RUNNING)
                 self._start_background()
                 self.notifier.ready(f"consuming {', '.join(self.config.consumer.topics)}")
                 log.info("mqd running", pid=os.getpid(), config_file=str(self.config_path), burst=self.burst)
@@ -561,7 +565,7 @@ class Runner:
             log.error("cannot start", error=str(exc))
             code, reason = EXIT_FAILURE, str(exc)
         except MqdError as exc:
-            if not (exc.retriable and self._state == "starting"):
+            if not (exc.retriable and self._state == RunnerState.STARTING):
                 log.exception("daemon failed")
                 code, reason = EXIT_FAILURE, f"daemon failed: {type(exc).__name__}: {exc}"
             else:
@@ -636,7 +640,7 @@ class Runner:
             self._tasks.append(loop.create_task(self._status_lines()))
 
     async def _shutdown(self, code: int, reason: str) -> int:
-        self._set_state("stopping")
+        self._set_state(RunnerState.STOPPING)
         timeout = self.config.daemon.shutdown_timeout
         self.notifier.stopping("stopping: draining")
         # a shutdown_timeout raised above the unit's TimeoutStopSec still gets its drain
@@ -664,7 +668,7 @@ class Runner:
         if self._admin is not None:
             await self._admin.stop()
             self._remove_admin_file()
-        self._set_state("stopped")
+        self._set_state(RunnerState.STOPPED)
         self._write_last_exit(code, clean=code == EXIT_OK, reason=reason)
         log.info("mqd stopped", exit_code=code, reason=reason, drain_seconds=self._drain_seconds)
         self._pidfile.release()

@@ -12,6 +12,7 @@ import pytest
 
 from mqd.config import MqdConfig
 from mqd.daemon import Daemon
+from mqd.process_state import RunnerState
 from mqd.runner import Runner
 from mqd.sdnotify import Notifier
 
@@ -54,7 +55,7 @@ async def test_pings_stop_while_the_loop_is_stuck(
     daemon = Daemon(config)  # built, never started: no I/O
     notifier = Notifier({"NOTIFY_SOCKET": path, "WATCHDOG_USEC": "400000"})
     runner = Runner(tmp_path / "mqd.toml", config, notifier=notifier, daemon=daemon)
-    runner._set_state("running")
+    runner._set_state(RunnerState.RUNNING)
     assert notifier.watchdog_interval == 0.4
 
     async def keep_turning() -> None:
