@@ -29,9 +29,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from mqd.format import HEADERS_TYPE, RECORD_SCHEMA
 from mqd.fsutil import fsync_dir
 from mqd.landing.layout import FileRange, file_name, landing_table, write_parquet
+from mqd.records import HEADERS_TYPE, RECORD_SCHEMA
 
 
 def self_cpu_seconds() -> float:

@@ -28,12 +28,12 @@ import psutil
 import pyarrow as pa
 
 from bench.alt_consumer import MicroBatchWriter, empty_headers
-from mqd.format import RECORD_SCHEMA
 from mqd.fsutil import atomic_write
 from mqd.landing.layout import (
     read_ranges,
 )
 from mqd.producer import synthetic_values
+from mqd.records import RECORD_SCHEMA
 from mqd.testing import ManagedProcess, to_toml
 
 ROOT = Path(__file__).resolve().parent.parent

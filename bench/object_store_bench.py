@@ -42,10 +42,10 @@ from bench import common
 from bench.alt_consumer import empty_headers
 from bench.common import MB, RESULTS, WatchedProcess, Workload, machine_facts, write_json
 from bench.pipeline import TOPIC, daemon_argv, produce_workload, wait_replicated
-from mqd.format import RECORD_SCHEMA
 from mqd.landing.backends import open_store
 from mqd.landing.publisher import Publisher
 from mqd.landing.store import LandingStore
+from mqd.records import RECORD_SCHEMA
 from mqd.testing import LocalCluster, daemon_section, to_toml
 from mqd.testing.seaweedfs import REGION, SeaweedFS
 

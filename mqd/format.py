@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 
 from mqd.errors import MqdError
+from mqd.records import HEADERS_TYPE, RECORD_SCHEMA  # the decoded batch's schema: neutral ground
 
 try:  # ISA-L's CRC-32 is bit-identical to zlib's and ~7x faster (bench/profile/REPORT.md)
     from isal.isal_zlib import crc32 as _crc32
@@ -31,18 +32,6 @@ HEADER_SIZE = HEADER.size  # 48
 assert HEADER_SIZE == 48
 CRC_FROM = 20  # the CRC covers bytes [20, length): everything after base_offset and crc
 FLAG_KEY_NULLS = 1  # a key validity bitmap follows the data sections
-
-# The Arrow schema of a decoded batch (the landing schema is this plus topic and partition).
-HEADERS_TYPE = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
-RECORD_SCHEMA = pa.schema(
-    [
-        ("offset", pa.int64()),
-        ("timestamp", pa.timestamp("ms", tz="UTC")),
-        ("key", pa.binary()),
-        ("value", pa.binary()),
-        ("headers", HEADERS_TYPE),
-    ]
-)
 
 
 class BatchError(MqdError, ValueError):

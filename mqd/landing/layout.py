@@ -44,14 +44,14 @@ if TYPE_CHECKING:
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    from mqd import format as fmt
+    from mqd import records
     from mqd.landing import schema
 else:  # names and claim chains (start positions) need none of these (mqd/lazy_import.py)
     np = lazy_import("numpy")
     pa = lazy_import("pyarrow")
     pc = lazy_import("pyarrow.compute")
     pq = lazy_import("pyarrow.parquet")
-    fmt = lazy_import("mqd.format")
+    records = lazy_import("mqd.records")
     schema = lazy_import("mqd.landing.schema")
 
 
@@ -218,7 +218,7 @@ def iso_now() -> str:
 
 def concat(batches: list[pa.RecordBatch]) -> pa.Table:
     """One zero-copy table over drained batches (chunks stay where they are)."""
-    return pa.Table.from_batches(batches, schema=fmt.RECORD_SCHEMA)
+    return pa.Table.from_batches(batches, schema=records.RECORD_SCHEMA)
 
 
 def hour_runs(table: pa.Table) -> list[tuple[int, int, int]]:

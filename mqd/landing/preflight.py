@@ -24,12 +24,12 @@ if TYPE_CHECKING:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from mqd import format as fmt
+    from mqd import records
     from mqd.landing import layout, publisher, stage_writer
 else:  # off the daemon's start path (mqd/lazy_import.py): this runs on a landing thread
     pa = lazy_import("pyarrow")
     pq = lazy_import("pyarrow.parquet")
-    fmt = lazy_import("mqd.format")
+    records = lazy_import("mqd.records")
     layout = lazy_import("mqd.landing.layout")
     publisher = lazy_import("mqd.landing.publisher")
     stage_writer = lazy_import("mqd.landing.stage_writer")
@@ -39,7 +39,7 @@ _TS_MS = 1_767_225_600_000  # 2026-01-01T00:00Z: any fixed hour
 
 
 def _records() -> pa.Table:
-    headers = pa.array([[{"key": "h", "value": b"v"}], []], type=fmt.HEADERS_TYPE)
+    headers = pa.array([[{"key": "h", "value": b"v"}], []], type=records.HEADERS_TYPE)
     batch = pa.RecordBatch.from_arrays(
         [
             pa.array([0, 1], pa.int64()),
@@ -48,7 +48,7 @@ def _records() -> pa.Table:
             pa.array([b"v" * 100, None], pa.binary()),
             headers,
         ],
-        schema=fmt.RECORD_SCHEMA,
+        schema=records.RECORD_SCHEMA,
     )
     return layout.concat([batch])
 

@@ -1,6 +1,6 @@
 """The landing schema, defined once: the Arrow schema of a landed file and the Spark DDL derived from it.
 
-A landed Parquet file holds the record columns of a decoded batch (``mqd.format.RECORD_SCHEMA``)
+A landed Parquet file holds the record columns of a decoded batch (``mqd.records.RECORD_SCHEMA``)
 after ``topic``, ``partition`` and ``incarnation`` (the log incarnation the offsets belong to: a
 record's identity is (topic, partition, incarnation, offset); null in files landed before
 incarnations existed, which Spark reads as null since the column is missing there). Spark's
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from mqd.format import RECORD_SCHEMA
+from mqd.records import RECORD_SCHEMA
 
 # topic and incarnation are dictionary-encoded: one string per file, not one per record
 LANDING_SCHEMA = pa.schema(

@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from mqd import format as fmt
+from mqd import records
 from mqd.config import LandingConfig, MqdConfig, SparkConfig
 from mqd.landing import LocalStore, Publisher, layout
 from mqd.landing.local_migration import migrate
@@ -93,7 +94,7 @@ def test_previous_checkpoint_and_table_keep_working(tmp_path: Path, spark: Any) 
 
 # the data file schema before log incarnations (format 1): no incarnation column
 FORMAT1_SCHEMA = pa.schema(
-    [("topic", pa.dictionary(pa.int32(), pa.string())), ("partition", pa.int32()), *fmt.RECORD_SCHEMA]
+    [("topic", pa.dictionary(pa.int32(), pa.string())), ("partition", pa.int32()), *records.RECORD_SCHEMA]
 )
 INCARNATION = "0123456789abcdef0123456789abcdef"
 

@@ -122,7 +122,7 @@ def test_summary_pairs_ratios_by_round(bench: tuple[ModuleType, ...]) -> None:
 def test_record_batch_is_the_landing_schema(bench: tuple[ModuleType, ...]) -> None:
     """The alternatives' batches have mqd's record schema, so their files are mqd's files."""
     _, _, alt_consumer = bench
-    from mqd.format import RECORD_SCHEMA
+    from mqd.records import RECORD_SCHEMA
 
     b = alt_consumer.record_batch(
         np.arange(3, dtype=np.int64), np.zeros(3, dtype=np.int64), [None] * 3, [b"a"] * 3

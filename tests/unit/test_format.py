@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from mqd import format as fmt
 from mqd.protocol import ProtocolError, Status, decode_fetch_answer, encode_fetch_answer
+from mqd.records import RECORD_SCHEMA
 
 records = st.lists(
     st.tuples(
@@ -43,7 +44,7 @@ def test_round_trip_through_arrow(
     assert infos[0].length % 8 == 0 and infos[0].max_timestamp == max(ts)
     rb = fmt.to_arrow(bytes(raw), infos[0])
     assert rb.equals(fmt.to_arrow(bytes(raw), infos[0], deep_check=False))  # the trusted fast path
-    assert rb.schema == fmt.RECORD_SCHEMA
+    assert rb.schema == RECORD_SCHEMA
     assert rb.column("offset").to_pylist() == list(range(base, base + len(recs)))
     assert rb.column("value").to_pylist() == values
     assert rb.column("key").to_pylist() == keys

@@ -7,8 +7,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from mqd.format import RECORD_SCHEMA
 from mqd.landing import layout, schema
+from mqd.records import RECORD_SCHEMA
 from mqd.spark import job
 
 # The Spark side as it must stay for the checkpoints and tables users already have: a change of

@@ -32,7 +32,7 @@ from prometheus_client import Counter
 
 from mqd import metrics
 from mqd.consumer.source import Decoded, DecodedBatch
-from mqd.format import HEADERS_TYPE, RECORD_SCHEMA
+from mqd.records import HEADERS_TYPE, RECORD_SCHEMA
 from mqd.sources.kafka import records_kernel
 from mqd.sources.kafka.records_kernel import NO_TS, KernelError, Segments, zigzag_varint
 from mqd.topic_partition import TopicPartition

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from support.harness import Cluster
 
 from mqd import format as fmt
+from mqd import records
 from mqd.client import BrokerClient, BrokerError
 from mqd.metadata import TopicPartition
 from mqd.produce_command import produce_cli
@@ -196,7 +197,7 @@ async def _read_all(client: BrokerClient, url: str, topic: str, partition: int) 
         offset = part.next_offset
     else:
         raise AssertionError("partition did not drain in 1000 fetches")
-    return pa.Table.from_batches(batches, schema=fmt.RECORD_SCHEMA)
+    return pa.Table.from_batches(batches, schema=records.RECORD_SCHEMA)
 
 
 @needs_broker
