@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from mqd.landing.claim_chain import ChainState, Claim, PartitionChain, archive_prefix
+from mqd.landing.claim_chain import ChainState, Claim, PartitionChain, archive_prefix, log_partitions
 from mqd.landing.errors import LandingCorrupt, ObjectStoreError
 from mqd.landing.layout import FileRange
 from mqd.landing.objects import Objects
@@ -88,13 +88,7 @@ class ChainReader:
         return sorted(out)
 
     def partitions(self, topic: str) -> list[int]:
-        out: list[int] = []
-        for d in self.objects.list_dirs(f"_log/{check_topic_name(topic)}/"):
-            try:
-                out.append(int(d.rstrip("/").rsplit("/", 1)[1]))
-            except ValueError:
-                continue
-        return sorted(out)
+        return log_partitions(self.objects, topic)
 
     # -- reading ----------------------------------------------------------------------------------
 

@@ -181,6 +181,18 @@ def staging_prefix(topic: str, partition: int) -> str:
     return f"_staging/{check_topic_name(topic)}/{partition:05d}/"
 
 
+def log_partitions(objects: Objects, topic: str) -> list[int]:
+    """The partitions of ``topic`` that have a chain folder under ``_log/``, in order (a folder
+    whose name is not a partition number is not one)."""
+    out: list[int] = []
+    for d in objects.list_dirs(f"_log/{check_topic_name(topic)}/"):
+        try:
+            out.append(int(d.rstrip("/").rsplit("/", 1)[1]))
+        except ValueError:
+            continue
+    return sorted(out)
+
+
 def archive_prefix(topic: str, partition: int) -> str:
     return f"{layout.topic_manifest_dir(topic)}/{partition:05d}/"
 

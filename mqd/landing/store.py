@@ -75,7 +75,7 @@ from typing import TYPE_CHECKING, Any
 
 from mqd import fsutil
 from mqd.landing import layout, markers, watermark
-from mqd.landing.claim_chain import REAP_SUFFIX, Claim, PartitionChain, reap, staging_prefix
+from mqd.landing.claim_chain import REAP_SUFFIX, Claim, PartitionChain, log_partitions, reap, staging_prefix
 from mqd.landing.errors import (
     CommitLockTimeout,
     LandingCorrupt,
@@ -88,7 +88,6 @@ from mqd.landing.layout import FileRange
 from mqd.landing.objects import Objects
 from mqd.landing.stage_writer import ParquetStage, StagedFile, Upload
 from mqd.lazy_import import lazy_import
-from mqd.topic_name import check_topic_name
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -398,13 +397,7 @@ class LandingStore:
             )
 
     def _partitions(self, topic: str) -> list[int]:
-        out: list[int] = []
-        for d in self.objects.list_dirs(f"_log/{check_topic_name(topic)}/"):
-            try:
-                out.append(int(d.rstrip("/").rsplit("/", 1)[1]))
-            except ValueError:
-                continue
-        return sorted(out)
+        return log_partitions(self.objects, topic)
 
     def manifest(self, topic: str | None = None) -> list[FileRange]:
         topics = (
