@@ -41,23 +41,11 @@ HEARTBEAT_S = 0.5  # HostRig's daemons' consumer.heartbeat_interval
 ADMIN_PORT = 9480
 
 
-def assignment(rig: HostRig) -> dict[str, set[int]]:
-    """client id -> partitions, while the group is stable (empty otherwise)."""
-    assert rig.kafka is not None
-    try:
-        g = rig.kafka.admin().describe_consumer_groups([rig.group], request_timeout=5)[rig.group].result(10)
-    except Exception:
-        return {}
-    if "STABLE" not in str(g.state):
-        return {}
-    return {m.client_id: {tp.partition for tp in m.assignment.topic_partitions} for m in g.members}
-
-
 def wait_group(rig: HostRig, members: set[str], timeout: float = 300.0) -> float:
     started = time.monotonic()
 
     def settled() -> bool:
-        a = assignment(rig)
+        a = rig.assignment()
         owned = set().union(*a.values()) if a else set()
         return set(a) == members and owned == set(range(rig.partitions))
 
@@ -111,7 +99,7 @@ def measure(
     first_stable = wait_group(rig, {"d0", "d1", "d2"})
     rig.wait_landed(ends, 600)
     landed_s = time.monotonic() - started
-    owned = assignment(rig)
+    owned = rig.assignment()
     balance = {
         c: {"partitions": len(ps), "mib": round(sum(sizes[p] for p in ps) / KIB / KIB, 1)}
         for c, ps in sorted(owned.items())

@@ -200,6 +200,22 @@ class HostRig:
         assert self.kafka is not None, "start() first"
         return self.kafka.bootstrap
 
+    def assignment(self) -> dict[str, set[int]]:
+        """Client id -> the partitions the group coordinator says each member owns; empty while the
+        group is not stable or the coordinator does not answer (a broker cut or restarting)."""
+        assert self.kafka is not None
+        try:
+            g = (
+                self.kafka.admin()
+                .describe_consumer_groups([self.group], request_timeout=3)[self.group]
+                .result(5)
+            )
+        except Exception:
+            return {}
+        if "STABLE" not in str(g.state):
+            return {}
+        return {m.client_id: {tp.partition for tp in m.assignment.topic_partitions} for m in g.members}
+
     def coordinator_host(self, group: str | None = None, timeout: float = 60.0) -> NetHost:
         """The host of the broker that coordinates ``group`` (default: the stream's) right now: the
         leader of the group's ``__consumer_offsets`` partition (Kafka's own placement: the group

@@ -57,24 +57,12 @@ def healed(rig: HostRig) -> Iterator[None]:
     rig.heal()
 
 
-def assignment(rig: HostRig) -> dict[str, set[int]]:
-    """client id -> the partitions the group coordinator says it owns (empty while rebalancing)."""
-    assert rig.kafka is not None
-    try:
-        g = rig.kafka.admin().describe_consumer_groups([rig.group], request_timeout=3)[rig.group].result(5)
-    except Exception:
-        return {}
-    if "STABLE" not in str(g.state):
-        return {}
-    return {m.client_id: {tp.partition for tp in m.assignment.topic_partitions} for m in g.members}
-
-
 async def wait_assigned(rig: HostRig, members: set[str], timeout: float) -> float:
     """Until the group is stable with exactly ``members`` owning every partition; the seconds taken."""
     started = time.monotonic()
 
     def settled() -> bool:
-        a = assignment(rig)
+        a = rig.assignment()
         owned = set().union(*a.values()) if a else set()
         return set(a) == members and owned == set(range(rig.partitions))
 
@@ -240,7 +228,7 @@ async def test_a_daemon_cut_from_s3_mid_multipart_upload_loses_nothing(rig: Host
     rig.use_stream("multipart", 3, {"landing": {"max_age": 30.0, "max_bytes": 256 * 1024 * 1024}})
     await asyncio.to_thread(rig.start_daemons)
     await wait_assigned(rig, {"d0", "d1", "d2"}, 30)
-    (mine,) = (ps for c, ps in assignment(rig).items() if c == "d1")
+    (mine,) = (ps for c, ps in rig.assignment().items() if c == "d1")
     acks = await asyncio.to_thread(big_records, rig, per_partition, key_bytes)
     await wait_until(
         lambda: asyncio.to_thread(lambda: bool(set(uploads_in_progress(rig)) & mine)),
