@@ -225,13 +225,17 @@ class HostRig:
         assert self.kafka is not None
         kafka = self.kafka
         partition = _java_hash(group or self.group) % OFFSETS_PARTITIONS
-        leader = wait_until_sync(
-            lambda: kafka.leader("__consumer_offsets", partition, timeout=5.0),
-            timeout,
-            f"a leader of __consumer_offsets partition {partition}",
-            interval=0.2,
-        )
-        return kafka.hosts[leader]
+        found: list[int] = []
+
+        def led() -> bool:
+            # not the leader itself as the condition: broker 0 is a leader, and 0 is falsy
+            leader = kafka.leader("__consumer_offsets", partition, timeout=5.0)
+            if leader is not None:
+                found.append(leader)
+            return leader is not None
+
+        wait_until_sync(led, timeout, f"a leader of __consumer_offsets partition {partition}", interval=0.2)
+        return kafka.hosts[found[-1]]
 
     def heal(self) -> None:
         """Lift every network fault and thaw every frozen process."""
