@@ -299,7 +299,7 @@ class Runner:
                 out.update(self._daemon.status())
             except Exception as exc:  # the status page must not die with the daemon
                 out["status_error"] = f"{type(exc).__name__}: {exc}"
-            out.setdefault("stats", dict(self._daemon.stats))
+            out.setdefault("stats", self._daemon_stats())
             out.pop("reasons", None)  # superseded by "health" below, which adds the runner's own
         if self._state != RunnerState.RUNNING or "state" not in out:
             out["state"] = self._state
