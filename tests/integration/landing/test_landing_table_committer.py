@@ -2,11 +2,14 @@
 local landing published by the real publisher: a stale commit is refused by the log, two committers
 racing over the same chains add every file once, the cleaner takes a file out of the table before
 it deletes it (and keeps a file the table does not hold yet), and a table switched on over a
-landing the cleaner already thinned skips the deleted files with a count."""
+landing the cleaner already thinned skips the deleted files with a count; expired log entries go at
+the commits that write a checkpoint, not at every commit, and a commit returns its own version."""
 
 from __future__ import annotations
 
+import os
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -89,6 +92,37 @@ def test_a_commit_from_a_stale_read_is_refused_by_the_log(store: LocalStore) -> 
     with pytest.raises(StaleCommit):
         b.table.add(files, committer="b")
     assert table_offsets(store) == [("events", 0, o) for o in range(30)]
+
+
+def test_expired_log_entries_go_at_checkpoint_commits_only(store: LocalStore) -> None:
+    """delta-rs lists the whole log for expired entries after every commit by default; the landing
+    table asks for it only on a commit that writes a checkpoint (version v with v + 1 a multiple of
+    the interval), when what can expire changes. Aged by their mtime (what delta-rs reads), the
+    entries before the newest checkpoint at or below the oldest kept version go then, and every
+    reader still reads the whole table. Each add returns the version it committed."""
+    files = publish(store, 0, 5)
+    table = LandingTable(delta_log.table_uri(store.location), checkpoint_interval=3, log_retention_s=3600)
+    log_dir = Path(store.location) / delta_log.DELTA_LOG
+
+    def commit(f: FileRange, version: int) -> None:
+        table.load()
+        assert table.add([f]) == version == table.version
+        assert (log_dir / f"{version:020d}.json").exists()
+
+    for v in (1, 2, 3):  # version 2 writes a checkpoint
+        commit(files[v - 1], v)
+    assert (log_dir / f"{2:020d}.checkpoint.parquet").exists()
+    old = time.time() - 2 * 3600
+    for entry in log_dir.iterdir():
+        os.utime(entry, (old, old))
+    commit(files[3], 4)  # no checkpoint: no cleanup (delta-rs's default would delete 0 and 1 here)
+    assert (log_dir / f"{0:020d}.json").exists()
+    commit(files[4], 5)  # a checkpoint: versions below checkpoint 2 (the safe one) expire
+    assert not (log_dir / f"{0:020d}.json").exists()
+    assert not (log_dir / f"{1:020d}.json").exists()
+    assert (log_dir / f"{2:020d}.checkpoint.parquet").exists()
+    assert (log_dir / f"{5:020d}.checkpoint.parquet").exists()
+    assert table_offsets(store) == [("events", 0, o) for o in range(50)]
 
 
 def test_two_committers_racing_add_every_file_once(store: LocalStore) -> None:
