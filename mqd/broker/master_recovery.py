@@ -98,6 +98,9 @@ class MasterRecovery:
         self._repair_task: asyncio.Task[None] | None = None
         self._repair_wanted = asyncio.Event()
         self.fenced_repaired = 0  # offsets of fenced ranges repaired at runtime (repair_soon)
+        # partitions a failed round copied into (or adopted a slave's history for) and no later round
+        # finished: they get a new incarnation before writes are taken without a slave
+        self._partial: set[tuple[str, int]] = set()
 
     async def good_copy(self, plog: PartitionLog, first: int, last: int) -> bytes | None:
         """A slave's intact batches for exactly ``first..last`` (the scrub found ours damaged), or
@@ -153,7 +156,7 @@ class MasterRecovery:
                 node=self.node_id,
                 waited_s=START_CONSULT_S,
             )
-            self.writes_refused = None
+            self._take_writes_as_is()
             return
         self._task = asyncio.create_task(self._retry_loop(), name="master-recovery")
 
@@ -201,7 +204,7 @@ class MasterRecovery:
                 log.warning(
                     "operator accepted the data dir (node marker written): taking writes", node=self.node_id
                 )
-                self.writes_refused = None
+                self._take_writes_as_is()
                 return
             try:
                 if await self._attempt():
@@ -233,15 +236,23 @@ class MasterRecovery:
                 prepared = True
                 copied = await self._copy(spec, topic, partition, slave_max, result)
             except (RecoveryError, StorageError, fmt.BatchError, BrokerError, ProtocolError) as exc:
-                if prepared:
-                    self._new_incarnation(plog, "copy-back from a slave stopped before its log end")
                 problem = f"{topic}/{partition}: cannot copy back from {slave_id}: {exc}"
                 log.error("master recovery: partition not recovered", node=self.node_id, problem=problem)
                 result.problems.append(problem)
                 if isinstance(exc, BrokerError):
-                    return False  # the slave went away mid-copy: try the whole round again
+                    # the slave went away mid-copy: the whole round is tried again, writes refused
+                    # meanwhile. What we copied is the slave's records under their names, so no new
+                    # incarnation yet: one at our end now would tell every consumer that the
+                    # offsets before it hold other records (chaos seed 199203: 241,060 landed twice)
+                    if prepared:
+                        self._partial.add(key)
+                    return False
+                if prepared:
+                    self._new_incarnation(plog, "copy-back from a slave stopped before its log end")
+                    self._partial.discard(key)
                 continue
             self._new_incarnation(plog, "records taken back from a slave")
+            self._partial.discard(key)
             result.copied[f"{topic}/{partition}"] = copied
             log.warning(
                 "master recovered records from a slave",
@@ -258,7 +269,7 @@ class MasterRecovery:
         self.result = result
         if not self._marked():
             write_marker(self._data_dir, self.node_id, self._cluster_id, "recovered")
-        self.writes_refused = None
+        self._take_writes_as_is()  # a partition left partial by an earlier round and not copied now
         log.info(
             "master consulted its slaves",
             node=self.node_id,
@@ -300,6 +311,16 @@ class MasterRecovery:
                 if p.status is not Status.NOT_SERVED
             }
         return out
+
+    def _take_writes_as_is(self) -> None:
+        """Open writes without a finished copy-back: a partition a failed round copied into ends
+        where that copy ended, so the offsets written next get a new incarnation (_new_incarnation)."""
+        for topic, partition in sorted(self._partial):
+            plog = self._storage.get(topic, partition)
+            if plog is not None:
+                self._new_incarnation(plog, "copy-back from a slave stopped before its log end")
+        self._partial.clear()
+        self.writes_refused = None
 
     def _new_incarnation(self, plog: PartitionLog, why: str) -> None:
         """After a copy-back our log carries the slave's incarnation ids, but ends where the slave's

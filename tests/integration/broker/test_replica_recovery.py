@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,7 +23,11 @@ from support.harness import Cluster, fetch_all
 from support.storage_node import flip_byte
 
 from mqd import format as fmt
+from mqd.broker.master_recovery import MasterRecovery
+from mqd.broker.replica_client import ReplicaClient
+from mqd.broker.storage import Storage
 from mqd.client import BrokerClient, BrokerError
+from mqd.config import StorageConfig
 
 TOPIC = "events"
 
@@ -251,3 +256,61 @@ async def test_slave_repairs_a_damaged_batch_from_its_master(cluster_factory: Ca
     log_text = cluster.log(slave)
     assert "damaged range in a log segment: fenced" in log_text
     assert "fenced range repaired from a replica" in log_text
+
+
+async def test_a_copy_back_cut_by_the_network_is_retried_under_the_slaves_names(
+    cluster_factory: Callable[..., Cluster], tmp_path: Path
+) -> None:
+    """The chaos finding of seed 199203 (241,060 records landed twice): a master with a replaced data
+    dir whose copy-back is cut mid-answer (here: the slave dies right after answering the probe)
+    tries the whole round again, and until it has copied everything its log carries only the
+    slave's incarnations. It used to begin a new incarnation at its end (offset 0) after each cut
+    copy, so a consumer at its old position was told that every offset it had landed now held
+    other records, and fetched them all again as new ones."""
+    cluster = cluster_factory(topics={TOPIC: 1}, slaves=1)
+    master, slave = cluster.master(), cluster.slaves()[0]
+    async with BrokerClient(request_timeout=10.0) as client:
+        await _produce(client, cluster.url(master), 500, "a")
+        _wait(lambda: len(fetch_all(cluster.url(slave), TOPIC, 0)) == 500, "the slave to copy everything")
+        _, p = await _incarnation_at(client, cluster.url(slave), 500, None)
+        served_as = p.incarnation  # the name the consumers landed the 500 records under
+    assert served_as is not None
+    cluster.kill(master)  # the master stays down: its recovery runs here, in-process, on a new dir
+    storage = Storage(tmp_path / "replaced", StorageConfig(fsync="never"))
+    storage.open([(TOPIC, 0)])
+    replica = ReplicaClient(cluster.replica_auth(master), request_timeout=5.0)
+    await replica.start()
+    recovery = MasterRecovery(
+        node_id=master,
+        cluster_id=None,
+        storage=storage,
+        partitions=[(TOPIC, 0)],
+        slaves=[cluster.node_spec(slave)],
+        client=replica,
+    )
+    probe = recovery._slave_ends
+
+    async def probe_then_slave_dies(timeout: float) -> Any:
+        ends = await probe(timeout)
+        cluster.kill(slave)  # the copy's fetch fails: a BrokerError mid-round
+        return ends
+
+    try:
+        recovery._slave_ends = probe_then_slave_dies  # type: ignore[method-assign]
+        assert await recovery._attempt() is False
+        plog = storage.get(TOPIC, 0)
+        assert plog is not None
+        assert plog.max_offset == 0 and plog.incarnation == served_as, plog.history
+        slave_names = {e.id for e in plog.history}
+        cluster.start_node(slave)
+        recovery._slave_ends = probe  # type: ignore[method-assign]
+        assert await recovery._attempt() is True
+        assert plog.max_offset == 500
+        # the slave's names up to 500, then one new incarnation where writes begin
+        history = plog.history
+        assert {e.id for e in history[:-1]} == slave_names, history
+        assert history[-1].base == 500 and history[-1].id not in slave_names, history
+        assert recovery.writes_refused is None
+    finally:
+        await replica.close()
+        storage.close()
