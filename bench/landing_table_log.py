@@ -25,7 +25,7 @@ the file).
 
 The steady state of a longer retention follows from the per-unit figures: commits kept ~ retention
 / commit_interval (+ up to a checkpoint interval), checkpoints kept ~ retention / (checkpoint
-interval x commit_interval) + 1, each listing every file of the table at its version.
+interval x commit_interval), rounded up, + 1, each listing every file of the table at its version.
 
     python -m bench.landing_table_log                                  # sizes 10k,100k,1M + runs
     python -m bench.landing_table_log --sizes 10000,100000 --no-run
@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import resource
 import shutil
@@ -451,7 +452,7 @@ def projection(
     checkpoint interval) and the checkpoints within it (plus the safe one), each listing the files
     of its time."""
     n_commits = retention_s / interval + ci
-    n_ckpt = int(retention_s / (ci * interval)) + 1
+    n_ckpt = math.ceil(retention_s / (ci * interval)) + 1  # the retention's, and the safe one before
     listed_now = rate.files_per_s * days * 86400
     per_ckpt_files = [max(0.0, listed_now - k * ci * interval * rate.files_per_s) for k in range(n_ckpt)]
     ckpt_bytes = sum(per_ckpt_files) * bytes_per_add
@@ -563,13 +564,13 @@ def main(argv: list[str] | None = None) -> int:
         "--probes", type=int, default=2, help="fresh processes loading the table per size and kind"
     )
     ap.add_argument("--no-run", action="store_true")
-    ap.add_argument("--run-hours", type=float, default=6.0, help="simulated hours of each run")
-    ap.add_argument("--retention", default="2h", help="log retention of the simulated runs (s/m/h/d)")
+    ap.add_argument("--run-hours", type=float, default=2.5, help="simulated hours of each run")
+    ap.add_argument("--retention", default="1h", help="log retention of the simulated runs (s/m/h/d)")
     ap.add_argument("--checkpoint-interval", type=int, default=100)
     ap.add_argument("--commit-interval", type=float, default=5.0)
     ap.add_argument("--project", default="100,1000", help="checkpoint intervals of the projections")
-    ap.add_argument("--project-retention", default="2d,1d,6h", help="log retentions of the projections")
-    ap.add_argument("--project-days", default="1,30", help="days of landing of the projections")
+    ap.add_argument("--project-retention", default="2d,1h", help="log retentions of the projections")
+    ap.add_argument("--project-days", default="1,7", help="days of landing of the projections")
     ap.add_argument(
         "--max-load", type=float, default=_QUIET["load"], help="wait for a 1-minute load at most this"
     )

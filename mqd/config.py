@@ -541,9 +541,11 @@ class LandingDeltaConfig(_Model):
     commit_files: int = Field(default=1000, ge=1)
     # a log checkpoint every this many commits (delta.checkpointInterval): what a reader replays
     checkpoint_interval: int = Field(default=100, ge=1)
-    # log entries older than this expire at a checkpoint (delta.logRetentionDuration): a streaming
-    # reader of the table may stop this long; at a commit every 5 s, 2 days keep ~35k entries
-    log_retention: Seconds = Field(default=2 * 86400.0, ge=3600)
+    # log entries older than this expire at a checkpoint (delta.logRetentionDuration): a Delta
+    # streaming reader of the table may stop this long. Short by default: every read of a local
+    # log lists each entry kept (~24 us each, per round; at a commit every 5 s 1 h keeps ~800), and
+    # each checkpoint kept lists every file (decision 059, bench/landing_table_log.py)
+    log_retention: Seconds = Field(default=3600.0, ge=3600)
 
 
 class LandingConfig(_Model):

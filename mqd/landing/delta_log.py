@@ -24,8 +24,8 @@ the committer (table_committer.py) asks the claim chains and this module writes 
 - **Log.** Table properties at creation: a checkpoint every ``checkpoint_interval`` commits, log
   entries older than ``log_retention`` expire at checkpoints, ``delta.appendOnly`` (a ``DELETE``
   through the table would rewrite landing files the claim chain owns). delta-rs looks for expired
-  entries after every commit by default (a listing of the whole log, 34,560 entries at a commit
-  every 5 s kept 2 days); a commit here asks for it only when it writes a checkpoint.
+  entries after every commit by default (one more listing of the whole log); a commit here asks for
+  it only when it writes a checkpoint.
 
 delta-rs writes the log with create-only puts: ``os.link``-like on a local disk, ``If-None-Match``
 on S3 (the landing already requires it: store.py's probe).
@@ -179,7 +179,7 @@ class LandingTable:
         *,
         storage: dict[str, str] | None = None,
         checkpoint_interval: int = 100,
-        log_retention_s: float = 2 * 86400.0,
+        log_retention_s: float = 3600.0,
     ) -> None:
         self.uri = uri
         self.storage = storage
