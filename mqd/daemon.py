@@ -261,6 +261,7 @@ class Daemon:
             with contextlib.suppress(Exception, asyncio.CancelledError):
                 await self._work_task
         deadline = timeout if timeout is not None else self._config.daemon.shutdown_timeout
+        stop_by = time.monotonic() + deadline  # one deadline for the drain and the table's commit
         owned = self.consumer.assignment()
         self.consumer.pause(owned)  # stop fetching; what is buffered still lands
         try:
@@ -276,7 +277,7 @@ class Daemon:
             self._record_error("final_flush", exc)  # the status JSON's name for the final publication
         self.sink.cancel()  # abandoned at the deadline: the publication itself is atomic and conditional
         if self.table is not None:
-            await self._final_table_commit(deadline)
+            await self._final_table_commit(max(0.0, stop_by - time.monotonic()))
         try:
             await self.consumer.commit()
             self._commits += 1

@@ -33,7 +33,7 @@ import functools
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -41,6 +41,7 @@ import structlog
 
 from mqd import metrics
 from mqd.config import LandingConfig
+from mqd.daemon_threads import DaemonThreadExecutor
 from mqd.landing import preflight
 from mqd.landing.backends import open_store
 from mqd.landing.errors import LandingCorrupt, LandingError, PreflightError, PublishConflict
@@ -113,7 +114,7 @@ class LandingSink:
         self,
         config: LandingConfig,
         *,
-        executor: ThreadPoolExecutor | None = None,
+        executor: Executor | None = None,
         workers: int = 2,
         on_result: Callable[[PublishResult], None] = _ignore,
         trim_after_bytes: int = TRIM_AFTER_BYTES,
@@ -130,12 +131,12 @@ class LandingSink:
             region=config.s3.region,
         )
         self.ahead_of_clock = AheadOfClock(ahead_ms)  # files the watermark ignores: counted, logged
-        self._readers = ThreadPoolExecutor(_HEAD_READERS, thread_name_prefix="mqd-landing-head")
+        self._readers = DaemonThreadExecutor(_HEAD_READERS, thread_name_prefix="mqd-landing-head")
         self.publisher = Publisher(self.store, compression=config.compression)
         self.batches = MicroBatches(config)
         self.workers = workers
         self.on_result = on_result
-        self._executor = executor or ThreadPoolExecutor(workers, thread_name_prefix="mqd-landing")
+        self._executor = executor or DaemonThreadExecutor(workers, thread_name_prefix="mqd-landing")
         self._own_executor = executor is None
         self._slots = asyncio.Semaphore(workers)  # publications in flight, all partitions
         self._locks: dict[TP, asyncio.Lock] = {}  # one publication at a time per partition

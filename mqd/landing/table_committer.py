@@ -34,13 +34,13 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 import structlog
 
 from mqd import metrics
+from mqd.daemon_threads import DaemonThreadExecutor
 from mqd.errors import MqdError
 from mqd.landing.chain_reader import ChainReader
 from mqd.landing.delta_log import LandingTable, app_id
@@ -104,7 +104,7 @@ class TableCommitter:
         self._next = 0.0  # monotonic time the next round is due by the interval
         self._pending: dict[TP, list[FileRange]] = {}  # candidates not committed yet (round thread)
         self._task: asyncio.Task[None] | None = None
-        self._executor = ThreadPoolExecutor(1, thread_name_prefix="mqd-landing-table")
+        self._executor = DaemonThreadExecutor(1, thread_name_prefix="mqd-landing-table")
 
     # -- the event loop's side ---------------------------------------------------------------------
 

@@ -112,6 +112,11 @@ class SeaweedFS:
             *(f"-{k}={v}" for k, v in ports.items()),
         ]
 
+    def gateway(self, n: int) -> ManagedProcess:
+        """The process serving ``endpoints[n]`` (0 is the ``weed mini``): to signal it (a frozen
+        gateway is a store whose requests hang)."""
+        return self._procs[n]
+
     def add_gateway(self, *extra_args: str) -> str:
         """Start another ``weed s3`` on the same filer; returns its endpoint URL. ``extra_args``:
         more ``weed s3`` flags (e.g. ``-config=<identities.json>``: a gateway with read-only keys)."""

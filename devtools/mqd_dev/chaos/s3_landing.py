@@ -33,11 +33,7 @@ NOT_ON_S3: tuple[str, ...] = ("landing_readonly", "landing_full", "lock_freeze")
 
 
 class ChaosSeaweedFS(SeaweedFS):
-    """SeaweedFS whose gateways the chaos run can signal."""
-
-    def gateway(self, n: int) -> ManagedProcess:
-        """The process serving ``endpoints[n]`` (0 is the ``weed mini``)."""
-        return self._procs[n]
+    """SeaweedFS whose gateways the chaos run can restart."""
 
     def restart_gateway(self, n: int) -> None:
         """Start the stopped gateway ``n`` again (same argv, same port); wait until it answers."""
