@@ -26,10 +26,10 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import MB, RESULTS, Workload, machine_facts, rates, timed_workers, write_json
-from mqd import format as fmt
-from mqd.client import BrokerClient
-from mqd.producer import Producer
 from mqd.testing import LocalCluster
+from mqd.wire import format as fmt
+from mqd.wire.client import BrokerClient
+from mqd.wire.producer import Producer
 
 TOPIC = "events"
 

@@ -32,9 +32,9 @@ from mqd.fsutil import atomic_write
 from mqd.landing.layout import (
     read_ranges,
 )
-from mqd.producer import synthetic_values
 from mqd.records import RECORD_SCHEMA
 from mqd.testing import ManagedProcess, to_toml
+from mqd.wire.producer import synthetic_values
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"

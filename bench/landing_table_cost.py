@@ -55,8 +55,8 @@ from bench import common
 from bench import pipeline as _bench
 from bench.common import WatchedProcess, Workload
 from bench.landing_table_log import _QUIET, wait_quiet
-from mqd.producer import Producer
 from mqd.testing import LocalCluster
+from mqd.wire.producer import Producer
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PARTITIONS = 12

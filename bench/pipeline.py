@@ -56,12 +56,12 @@ from bench.common import (
     timed_workers,
     write_json,
 )
-from mqd import format as fmt
-from mqd.client import BrokerClient, BrokerError
 from mqd.landing.layout import read_ranges
-from mqd.producer import Producer, TokenBucket, synthetic_values
 from mqd.testing import LocalCluster, daemon_section, to_toml
 from mqd.waiting import wait_until_sync
+from mqd.wire import format as fmt
+from mqd.wire.client import BrokerClient, BrokerError
+from mqd.wire.producer import Producer, TokenBucket, synthetic_values
 
 TOPIC = "events"
 LATENCY_TOPIC = "latency"

@@ -102,8 +102,8 @@ def land(landing: Path, partitions: int, first_file: int, files: int, records: i
     import numpy as np
     import pyarrow as pa
 
-    from mqd import format as fmt
     from mqd.landing import LocalStore, Publisher
+    from mqd.wire import format as fmt
 
     pub = Publisher(LocalStore(landing))
     pub.store.open()

@@ -579,7 +579,7 @@ class Daemon:
     async def _idle_watermarks(self) -> None:
         """A partition at its log end with nothing buffered vouches for event times up to now
         (minus a grace for records in flight): its hours can be marked complete."""
-        from mqd.format import now_ms  # pyarrow: not on the start path
+        from mqd.wire.format import now_ms  # pyarrow: not on the start path
 
         pending = self.sink.pending()
         mark = now_ms() - IDLE_GRACE_MS

@@ -16,7 +16,7 @@ module attribute costs (nothing per record on the hot path). A name the real mod
 (a submodule imported afterwards) is still found, through the module-level ``__getattr__``.
 
 The placeholder is a second module object: it holds the names as they were when it loaded, so a
-name rebound on the real module afterwards (a test's monkeypatch of ``mqd.format.x``) is not seen
+name rebound on the real module afterwards (a test's monkeypatch of ``mqd.wire.format.x``) is not seen
 through it; patch the importing module's attribute instead.
 
 A module-level use (a constant such as ``pa.schema(...)`` at import time) imports at once: such

@@ -25,11 +25,11 @@ from typing import IO, Any
 import numpy as np
 import pyarrow as pa
 
-from mqd import format as fmt
 from mqd.backoff import Backoff
-from mqd.client import BrokerError
-from mqd.producer import _ACKS, Producer, TokenBucket, _worth_retrying, key_partition, synthetic_values
 from mqd.topic_name import topic_name_problem
+from mqd.wire import format as fmt
+from mqd.wire.client import BrokerError
+from mqd.wire.producer import _ACKS, Producer, TokenBucket, _worth_retrying, key_partition, synthetic_values
 
 __all__ = ["PartitionTally", "ProduceRun", "produce_cli"]
 

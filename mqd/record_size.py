@@ -31,12 +31,12 @@ if TYPE_CHECKING:
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from mqd import format as fmt
+    from mqd.wire import format as fmt
 else:
     np = lazy_import("numpy")
     pa = lazy_import("pyarrow")
     pc = lazy_import("pyarrow.compute")
-    fmt = lazy_import("mqd.format")
+    fmt = lazy_import("mqd.wire.format")
 
 __all__ = [
     "DEFAULT_MAX_RECORD_BYTES",

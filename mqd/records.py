@@ -3,7 +3,7 @@ same whichever source it came from (the mqd broker's wire format, Kafka's Record
 landing writes with topic and partition added (landing/schema.py).
 
 Neutral ground (issue 32): the landing and the Kafka source name the record here, not in the mqd
-broker's wire module (mqd.format), whose own decoder imports them from here too. Imports
+broker's wire module (mqd.wire.format), whose own decoder imports them from here too. Imports
 pyarrow: keep it off the daemon's start path (import it where records are decoded or written).
 """
 

@@ -18,7 +18,7 @@ from support.kafka import topic as topic  # a topic name of the test's own on a 
 from support.seaweedfs import seaweedfs as seaweedfs  # the session's S3 endpoint (object-store tests)
 from support.storage_node import storage_node as storage_node  # a broker Storage without a process
 
-from mqd.client import BrokerClient
+from mqd.wire.client import BrokerClient
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)

@@ -15,8 +15,8 @@ from typing import Any
 
 import structlog
 
-from mqd.client import BrokerClient, BrokerError
 from mqd.config import BrokerConfig, BrokerGroupSpec, ClusterConfig, NodeSpec
+from mqd.wire.client import BrokerClient, BrokerError
 
 log = structlog.get_logger(__name__)
 

@@ -22,8 +22,8 @@ import structlog
 
 from mqd.broker.log_dir import REPAIR_SUFFIX, LogDir, StorageError, write_all
 from mqd.broker.segment import Hole, Segment
-from mqd.format import BatchInfo
 from mqd.fsutil import atomic_write, fsync_dir
+from mqd.wire.format import BatchInfo
 
 log = structlog.get_logger("mqd.broker.storage")  # the log's lines, wherever they are written
 

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import structlog
 
-from mqd import format as fmt
 from mqd.broker.replica_client import ReplicaClient
 from mqd.broker.storage import PartitionLog, StorageError
-from mqd.client import BrokerError
 from mqd.config import NodeSpec
-from mqd.protocol import ProtocolError, Status
+from mqd.wire import format as fmt
+from mqd.wire.client import BrokerError
+from mqd.wire.protocol import ProtocolError, Status
 
 log = structlog.get_logger(__name__)
 

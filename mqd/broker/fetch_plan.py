@@ -25,7 +25,7 @@ from mqd.broker.pull_suggestion import master_suggestion, slave_suggestion
 from mqd.broker.replica_progress import ReplicaProgress
 from mqd.broker.storage import PartitionLog, ReadPlan, Storage
 from mqd.config import BrokerConfig
-from mqd.protocol import FetchAnswerHeader, PartitionHeader, Status, frame_fetch_answer
+from mqd.wire.protocol import FetchAnswerHeader, PartitionHeader, Status, frame_fetch_answer
 
 # a partition's planned read: the log and the byte ranges in it (None: nothing to read)
 PlannedRead = tuple[PartitionLog, ReadPlan] | None

@@ -30,7 +30,6 @@ from typing import Any
 import structlog
 from aiohttp import web
 
-from mqd import format as fmt
 from mqd.broker.client_stats import ClientStats
 from mqd.broker.cluster_state import ClusterState
 from mqd.broker.consumer_groups import ConsumerGroupError, ConsumerGroupStore
@@ -55,8 +54,9 @@ from mqd.broker.request_parsing import (
 )
 from mqd.broker.storage import PartitionLog, Storage, StorageError
 from mqd.config import BrokerConfig, ClusterConfig
-from mqd.protocol import BATCH_CONTENT_TYPE, FETCH_CONTENT_TYPE
 from mqd.topic_name import topic_name_problem
+from mqd.wire import format as fmt
+from mqd.wire.protocol import BATCH_CONTENT_TYPE, FETCH_CONTENT_TYPE
 
 log = structlog.get_logger(__name__)
 

@@ -32,7 +32,6 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from mqd import format as fmt
 from mqd.backoff import Backoff
 from mqd.broker.fenced_repair import COPY_MAX_BYTES, read_range, repair_from
 from mqd.broker.incarnation import IncarnationEntry
@@ -41,10 +40,11 @@ from mqd.broker.replica_client import ReplicaClient, ReplicaPeerError
 from mqd.broker.replica_divergence import agreed_end
 from mqd.broker.segment import find_intact_batch
 from mqd.broker.storage import PartitionLog, Storage, StorageError
-from mqd.client import BrokerError
 from mqd.config import NodeSpec
 from mqd.errors import MqdError
-from mqd.protocol import FetchAnswer, PartitionFetch, ProtocolError, Status
+from mqd.wire import format as fmt
+from mqd.wire.client import BrokerError
+from mqd.wire.protocol import FetchAnswer, PartitionFetch, ProtocolError, Status
 
 log = structlog.get_logger(__name__)
 

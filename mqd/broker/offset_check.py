@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mqd.protocol import Status
+from mqd.wire.protocol import Status
 
 
 @dataclass(slots=True)

@@ -15,7 +15,7 @@ import structlog
 from mqd.broker.cluster_state import ClusterState
 from mqd.broker.consumer_groups import ConsumerGroupError, ConsumerGroupStore
 from mqd.broker.replica_client import ReplicaClient
-from mqd.client import BrokerError
+from mqd.wire.client import BrokerError
 
 log = structlog.get_logger(__name__)
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from mqd.protocol import Status
+from mqd.wire.protocol import Status
 
 # bytes from the batch holding an offset to the head of the log
 BytesBehind = Callable[[int], int]

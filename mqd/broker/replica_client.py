@@ -18,9 +18,9 @@ import aiohttp
 import structlog
 
 from mqd.broker.replica_auth import ReplicaAuth, ReplicaAuthError
-from mqd.client import BrokerError, _read_fetch_body, tls_context
 from mqd.config import NodeSpec
-from mqd.protocol import FETCH_CONTENT_TYPE, FetchAnswer, decode_fetch_answer
+from mqd.wire.client import BrokerError, _read_fetch_body, tls_context
+from mqd.wire.protocol import FETCH_CONTENT_TYPE, FetchAnswer, decode_fetch_answer
 
 log = structlog.get_logger(__name__)
 

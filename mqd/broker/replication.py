@@ -38,7 +38,6 @@ from typing import Any
 
 import structlog
 
-from mqd import format as fmt
 from mqd.backoff import Backoff
 from mqd.broker.consumer_groups import ConsumerGroupError, ConsumerGroupStore
 from mqd.broker.fenced_repair import repair_from
@@ -47,10 +46,11 @@ from mqd.broker.replica_client import ReplicaClient, ReplicaPeerError
 from mqd.broker.replica_divergence import agreed_end
 from mqd.broker.replica_floor import ReplicaFloor
 from mqd.broker.storage import PartitionLog, Storage, StorageError
-from mqd.client import BrokerError
 from mqd.config import BrokerGroupSpec, MiB
 from mqd.errors import MqdError
-from mqd.protocol import FetchAnswer, PartitionFetch, ProtocolError, Status
+from mqd.wire import format as fmt
+from mqd.wire.client import BrokerError
+from mqd.wire.protocol import FetchAnswer, PartitionFetch, ProtocolError, Status
 
 log = structlog.get_logger(__name__)
 

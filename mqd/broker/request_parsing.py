@@ -15,9 +15,9 @@ from typing import Any, NoReturn
 
 from aiohttp import web
 
-from mqd import format as fmt
 from mqd import record_size
 from mqd.errors import MqdError
+from mqd.wire import format as fmt
 
 MAX_OFFSET = 2**63 - 1
 MAX_PARTITION = 2**31 - 1

@@ -3,7 +3,7 @@
 A closed segment whose index is trusted at start (segment.py) has only its first and last batches
 read back; a flipped byte in a middle batch would be served until a consumer's CRC check refused it
 (chaos seed 508187, ``segment_bitflip``). The scrub walks every closed segment of every partition
-log and checks each batch with the append path's checker (:func:`mqd.format.validate`: header, CRC,
+log and checks each batch with the append path's checker (:func:`mqd.wire.format.validate`: header, CRC,
 section layout), plus that it carries the offset and fills the bytes its index entry says. A batch
 that fails is fenced through the storage's fencing path (:meth:`PartitionLog.fence_damaged`: a hole,
 ``fenced.json``, the error line, DATA_LOST on fetch, health ``degraded``). On a master, its slaves
@@ -32,9 +32,9 @@ from dataclasses import dataclass
 
 import structlog
 
-from mqd import format as fmt
 from mqd.broker.segment import Segment
 from mqd.broker.storage import PartitionLog, ScrubView, Storage, StorageError
+from mqd.wire import format as fmt
 
 log = structlog.get_logger(__name__)
 

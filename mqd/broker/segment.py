@@ -37,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mqd.format import (
+from mqd.wire.format import (
     HEADER_SIZE,
     MAGIC,
     BatchError,

@@ -26,7 +26,6 @@ from typing import Any
 import structlog
 from aiohttp import web
 
-from mqd import format as fmt
 from mqd.broker.client_stats import ClientStats
 from mqd.broker.cluster_state import ClusterState
 from mqd.broker.consumer_groups import ConsumerGroupError, ConsumerGroupStore
@@ -43,10 +42,11 @@ from mqd.broker.replica_progress import ReplicaProgress
 from mqd.broker.replication import Replicator
 from mqd.broker.scrub import SegmentScrubber
 from mqd.broker.storage import PartitionLog, Storage, StorageError
-from mqd.client import BrokerClient
 from mqd.config import BrokerConfig, ClusterConfig, ConfigError, load_broker_config
 from mqd.header_deadline import BoundedAppRunner
 from mqd.memory_trim import TRIM_CHECK_INTERVAL_S, burst_ended, trim_heap
+from mqd.wire import format as fmt
+from mqd.wire.client import BrokerClient
 
 log = structlog.get_logger(__name__)
 

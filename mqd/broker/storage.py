@@ -74,9 +74,9 @@ from mqd.broker.segment_reads import (
     scrub_entries,
 )
 from mqd.config import StorageConfig
-from mqd.format import BatchInfo, set_base_offset
 from mqd.fsutil import atomic_write, fsync_dir
 from mqd.topic_name import topic_name_problem
+from mqd.wire.format import BatchInfo, set_base_offset
 
 log = structlog.get_logger(__name__)
 

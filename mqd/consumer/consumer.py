@@ -116,7 +116,7 @@ class Consumer:
     ) -> None:
         """``source``: where records come from, built by the caller with
         ``mqd.sources.open_source(config)`` (default: that source, built here, the mqd broker's
-        over ``client`` when given, a mqd.client.BrokerClient the caller starts and closes).
+        over ``client`` when given, a mqd.wire.client.BrokerClient the caller starts and closes).
         ``budget_held``: ``max_buffered_bytes`` bounds every fetch answer still in memory, also
         after its batches were drained, until the caller drops them (the daemon: until they are
         published). Otherwise it bounds the batches buffered here, and what was drained is the

@@ -30,7 +30,7 @@ class FetchedBatch:
 
     tp: TopicPartition
     epoch: int  # the partition's assignment epoch when it was fetched
-    records: pa.RecordBatch  # columns offset, timestamp, key, value, headers (mqd.format.RECORD_SCHEMA)
+    records: pa.RecordBatch  # columns offset, timestamp, key, value, headers (mqd.records.RECORD_SCHEMA)
     first_offset: int  # offset of records[0]
     next_offset: int  # offset after the last record
     nbytes: int  # wire bytes it held (for budgets)

@@ -95,7 +95,7 @@ class Cluster:
 
 
 class FetchStatus(enum.StrEnum):
-    """Per-partition fetch status. The values are the mqd broker's (mqd.protocol.Status, after
+    """Per-partition fetch status. The values are the mqd broker's (mqd.wire.protocol.Status, after
     RocketMQ's GetMessageStatus); other sources map their answers onto these members."""
 
     FOUND = "FOUND"

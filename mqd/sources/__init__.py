@@ -17,7 +17,7 @@ __all__ = ["open_source"]
 
 def open_source(config: ConsumerConfig, *, client: object | None = None) -> Source:
     """The source ``config.source`` names, not started (``start``/``stop`` are the caller's, or the
-    Consumer's it is handed to). ``client``: a started mqd.client.BrokerClient the mqd broker's
+    Consumer's it is handed to). ``client``: a started mqd.wire.client.BrokerClient the mqd broker's
     source shares instead of building its own (the caller starts and closes it); a Kafka source has
     its own connections and ignores it. The implementations are imported here only, lazily (the
     Kafka source pulls in aiokafka)."""
@@ -25,9 +25,9 @@ def open_source(config: ConsumerConfig, *, client: object | None = None) -> Sour
         from mqd.sources.kafka.source import KafkaSource
 
         return KafkaSource(config)
-    from mqd.client import BrokerClient
     from mqd.sources.mqd_broker import MqdBrokerSource
+    from mqd.wire.client import BrokerClient
 
     if client is not None and not isinstance(client, BrokerClient):
-        raise TypeError(f"client: expected a mqd.client.BrokerClient, got {type(client).__name__}")
+        raise TypeError(f"client: expected a mqd.wire.client.BrokerClient, got {type(client).__name__}")
     return MqdBrokerSource(config, client=client)

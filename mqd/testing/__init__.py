@@ -2,14 +2,14 @@
 
 Like ``aiohttp.test_utils`` or Kafka's embedded cluster: :class:`LocalCluster` starts a broker
 cluster of real ``mqd broker`` processes on free 127.0.0.1 ports, with its config files, data and
-logs in a directory you give it, and stops them again. Point a :class:`mqd.producer.Producer`, a
+logs in a directory you give it, and stops them again. Point a :class:`mqd.wire.producer.Producer`, a
 consumer or an ``mqd run`` daemon at ``cluster.bootstrap`` (or ``cluster.urls``)::
 
     import asyncio
     import tempfile
     from pathlib import Path
 
-    from mqd.producer import Producer
+    from mqd.wire.producer import Producer
     from mqd.testing import LocalCluster
 
 

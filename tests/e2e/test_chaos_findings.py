@@ -14,8 +14,8 @@ from typing import Any
 from mqd_dev.chaos.proxy import FaultProxy, Faults
 from support.harness import Cluster
 
-from mqd import format as fmt
-from mqd.client import BrokerClient, BrokerError
+from mqd.wire import format as fmt
+from mqd.wire.client import BrokerClient, BrokerError
 
 
 async def test_corrupted_json_answers_are_retriable_broker_errors(cluster_factory: Any) -> None:

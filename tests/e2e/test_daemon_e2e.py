@@ -17,11 +17,11 @@ from support.delta import read_delta
 from support.harness import Cluster, to_toml
 from support.landing import read_manifest
 
-from mqd.client import BrokerClient, BrokerError
 from mqd.config import MqdConfig, SparkConfig, load_daemon_config
 from mqd.daemon import Daemon
 from mqd.spark import job
 from mqd.waiting import wait_until
+from mqd.wire.client import BrokerClient, BrokerError
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 

@@ -21,12 +21,12 @@ from support.seaweedfs import fresh_uri, s3_objects
 from support.spark_s3 import s3_config
 from support.spark_s3 import s3_spark as s3_spark  # the module's Spark session with the store's env
 
-from mqd.client import BrokerClient
 from mqd.landing.store import LandingStore
 from mqd.offsets_reset import read_reset
 from mqd.spark import job
 from mqd.testing.seaweedfs import SeaweedFS
 from mqd.topic_partition import TopicPartition
+from mqd.wire.client import BrokerClient
 
 pytestmark = pytest.mark.spark
 

@@ -18,18 +18,18 @@ import aiohttp
 from mqd_dev.chaos.procs import ChaosCluster
 from mqd_dev.chaos.proxy import FaultProxy
 
-from mqd import format as fmt
 from mqd.broker.consumer_groups import ConsumerGroupStore
 from mqd.broker.replica_auth import HEADER_SIGNATURE
 from mqd.broker.replica_client import ReplicaClient
 from mqd.broker.replica_floor import ReplicaFloor
 from mqd.broker.replication import Replicator
 from mqd.broker.storage import Storage
-from mqd.client import BrokerClient
 from mqd.config import StorageConfig, load_cluster_config
-from mqd.protocol import FETCH_CONTENT_TYPE
 from mqd.testing import LocalCluster
 from mqd.waiting import wait_until
+from mqd.wire import format as fmt
+from mqd.wire.client import BrokerClient
+from mqd.wire.protocol import FETCH_CONTENT_TYPE
 
 TOPIC = "events"
 _MARK = f"\r\n{HEADER_SIGNATURE}: ".encode()

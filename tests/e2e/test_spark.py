@@ -19,11 +19,11 @@ import pytest
 from support.delta import read_delta
 from support.spark_job import start_streaming, stop_streaming
 
-from mqd import format as fmt
 from mqd.config import LandingConfig, MqdConfig, SparkConfig
 from mqd.landing import LocalStore, Publisher
 from mqd.spark import job
 from mqd.spark.table_format import existing_format
+from mqd.wire import format as fmt
 
 pytestmark = pytest.mark.spark
 

@@ -24,11 +24,11 @@ import pytest
 from support import REPO_ROOT
 from support.cli import mqd
 
-from mqd import format as fmt
 from mqd.landing import LocalStore, Publisher
 from mqd.spark.session import EXIT_SESSION
 from mqd.spark.static_checks import trigger_interval
 from mqd.waiting import wait_until_sync
+from mqd.wire import format as fmt
 
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 MQD_BIN = str(Path(sys.executable).parent / "mqd")

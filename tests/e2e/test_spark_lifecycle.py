@@ -15,12 +15,12 @@ import pytest
 from support.seaweedfs import object_store
 from support.spark_s3 import assert_once, s3_config, s3_spark, table_keys
 
-from mqd import format as fmt
 from mqd.config import LandingConfig, MqdConfig, SparkConfig
 from mqd.landing import LocalStore, Publisher, lifecycle
 from mqd.landing.store import LandingStore
 from mqd.spark import job
 from mqd.testing.seaweedfs import SeaweedFS
+from mqd.wire import format as fmt
 
 pytestmark = pytest.mark.spark
 __all__ = ["s3_spark"]  # the module's Spark session fixture (tests/support/spark_s3.py)

@@ -23,8 +23,6 @@ from support.seaweedfs import fresh_uri, object_store
 from support.spark_s3 import assert_once, s3_config, table_keys
 from support.spark_s3 import s3_spark as s3_spark  # the module's Spark session with the store's env
 
-from mqd import format as fmt
-from mqd.client import BrokerClient
 from mqd.daemon import Daemon
 from mqd.landing import Publisher, layout
 from mqd.landing.claim_chain import ChainState, Claim
@@ -33,6 +31,8 @@ from mqd.landing.store import LandingStore
 from mqd.spark import job
 from mqd.spark.table_format import existing_format
 from mqd.testing.seaweedfs import SeaweedFS
+from mqd.wire import format as fmt
+from mqd.wire.client import BrokerClient
 
 pytestmark = pytest.mark.spark
 

@@ -17,10 +17,10 @@ from support.cli import mqd
 from support.half_claims import claim_unpromoted
 from support.seaweedfs import object_store
 
-from mqd import format as fmt
 from mqd.landing import Publisher
 from mqd.testing.configfiles import to_toml
 from mqd.testing.seaweedfs import ACCESS_KEY, REGION, SECRET_KEY, SeaweedFS
+from mqd.wire import format as fmt
 
 pytestmark = pytest.mark.spark
 

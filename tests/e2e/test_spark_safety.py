@@ -16,10 +16,10 @@ import pytest
 from support.delta import read_delta
 from support.landing import read_manifest
 
-from mqd import format as fmt
 from mqd.config import LandingConfig, MqdConfig, SparkConfig
 from mqd.landing import LocalStore, Publisher
 from mqd.spark import job
+from mqd.wire import format as fmt
 
 pytestmark = pytest.mark.spark
 

@@ -14,9 +14,9 @@ import pytest
 from support.delta import T0, land_values, make_config
 from support.table_readers import every_reader_keys, offsets
 
-from mqd import format as fmt
 from mqd.landing import LocalStore, Publisher
 from mqd.spark import job
+from mqd.wire import format as fmt
 
 pytestmark = pytest.mark.spark
 

@@ -12,12 +12,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from mqd import format as fmt
 from mqd import records
 from mqd.config import LandingConfig, MqdConfig, SparkConfig
 from mqd.landing import LocalStore, Publisher, layout
 from mqd.landing.local_migration import migrate
 from mqd.spark import job
+from mqd.wire import format as fmt
 
 pytestmark = pytest.mark.spark
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from mqd import format as fmt
 from mqd.landing import Publisher
 from mqd.landing.claim_chain import chain_prefix
 from mqd.landing.objects import Objects
+from mqd.wire import format as fmt
 
 HOW = ("deleted", "older", "junk")
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z

@@ -8,10 +8,10 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from mqd import format
-from mqd.client import BrokerClient, ProduceResult
 from mqd.config import ConsumerConfig
 from mqd.consumer import Consumer, FetchedBatch, TopicPartition
+from mqd.wire import format
+from mqd.wire.client import BrokerClient, ProduceResult
 from support.harness import Cluster
 
 _ids = itertools.count()

@@ -11,8 +11,6 @@ from typing import Any
 import numpy as np
 import pyarrow.parquet as pq
 
-from mqd import format as fmt
-from mqd.client import BrokerClient, BrokerError
 from mqd.config import (
     AdminConfig,
     ConsumerConfig,
@@ -20,6 +18,8 @@ from mqd.config import (
     LandingConfig,
     MqdConfig,
 )
+from mqd.wire import format as fmt
+from mqd.wire.client import BrokerClient, BrokerError
 from support.consumer import FAST
 from support.harness import Cluster
 

@@ -9,10 +9,10 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from mqd import format as fmt
 from mqd.config import LandingConfig, MqdConfig, SparkConfig
 from mqd.landing import LocalStore, Publisher
 from mqd.spark.table_format import spark_location
+from mqd.wire import format as fmt
 from support.table_readers import Key, every_reader_keys, offsets
 
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z

@@ -1,21 +1,21 @@
 """Fetch answers without a broker, for the fetch-answer callback's unit tests
 (tests/unit/test_consumer_answers.py, test_partition_error_age.py): a FetchManager on a one-group
-layout (master ``m``, slave ``s``), stored batches from mqd.format, an answer framed with
-mqd.protocol as a node sends it, and ``deliver``, which hands one to the manager for partition ``TP``
+layout (master ``m``, slave ``s``), stored batches from mqd.wire.format, an answer framed with
+mqd.wire.protocol as a node sends it, and ``deliver``, which hands one to the manager for partition ``TP``
 as if it answered a request sent at a given position."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from mqd import format
 from mqd.config import ConsumerConfig
 from mqd.consumer import ByteBudget, FlowLimits, SubscriptionState, TopicPartition
 from mqd.consumer.fetcher import FetchManager, _Sent
 from mqd.consumer.source import FetchResult
-from mqd.metadata import ClusterMetadata
-from mqd.protocol import Status, decode_fetch_answer, encode_fetch_answer
 from mqd.sources.mqd_broker import MqdBrokerSource
+from mqd.wire import format
+from mqd.wire.metadata import ClusterMetadata
+from mqd.wire.protocol import Status, decode_fetch_answer, encode_fetch_answer
 
 TP = TopicPartition("events", 0)
 LAYOUT = {

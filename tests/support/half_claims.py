@@ -9,12 +9,12 @@ import secrets
 import numpy as np
 import pyarrow as pa
 
-from mqd import format as fmt
 from mqd.landing import layout
 from mqd.landing.claim_chain import ChainState, Claim
 from mqd.landing.layout import FileRange
 from mqd.landing.publisher import file_range
 from mqd.landing.store import LandingStore
+from mqd.wire import format as fmt
 from support.landing import stage
 
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z

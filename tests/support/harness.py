@@ -45,7 +45,7 @@ __all__ = [
 
 def records_of(data: bytes | memoryview, start_offset: int | None = None) -> list[tuple[int, bytes]]:
     """``(offset, value)`` of every record in whole batches ``data`` (CRC-checked), from ``start_offset``."""
-    from mqd import format as fmt
+    from mqd.wire import format as fmt
 
     buf = bytes(data)
     out: list[tuple[int, bytes]] = []
@@ -58,8 +58,8 @@ def records_of(data: bytes | memoryview, start_offset: int | None = None) -> lis
 def fetch_all(url: str, topic: str, partition: int) -> list[tuple[int, bytes]]:
     """``(offset, value)`` of every record a node holds for ``topic``/``partition`` from offset 0, by
     one synchronous fetch (no long poll); every batch is validated (magic, length, CRC, offsets)."""
-    from mqd import format as fmt
-    from mqd.protocol import decode_fetch_answer
+    from mqd.wire import format as fmt
+    from mqd.wire.protocol import decode_fetch_answer
 
     body = json.dumps(
         {

@@ -16,8 +16,8 @@ from aiohttp import web
 
 from mqd.broker.replica_auth import HEADER_NODE
 from mqd.broker.replica_client import ReplicaClient
-from mqd.protocol import encode_fetch_answer
 from mqd.testing import LocalCluster
+from mqd.wire.protocol import encode_fetch_answer
 
 
 @asynccontextmanager

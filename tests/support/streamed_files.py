@@ -8,10 +8,10 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from mqd import format as fmt
 from mqd.landing import layout
 from mqd.landing.publisher import file_range
 from mqd.landing.store import LandingStore
+from mqd.wire import format as fmt
 
 T0 = 1_767_225_600_000  # 2026-01-01T00:00Z
 

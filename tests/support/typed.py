@@ -15,12 +15,12 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from mqd import format as fmt
 from mqd.config import LandingConfig, MqdConfig, SparkConfig
 from mqd.landing.local_store import LocalStore
 from mqd.landing.publisher import Publisher
 from mqd.spark.wire_format import header
 from mqd.testing.schema_registry import SchemaRegistry
+from mqd.wire import format as fmt
 from support.servers import serving
 
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z

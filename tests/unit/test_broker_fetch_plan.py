@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mqd import format as fmt
 from mqd.broker.storage import PartitionLog, StorageError
 from mqd.config import StorageConfig
+from mqd.wire import format as fmt
 
 
 def _log(root: Path, counts: list[int], segment_bytes: int) -> PartitionLog:

@@ -13,7 +13,7 @@ from mqd.consumer.budget import ByteBudget
 
 
 class Body(bytearray):
-    """Like mqd.client.FetchBody: a bytearray subclass takes weak references."""
+    """Like mqd.wire.client.FetchBody: a bytearray subclass takes weak references."""
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,5 @@
-"""The fetch-answer callback as pure logic: real answers framed with mqd.protocol, real batches from
-mqd.format, no broker. Integration tests cover the same paths end to end; these pin every branch
+"""The fetch-answer callback as pure logic: real answers framed with mqd.wire.protocol, real batches from
+mqd.wire.format, no broker. Integration tests cover the same paths end to end; these pin every branch
 of the status table and the race checks exactly."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 from support.fetch_answers import TP, answer, batches, deliver, manager
 
 from mqd.consumer.fetcher import FetchManager, _Sent
-from mqd.protocol import Status
+from mqd.wire.protocol import Status
 
 
 def offsets(m: FetchManager) -> list[int]:

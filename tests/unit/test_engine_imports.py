@@ -1,6 +1,6 @@
 """The source seam holds: the consumer engine's modules (mqd/consumer/, its subpackages too) import
-nothing HTTP- or broker-specific (mqd.client, mqd.protocol, mqd.format, mqd.metadata, mqd.broker,
-mqd.sources, aiohttp), so a second source plugs in without touching them. No engine module names a
+nothing HTTP- or broker-specific (mqd.wire, the mqd broker's wire package; mqd.broker, mqd.sources,
+aiohttp), so a second source plugs in without touching them. No engine module names a
 source implementation: the sources are chosen and built by mqd.sources.open_source, which the
 facade's default (a caller that hands in no source) calls, lazily, in one function."""
 
@@ -14,10 +14,7 @@ import mqd.sources
 
 ENGINE = Path(mqd.consumer.__file__).parent
 FORBIDDEN = (
-    "mqd.client",
-    "mqd.protocol",
-    "mqd.format",
-    "mqd.metadata",
+    "mqd.wire",
     "mqd.broker",
     "mqd.sources",
     "aiohttp",

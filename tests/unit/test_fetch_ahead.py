@@ -13,15 +13,15 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from mqd import format
 from mqd.config import ConsumerConfig
 from mqd.consumer import ByteBudget, FlowLimits, SubscriptionState, TopicPartition
 from mqd.consumer.fetcher import FetchManager
 from mqd.consumer.source import Decoded, FetchRequest, FetchResult
-from mqd.metadata import ClusterMetadata
-from mqd.protocol import Status, decode_fetch_answer, encode_fetch_answer
 from mqd.sources.mqd_broker import MqdBrokerSource
 from mqd.waiting import cancel_and_wait, wait_event, wait_until
+from mqd.wire import format
+from mqd.wire.metadata import ClusterMetadata
+from mqd.wire.protocol import Status, decode_fetch_answer, encode_fetch_answer
 
 TP = TopicPartition("events", 0)
 LAYOUT = {

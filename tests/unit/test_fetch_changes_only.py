@@ -1,6 +1,6 @@
 """``changes_only`` fetches (docs/protocol.md): which planned entries the broker may leave out, and
 how the consumer's answer callback treats a partition the answer left out (no news, still owned).
-Real answers framed with mqd.protocol; no broker."""
+Real answers framed with mqd.wire.protocol; no broker."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from mqd.broker.fetch_plan import FetchItem, unchanged
 from mqd.config import ConsumerConfig
 from mqd.consumer import ByteBudget, FlowLimits, SubscriptionState, TopicPartition
 from mqd.consumer.fetcher import FetchManager, _Sent
-from mqd.metadata import ClusterMetadata
-from mqd.protocol import PartitionHeader, Status, decode_fetch_answer, encode_fetch_answer
 from mqd.sources.mqd_broker import MqdBrokerSource
+from mqd.wire.metadata import ClusterMetadata
+from mqd.wire.protocol import PartitionHeader, Status, decode_fetch_answer, encode_fetch_answer
 
 INC = "9f1c2e0a4b7d4e8f9a0b1c2d3e4f5a6b"
 OTHER = "0" * 32

@@ -1,4 +1,4 @@
-"""The fetch answer's JSON header as mqd.protocol.FetchAnswerHeader: what the broker writes is what
+"""The fetch answer's JSON header as mqd.wire.protocol.FetchAnswerHeader: what the broker writes is what
 a client reads back, the JSON on the wire is the one the broker wrote before it was typed, and a
 malformed header is refused with a ProtocolError that names the field."""
 
@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mqd.broker.incarnation import IncarnationEntry
-from mqd.protocol import (
+from mqd.wire.protocol import (
     FetchAnswerHeader,
     PartitionHeader,
     ProtocolError,

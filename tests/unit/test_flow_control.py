@@ -7,7 +7,6 @@ import asyncio
 
 import pytest
 
-from mqd import format
 from mqd.config import ConsumerConfig
 from mqd.consumer import (
     ByteBudget,
@@ -20,6 +19,7 @@ from mqd.consumer import (
     TopicPartition,
 )
 from mqd.waiting import wait_event
+from mqd.wire import format
 
 TP = TopicPartition("events", 0)
 

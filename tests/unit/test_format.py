@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mqd import format as fmt
-from mqd.protocol import ProtocolError, Status, decode_fetch_answer, encode_fetch_answer
 from mqd.records import RECORD_SCHEMA
+from mqd.wire import format as fmt
+from mqd.wire.protocol import ProtocolError, Status, decode_fetch_answer, encode_fetch_answer
 
 records = st.lists(
     st.tuples(

@@ -1,5 +1,5 @@
 """The engine's log-incarnation rule as pure logic (mqd.consumer.fetcher): source-neutral answers
-(mqd.consumer.source.PartitionResult) with real batches from mqd.format, no broker.
+(mqd.consumer.source.PartitionResult) with real batches from mqd.wire.format, no broker.
 
 A partition's position belongs to a log incarnation. The first one seen is adopted without assuming
 any reuse; INCARNATION_CHANGED with diverged_at >= position adopts the new one where it is; with
@@ -12,14 +12,15 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from mqd import format, metrics
+from mqd import metrics
 from mqd.config import ConsumerConfig
 from mqd.consumer import ByteBudget, FlowLimits, SubscriptionState, TopicPartition
 from mqd.consumer.fetcher import FetchManager, _Sent
 from mqd.consumer.source import FetchResult, FetchStatus, PartitionResult
-from mqd.metadata import ClusterMetadata
 from mqd.sources.mqd_broker import MqdBrokerSource
 from mqd.sources.mqd_broker.decode import decode_batches
+from mqd.wire import format
+from mqd.wire.metadata import ClusterMetadata
 
 TP = TopicPartition("inc", 0)
 OLD = "1" * 32  # the old incarnation (OLD)

@@ -14,7 +14,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 from support.config import write_file
 
-from mqd import format as fmt
 from mqd.config import load_daemon_config
 from mqd.landing import layout
 from mqd.landing.layout import FileRange
@@ -30,6 +29,7 @@ from mqd.spark.landing_source import (
     plan_end,
 )
 from mqd.spark.static_checks import ddl_field_names
+from mqd.wire import format as fmt
 
 chains = st.lists(st.sampled_from(["a/0", "a/1", "b/0", "b/7"]), unique=True)
 

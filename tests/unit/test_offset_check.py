@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from mqd.broker.offset_check import OffsetCheck, check_offset
-from mqd.protocol import Status
+from mqd.wire.protocol import Status
 
 MASTER = {"is_master": True, "offset_check_in_slave": False}
 SLAVE = {"is_master": False, "offset_check_in_slave": False}

@@ -17,8 +17,8 @@ from mqd.consumer import ByteBudget, FlowLimits, SubscriptionState, TopicPartiti
 from mqd.consumer.fetcher import FetchManager, _Sent
 from mqd.consumer.offset_store import CoordinatorOffsetStore, LocalFileOffsetStore
 from mqd.consumer.source import Decoded, FetchResult, FetchStatus, PartitionResult
-from mqd.metadata import ClusterMetadata
 from mqd.sources.mqd_broker import MqdBrokerSource
+from mqd.wire.metadata import ClusterMetadata
 
 TP = TopicPartition("t", 0)
 OTHER = TopicPartition("t", 1)

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from mqd.client import BrokerClient
 from mqd.config import ConsumerConfig
 from mqd.consumer import Consumer
 from mqd.sources import open_source
 from mqd.sources.kafka.source import KafkaSource
 from mqd.sources.mqd_broker import MqdBrokerSource
+from mqd.wire.client import BrokerClient
 
 
 def test_mqd_source_by_default_with_its_own_client() -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from support.fetch_answers import answer, batches, deliver, manager
 
-from mqd.protocol import Status
+from mqd.wire.protocol import Status
 
 
 def test_a_caught_up_answer_clears_an_earlier_fetch_error() -> None:

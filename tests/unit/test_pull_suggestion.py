@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from mqd.broker.pull_suggestion import master_suggestion, slave_suggestion
-from mqd.protocol import Status
+from mqd.wire.protocol import Status
 
 HEAD = 1000  # the log's end offset; each record is 10 bytes
 THRESHOLD = 4000  # far behind: more than 400 records; a slave is near the head within 200

@@ -9,12 +9,12 @@ import time
 
 import pytest
 
-from mqd.client import BrokerClient
 from mqd.consumer.membership import Broadcast
 from mqd.consumer.rebalance import Diff, diff
 from mqd.consumer.source import Assignment
 from mqd.sources.mqd_broker import GroupCoordinator, MetadataCache
 from mqd.topic_partition import TopicPartition
+from mqd.wire.client import BrokerClient
 
 TPS = [TopicPartition("t", i) for i in range(6)]
 

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mqd import format as fmt
 from mqd.record_size import RecordTooLarge, check_batches, oversize, record_sizes
+from mqd.wire import format as fmt
 
 record = st.tuples(
     st.one_of(st.none(), st.binary(max_size=40)),

@@ -10,8 +10,8 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mqd import format as fmt
 from mqd.broker.scrub import damaged_entries
+from mqd.wire import format as fmt
 
 
 def _log(sizes: list[int]) -> tuple[bytearray, list[tuple[int, int, int, int]]]:

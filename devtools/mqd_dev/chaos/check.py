@@ -26,8 +26,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from mqd import format as fmt
-from mqd.client import BrokerClient
+from mqd.wire import format as fmt
+from mqd.wire.client import BrokerClient
 from mqd_dev.chaos.load import Ack, record_value
 
 COPY_COLUMNS = ["partition", "offset", "value"]

@@ -18,9 +18,9 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 
-from mqd import format as fmt
-from mqd.client import BrokerClient, BrokerError
 from mqd.waiting import wait_until
+from mqd.wire import format as fmt
+from mqd.wire.client import BrokerClient, BrokerError
 from mqd_dev.chaos.ledger import Ledger
 from mqd_dev.chaos.procs import ChaosCluster
 

@@ -54,7 +54,6 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import structlog
 
-from mqd.client import BrokerClient, BrokerError
 from mqd.errors import MqdError
 from mqd.landing import lifecycle
 from mqd.landing.backends import open_store
@@ -64,6 +63,7 @@ from mqd.landing.store import LandingStore
 from mqd.runner import EXIT_TEMPFAIL
 from mqd.testing import ProcessError, daemon_section, fast_consumer_timings, to_toml
 from mqd.waiting import wait_until
+from mqd.wire.client import BrokerClient, BrokerError
 from mqd_dev.chaos import check, integrity, landing_table, node_data
 from mqd_dev.chaos.apache_kafka import GROUP_PROTOCOLS
 from mqd_dev.chaos.disk import LandingDisk

@@ -1,5 +1,5 @@
 """Decoding one partition's records of a Kafka Fetch answer (RecordBatch v2) into the engine's Arrow
-batches (mqd.consumer.source.Decoded; columns as mqd.format.RECORD_SCHEMA).
+batches (mqd.consumer.source.Decoded; columns as mqd.wire.format.RECORD_SCHEMA).
 
 Per batch, in Python: the 61-byte header, the CRC-32C (crc32c package, hardware), decompression
 (cramjam: gzip, snappy raw or xerial-framed, lz4 frame, zstd), control batches and, under

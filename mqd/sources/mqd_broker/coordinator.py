@@ -20,13 +20,13 @@ from typing import Any, TypeVar
 
 import structlog
 
-from mqd.client import BrokerClient, BrokerError
 from mqd.consumer.allocation import Strategy, get_strategy
 from mqd.consumer.errors import ConsumerError
 from mqd.consumer.source import Assignment, GroupSettings
 from mqd.sources.mqd_broker.metadata_cache import MetadataCache
 from mqd.topic_partition import TopicPartition
 from mqd.waiting import wait_event
+from mqd.wire.client import BrokerClient, BrokerError
 
 log = structlog.get_logger("mqd.consumer.coordinator")
 

@@ -1,4 +1,4 @@
-"""Decoding one partition's slice of an mqd fetch answer into Arrow record batches (mqd.format).
+"""Decoding one partition's slice of an mqd fetch answer into Arrow record batches (mqd.wire.format).
 
 Zero-copy: the record batches are views of the answer body (no Python object per record).
 """
@@ -13,10 +13,10 @@ from mqd.lazy_import import lazy_import
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from mqd import format
+    from mqd.wire import format
 else:
     pa = lazy_import("pyarrow")
-    format = lazy_import("mqd.format")
+    format = lazy_import("mqd.wire.format")
 
 
 def decode_batches(data: memoryview, offset: int, check_crc: bool) -> Decoded:

@@ -13,10 +13,10 @@ from collections.abc import Callable
 
 import structlog
 
-from mqd.client import BrokerClient, BrokerError
 from mqd.consumer.errors import ConsumerError
 from mqd.consumer.metadata_refresh import MetadataRefresh
-from mqd.metadata import ClusterMetadata, MetadataError
+from mqd.wire.client import BrokerClient, BrokerError
+from mqd.wire.metadata import ClusterMetadata, MetadataError
 
 log = structlog.get_logger("mqd.consumer.metadata")
 

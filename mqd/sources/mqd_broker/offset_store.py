@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from mqd.client import BrokerClient, BrokerError
 from mqd.consumer.errors import ConsumerError
 from mqd.consumer.offset_store import CoordinatorOffsetStore
 from mqd.sources.mqd_broker.coordinator import GroupCoordinator
 from mqd.topic_partition import TopicPartition
+from mqd.wire.client import BrokerClient, BrokerError
 
 
 class BrokerOffsetStore(CoordinatorOffsetStore):

@@ -1,8 +1,8 @@
 """MqdBrokerSource: the mqd HTTP broker behind the consumer engine's source seam.
 
-Maps the broker's wire shapes (mqd.client, mqd.protocol, mqd.format) onto mqd.consumer.source:
+Maps the broker's wire shapes (mqd.wire.client, mqd.wire.protocol, mqd.wire.format) onto mqd.consumer.source:
 metadata from ``GET /v1/metadata`` (MetadataCache), fetches as one ``POST /v1/fetch`` per node
-(status 1:1 from mqd.protocol.Status), offset lookups, the consumer group (heartbeats to the
+(status 1:1 from mqd.wire.protocol.Status), offset lookups, the consumer group (heartbeats to the
 coordinator broker, the allocation strategy run in the member) and its broker offset store.
 
 Log incarnations (issue 12): every fetch entry names the incarnation its offset belongs to once the
@@ -19,7 +19,6 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from mqd.broker.incarnation import MAX_LINEAGE, is_valid_id
-from mqd.client import BrokerClient, BrokerError
 from mqd.config import ConsumerConfig
 from mqd.consumer.errors import ConsumerError
 from mqd.consumer.source import (
@@ -34,13 +33,14 @@ from mqd.consumer.source import (
     PartitionRoute,
     SourceError,
 )
-from mqd.metadata import ClusterMetadata
-from mqd.protocol import FetchAnswer, ProtocolError
 from mqd.sources.mqd_broker.coordinator import GroupCoordinator
 from mqd.sources.mqd_broker.decode import decode_batches
 from mqd.sources.mqd_broker.metadata_cache import MetadataCache
 from mqd.sources.mqd_broker.offset_store import BrokerOffsetStore
 from mqd.topic_partition import TopicPartition
+from mqd.wire.client import BrokerClient, BrokerError
+from mqd.wire.metadata import ClusterMetadata
+from mqd.wire.protocol import FetchAnswer, ProtocolError
 
 
 def to_cluster(md: ClusterMetadata) -> Cluster:

@@ -12,8 +12,8 @@ import aiohttp
 import pytest
 from support.harness import Cluster, records_of
 
-from mqd import format as fmt
-from mqd.client import BrokerClient, BrokerError
+from mqd.wire import format as fmt
+from mqd.wire.client import BrokerClient, BrokerError
 
 TOKEN = "s3cret-token"
 

@@ -11,9 +11,9 @@ from collections.abc import Callable
 import pytest
 from support.harness import Cluster, records_of
 
-from mqd import format as fmt
-from mqd.client import BrokerClient
-from mqd.protocol import FetchAnswer
+from mqd.wire import format as fmt
+from mqd.wire.client import BrokerClient
+from mqd.wire.protocol import FetchAnswer
 
 PARTITIONS = 4
 

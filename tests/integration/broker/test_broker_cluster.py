@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from support.harness import records_of
 
-from mqd import format as fmt
-from mqd.client import BrokerClient, BrokerError
+from mqd.wire import format as fmt
+from mqd.wire.client import BrokerClient, BrokerError
 
 
 async def _latest(client: BrokerClient, url: str, partition: int = 0) -> int:

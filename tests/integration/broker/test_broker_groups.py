@@ -17,7 +17,7 @@ from support.harness import Cluster
 from support.replica import replica_offsets
 
 from mqd.broker.consumer_groups import ConsumerGroupError, ConsumerGroupStore
-from mqd.client import BrokerClient, BrokerError
+from mqd.wire.client import BrokerClient, BrokerError
 
 # -- ConsumerGroupStore (pure logic and its file) ---------------------------------------------------
 

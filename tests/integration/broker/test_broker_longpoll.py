@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from support.harness import Cluster, records_of
 
-from mqd import format as fmt
-from mqd.client import BrokerClient
-from mqd.protocol import FetchAnswer
+from mqd.wire import format as fmt
+from mqd.wire.client import BrokerClient
+from mqd.wire.protocol import FetchAnswer
 
 LONG_WAIT_MS = 10_000  # far longer than any wake-up may take: an answer before it is not a tick
 

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from support.harness import Cluster, records_of
 
-from mqd import format as fmt
-from mqd.client import BrokerClient
-from mqd.protocol import PartitionFetch
+from mqd.wire import format as fmt
+from mqd.wire.client import BrokerClient
+from mqd.wire.protocol import PartitionFetch
 
 BIG, SMALL, EMPTY = 0, 1, 2  # partitions: retention moved the start / three small batches / nothing
 

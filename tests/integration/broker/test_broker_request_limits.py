@@ -14,11 +14,11 @@ import aiohttp
 import pytest
 from support.harness import Cluster
 
-from mqd import format as fmt
-from mqd.client import BrokerClient, BrokerError
-from mqd.protocol import BATCH_CONTENT_TYPE, FetchAnswer
 from mqd.sources.mqd_broker.source import source_error
 from mqd.waiting import wait_until
+from mqd.wire import format as fmt
+from mqd.wire.client import BrokerClient, BrokerError
+from mqd.wire.protocol import BATCH_CONTENT_TYPE, FetchAnswer
 
 BODY_TIMEOUT_MS = 1000
 MAX_LONG_POLLS = 3

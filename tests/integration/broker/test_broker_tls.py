@@ -12,8 +12,8 @@ import aiohttp
 import pytest
 from support.harness import records_of, self_signed_cert
 
-from mqd import format as fmt
-from mqd.protocol import decode_fetch_answer
+from mqd.wire import format as fmt
+from mqd.wire.protocol import decode_fetch_answer
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl tool")
 
@@ -48,7 +48,7 @@ async def test_tls_ca_file_without_ssl_cert_file(cluster_factory: Any, tmp_path:
     """With ``tls_ca_file`` on the nodes and ``ca_file`` on the client (no SSL_CERT_FILE), a slave
     replicates over HTTPS (acks=all succeeds) and the client reads the record back from it; a
     client without the CA is refused; a CA file that does not exist is a clear, final error."""
-    from mqd.client import BrokerClient, BrokerError
+    from mqd.wire.client import BrokerClient, BrokerError
 
     cert, key = await asyncio.to_thread(self_signed_cert, tmp_path)
     env = {"SSL_CERT_FILE": "/nonexistent/ca.pem"}  # the system store must not be what works here

@@ -11,9 +11,9 @@ import pyarrow as pa
 import pytest
 from support.harness import Cluster
 
-from mqd.client import BrokerClient
-from mqd.producer import Producer
 from mqd.topic_name import InvalidTopicName
+from mqd.wire.client import BrokerClient
+from mqd.wire.producer import Producer
 
 BAD = ["..", "../../etc", ".", "a/b", "x" * 250, "", "é"]
 

@@ -19,9 +19,9 @@ import pytest
 from mqd_dev.chaos.disk import LandingDisk
 from support.harness import Cluster
 
-from mqd import format as fmt
-from mqd.protocol import BATCH_CONTENT_TYPE
 from mqd.waiting import wait_until_sync
+from mqd.wire import format as fmt
+from mqd.wire.protocol import BATCH_CONTENT_TYPE
 
 
 def _get(url: str) -> dict[str, Any]:

@@ -25,9 +25,9 @@ from hypothesis import strategies as st
 from support.harness import Cluster
 from support.storage_node import StorageNode, flip_byte
 
-from mqd import format as fmt
 from mqd.broker.storage import FENCED_FILE, PartitionLog
-from mqd.client import BrokerClient
+from mqd.wire import format as fmt
+from mqd.wire.client import BrokerClient
 
 TOPIC = "events"
 PER_BATCH = 2

@@ -22,8 +22,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support.harness import Cluster, fetch_all, records_of
 
-from mqd import format as fmt
 from mqd.waiting import wait_until_sync
+from mqd.wire import format as fmt
 
 TOPIC = "events"
 PARTITIONS = 2

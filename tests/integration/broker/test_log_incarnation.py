@@ -18,11 +18,11 @@ import pytest
 from support.harness import Cluster
 from support.storage_node import StorageNode
 
-from mqd import format as fmt
 from mqd.broker.incarnation import HISTORY_FILE, IncarnationEntry, is_valid_id, new_id
 from mqd.broker.storage import PartitionLog
-from mqd.client import BrokerClient, BrokerError
 from mqd.config import StorageConfig
+from mqd.wire import format as fmt
+from mqd.wire.client import BrokerClient, BrokerError
 
 TOPIC = "events"
 

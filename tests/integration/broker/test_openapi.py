@@ -43,11 +43,11 @@ from support import REPO_ROOT
 from support.harness import Cluster, fetch_all, records_of
 
 import mqd.broker
-from mqd import format as fmt
 from mqd.broker.server import BrokerNode
 from mqd.config import load_broker_config
-from mqd.protocol import FETCH_CONTENT_TYPE, decode_fetch_answer
 from mqd.waiting import wait_until_sync
+from mqd.wire import format as fmt
+from mqd.wire.protocol import FETCH_CONTENT_TYPE, decode_fetch_answer
 
 SPEC_FILE = Path(mqd.broker.__file__).with_name("openapi.yaml")
 TOPIC = "events"

@@ -22,10 +22,10 @@ import pytest
 from support.harness import Cluster, records_of
 from support.replica import FakeMaster, fetched_replica, replica_client
 
-from mqd import format as fmt
 from mqd.broker.replica_auth import HEADER_NODE, HEADER_NONCE
-from mqd.client import BrokerClient, BrokerError
-from mqd.protocol import decode_fetch_answer
+from mqd.wire import format as fmt
+from mqd.wire.client import BrokerClient, BrokerError
+from mqd.wire.protocol import decode_fetch_answer
 
 TOKEN = "client-token-everyone-has"
 TOPIC = "events"

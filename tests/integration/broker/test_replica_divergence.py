@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from mqd import format as fmt
 from mqd.broker.consumer_groups import ConsumerGroupStore
 from mqd.broker.incarnation import IncarnationEntry
 from mqd.broker.replica_auth import ReplicaAuth, ReplicaCredentials
@@ -22,7 +21,8 @@ from mqd.broker.replica_floor import ReplicaFloor
 from mqd.broker.replication import Replicator
 from mqd.broker.storage import PartitionLog, Storage
 from mqd.config import BrokerGroupSpec, NodeSpec, StorageConfig
-from mqd.protocol import FetchAnswer, PartitionFetch, Status
+from mqd.wire import format as fmt
+from mqd.wire.protocol import FetchAnswer, PartitionFetch, Status
 
 TOPIC = "events"
 A, B, C = "a" * 32, "b" * 32, "c" * 32

@@ -22,12 +22,12 @@ import pytest
 from support.harness import Cluster, fetch_all
 from support.storage_node import flip_byte
 
-from mqd import format as fmt
 from mqd.broker.master_recovery import MasterRecovery
 from mqd.broker.replica_client import ReplicaClient
 from mqd.broker.storage import Storage
-from mqd.client import BrokerClient, BrokerError
 from mqd.config import StorageConfig
+from mqd.wire import format as fmt
+from mqd.wire.client import BrokerClient, BrokerError
 
 TOPIC = "events"
 

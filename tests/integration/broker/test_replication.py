@@ -19,16 +19,16 @@ import pytest
 from support.harness import Cluster
 from support.replica import replica_offsets
 
-from mqd import format as fmt
 from mqd.broker.consumer_groups import ConsumerGroupStore
 from mqd.broker.replica_auth import ReplicaAuth, ReplicaCredentials
 from mqd.broker.replica_client import ReplicaClient
 from mqd.broker.replica_floor import ReplicaFloor
 from mqd.broker.replication import Replicator
 from mqd.broker.storage import Storage
-from mqd.client import BrokerClient, BrokerError
 from mqd.config import BrokerGroupSpec, NodeSpec, StorageConfig
-from mqd.protocol import FetchAnswer, PartitionFetch, Status
+from mqd.wire import format as fmt
+from mqd.wire.client import BrokerClient, BrokerError
+from mqd.wire.protocol import FetchAnswer, PartitionFetch, Status
 
 T = TypeVar("T")
 TOPIC = "events"

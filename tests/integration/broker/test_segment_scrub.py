@@ -24,13 +24,13 @@ import pytest
 from support.harness import Cluster
 from support.storage_node import flip_byte
 
-from mqd import format as fmt
 from mqd.broker.scrub import SegmentScrubber
 from mqd.broker.storage import Storage
-from mqd.client import BrokerClient
 from mqd.config import StorageConfig
-from mqd.protocol import PartitionFetch
 from mqd.waiting import wait_until
+from mqd.wire import format as fmt
+from mqd.wire.client import BrokerClient
+from mqd.wire.protocol import PartitionFetch
 
 TOPIC = "events"
 PER_BATCH = 5

@@ -36,13 +36,13 @@ import pytest
 from support.harness import records_of
 from support.replica import FakeMaster, fetched_replica
 
-from mqd import format as fmt
 from mqd.broker.replica_auth import HEADER_NODE, HEADER_NONCE, ReplicaAuth, load_credentials, peers_of
-from mqd.client import BrokerClient
 from mqd.config import load_cluster_config
-from mqd.metadata import ClusterMetadata
 from mqd.testing import ManagedProcess, broker_argv, free_port, get_json
 from mqd.waiting import wait_until, wait_until_sync
+from mqd.wire import format as fmt
+from mqd.wire.client import BrokerClient
+from mqd.wire.metadata import ClusterMetadata
 
 CONFIG = Path(__file__).resolve().parents[3] / "config"
 CLUSTER_FILE = "cluster-3g.toml"

@@ -14,9 +14,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mqd import format as fmt
 from mqd.broker.storage import PartitionLog, Storage, StorageError
 from mqd.config import StorageConfig
+from mqd.wire import format as fmt
 
 TOPIC = "events"
 

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from mqd import format as fmt
 from mqd.broker.storage import PartitionLog, Storage
 from mqd.config import StorageConfig
+from mqd.wire import format as fmt
 
 TOPIC = "events"
 

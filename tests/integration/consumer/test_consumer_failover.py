@@ -10,9 +10,9 @@ from typing import Any
 from support.consumer import collect, config, count_records, produce, records
 
 from mqd import metrics
-from mqd.client import BrokerClient
 from mqd.consumer import Consumer, TopicPartition
 from mqd.waiting import wait_until
+from mqd.wire.client import BrokerClient
 
 TPS = [TopicPartition("events", p) for p in range(2)]
 

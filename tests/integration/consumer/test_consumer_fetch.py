@@ -16,9 +16,9 @@ from support.consumer import (
 )
 
 from mqd import metrics
-from mqd.client import BrokerClient
 from mqd.consumer import Consumer, TopicPartition
 from mqd.waiting import wait_until
+from mqd.wire.client import BrokerClient
 
 
 def metric(name: str, **labels: str) -> float:

@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 from support.consumer import collect, config, count_records, produce_numbered, records
 
-from mqd.client import BrokerClient
 from mqd.consumer import Consumer, TopicPartition
 from mqd.waiting import wait_until
+from mqd.wire.client import BrokerClient
 
 PARTITIONS = 12
 ALL = {TopicPartition("events", p) for p in range(PARTITIONS)}

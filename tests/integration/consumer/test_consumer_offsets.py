@@ -18,9 +18,9 @@ from support.consumer import (
 )
 
 from mqd import metrics
-from mqd.client import BrokerClient
 from mqd.consumer import Consumer, TopicPartition
 from mqd.waiting import wait_until
+from mqd.wire.client import BrokerClient
 
 P0, P1, P2 = (TopicPartition("events", p) for p in range(3))
 

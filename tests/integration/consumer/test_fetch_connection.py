@@ -1,4 +1,4 @@
-"""Fetch answers read straight into their buffer (mqd.fetch_connection, issue 16), against real
+"""Fetch answers read straight into their buffer (mqd.wire.fetch_connection, issue 16), against real
 broker nodes: large answers arrive intact, one connection per node is reused, a node restarted
 under an idle connection is reached again, error answers keep their code, a cancelled long poll
 closes its connection (and the broker stops holding it), and answers this client cannot frame are
@@ -15,9 +15,9 @@ import pytest
 from support.consumer import master_url, produce, stats
 from support.harness import records_of
 
-from mqd.client import BrokerClient, BrokerError
-from mqd.protocol import FetchAnswer
 from mqd.waiting import wait_until
+from mqd.wire.client import BrokerClient, BrokerError
+from mqd.wire.protocol import FetchAnswer
 
 
 def fetched(answer: FetchAnswer) -> list[tuple[int, bytes]]:

@@ -6,9 +6,9 @@ from typing import Any
 
 from support.consumer import collect, config, count_records, produce, records
 
-from mqd import format
-from mqd.client import BrokerClient
 from mqd.consumer import Consumer, TopicPartition
+from mqd.wire import format
+from mqd.wire.client import BrokerClient
 
 
 async def test_lone_backlog_takes_the_share_of_a_caught_up_partition(cluster_factory: Any) -> None:

@@ -21,11 +21,11 @@ from support.daemon import assert_exactly_once, committed, daemon_config
 from support.daemon import produce_numbered as produce_daemon
 from support.harness import records_of
 
-from mqd import format
-from mqd.client import BrokerClient, FetchBody
 from mqd.consumer import ByteBudget, Consumer, TopicPartition
 from mqd.daemon import Daemon
 from mqd.waiting import wait_until
+from mqd.wire import format
+from mqd.wire.client import BrokerClient, FetchBody
 
 
 def watch_answers(bb: ByteBudget) -> list[tuple[int, int, int]]:

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from mqd.client import BrokerClient
 from mqd.consumer import ConsumerError, LocalFileOffsetStore, TopicPartition
 from mqd.sources.mqd_broker import BrokerOffsetStore, GroupCoordinator, MetadataCache
+from mqd.wire.client import BrokerClient
 
 A = TopicPartition("events", 0)
 B = TopicPartition("events", 1)

@@ -16,12 +16,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from support.harness import Cluster
 
-from mqd import format as fmt
 from mqd import records
-from mqd.client import BrokerClient, BrokerError
-from mqd.metadata import TopicPartition
 from mqd.produce_command import produce_cli
-from mqd.producer import Producer, TokenBucket, _parse_metadata, key_partition, synthetic_values
+from mqd.wire import format as fmt
+from mqd.wire.client import BrokerClient, BrokerError
+from mqd.wire.metadata import TopicPartition
+from mqd.wire.producer import Producer, TokenBucket, _parse_metadata, key_partition, synthetic_values
 
 needs_broker = pytest.mark.skipif(
     importlib.util.find_spec("mqd.broker.server") is None, reason="mqd.broker.server not written yet"

@@ -18,11 +18,11 @@ from support.daemon import (
 )
 from support.landing import read_manifest
 
-from mqd.client import BrokerClient
 from mqd.consumer import TopicPartition
 from mqd.daemon import Daemon
-from mqd.format import now_ms
 from mqd.waiting import wait_until
+from mqd.wire.client import BrokerClient
+from mqd.wire.format import now_ms
 
 
 async def test_burst_lands_everything_once_and_commits_after_publication(

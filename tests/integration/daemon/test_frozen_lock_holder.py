@@ -24,10 +24,10 @@ from support.daemon import assert_exactly_once, daemon_config, landed, produce_n
 from support.harness import Cluster
 
 from mqd import fsutil, metrics
-from mqd.client import BrokerClient
 from mqd.consumer import TopicPartition
 from mqd.daemon import Daemon
 from mqd.waiting import wait_until, wait_until_sync
+from mqd.wire.client import BrokerClient
 
 PARTITIONS = 3
 PER_PARTITION = 300

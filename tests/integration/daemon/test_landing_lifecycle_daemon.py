@@ -11,11 +11,11 @@ from typing import Any
 
 from support.daemon import daemon_config, produce_numbered
 
-from mqd.client import BrokerClient
 from mqd.config import LandingLifecycleConfig
 from mqd.daemon import Daemon
 from mqd.landing import LocalStore, lifecycle
 from mqd.waiting import wait_until
+from mqd.wire.client import BrokerClient
 
 
 async def test_daemon_timer_deletes_what_every_query_committed(cluster_factory: Any, tmp_path: Path) -> None:

@@ -12,12 +12,12 @@ import pytest
 from support.daemon import assert_exactly_once, daemon_config, produce_numbered
 
 from mqd import metrics
-from mqd.client import BrokerClient
 from mqd.config import LandingConfig
 from mqd.daemon import Daemon
 from mqd.landing import preflight
 from mqd.landing.errors import PreflightError
 from mqd.waiting import wait_until
+from mqd.wire.client import BrokerClient
 
 
 @pytest.mark.parametrize("compression", typing.get_args(LandingConfig.model_fields["compression"].annotation))

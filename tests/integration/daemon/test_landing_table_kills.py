@@ -28,8 +28,8 @@ from support.harness import Cluster
 from support.landing import read_manifest
 from support.table_readers import delta_rs_keys, every_reader_keys, offsets
 
-from mqd.client import BrokerClient
 from mqd.waiting import wait_until
+from mqd.wire.client import BrokerClient
 
 PARTITIONS = 4
 KILLS = 10

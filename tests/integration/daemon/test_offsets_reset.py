@@ -18,9 +18,9 @@ from support.cli import mqd, produce, write_config
 from support.harness import Cluster
 from support.landing import read_manifest
 
-from mqd.client import BrokerClient
 from mqd.offsets_reset import reset_path
 from mqd.topic_partition import TopicPartition
+from mqd.wire.client import BrokerClient
 
 PARTITIONS = 2
 

@@ -91,7 +91,7 @@ async def test_a_start_at_the_log_end_says_how_many_records_it_skips(
     many existing records that skips"); consume_from = "first" skips nothing and says nothing."""
     from support.daemon import produce_numbered
 
-    from mqd.client import BrokerClient
+    from mqd.wire.client import BrokerClient
 
     async with BrokerClient(request_timeout=10) as client:
         await produce_numbered(client, cluster, 2, 300, per_batch=100)

@@ -145,7 +145,7 @@ def test_first_fetch_is_sent_before_pyarrow_numpy_and_admin_are_imported(
 
 def test_the_kafka_source_starts_without_the_mqd_brokers_http_client(tmp_path: Path, tansu: Tansu) -> None:
     """With ``consumer.source = "kafka"`` nothing before the first fetch imports aiohttp or the
-    mqd broker's client (mqd.client): the daemon no longer builds that client, its source does
+    mqd broker's client (mqd.wire.client): the daemon no longer builds that client, its source does
     (issue 34: aiohttp's import alone was ~0.2 CPU-s of the Kafka source's start). The admin
     endpoint, on here, imports aiohttp afterwards; every record lands."""
     produce_kafka(tansu.bootstrap, [(p, None, b"v%d" % i, []) for p in range(2) for i in range(500)])
@@ -168,6 +168,6 @@ def test_the_kafka_source_starts_without_the_mqd_brokers_http_client(tmp_path: P
             }
         )
     )
-    entries = _run_watched(tmp_path, cfg, (*DEFERRED, "aiohttp", "mqd.client"))
+    entries = _run_watched(tmp_path, cfg, (*DEFERRED, "aiohttp", "mqd.wire.client"))
     assert {p: len(rows) for p, rows in landed_rows(tmp_path / "landing").items()} == {0: 500, 1: 500}
     assert {"aiohttp", "mqd.admin"} <= _imported(entries), entries

@@ -17,8 +17,8 @@ from support.kafka import Broker, kafka_daemon_config, produce
 from support.landing import read_manifest
 
 from mqd.daemon import Daemon
-from mqd.producer import Producer
 from mqd.waiting import wait_until
+from mqd.wire.producer import Producer
 
 pytest.importorskip("confluent_kafka")
 

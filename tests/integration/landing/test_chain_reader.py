@@ -20,7 +20,6 @@ from hypothesis import strategies as st
 from support.half_claims import claim_unpromoted
 from support.landing import stage
 
-from mqd import format as fmt
 from mqd.landing import layout, lifecycle
 from mqd.landing.chain_reader import ChainReader
 from mqd.landing.layout import FileRange
@@ -28,6 +27,7 @@ from mqd.landing.local_store import LocalStore
 from mqd.landing.objects import ObjectInfo, Objects
 from mqd.landing.publisher import file_range
 from mqd.landing.store import LandingStore
+from mqd.wire import format as fmt
 
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 

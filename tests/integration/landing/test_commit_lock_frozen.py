@@ -28,11 +28,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from mqd import format as fmt
 from mqd import fsutil, metrics
 from mqd.landing import LocalStore, layout
 from mqd.landing.publisher import Publisher
 from mqd.waiting import wait_until_sync
+from mqd.wire import format as fmt
 
 BOUND_S = 0.5  # the store's swap-lock bound in this test
 CALL_LIMIT_S = 10.0  # every call must return well before this (the frozen one stays frozen longer)
@@ -42,7 +42,7 @@ def records(first, n):
     import time
     import numpy as np
     import pyarrow as pa
-    from mqd import format as fmt
+    from mqd.wire import format as fmt
     raw = fmt.encode_batch(
         [b"v%d" % i for i in range(first, first + n)],
         timestamps=np.full(n, time.time_ns() // 1_000_000, dtype=np.int64),

@@ -13,11 +13,11 @@ import pyarrow.parquet as pq
 import structlog
 from support.landing import resume, resume_position
 
-from mqd import format as fmt
 from mqd import metrics
 from mqd.config import LandingConfig
 from mqd.consumer import FetchedBatch, TopicPartition
 from mqd.landing import LandingSink
+from mqd.wire import format as fmt
 
 T0 = 1_767_225_600_000
 OLD, NEW = "e" * 32, "f" * 32

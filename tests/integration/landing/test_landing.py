@@ -20,13 +20,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from support.landing import read_manifest, read_watermarks, resume_position, update_markers
 
-from mqd import format as fmt
 from mqd.config import LandingConfig
 from mqd.consumer import FetchedBatch, TopicPartition
 from mqd.landing import LandingSink, LocalStore, Publisher, layout
 from mqd.landing.errors import LandingCorrupt, LandingError, PublishConflict
 from mqd.landing.local_objects import LocalObjects
 from mqd.waiting import wait_until
+from mqd.wire import format as fmt
 
 HOUR = layout.HOUR_MS
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z

@@ -17,7 +17,6 @@ import pyarrow as pa
 import pytest
 from support.cli import mqd
 
-from mqd import format as fmt
 from mqd.config import LandingConfig
 from mqd.landing import LandingSink, LocalStore, layout
 from mqd.landing.errors import LandingCorrupt, LandingFormatError
@@ -25,6 +24,7 @@ from mqd.landing.layout import FileRange
 from mqd.landing.local_format2 import PartitionState
 from mqd.landing.local_migration import MigrationInterrupted, migrate
 from mqd.landing.publisher import Publisher, file_range
+from mqd.wire import format as fmt
 
 T0 = 1_767_225_600_000
 INC = "a" * 32

@@ -15,11 +15,11 @@ from support.daemon import daemon_config, produce_numbered
 from support.seaweedfs import fresh_uri
 from support.table_readers import S3, every_reader_keys, offsets
 
-from mqd.client import BrokerClient
 from mqd.config import LandingDeltaConfig, LandingS3Config
 from mqd.daemon import Daemon
 from mqd.landing import delta_log
 from mqd.testing.seaweedfs import ACCESS_KEY, REGION, SECRET_KEY, SeaweedFS
+from mqd.wire.client import BrokerClient
 
 PARTITIONS = 4
 PER_PARTITION = 5_000

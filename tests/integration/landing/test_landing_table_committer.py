@@ -17,7 +17,6 @@ import pyarrow as pa
 import pytest
 from support.table_readers import every_reader_keys, offsets
 
-from mqd import format as fmt
 from mqd.landing import delta_log, lifecycle
 from mqd.landing.delta_log import LandingTable
 from mqd.landing.errors import StaleCommit
@@ -25,6 +24,7 @@ from mqd.landing.layout import FileRange
 from mqd.landing.local_store import LocalStore
 from mqd.landing.publisher import Publisher
 from mqd.landing.table_committer import TableCommitter
+from mqd.wire import format as fmt
 
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 INC = "0123456789abcdef0123456789abcdef"

@@ -13,12 +13,12 @@ import pyarrow as pa
 import pytest
 from support.landing import stage
 
-from mqd import format as fmt
 from mqd.landing import layout, lifecycle
 from mqd.landing.errors import LifecycleConflict
 from mqd.landing.local_store import LocalStore
 from mqd.landing.publisher import file_range
 from mqd.landing.store import LandingStore
+from mqd.wire import format as fmt
 
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 

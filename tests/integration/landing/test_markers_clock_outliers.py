@@ -10,11 +10,11 @@ import numpy as np
 import pyarrow as pa
 from support.landing import read_watermarks, resume_position, update_markers
 
-from mqd import format as fmt
 from mqd import metrics
 from mqd.config import LandingConfig
 from mqd.consumer import FetchedBatch, TopicPartition
 from mqd.landing import LandingSink, LocalStore, Publisher, layout
+from mqd.wire import format as fmt
 
 HOUR = layout.HOUR_MS
 DAY = 24 * HOUR

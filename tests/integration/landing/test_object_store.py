@@ -16,7 +16,6 @@ import pytest
 from support.landing import stage as stage_table
 from support.seaweedfs import fresh_uri, s3_objects
 
-from mqd import format as fmt
 from mqd.landing import layout
 from mqd.landing.claim_chain import ChainState, Claim
 from mqd.landing.errors import LandingFormatError, ObjectStoreError, PublishConflict
@@ -25,6 +24,7 @@ from mqd.landing.publisher import file_range
 from mqd.landing.stage_writer import StagedFile
 from mqd.landing.store import LandingStore
 from mqd.testing.seaweedfs import SeaweedFS
+from mqd.wire import format as fmt
 
 T0 = 1_767_225_600_000
 

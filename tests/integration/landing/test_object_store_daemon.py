@@ -15,12 +15,12 @@ import pytest
 from support.daemon import daemon_config, produce_numbered
 from support.seaweedfs import fresh_uri
 
-from mqd.client import BrokerClient
 from mqd.config import LandingS3Config
 from mqd.daemon import Daemon
 from mqd.landing.s3_objects import S3Objects
 from mqd.landing.store import LandingStore
 from mqd.testing.seaweedfs import SeaweedFS
+from mqd.wire.client import BrokerClient
 
 PARTITIONS = 4
 PER_PARTITION = 25_000

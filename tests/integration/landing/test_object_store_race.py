@@ -35,7 +35,6 @@ import pytest
 from support.landing import stage
 from support.seaweedfs import fresh_uri
 
-from mqd import format as fmt
 from mqd.landing import layout
 from mqd.landing.errors import (
     LandingCorrupt,
@@ -50,6 +49,7 @@ from mqd.landing.publisher import file_range
 from mqd.landing.s3_objects import S3Objects
 from mqd.landing.store import LandingStore
 from mqd.testing.seaweedfs import SeaweedFS
+from mqd.wire import format as fmt
 
 T0 = 1_767_225_600_000
 TOPIC = "race"

@@ -33,13 +33,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from support.harness import Cluster
 
-from mqd import format as fmt
-from mqd.client import BrokerClient
 from mqd.config import AdminConfig, ConsumerConfig, DaemonSection, LandingConfig, MqdConfig
 from mqd.consumer import TopicPartition
 from mqd.daemon import Daemon
 from mqd.landing import LandingSink
 from mqd.waiting import wait_until
+from mqd.wire import format as fmt
+from mqd.wire.client import BrokerClient
 
 TOPIC = "events"
 TP = TopicPartition(TOPIC, 0)

@@ -18,10 +18,10 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from mqd import format as fmt
 from mqd.config import LandingConfig
 from mqd.landing.sink import LandingSink
 from mqd.memory_trim import _malloc_trim, rss_mib
+from mqd.wire import format as fmt
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux") or _malloc_trim() is None, reason="glibc's malloc_trim, Linux RSS"

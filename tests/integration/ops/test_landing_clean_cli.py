@@ -11,8 +11,8 @@ import numpy as np
 import pyarrow as pa
 from support.cli import mqd
 
-from mqd import format as fmt
 from mqd.landing import LocalStore, Publisher, lifecycle
+from mqd.wire import format as fmt
 
 T0 = 1_767_225_600_000
 

@@ -35,7 +35,7 @@ def test_make_docs_renders_every_module(tmp_path: Path) -> None:
     assert (out / "index.html").is_file() and (out / "mqd" / "spark" / "job.html").is_file()
     consumer = (out / "mqd" / "consumer.html").read_text()
     assert 'id="Consumer.fetched_batches"' in consumer and 'id="Consumer.mark_consumed"' in consumer
-    producer = (out / "mqd" / "producer.html").read_text()
+    producer = (out / "mqd" / "wire" / "producer.html").read_text()
     assert 'id="Producer.send_batch"' in producer
     for page in (out / "mqd").rglob("*.html"):
         docstrings = re.findall(r'<div class="docstring">(.*?)</div>', page.read_text(), re.S)

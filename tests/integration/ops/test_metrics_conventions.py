@@ -11,9 +11,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from support.consumer import config
 
 from mqd import __version__, metrics
-from mqd.client import BrokerClient
 from mqd.consumer import Consumer
 from mqd.waiting import wait_until
+from mqd.wire.client import BrokerClient
 
 # old name -> new name (the report's rename list); counters gain _total on the wire
 RENAMED = {

@@ -21,9 +21,9 @@ from mqd_dev.chaos.check import read_landing
 from support import REPO_ROOT
 from support.harness import Cluster, self_signed_cert, to_toml
 
-from mqd.client import BrokerClient, BrokerError
 from mqd.config import AdminConfig, BrokerConfig, ConsumerConfig
 from mqd.waiting import wait_until_sync
+from mqd.wire.client import BrokerClient, BrokerError
 
 TOKEN = "tok-3f9a7c1e-never-log-me"
 WRONG = "wrong-b71d2e-never-log-me-either"
@@ -189,7 +189,7 @@ async def test_untrusted_certificate_and_missing_token_are_refused(
         [
             sys.executable,
             "-c",
-            "import asyncio, sys\nfrom mqd.client import BrokerClient, BrokerError\n"
+            "import asyncio, sys\nfrom mqd.wire.client import BrokerClient, BrokerError\n"
             "async def main():\n"
             "    async with BrokerClient(request_timeout=5) as c:\n"
             "        assert (await c.health(sys.argv[1]))['status'] == 'ok'\n"

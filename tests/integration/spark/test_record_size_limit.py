@@ -10,12 +10,12 @@ import pytest
 from support.consumer import collect, config, produce, records
 from support.harness import Cluster
 
-from mqd import format as fmt
-from mqd.client import BrokerClient, BrokerError
 from mqd.config import DEFAULT_MAX_RECORD_BYTES
 from mqd.consumer import Consumer, TopicPartition
-from mqd.producer import Producer
 from mqd.waiting import wait_until
+from mqd.wire import format as fmt
+from mqd.wire.client import BrokerClient, BrokerError
+from mqd.wire.producer import Producer
 
 MiB = 1024 * 1024
 BIG = DEFAULT_MAX_RECORD_BYTES + 1

@@ -25,12 +25,12 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from mqd import format as fmt
 from mqd import record_size
-from mqd.client import BrokerClient, BrokerError, ProduceResult
-from mqd.metadata import ClusterMetadata, MetadataError
 from mqd.topic_name import check_topic_name
 from mqd.topic_partition import TopicPartition
+from mqd.wire import format as fmt
+from mqd.wire.client import BrokerClient, BrokerError, ProduceResult
+from mqd.wire.metadata import ClusterMetadata, MetadataError
 
 __all__ = [
     "BrokerError",

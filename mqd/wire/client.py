@@ -15,15 +15,15 @@ from typing import Any, cast
 import aiohttp
 
 from mqd.errors import MqdError
-from mqd.fetch_connection import AnswerError, FetchBody, FetchConnections
-from mqd.protocol import BATCH_CONTENT_TYPE, FETCH_CONTENT_TYPE, FetchAnswer, decode_fetch_answer
+from mqd.wire.fetch_connection import AnswerError, FetchBody, FetchConnections
+from mqd.wire.protocol import BATCH_CONTENT_TYPE, FETCH_CONTENT_TYPE, FetchAnswer, decode_fetch_answer
 
 __all__ = ["BrokerClient", "BrokerError", "FetchBody", "ProduceResult", "tls_context"]
 
 
 async def _read_fetch_body(resp: aiohttp.ClientResponse) -> FetchBody:
     """A fetch answer through aiohttp (the brokers' replica client; the consumer's fetches go
-    through mqd.fetch_connection). Read the body into one buffer of Content-Length bytes, chunk
+    through mqd.wire.fetch_connection). Read the body into one buffer of Content-Length bytes, chunk
     by chunk. ``resp.read()`` keeps every chunk until it joins them: twice the answer's size for a
     moment."""
     size = resp.content_length
