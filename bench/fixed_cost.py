@@ -90,7 +90,7 @@ def run_once(
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     env["PYTHONPATH"] = str(tree)
     proc = WatchedProcess(
-        [sys.executable, "-m", "mqd.cli", "run", "--config", str(cfg), "--burst"],
+        [sys.executable, "-m", "mqd.operator.cli", "run", "--config", str(cfg), "--burst"],
         log_path=workdir / f"{group}.log",
         cwd=workdir,
         env=env,

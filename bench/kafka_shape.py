@@ -123,7 +123,15 @@ def daemon_config(
 
 
 def argv(config: Path, *, burst: bool) -> list[str]:
-    return [sys.executable, "-m", "mqd.cli", "run", "--config", str(config), *(["--burst"] if burst else [])]
+    return [
+        sys.executable,
+        "-m",
+        "mqd.operator.cli",
+        "run",
+        "--config",
+        str(config),
+        *(["--burst"] if burst else []),
+    ]
 
 
 class MetricsScraper:

@@ -393,7 +393,7 @@ def mqd_config(
 
 
 def mqd_argv(command: str, config: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "mqd.cli", command, "--config", str(config), *extra]
+    return [sys.executable, "-m", "mqd.operator.cli", command, "--config", str(config), *extra]
 
 
 def spark_conf(workdir: Path, tuning: dict[str, str]) -> dict[str, str]:

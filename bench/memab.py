@@ -72,7 +72,7 @@ def run_once(
     env = {"PYTHONPATH": str(tree), **{k: str(v) for k, v in over.get("env", {}).items()}}
     common.apply_overrides(cfg_path, over)
     slow_sink = [sys.executable, str(tree / "bench" / "slow_sink.py")]
-    head = slow_sink if memory else [sys.executable, "-m", "mqd.cli"]
+    head = slow_sink if memory else [sys.executable, "-m", "mqd.operator.cli"]
     if memory:
         env["MQD_BENCH_SINK_BYTES_PER_S"] = str(args.slow_sink_mbps * 1e6)
     proc = WatchedProcess(

@@ -158,7 +158,7 @@ def daemon_argv(config: Path, *, burst: bool, slow_sink: bool = False) -> list[s
     head = (
         [sys.executable, str(Path(__file__).resolve().parent / "slow_sink.py")]
         if slow_sink
-        else [sys.executable, "-m", "mqd.cli"]
+        else [sys.executable, "-m", "mqd.operator.cli"]
     )
     return [*head, "run", "--config", str(config), *(["--burst"] if burst else [])]
 

@@ -1,5 +1,5 @@
 """Where a daemon's memory is: ``python -m bench.rss_probe <mqd arguments>`` runs ``mqd`` (the same
-``mqd.cli.main``) with a thread beside it that samples, every ``RSSPROBE_INTERVAL`` seconds (0.05):
+``mqd.operator.cli.main``) with a thread beside it that samples, every ``RSSPROBE_INTERVAL`` seconds (0.05):
 
 - the RSS (``/proc/self/status`` VmRSS) and its high-water mark (VmHWM);
 - glibc's ``mallinfo2``: bytes in use (``uordblks``), free but kept inside the heaps (``fordblks``),
@@ -369,7 +369,7 @@ def main() -> None:
     if out:
         start_probe(out, float(os.environ.get("RSSPROBE_INTERVAL", "0.05")))
     apply_experiments()
-    from mqd.cli import main as mqd_main
+    from mqd.operator.cli import main as mqd_main
 
     sys.argv = ["mqd", *sys.argv[1:]]
     mqd_main()

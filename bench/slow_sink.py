@@ -30,7 +30,7 @@ def main() -> None:
         return original(self, topic, partition, records, *a, **kw)
 
     publisher.Publisher.publish = slow_publish  # type: ignore[method-assign]
-    from mqd.cli import main as cli
+    from mqd.operator.cli import main as cli
 
     cli(sys.argv[1:], prog_name="mqd")
 

@@ -9,7 +9,7 @@ this 2-core machine. What runs:
    table's ``dt`` partitions span days. Sizes: ``--sizes 10,100`` (F).
 2. **Pipelines**, each with its own table and checkpoint on the same landing:
    - ``mqd`` (and any ``--variant name=tree``: another checkout of mqd, run with ``PYTHONPATH``):
-     the real CLI, ``python -m mqd.cli spark --once -c <config>``, config defaults except
+     the real CLI, ``python -m mqd.operator.cli spark --once -c <config>``, config defaults except
      ``max_files_per_trigger = partitions`` (one file per partition per batch, so a table of F
      files per partition has F versions in its Delta log: few against many);
    - ``bare``: the alternative at its best, plain PySpark (bench/spark_once_bare.py): the same file
@@ -310,7 +310,7 @@ class Pipeline:
         cfg = mqd_config(size_dir, self.name, partitions)
         if self.kind == "probe":
             return [sys.executable, str(PROBE), "spark", "--once", "-c", str(cfg)]
-        return [sys.executable, "-m", "mqd.cli", "spark", "--once", "-c", str(cfg)]
+        return [sys.executable, "-m", "mqd.operator.cli", "spark", "--once", "-c", str(cfg)]
 
     def env(self) -> dict[str, str]:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}

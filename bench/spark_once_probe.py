@@ -1,6 +1,6 @@
 """``mqd spark`` with a stopwatch on each step of the job (bench/spark_once.py ``--profile``).
 
-Runs the real CLI (``mqd.cli.main``) in this process after wrapping the job's steps, so nothing of
+Runs the real CLI (``mqd.operator.cli.main``) in this process after wrapping the job's steps, so nothing of
 mqd is edited: the landing check (``unlisted_files``), the session (``open_session``: JVM start,
 Ivy, the SparkContext), the query plan, the checkpoint guard (Delta's history, so a log replay), the
 lifecycle's register and record, the maintenance check, each query's start and run, the batch
@@ -41,7 +41,7 @@ def _timed(owner: Any, attr: str, step: str) -> None:
 
 def main() -> int:
     t0 = time.perf_counter()
-    import mqd.cli
+    import mqd.operator.cli
 
     _say("import_mqd_cli", _T_IMPORT, time.perf_counter() - t0)
     start = time.time()
@@ -67,7 +67,7 @@ def main() -> int:
     _timed(pyspark.sql.SparkSession, "stop", "spark_stop")
     sys.argv = ["mqd", *sys.argv[1:]]
     try:
-        mqd.cli.main()
+        mqd.operator.cli.main()
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else 0
     return 0

@@ -10,7 +10,7 @@
   SIGHUP reloads the config file.
 - **sd_notify**: READY after start, RELOADING/READY around a reload, STOPPING, WATCHDOG pings only
   while the daemon's working loop turns, STATUS lines with the throughput every few seconds.
-- **admin endpoint** (mqd.admin) and ``state_dir/admin.json`` so the CLI finds it.
+- **admin endpoint** (mqd.operator.admin) and ``state_dir/admin.json`` so the CLI finds it.
 - **last_exit.json** in ``state_dir``: how the last run ended, for ``mqd stop`` to report.
 """
 
@@ -40,8 +40,8 @@ from mqd.process_state import RunnerState
 from mqd.sdnotify import Notifier
 
 if TYPE_CHECKING:  # the CLI imports this module for the pid file helpers: keep aiohttp out of it
-    from mqd.admin import AdminServer, PartitionSpec
     from mqd.consumer import Consumer
+    from mqd.operator.admin import AdminServer, PartitionSpec
 
 log = structlog.get_logger(__name__)
 
@@ -318,7 +318,7 @@ class Runner:
         return out
 
     def _resolve(self, specs: Sequence[PartitionSpec]) -> list[tuple[str, int]]:
-        from mqd.admin import AdminError
+        from mqd.operator.admin import AdminError
 
         # the consumer's own assignment, not the status JSON read back
         owned: list[tuple[str, int]] = []
@@ -597,7 +597,7 @@ class Runner:
             stop.cancel()
         if starting.done() and (starting.cancelled() or starting.exception() is not None):
             return  # the start failed: run() reports it
-        from mqd.admin import AdminError, AdminServer
+        from mqd.operator.admin import AdminError, AdminServer
 
         self._admin = AdminServer(self.config.admin, self)
         try:

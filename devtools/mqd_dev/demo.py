@@ -74,7 +74,7 @@ def _step(msg: str) -> None:
 
 def run(base: Path, records: int, timeout: float = 300.0) -> int:
     from mqd.config import load_daemon_config
-    from mqd.produce_command import produce_cli
+    from mqd.operator.produce_command import produce_cli
 
     base.mkdir(parents=True, exist_ok=True)
     for name in _OWNED:
@@ -112,7 +112,7 @@ def run(base: Path, records: int, timeout: float = 300.0) -> int:
         t0 = time.perf_counter()
         try:
             daemon = subprocess.run(
-                [sys.executable, "-m", "mqd.cli", "run", "--config", str(daemon_cfg), "--burst"],
+                [sys.executable, "-m", "mqd.operator.cli", "run", "--config", str(daemon_cfg), "--burst"],
                 env=env,
                 timeout=timeout,
                 stdin=subprocess.DEVNULL,

@@ -26,8 +26,8 @@ from typing import Any
 
 from rich.console import Console
 
+from mqd.operator.top import TopView
 from mqd.testing import LocalCluster, to_toml
-from mqd.top import TopView
 from mqd.waiting import wait_until_sync
 from mqd_dev import browser
 
@@ -39,7 +39,7 @@ WIDTH = 120
 
 def _mqd(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "mqd.cli", *args], capture_output=True, text=True, timeout=timeout
+        [sys.executable, "-m", "mqd.operator.cli", *args], capture_output=True, text=True, timeout=timeout
     )
 
 
@@ -80,7 +80,7 @@ def take(out: Path) -> None:
             produce = ["produce", "--bootstrap", cluster.bootstrap, "--topic", TOPIC]
             produce += ["--count", str(RATE * 600), "--rate", str(RATE), "--batch", "200"]
             producer = subprocess.Popen(
-                [sys.executable, "-m", "mqd.cli", *produce],
+                [sys.executable, "-m", "mqd.operator.cli", *produce],
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
             )

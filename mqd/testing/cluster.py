@@ -1,6 +1,6 @@
 """LocalCluster: a broker cluster of real ``mqd broker`` processes on 127.0.0.1, for tests.
 
-Config files go to one directory (``root``); each node runs ``python -m mqd.cli broker --config
+Config files go to one directory (``root``); each node runs ``python -m mqd.operator.cli broker --config
 <file>`` on a free 127.0.0.1 port with its stdout/stderr in ``<root>/<node>.log``.
 
 Layout: group ``broker-a`` has master ``broker-a-0`` and slaves ``broker-a-1``...; groups
@@ -90,7 +90,7 @@ def get_json(
 
 def broker_argv(config_path: Path) -> list[str]:
     """The command that runs one broker node on ``config_path``."""
-    return [sys.executable, "-m", "mqd.cli", "broker", "--config", str(config_path)]
+    return [sys.executable, "-m", "mqd.operator.cli", "broker", "--config", str(config_path)]
 
 
 def group_names(groups: int) -> list[str]:

@@ -296,7 +296,7 @@ class HostRig:
         env = {**os.environ, **self.s3.env(), "PYTHONUNBUFFERED": "1"}
         return self.host(f"d{i}").process(
             f"d{i}",
-            [sys.executable, "-m", "mqd.cli", "run", "--config", str(path)],
+            [sys.executable, "-m", "mqd.operator.cli", "run", "--config", str(path)],
             self.root / f"{self.topic}-d{i}.log",
             cwd=self.root,
             env=env,
@@ -388,7 +388,7 @@ class HostRig:
         """``mqd spark`` (not started) on the spark host with daemon 0's config, against the
         standalone master; ``args``: more of its options (``--once``)."""
         assert self.spark is not None, "HostRig(spark_workers=...) first"
-        argv = [sys.executable, "-m", "mqd.cli", "spark", "--config", str(self.config_path(0))]
+        argv = [sys.executable, "-m", "mqd.operator.cli", "spark", "--config", str(self.config_path(0))]
         argv += ["--master", self.spark.url, *args]
         return self.spark.driver(argv, self.root / f"{self.topic}-spark.log")
 

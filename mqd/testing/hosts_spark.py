@@ -163,7 +163,7 @@ class HostSpark:
 
     def driver(self, argv: list[str], log_path: Path, env: Mapping[str, str] | None = None) -> ManagedProcess:
         """A process on the master's host (not started) with Spark's environment for that host:
-        ``mqd spark`` as the driver, e.g. ``[python, -m, mqd.cli, spark, --config, ..., --master,
+        ``mqd spark`` as the driver, e.g. ``[python, -m, mqd.operator.cli, spark, --config, ..., --master,
         hs.url]``."""
         return self.master_host.process(
             "spark-driver", argv, log_path, cwd=self.root, env={**self.env(self.master_host), **(env or {})}

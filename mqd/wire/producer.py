@@ -10,7 +10,7 @@ unknown partition, too large) are raised at once with ``retriable=False``. A rec
 ``max_record_bytes`` (the broker's limit, mqd/record_size.py) is refused before sending, with the
 broker's own error code ``record_too_large``.
 
-``synthetic_values`` and ``TokenBucket`` make load for ``mqd produce`` (mqd/produce_command.py),
+``synthetic_values`` and ``TokenBucket`` make load for ``mqd produce`` (mqd/operator/produce_command.py),
 the benchmark and the demo.
 """
 

@@ -118,7 +118,7 @@ def start_daemon(config: Path, log: Path, *extra: str) -> subprocess.Popen[bytes
     out = open(log, "ab")  # the child inherits the descriptor; ours is closed below
     try:
         return subprocess.Popen(
-            [sys.executable, "-m", "mqd.cli", "run", "--config", str(config), *extra],
+            [sys.executable, "-m", "mqd.operator.cli", "run", "--config", str(config), *extra],
             stdout=out,
             stderr=subprocess.STDOUT,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},

@@ -98,7 +98,7 @@ def test_a_job_killed_mid_batch_leaves_nothing_any_reader_sees(tmp_path: Path, s
     path = _config_file(tmp_path, max_files_per_trigger=4)
     out = tmp_path / "events"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "mqd.cli", "spark", "--config", str(path), "--once"],
+        [sys.executable, "-m", "mqd.operator.cli", "spark", "--config", str(path), "--once"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
@@ -123,7 +123,7 @@ def test_a_job_killed_mid_batch_leaves_nothing_any_reader_sees(tmp_path: Path, s
         assert keys == committed, reader
 
     res = subprocess.run(
-        [sys.executable, "-m", "mqd.cli", "spark", "--config", str(path), "--once"],
+        [sys.executable, "-m", "mqd.operator.cli", "spark", "--config", str(path), "--once"],
         capture_output=True,
         text=True,
         timeout=300,

@@ -147,7 +147,7 @@ def test_streaming_run_serves_the_ui_when_asked_and_stops_on_sigterm(tmp_path: P
     log = tmp_path / "spark.log"
     with log.open("w") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "mqd.cli", "spark", "-c", str(cfg)], stdout=out, stderr=out
+            [sys.executable, "-m", "mqd.operator.cli", "spark", "-c", str(cfg)], stdout=out, stderr=out
         )
     try:
         wait_until_sync(lambda: "spark_query_started" in log.read_text(), 240, "the streaming query")

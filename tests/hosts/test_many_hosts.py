@@ -401,7 +401,7 @@ def test_the_readmes_three_host_config_is_what_the_rig_runs(rig: HostRig, tmp_pa
     path.write_text(block)
     env = {k: v for k, v in os.environ.items() if not k.startswith("MQD_")}
     res = subprocess.run(
-        [sys.executable, "-m", "mqd.cli", "config", "check", str(path)],
+        [sys.executable, "-m", "mqd.operator.cli", "config", "check", str(path)],
         capture_output=True,
         text=True,
         env=env,

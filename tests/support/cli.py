@@ -47,7 +47,7 @@ def mqd(
 ) -> subprocess.CompletedProcess[str]:
     """The CLI as its own process."""
     return subprocess.run(
-        [sys.executable, "-m", "mqd.cli", *args],
+        [sys.executable, "-m", "mqd.operator.cli", *args],
         capture_output=True,
         text=True,
         timeout=timeout,

@@ -8,7 +8,7 @@ import base64
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mqd.admin import AdminAuth
+from mqd.operator.admin import AdminAuth
 
 TOKEN = "s3cret:with-colon-ü"
 

@@ -22,7 +22,7 @@ KERNELS = [False, *([True] if records_kernel.COMPILED else [])]
 
 
 def pool_of_a_command(env: dict[str, str]) -> str:
-    code = "import mqd.cli, pyarrow as pa; print(pa.default_memory_pool().backend_name)"
+    code = "import mqd.operator.cli, pyarrow as pa; print(pa.default_memory_pool().backend_name)"
     out = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60, check=True
     )
@@ -43,7 +43,7 @@ def jemalloc_narenas(env: dict[str, str]) -> str:
     """The arena count Arrow's jemalloc ran with in a process that imported the CLI first (jemalloc
     prints its options at exit when told to)."""
     code = (
-        "import os, mqd.cli\n"
+        "import os, mqd.operator.cli\n"
         "os.environ['JE_ARROW_MALLOC_CONF'] += ',stats_print:true'\n"
         "import pyarrow as pa\n"
         "pa.allocate_buffer(1 << 20)\n"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from mqd.cli import main
+from mqd.operator.cli import main
 
 
 def _commands(group: click.Group, prefix: str = "") -> list[str]:

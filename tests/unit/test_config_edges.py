@@ -17,7 +17,6 @@ from pydantic.fields import FieldInfo
 from support.config import config_error as _error
 from support.config import write_file as _write
 
-from mqd.cli import main
 from mqd.config import (
     BrokerConfig,
     ClusterConfig,
@@ -27,6 +26,7 @@ from mqd.config import (
     load_cluster_config,
     load_daemon_config,
 )
+from mqd.operator.cli import main
 
 EXIT_CONFIG = 2
 

@@ -80,7 +80,7 @@ def test_config_check_validates_the_kafka_settings(tmp_path: Path) -> None:
     naming the key for a bad one."""
     from click.testing import CliRunner
 
-    from mqd.cli import main
+    from mqd.operator.cli import main
 
     text = (
         KAFKA + '[consumer.kafka]\nsecurity_protocol = "SASL_PLAINTEXT"\nsasl_mechanism = "SCRAM-SHA-512"\n'

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 
-from mqd.status_page import REFRESH_S, Throughput, render_page
+from mqd.operator.status_page import REFRESH_S, Throughput, render_page
 
 STATUS = {
     "state": "running",

@@ -8,7 +8,7 @@ from __future__ import annotations
 from support.top_status import NODE_A, NODE_B, busy, partition, status
 
 from mqd.consumer.snapshot import Totals
-from mqd.top import COLUMNS, TopView, layout, render_text, sort_rows
+from mqd.operator.top import COLUMNS, TopView, layout, render_text, sort_rows
 
 
 def lines_of(text: str) -> list[str]:

@@ -12,11 +12,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 from support.landing import read_manifest, read_watermarks, update_markers
 
-from mqd.admin import AdminError, parse_partition_spec
 from mqd.errors import MqdError
 from mqd.landing import layout
 from mqd.landing.local_store import LocalStore
-from mqd.produce_command import produce_cli
+from mqd.operator.admin import AdminError, parse_partition_spec
+from mqd.operator.produce_command import produce_cli
 from mqd.topic_name import MAX_LENGTH, InvalidTopicName, check_topic_name, topic_name_problem
 
 VALID = ["events", "a", "A.b-c_9", "..a", "a..", "-", "_", "x" * MAX_LENGTH]

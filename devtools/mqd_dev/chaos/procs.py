@@ -196,7 +196,7 @@ class DaemonProc(Proc):
         self.config_path = config_path
         super().__init__(
             name,
-            [sys.executable, "-m", "mqd.cli", "run", "--config", str(config_path)],
+            [sys.executable, "-m", "mqd.operator.cli", "run", "--config", str(config_path)],
             root / f"{name}.log",
             root,
             env,

@@ -329,7 +329,14 @@ class ChaosRun:
         self.spark_job = (
             Proc(
                 "spark",
-                [sys.executable, "-m", "mqd.cli", "spark", "--config", str(self.daemons[0].config_path)],
+                [
+                    sys.executable,
+                    "-m",
+                    "mqd.operator.cli",
+                    "spark",
+                    "--config",
+                    str(self.daemons[0].config_path),
+                ],
                 self.root / "spark-stream.log",
                 self.root,
                 env,
@@ -1275,7 +1282,7 @@ async def spark_check(
 ) -> dict[str, Any]:
     """Run ``mqd spark --once`` with the daemons' config and check the table it committed against
     the producer's ledger (``check.check_payloads``, ``lossy`` as there) and the source log."""
-    argv = [sys.executable, "-m", "mqd.cli", "spark", "--config", str(config), "--once"]
+    argv = [sys.executable, "-m", "mqd.operator.cli", "spark", "--config", str(config), "--once"]
     spark_log = root / "spark.log"
     started = time.monotonic()
     with open(spark_log, "ab") as fh:

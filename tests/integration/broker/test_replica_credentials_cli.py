@@ -20,7 +20,11 @@ from mqd.config import load_broker_config
 
 def _mqd(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "mqd.cli", *args], capture_output=True, text=True, timeout=120, cwd=REPO_ROOT
+        [sys.executable, "-m", "mqd.operator.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO_ROOT,
     )
 
 

@@ -120,7 +120,14 @@ async def test_slave_refuses_to_truncate_below_what_it_reported(
     _replace_data_dir(cluster, master)
     init = await asyncio.to_thread(
         subprocess.run,
-        [sys.executable, "-m", "mqd.cli", "broker-init", "--config", str(cluster.nodes[master].config_path)],
+        [
+            sys.executable,
+            "-m",
+            "mqd.operator.cli",
+            "broker-init",
+            "--config",
+            str(cluster.nodes[master].config_path),
+        ],
         capture_output=True,
         text=True,
         timeout=60,

@@ -118,7 +118,7 @@ def shipped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShippedCluster
     root = tmp_path_factory.mktemp("shipped-3g")
     ports = _copy_shipped(root)
     cred_dir = root / "demo-data" / "credentials"  # where the shipped files point
-    argv = [sys.executable, "-m", "mqd.cli", "broker-credentials"]
+    argv = [sys.executable, "-m", "mqd.operator.cli", "broker-credentials"]
     argv += ["--cluster", str(root / "config" / CLUSTER_FILE), "--out-dir", str(cred_dir)]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stderr

@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from support.cli import mqd, produce, write_config
 from support.harness import Cluster
 
-from mqd.cli import main
+from mqd.operator.cli import main
 from mqd.waiting import wait_until_sync
 
 RECORDS = 300

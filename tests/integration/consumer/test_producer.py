@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from support.harness import Cluster
 
 from mqd import records
-from mqd.produce_command import produce_cli
+from mqd.operator.produce_command import produce_cli
 from mqd.wire import format as fmt
 from mqd.wire.client import BrokerClient, BrokerError
 from mqd.wire.metadata import TopicPartition

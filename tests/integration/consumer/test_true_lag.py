@@ -23,9 +23,9 @@ from support.consumer import FAST
 from support.fake_kafka import FakeKafka, values
 from support.harness import Cluster
 
-from mqd.cli import EXIT_STUCK, main
 from mqd.config import ConsumerConfig
 from mqd.consumer import Consumer, TopicPartition
+from mqd.operator.cli import EXIT_STUCK, main
 from mqd.waiting import wait_until, wait_until_sync
 
 PAUSED = (1, 2)
@@ -106,7 +106,7 @@ def test_paused_partitions_show_growing_lag_and_status_exits_stuck(
     assert res.returncode == 0, res.stderr
     producer = subprocess.Popen(
         [
-            *(sys.executable, "-m", "mqd.cli", "produce", "--bootstrap", cluster.bootstrap),
+            *(sys.executable, "-m", "mqd.operator.cli", "produce", "--bootstrap", cluster.bootstrap),
             *("--topic", "events", "--count", "1000000", "--rate", "400", "--batch", "20"),
         ],
         stdout=subprocess.DEVNULL,

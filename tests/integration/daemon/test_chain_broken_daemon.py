@@ -111,7 +111,9 @@ def test_mqd_status_exits_1_naming_the_broken_claim(tmp_path: Path, cluster_fact
     store = LocalStore(tmp_path / "landing")
     log = (tmp_path / "run.log").open("wb")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "mqd.cli", "run", "--config", str(cfg)], stdout=log, stderr=subprocess.STDOUT
+        [sys.executable, "-m", "mqd.operator.cli", "run", "--config", str(cfg)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
     )
     try:
         produce(cluster, 2 * PER_FILE, batch=PER_FILE)

@@ -21,9 +21,9 @@ import pyarrow.parquet as pq
 from support.daemon import daemon_config, produce_numbered
 from support.harness import Cluster, fetch_all
 
-from mqd.admin import render_summary
 from mqd.consumer import TopicPartition
 from mqd.daemon import Daemon
+from mqd.operator.views import render_summary
 from mqd.waiting import wait_until
 from mqd.wire import format as fmt
 from mqd.wire.client import BrokerClient

@@ -52,7 +52,7 @@ def _run(
 ) -> subprocess.Popen[bytes]:
     with open(log, "ab") as out:
         p = subprocess.Popen(
-            [sys.executable, "-m", "mqd.cli", "run", "-c", str(cfg), *extra],
+            [sys.executable, "-m", "mqd.operator.cli", "run", "-c", str(cfg), *extra],
             stdout=out,
             stderr=subprocess.STDOUT,
             env={**os.environ, **env},

@@ -22,7 +22,7 @@ from support.cli import SHUTDOWN_TIMEOUT, mqd, produce, write_config
 from support.harness import Cluster
 from support.landing import read_manifest
 
-from mqd.cli import main
+from mqd.operator.cli import main
 from mqd.waiting import wait_until_sync
 
 
@@ -186,14 +186,16 @@ def test_sigterm_under_load_drains_in_time_and_loses_nothing(
     state = tmp_path / "state"
     with open(tmp_path / "run.log", "wb") as out:
         daemon = subprocess.Popen(
-            [sys.executable, "-m", "mqd.cli", "run", "-c", str(cfg)], stdout=out, stderr=subprocess.STDOUT
+            [sys.executable, "-m", "mqd.operator.cli", "run", "-c", str(cfg)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
         )
     cleanup_pids.append(daemon.pid)
     producer = subprocess.Popen(
         [
             sys.executable,
             "-m",
-            "mqd.cli",
+            "mqd.operator.cli",
             "produce",
             "--bootstrap",
             cluster.bootstrap,
@@ -261,7 +263,7 @@ def test_sd_notify_lifecycle_and_single_instance(
     env = {**os.environ, "NOTIFY_SOCKET": "@" + name, "WATCHDOG_USEC": "1000000"}
     with open(tmp_path / "run.log", "wb") as out:
         daemon = subprocess.Popen(
-            [sys.executable, "-m", "mqd.cli", "run", "-c", str(cfg)],
+            [sys.executable, "-m", "mqd.operator.cli", "run", "-c", str(cfg)],
             env=env,
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -308,7 +310,9 @@ def test_second_sigterm_forces_exit_and_nothing_is_lost(
     run_log = tmp_path / "run.log"
     with open(run_log, "wb") as out:
         daemon = subprocess.Popen(
-            [sys.executable, "-m", "mqd.cli", "run", "-c", str(cfg)], stdout=out, stderr=subprocess.STDOUT
+            [sys.executable, "-m", "mqd.operator.cli", "run", "-c", str(cfg)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
         )
     cleanup_pids.append(daemon.pid)
     master = cluster.master(0)

@@ -86,7 +86,9 @@ def test_kill_after_resolving_last_before_first_publication_loses_nothing(
     run_log = tmp_path / "run.log"
     with open(run_log, "wb") as out:
         daemon = subprocess.Popen(
-            [sys.executable, "-m", "mqd.cli", "run", "-c", str(cfg)], stdout=out, stderr=subprocess.STDOUT
+            [sys.executable, "-m", "mqd.operator.cli", "run", "-c", str(cfg)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
         )
     daemon_pids.append(daemon)
     wait_until_sync(
@@ -106,7 +108,7 @@ def test_kill_after_resolving_last_before_first_publication_loses_nothing(
     # a plain run (not --burst): the killed member holds half the partitions until its session ends
     with open(tmp_path / "run2.log", "wb") as out:
         again = subprocess.Popen(
-            [sys.executable, "-m", "mqd.cli", "run", "-c", str(cfg)],
+            [sys.executable, "-m", "mqd.operator.cli", "run", "-c", str(cfg)],
             stdout=out,
             stderr=subprocess.STDOUT,
             env={**os.environ, "MQD_LANDING__MAX_AGE": "0.3"},

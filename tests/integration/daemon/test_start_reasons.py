@@ -62,7 +62,7 @@ async def test_status_text_names_why_nothing_is_assigned_and_unmatched_patterns(
 ) -> None:
     """`mqd status` text, not only the log, says why a daemon has no assignment yet, and which
     topic patterns match no topic (issue 17: every "not up yet" state names its reason)."""
-    from mqd.admin import render_summary
+    from mqd.operator.views import render_summary
 
     def text_of(daemon: Daemon) -> str:
         status = daemon.status()  # in the runner's shape: health and its reasons in one section

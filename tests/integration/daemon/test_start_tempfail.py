@@ -45,7 +45,10 @@ def test_unreachable_source_at_start_exits_75(tmp_path: Path, source: str) -> No
     )
     started = time.monotonic()
     res = subprocess.run(
-        [sys.executable, "-m", "mqd.cli", "run", "-c", str(cfg)], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "mqd.operator.cli", "run", "-c", str(cfg)],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     out = res.stdout + res.stderr
     assert res.returncode == 75, out

@@ -28,7 +28,7 @@ from mqd.testing.tansu import Tansu
 
 # imported only once the first fetch is on the wire: decoding and landing (pyarrow, numpy), the
 # admin endpoint (aiohttp.web, psutil, the status page)
-DEFERRED = ("pyarrow", "numpy", "mqd.admin")
+DEFERRED = ("pyarrow", "numpy", "mqd.operator.admin")
 # not imported by then, and maybe never: what only an invalid config's error message needs
 OFF_THE_START_PATH = ("difflib",)
 # config models whose validators `mqd run` does not build (pydantic's defer_build): the broker's
@@ -120,11 +120,11 @@ def test_first_fetch_is_sent_before_pyarrow_numpy_and_admin_are_imported(
     tmp_path: Path, cluster_factory: Callable[..., Cluster]
 ) -> None:
     """`mqd run --burst` (admin endpoint on, JSON logs) logs ``first fetch sent`` while none of
-    pyarrow, numpy, mqd.admin and difflib is in ``sys.modules`` and none of the broker's config models
-    is built, the garbage collector is on again with the start-up's objects frozen (gc.freeze: no
-    full collection walks them again; the warm-up's are frozen once the landing encoded), imports
-    the first three afterwards, and lands every
-    record exactly once: the deferral changes when the cost is paid, not what the daemon does."""
+    pyarrow, numpy, mqd.operator.admin and difflib is in ``sys.modules`` and none of the broker's
+    config models is built, the garbage collector is on again with the start-up's objects frozen
+    (gc.freeze: no full collection walks them again; the warm-up's are frozen once the landing
+    encoded), imports the first three afterwards, and lands every record exactly once: the
+    deferral changes when the cost is paid, not what the daemon does."""
     cluster = cluster_factory(topics={"events": 2})
     cfg = write_config(tmp_path, cluster)
     produce(cluster, 2000)
@@ -170,4 +170,4 @@ def test_the_kafka_source_starts_without_the_mqd_brokers_http_client(tmp_path: P
     )
     entries = _run_watched(tmp_path, cfg, (*DEFERRED, "aiohttp", "mqd.wire.client"))
     assert {p: len(rows) for p, rows in landed_rows(tmp_path / "landing").items()} == {0: 500, 1: 500}
-    assert {"aiohttp", "mqd.admin"} <= _imported(entries), entries
+    assert {"aiohttp", "mqd.operator.admin"} <= _imported(entries), entries

@@ -242,7 +242,7 @@ async def test_members_join_leave_and_die_under_load_exactly_once_and_leaving_re
         cfg = _process_config(kafka, topic, tmp_path, landing, name)
         p = ManagedProcess(
             name,
-            [sys.executable, "-m", "mqd.cli", "run", "-c", str(cfg)],
+            [sys.executable, "-m", "mqd.operator.cli", "run", "-c", str(cfg)],
             tmp_path / f"{name}.log",
             die_with_parent=True,
         )

@@ -16,17 +16,16 @@ from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.parser import text_string_to_metric_families
 
 from mqd import metrics
-from mqd.admin import (
+from mqd.config import AdminConfig
+from mqd.operator.admin import (
     OPEN_ROUTES,
     AdminError,
     AdminServer,
     PartitionSpec,
     parse_partition_spec,
-    partition_rows,
-    render_summary,
 )
-from mqd.config import AdminConfig
-from mqd.status_page import render_page
+from mqd.operator.status_page import render_page
+from mqd.operator.views import partition_rows, render_summary
 
 TOKEN = "tok"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

@@ -18,7 +18,7 @@ from click.testing import CliRunner
 from support.cli import mqd, write_config
 from support.harness import Cluster
 
-from mqd.cli import main
+from mqd.operator.cli import main
 from mqd.waiting import wait_until_sync
 
 ADMIN_TOKEN = "adm-7c41e9-token"

@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 from support import REPO_ROOT
 
-from mqd.cli import main
+from mqd.operator.cli import main
 
 ROOT = REPO_ROOT
 
@@ -82,7 +82,7 @@ def test_run_with_invalid_config_exits_2_as_a_process(tmp_path: Path) -> None:
     """`mqd run` on a broken file exits 2 with the key path on stderr, before anything starts."""
     path = _cfg(tmp_path, "[consumer]\ntopics = 5\n")
     proc = subprocess.run(
-        [sys.executable, "-m", "mqd.cli", "run", "--config", str(path)],
+        [sys.executable, "-m", "mqd.operator.cli", "run", "--config", str(path)],
         capture_output=True,
         text=True,
         timeout=60,
@@ -166,7 +166,7 @@ def test_start_reports_a_daemon_that_dies_at_start(tmp_path: Path) -> None:
         port = taken.getsockname()[1]
         path = _cfg(tmp_path, f'[admin]\nport = {port}\n[log]\nformat = "json"\n')
         proc = subprocess.run(
-            [sys.executable, "-m", "mqd.cli", "start", "--config", str(path), "--wait", "60"],
+            [sys.executable, "-m", "mqd.operator.cli", "start", "--config", str(path), "--wait", "60"],
             capture_output=True,
             text=True,
             timeout=90,

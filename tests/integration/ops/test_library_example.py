@@ -75,7 +75,7 @@ def test_the_mqd_command_shows_warnings_on_stderr() -> None:
     script = textwrap.dedent(
         """
         import structlog
-        from mqd.cli import main
+        from mqd.operator.cli import main
 
         @main.command("log-twice")
         def log_twice() -> None:

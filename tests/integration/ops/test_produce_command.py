@@ -18,7 +18,17 @@ from mqd.waiting import wait_until_sync
 
 
 def _produce(bootstrap: str, *args: str) -> list[str]:
-    return [sys.executable, "-m", "mqd.cli", "produce", "--bootstrap", bootstrap, "--topic", "events", *args]
+    return [
+        sys.executable,
+        "-m",
+        "mqd.operator.cli",
+        "produce",
+        "--bootstrap",
+        bootstrap,
+        "--topic",
+        "events",
+        *args,
+    ]
 
 
 def test_one_master_down_fails_only_its_partitions(cluster_factory: Callable[..., Cluster]) -> None:

@@ -21,7 +21,7 @@ def _toml_block_after(heading: str) -> str:
 def _check(path: Path, **env: str) -> subprocess.CompletedProcess[str]:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("MQD_")}
     return subprocess.run(
-        [sys.executable, "-m", "mqd.cli", "config", "check", str(path)],
+        [sys.executable, "-m", "mqd.operator.cli", "config", "check", str(path)],
         capture_output=True,
         text=True,
         timeout=60,

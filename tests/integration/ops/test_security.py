@@ -65,7 +65,7 @@ def _daemon_config(
 def _mqd(args: list[str], env: dict[str, str], timeout: float, log: Path) -> int:
     with open(log, "ab") as fh:
         return subprocess.run(
-            [sys.executable, "-m", "mqd.cli", *args],
+            [sys.executable, "-m", "mqd.operator.cli", *args],
             stdout=fh,
             stderr=subprocess.STDOUT,
             env=env,
@@ -239,7 +239,7 @@ def running_daemon(cluster_factory: Any, tmp_path: Path) -> Iterator[tuple[subpr
     cfg = _daemon_config(tmp_path, [cluster.bootstrap], token=None, admin=True)
     log = open(tmp_path / "daemon.out", "ab")  # closed in the finalizer
     proc = subprocess.Popen(
-        [sys.executable, "-m", "mqd.cli", "run", "--config", str(cfg)],
+        [sys.executable, "-m", "mqd.operator.cli", "run", "--config", str(cfg)],
         stdout=log,
         stderr=subprocess.STDOUT,
         cwd=REPO,

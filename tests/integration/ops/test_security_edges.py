@@ -16,8 +16,8 @@ import psutil
 import pytest
 from support.harness import Cluster
 
-from mqd.admin import BODY_TIMEOUT_S, AdminServer, PartitionSpec
 from mqd.config import AdminConfig
+from mqd.operator.admin import BODY_TIMEOUT_S, AdminServer, PartitionSpec
 from mqd.waiting import wait_until
 
 HEADER_TIMEOUT_MS = 1000

@@ -17,7 +17,7 @@ PROGRAM = """
 import sys
 sys.path.insert(0, {tests!r})
 from support.top_status import busy, status
-from mqd.top import Reading, run
+from mqd.operator.top import Reading, run
 
 data = status(*busy())
 run(lambda: Reading(data, 4711), interval=0.2, iterations=3000)

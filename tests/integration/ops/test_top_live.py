@@ -51,7 +51,18 @@ def test_top_survives_a_daemon_restart(tmp_path: Path, cluster_factory: Callable
     assert res.returncode == 0, res.stderr
     first_pid = int((state / "mqd.pid").read_text())
     top = subprocess.Popen(
-        [sys.executable, "-m", "mqd.cli", "top", "-c", str(cfg), "--interval", "0.2", "--iterations", "3000"],
+        [
+            sys.executable,
+            "-m",
+            "mqd.operator.cli",
+            "top",
+            "-c",
+            str(cfg),
+            "--interval",
+            "0.2",
+            "--iterations",
+            "3000",
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

@@ -49,7 +49,7 @@ def _env(tmp_path: Path) -> tuple[dict[str, str], Path]:
 
 def _mqd(env: dict[str, str], *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "mqd.cli", *args],
+        [sys.executable, "-m", "mqd.operator.cli", *args],
         capture_output=True,
         text=True,
         timeout=timeout,

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from support.delta import make_config
 from support.iceberg_batches import batch
 
-from mqd.cli import main
+from mqd.operator.cli import main
 from mqd.spark.iceberg_sink import IcebergSink
 from mqd.spark.table_maintenance import job_lock
 

@@ -1,6 +1,6 @@
 """``mqd top`` (and ``mqd status --watch``): the live view of a running daemon, drawn with rich.
 
-It reads only the status JSON the admin endpoint serves (:func:`mqd.admin.partition_rows` parses it),
+It reads only the status JSON the admin endpoint serves (:func:`mqd.operator.views.partition_rows` parses it),
 so what it shows is exactly what ``/status``, ``mqd status`` and the HTML page show. The view keeps
 the previous sample to turn offsets into rates and CPU seconds into a CPU share; nothing else is
 remembered between samples, so a restarted daemon is just a new sample stream.
@@ -43,7 +43,7 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from mqd.admin import PartitionRow, binary_size, duration, partition_rows
+from mqd.operator.views import PartitionRow, binary_size, duration, partition_rows
 
 SortKey = Literal["partition", "lag", "rate", "time-lag"]
 SORT_KEYS: tuple[SortKey, ...] = ("partition", "lag", "rate", "time-lag")

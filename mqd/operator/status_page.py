@@ -16,7 +16,7 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
-from mqd.admin import PartitionRow, binary_size, duration, partition_rows
+from mqd.operator.views import PartitionRow, binary_size, duration, partition_rows
 
 REFRESH_S = 2
 THROUGHPUT_WINDOW_S = 10.0

@@ -281,7 +281,7 @@ def start(config_path: Path, wait_s: float) -> None:
         _die(f"error: cannot open log file {log_file}: {exc}", EXIT_FAIL)
     # a detached daemon must not talk to the caller's service manager
     env = {k: v for k, v in os.environ.items() if k not in _SERVICE_ENV}
-    cmd = [sys.executable, "-m", "mqd.cli", "run", "--config", str(config_path.resolve())]
+    cmd = [sys.executable, "-m", "mqd.operator.cli", "run", "--config", str(config_path.resolve())]
     with logf:
         proc = subprocess.Popen(
             cmd,
@@ -480,7 +480,7 @@ def status(
     if as_json:
         click.echo(json.dumps(data, indent=2, default=str))
     else:
-        from mqd.admin import render_summary
+        from mqd.operator.views import render_summary
 
         click.echo(render_summary(data))
     totals = ((data.get("consumer") or {}).get("totals")) or {}
@@ -510,7 +510,7 @@ def top(config_path: Path, interval: float, sort: str, iterations: int | None) -
 
 
 def _watch(rt: _Runtime, interval: float, iterations: int | None, sort: str = "partition") -> None:
-    from mqd import top as top_view
+    from mqd.operator import top as top_view
     from mqd.runner import read_json
 
     def read() -> top_view.Reading:
@@ -579,7 +579,7 @@ def reload(config_path: Path, wait_s: float) -> None:
 
 
 def _pause_resume(config_path: Path, partitions: tuple[str, ...], action: str) -> None:
-    from mqd.admin import AdminError, parse_partition_spec
+    from mqd.operator.admin import AdminError, parse_partition_spec
 
     try:
         for p in partitions:
@@ -1065,7 +1065,7 @@ def produce(
     Exit codes: 0 every record acknowledged, 1 a broker failure or records not acknowledged (one line
     per failed partition on stderr), 2 bad arguments.
     """
-    from mqd.produce_command import produce_cli
+    from mqd.operator.produce_command import produce_cli
 
     sys.exit(
         produce_cli(
