@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from mqd import metrics, offsets_reset
+from mqd import metrics, reset_records
 from mqd.config import MqdConfig
 from mqd.consumer import (
     Consumer,
@@ -141,7 +141,7 @@ class Daemon:
         self._reset_skipped = 0  # offsets skipped by applied `mqd offsets reset` records
         self._reset_replayed = 0  # offsets landed again by applied replays
         # partitions replaying a range (mqd offsets reset below the landed head): tagged on drain
-        self._replays: dict[TopicPartition, offsets_reset.Replay] = {}
+        self._replays: dict[TopicPartition, reset_records.Replay] = {}
 
     def _table_committer(self, config: MqdConfig) -> TableCommitter | None:
         if config.landing.table != "delta":
@@ -392,7 +392,7 @@ class Daemon:
             if replay is None:
                 self.sink.add(batch)
             else:  # a deliberate replay: its range lands under the replay id
-                for piece in offsets_reset.retag(batch, replay):
+                for piece in reset_records.retag(batch, replay):
                     self.sink.add(piece)
 
     async def _publish_due(self) -> None:
@@ -658,18 +658,18 @@ class Daemon:
     async def _apply_offsets_reset(
         self, tp: TopicPartition, position: int | None, incarnation: str | None
     ) -> tuple[int | None, str | None]:
-        """A `mqd offsets reset` record for ``tp`` (mqd/offsets_reset.py) moves the start position
+        """A `mqd offsets reset` record for ``tp`` (mqd/reset_records.py) moves the start position
         while the landed head is still the one it was decided against; a stale one is removed."""
         landing = self.sink.store.objects  # the records' store: a directory or s3://
         loop = asyncio.get_running_loop()
         try:
-            rec = await loop.run_in_executor(None, offsets_reset.read_reset, landing, tp)
-        except offsets_reset.ResetError as exc:
+            rec = await loop.run_in_executor(None, reset_records.read_reset, landing, tp)
+        except reset_records.ResetError as exc:
             self._record_error("offsets_reset", exc)
             raise ConsumerError(f"{tp}: {exc}", retriable=True) from exc
         if rec is None:
             return position, incarnation
-        r = offsets_reset.resume(rec, position, incarnation)
+        r = reset_records.resume(rec, position, incarnation)
         if r.outcome == "cleared":
             # landed past it: a replay that finished, or landings since (applying it now could
             # move the partition back over them)
@@ -681,7 +681,7 @@ class Daemon:
                 landed=position,
             )
             self._replays.pop(tp, None)
-            await loop.run_in_executor(None, offsets_reset.clear_reset, landing, tp)
+            await loop.run_in_executor(None, reset_records.clear_reset, landing, tp)
             return position, incarnation
         if r.replay is not None:
             self._replays[tp] = r.replay

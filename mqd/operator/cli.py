@@ -1335,7 +1335,8 @@ def _offsets_run(config_path: Path, work: Any) -> None:
     import asyncio
 
     from mqd.consumer.errors import ConsumerError
-    from mqd.offsets_reset import OffsetsTool, ResetError
+    from mqd.offsets_reset import OffsetsTool
+    from mqd.reset_records import ResetError
 
     cfg = _load(config_path)
 
@@ -1402,16 +1403,8 @@ def offsets_reset_cmd(config_path: Path, partitions: tuple[str, ...], to: str, d
     """
     import uuid
 
-    from mqd.offsets_reset import (
-        ResetError,
-        ResetRecord,
-        now_iso,
-        parse_partitions,
-        parse_target,
-        plan_row,
-        table,
-        write_reset,
-    )
+    from mqd.offsets_reset import now_iso, parse_partitions, parse_target, plan_row, table
+    from mqd.reset_records import ResetError, ResetRecord, write_reset
 
     try:
         target = parse_target(to)

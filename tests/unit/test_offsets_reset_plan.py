@@ -1,5 +1,5 @@
-"""The pure parts of `mqd offsets reset` (mqd/offsets_reset.py): targets, partition specs, the
-per-partition decision, and when the daemon applies a recorded reset."""
+"""The pure parts of `mqd offsets reset` (mqd/offsets_reset.py, mqd/reset_records.py): targets,
+partition specs, the per-partition decision, and when the daemon applies a recorded reset."""
 
 from __future__ import annotations
 
@@ -7,14 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from mqd.offsets_reset import (
+from mqd.offsets_reset import parse_partitions, parse_target, plan_row
+from mqd.reset_records import (
     Replay,
     ResetError,
     ResetRecord,
     apply_reset,
-    parse_partitions,
-    parse_target,
-    plan_row,
     read_reset,
     reset_path,
     resume,

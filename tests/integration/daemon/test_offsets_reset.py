@@ -18,7 +18,7 @@ from support.cli import mqd, produce, write_config
 from support.harness import Cluster
 from support.landing import read_manifest
 
-from mqd.offsets_reset import reset_path
+from mqd.reset_records import reset_path
 from mqd.topic_partition import TopicPartition
 from mqd.wire.client import BrokerClient
 
@@ -168,7 +168,8 @@ async def test_a_restart_with_the_replay_at_the_landed_head_continues_under_the_
     from support.daemon import daemon_config, produce_numbered
 
     from mqd.daemon import Daemon
-    from mqd.offsets_reset import ResetRecord, now_iso, write_reset
+    from mqd.offsets_reset import now_iso
+    from mqd.reset_records import ResetRecord, write_reset
 
     landing = tmp_path / "landing"
     cfg = daemon_config(cluster, tmp_path, consumer={"group": "mid"}, max_records=10)
