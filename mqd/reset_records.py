@@ -1,5 +1,5 @@
 """The reset records of deliberate position changes (issue 17): written by ``mqd offsets reset``
-(mqd/offsets_reset.py), applied by the daemon's start-position hook (mqd/daemon.py).
+(mqd/operator/offsets_command.py), applied by the daemon's start-position hook (mqd/daemon.py).
 
 The landing, not the broker commit, is the source of truth of where a partition resumes (a
 partition with landed files resumes after its landed head;

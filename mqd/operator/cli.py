@@ -1322,7 +1322,7 @@ def _partition_ddl(spark: Any, path: Path) -> str:
     return ", ".join(f"`{c}` {types[c]}" for c in cols)
 
 
-# -- offsets (deliberate replays and skips; mqd/offsets_reset.py) ---------------------------------
+# -- offsets (deliberate replays and skips; mqd/operator/offsets_command.py) -----------------------
 
 
 @main.group()
@@ -1335,7 +1335,7 @@ def _offsets_run(config_path: Path, work: Any) -> None:
     import asyncio
 
     from mqd.consumer.errors import ConsumerError
-    from mqd.offsets_reset import OffsetsTool
+    from mqd.operator.offsets_command import OffsetsTool
     from mqd.reset_records import ResetError
 
     cfg = _load(config_path)
@@ -1365,7 +1365,7 @@ def offsets_show(config_path: Path, partitions: tuple[str, ...]) -> None:
     Example:
       mqd offsets show --config config/mqd.toml events
     """
-    from mqd.offsets_reset import parse_partitions, table
+    from mqd.operator.offsets_command import parse_partitions, table
     from mqd.topic_pattern import TopicSubscription
 
     async def work(tool: Any) -> None:
@@ -1403,7 +1403,7 @@ def offsets_reset_cmd(config_path: Path, partitions: tuple[str, ...], to: str, d
     """
     import uuid
 
-    from mqd.offsets_reset import now_iso, parse_partitions, parse_target, plan_row, table
+    from mqd.operator.offsets_command import now_iso, parse_partitions, parse_target, plan_row, table
     from mqd.reset_records import ResetError, ResetRecord, write_reset
 
     try:

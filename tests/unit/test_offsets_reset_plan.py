@@ -1,5 +1,5 @@
-"""The pure parts of `mqd offsets reset` (mqd/offsets_reset.py, mqd/reset_records.py): targets,
-partition specs, the per-partition decision, and when the daemon applies a recorded reset."""
+"""The pure parts of `mqd offsets reset` (mqd/operator/offsets_command.py, mqd/reset_records.py):
+targets, partition specs, the per-partition decision, and when the daemon applies a recorded reset."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from mqd.offsets_reset import parse_partitions, parse_target, plan_row
+from mqd.operator.offsets_command import parse_partitions, parse_target, plan_row
 from mqd.reset_records import (
     Replay,
     ResetError,

@@ -168,7 +168,7 @@ async def test_a_restart_with_the_replay_at_the_landed_head_continues_under_the_
     from support.daemon import daemon_config, produce_numbered
 
     from mqd.daemon import Daemon
-    from mqd.offsets_reset import now_iso
+    from mqd.operator.offsets_command import now_iso
     from mqd.reset_records import ResetRecord, write_reset
 
     landing = tmp_path / "landing"
