@@ -22,9 +22,9 @@ from support.cli import write_config
 from support.daemon import produce_numbered
 from support.seaweedfs import fresh_uri
 
-from mqd.client import BrokerClient
 from mqd.testing.seaweedfs import REGION, SeaweedFS
 from mqd.waiting import wait_until
+from mqd.wire.client import BrokerClient
 
 SHUTDOWN_S = 3.0
 EXIT_MARGIN_S = 7.0  # interpreter exit and the log's flush, on a loaded machine
@@ -33,7 +33,7 @@ EXIT_MARGIN_S = 7.0  # interpreter exit and the log's flush, on a loaded machine
 def _spawn(cfg: Path, log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
     with open(log, "ab") as out:
         return subprocess.Popen(
-            [sys.executable, "-m", "mqd.cli", "run", "-c", str(cfg)],
+            [sys.executable, "-m", "mqd.operator.cli", "run", "-c", str(cfg)],
             stdout=out,
             stderr=subprocess.STDOUT,
             env={**os.environ, **env},
