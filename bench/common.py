@@ -7,6 +7,7 @@ pipeline), ``python -m bench.broker_bench`` or ``python -m bench.memab``.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import ctypes
 import importlib.metadata
@@ -15,6 +16,7 @@ import os
 import platform
 import resource
 import signal
+import sys
 import threading
 import time
 import tomllib
@@ -511,3 +513,42 @@ def replace_block(readme: Path, begin: str, end: str, md: str) -> None:
     head, rest = text.split(begin, 1)
     _, tail = rest.split(end, 1)
     readme.write_text(f"{head}{begin}\n{md}{end}{tail}")
+
+
+# -- waiting for a quiet machine -----------------------------------------------------------------
+
+# the 1-minute load a measurement waits for (--max-load), and the waiting left (--max-wait)
+QUIET: dict[str, float] = {"load": 1.5, "wait_s": 1800.0}
+
+
+def add_quiet_args(ap: argparse.ArgumentParser) -> None:
+    """``--max-load`` and ``--max-wait``, the arguments of :func:`wait_quiet`."""
+    ap.add_argument(
+        "--max-load", type=float, default=QUIET["load"], help="wait for a 1-minute load at most this"
+    )
+    ap.add_argument(
+        "--max-wait", type=float, default=QUIET["wait_s"], help="seconds of waiting for it, in all"
+    )
+
+
+def apply_quiet_args(args: argparse.Namespace) -> None:
+    QUIET.update(load=args.max_load, wait_s=args.max_wait)
+
+
+def wait_quiet(max_load: float | None = None, poll_s: float = 60.0) -> float:
+    """Wait until the 1-minute load average is at most ``max_load`` (``--max-load``), polled; the
+    waits of one process share one budget (``--max-wait``, 30 minutes), after which it measures
+    anyway. Returns the load when measuring starts (the results carry it)."""
+    max_load = float(QUIET["load"]) if max_load is None else max_load
+    while True:
+        load = os.getloadavg()[0]
+        left = QUIET["wait_s"]
+        if load <= max_load or left <= 0:
+            return round(load, 2)
+        print(
+            f"load {load:.2f} > {max_load}: waiting {poll_s:.0f} s ({left:.0f} s of waiting left)",
+            file=sys.stderr,
+            flush=True,
+        )
+        time.sleep(min(poll_s, left))
+        QUIET["wait_s"] = left - min(poll_s, left)

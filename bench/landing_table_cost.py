@@ -54,7 +54,6 @@ from typing import Any
 from bench import common
 from bench import pipeline as _bench
 from bench.common import WatchedProcess, Workload
-from bench.landing_table_log import _QUIET, wait_quiet
 from mqd.testing import LocalCluster
 from mqd.wire.producer import Producer
 
@@ -113,7 +112,7 @@ def run_once(
     )
     if variant == "delta":
         common.apply_overrides(cfg, {"landing": {"table": "delta"}})
-    load = wait_quiet()
+    load = common.wait_quiet()
     proc = WatchedProcess(
         _bench.daemon_argv(cfg, burst=True),
         log_path=workdir / f"{group}.log",
@@ -247,7 +246,7 @@ def steady_once(
     if variant == "delta":
         over["landing"] = {"table": "delta"}
     common.apply_overrides(cfg, over)
-    load = wait_quiet()
+    load = common.wait_quiet()
     proc = WatchedProcess(
         _bench.daemon_argv(cfg, burst=False), log_path=workdir / f"{group}.log", cwd=workdir
     )
@@ -400,16 +399,11 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="seconds of producing per steady run (default 30, at most twice the largest size's records)",
     )
-    ap.add_argument(
-        "--max-load", type=float, default=_QUIET["load"], help="wait for a 1-minute load at most this"
-    )
-    ap.add_argument(
-        "--max-wait", type=float, default=_QUIET["wait_s"], help="seconds of waiting for it, in all"
-    )
+    common.add_quiet_args(ap)
     ap.add_argument("--out", type=Path, default=RESULTS / "landing_table_cost.json")
     args = ap.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",") if s]
-    _QUIET.update(load=args.max_load, wait_s=args.max_wait)
+    common.apply_quiet_args(args)
     steady_s = args.steady_seconds
     if steady_s is None:
         steady_s = min(30.0, 2 * max(sizes) / args.steady_rate) if args.steady_rate > 0 else 0.0

@@ -49,6 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench import common
 from mqd.landing import layout
 from mqd.landing.delta_log import DELTA_LOG, LandingTable
 from mqd.landing.layout import FileRange
@@ -61,8 +62,6 @@ T0_MS = 1_796_169_600_000  # 2026-12-02T00:00:00Z: the simulated run's start
 FILE_BYTES = 8 * 2**20
 RECORDS_PER_FILE = 50_000
 GROW_COMMIT = 20_000  # adds per commit while growing a table (the log's size is measured after)
-# the 1-minute load a measurement waits for (--max-load), and the waiting left (--max-wait)
-_QUIET: dict[str, float] = {"load": 1.5, "wait_s": 1800.0}
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,25 +79,6 @@ RATES = (
     Rate("12 partitions, a file a minute", 12, 60.0),
     Rate("100 partitions, a file every 10 s", 100, 10.0),
 )
-
-
-def wait_quiet(max_load: float | None = None, poll_s: float = 60.0) -> float:
-    """Wait until the 1-minute load average is at most ``max_load`` (``--max-load``), polled; the
-    waits of one process share one budget (``--max-wait``, 30 minutes), after which it measures
-    anyway. Returns the load when measuring starts (the results carry it)."""
-    max_load = float(_QUIET["load"]) if max_load is None else max_load
-    while True:
-        load = os.getloadavg()[0]
-        left = _QUIET["wait_s"]
-        if load <= max_load or left <= 0:
-            return round(load, 2)
-        print(
-            f"load {load:.2f} > {max_load}: waiting {poll_s:.0f} s ({left:.0f} s of waiting left)",
-            file=sys.stderr,
-            flush=True,
-        )
-        time.sleep(min(poll_s, left))
-        _QUIET["wait_s"] = left - min(poll_s, left)
 
 
 def file_range(partition: int, seq: int, t_ms: int) -> FileRange:
@@ -266,7 +246,7 @@ def entries(
         for i in range(have, pad):
             (root / DELTA_LOG / f"_bench_pad_{i:06d}.txt").write_bytes(b"x" * 1000)
         have = pad
-        row: dict[str, Any] = {"log_entries": pad, "listed_files": files.total, "load": wait_quiet()}
+        row: dict[str, Any] = {"log_entries": pad, "listed_files": files.total, "load": common.wait_quiet()}
         for cleanup in ("every_commit", "checkpoint_commits"):
             table.cleanup_every_commit = cleanup == "every_commit"
             row[cleanup] = measure_rounds(table, files, 1, rounds, t_ms)
@@ -298,7 +278,7 @@ def sizes(
             table.add(files.take(n, t_ms), committer="grow")
             t_ms += 3_600_000
         table.load()
-        load = wait_quiet()
+        load = common.wait_quiet()
         c0, w0 = time.process_time(), time.monotonic()
         assert table._table is not None
         table._table.create_checkpoint()
@@ -392,7 +372,7 @@ def run(
     samples = []
     cpu_total = 0.0
     wall0 = time.monotonic()
-    load = wait_quiet()
+    load = common.wait_quiet()
     for i in range(1, commits + 1):
         sim_now = i * commit_interval
         owed += rate.files_per_s * commit_interval
@@ -571,15 +551,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--project", default="100,1000", help="checkpoint intervals of the projections")
     ap.add_argument("--project-retention", default="2d,1h", help="log retentions of the projections")
     ap.add_argument("--project-days", default="1,7", help="days of landing of the projections")
-    ap.add_argument(
-        "--max-load", type=float, default=_QUIET["load"], help="wait for a 1-minute load at most this"
-    )
-    ap.add_argument(
-        "--max-wait", type=float, default=_QUIET["wait_s"], help="seconds of waiting for it, in all"
-    )
+    common.add_quiet_args(ap)
     ap.add_argument("--out", type=Path, default=RESULTS / "landing_table_log.json")
     args = ap.parse_args(argv)
-    _QUIET.update(load=args.max_load, wait_s=args.max_wait)
+    common.apply_quiet_args(args)
     report: dict[str, Any] = {
         "machine": {"cpus": os.cpu_count()},
         "args": vars(args) | {"out": str(args.out)},
