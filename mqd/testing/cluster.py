@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import socket
 import ssl
@@ -51,26 +52,46 @@ DEFAULT_NODE_SETTINGS: dict[str, Any] = {
 # is closed (134 repeats in 2,000 calls), and two nodes of one cluster then race for it: the loser
 # exits "address already in use" (a CI run failed so)
 _HANDED_OUT: set[int] = set()
+_PICK = random.Random(int.from_bytes(os.urandom(8), "big"))  # not the global one tests may seed
+
+
+def _listen_ports() -> range:
+    """Ports below the kernel's ephemeral range: a port taken from that range (bind to 0) is free
+    when probed, but any outgoing connection may take it as its source port before the server
+    binds it (a CI run failed so, a broker exiting "address already in use")."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    return range(max(1024, low - 16384), max(2048, low))
 
 
 def free_port(preferred: int | None = None) -> int:
-    """``preferred`` if it can be bound on 127.0.0.1, else a port the kernel considers free right now
-    that this process was not given before."""
+    """``preferred`` if it can be bound on 127.0.0.1, else a free port below the kernel's ephemeral
+    range (_listen_ports) that this process was not given before."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        if preferred is not None:
+            try:
+                s.bind(("127.0.0.1", preferred))
+                _HANDED_OUT.add(preferred)
+                return preferred
+            except OSError:
+                pass
+    ports = _listen_ports()
+    if len(_HANDED_OUT) > len(ports) // 2:
+        _HANDED_OUT.clear()  # long ago: their servers have bound them or are gone
     for _ in range(1000):
+        port = _PICK.choice(ports)
+        if port in _HANDED_OUT:
+            continue
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            if preferred is not None:
-                try:
-                    s.bind(("127.0.0.1", preferred))
-                    _HANDED_OUT.add(preferred)
-                    return preferred
-                except OSError:
-                    preferred = None
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
-        if port not in _HANDED_OUT:
-            _HANDED_OUT.add(port)
-            return port
-    raise OSError("no free port on 127.0.0.1 that was not handed out before")
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _HANDED_OUT.add(port)
+        return port
+    raise OSError(f"no free port on 127.0.0.1 in {ports.start}-{ports.stop - 1}")
 
 
 def get_json(

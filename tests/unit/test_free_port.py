@@ -2,7 +2,8 @@
 
 Proves that one process is never handed the same port twice (the kernel offers a closed probe's port
 again: two nodes of one cluster were given one port and the master exited "address already in use"),
-and that a preferred port is still given when it can be bound, whoever had it before.
+that a preferred port is still given when it can be bound, whoever had it before, and that ports
+come from below the range the kernel takes outgoing connections' source ports from.
 """
 
 from __future__ import annotations
@@ -24,3 +25,11 @@ def test_a_preferred_port_is_given_when_it_can_be_bound() -> None:
         held.bind(("127.0.0.1", port))
         other = free_port(port)
     assert other != port
+
+
+def test_ports_come_from_below_the_ephemeral_range() -> None:
+    """No outgoing connection can take a handed-out port as its source port before the server binds
+    it: the kernel picks source ports from ip_local_port_range, and free_port stays below it (a CI
+    run's broker exited "address already in use" on a port bind(0) had offered)."""
+    low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+    assert all(1024 <= free_port() < low for _ in range(500))
