@@ -94,24 +94,40 @@ def stopped_stats(log_path: Path) -> dict[str, Any]:
     return {}
 
 
-def run_once(
-    urls: list[str], topic: str, records: int, variant: str, workdir: Path, timeout: float, file_records: int
-) -> dict[str, Any]:
-    group = f"lt-{variant}-{records}-{int(time.time() * 1000) % 10**8}"
-    landing = workdir / f"landing-{group}"
+def variant_config(
+    workdir: Path,
+    urls: list[str],
+    topic: str,
+    group: str,
+    variant: str,
+    max_records: int,
+    max_bytes: int,
+    max_age: float,
+) -> Path:
+    """The daemon's config file for one run: its own group and landing (``landing-<group>``), the
+    table on for the ``delta`` variant."""
     cfg = _bench.daemon_config(
         workdir / f"{group}.toml",
         urls,
         topic=topic,
         group=group,
-        landing=landing,
-        landing_max_records=file_records,
-        landing_max_bytes=32 * 2**20,
-        landing_max_age=5.0,
+        landing=workdir / f"landing-{group}",
+        landing_max_records=max_records,
+        landing_max_bytes=max_bytes,
+        landing_max_age=max_age,
         compression="snappy",
     )
     if variant == "delta":
         common.apply_overrides(cfg, {"landing": {"table": "delta"}})
+    return cfg
+
+
+def run_once(
+    urls: list[str], topic: str, records: int, variant: str, workdir: Path, timeout: float, file_records: int
+) -> dict[str, Any]:
+    group = f"lt-{variant}-{records}-{int(time.time() * 1000) % 10**8}"
+    landing = workdir / f"landing-{group}"
+    cfg = variant_config(workdir, urls, topic, group, variant, file_records, 32 * 2**20, 5.0)
     load = common.wait_quiet()
     proc = WatchedProcess(
         _bench.daemon_argv(cfg, burst=True),
@@ -231,21 +247,7 @@ def steady_once(
     urls = list(cluster.urls.values())
     group = f"lts-{variant}-{int(time.time() * 1000) % 10**8}"
     landing = workdir / f"landing-{group}"
-    cfg = _bench.daemon_config(
-        workdir / f"{group}.toml",
-        urls,
-        topic=topic,
-        group=group,
-        landing=landing,
-        landing_max_records=5_000_000,
-        landing_max_bytes=128 * 2**20,
-        landing_max_age=STEADY_MAX_AGE,
-        compression="snappy",
-    )
-    over: dict[str, dict[str, Any]] = {}
-    if variant == "delta":
-        over["landing"] = {"table": "delta"}
-    common.apply_overrides(cfg, over)
+    cfg = variant_config(workdir, urls, topic, group, variant, 5_000_000, 128 * 2**20, STEADY_MAX_AGE)
     load = common.wait_quiet()
     proc = WatchedProcess(
         _bench.daemon_argv(cfg, burst=False), log_path=workdir / f"{group}.log", cwd=workdir
