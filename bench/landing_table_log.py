@@ -53,6 +53,7 @@ from bench import common
 from mqd.landing import layout
 from mqd.landing.delta_log import DELTA_LOG, LandingTable
 from mqd.landing.layout import FileRange
+from mqd.landing.local_objects import LocalObjects
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ROOT = Path(__file__).resolve().parent.parent
@@ -265,7 +266,9 @@ def sizes(
     root = workdir / "sizes"
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
-    table = LandingTable(str(root), checkpoint_interval=10**6, log_retention_s=2 * 86400.0)
+    table = LandingTable(
+        str(root), LocalObjects(root), checkpoint_interval=10**6, log_retention_s=2 * 86400.0
+    )
     table.load()
     files = Files(100)
     rows = []
@@ -280,8 +283,7 @@ def sizes(
         table.load()
         load = common.wait_quiet()
         c0, w0 = time.process_time(), time.monotonic()
-        assert table._table is not None
-        table._table.create_checkpoint()
+        table.checkpoint()
         ckpt_cpu, ckpt_wall = time.process_time() - c0, time.monotonic() - w0
         ckpt = newest_checkpoint(root)
         assert ckpt is not None
@@ -305,7 +307,7 @@ def sizes(
                 row["rounds"][f"{per_round}_{cleanup}"] = res
         table.cleanup_every_commit = False
         table.load()
-        table._table.create_checkpoint()  # the rounds' commits into a checkpoint too: loads read it
+        table.checkpoint()  # the rounds' commits into a checkpoint too: loads read it
         drop_commits_below(root, table.version or 0)
         row["listed_files"] = files.total
         row["load_probe"] = {}
@@ -362,7 +364,9 @@ def run(
     root = workdir / f"run-{rate.partitions}"
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
-    table = LandingTable(str(root), checkpoint_interval=checkpoint_interval, log_retention_s=retention_s)
+    table = LandingTable(
+        str(root), LocalObjects(root), checkpoint_interval=checkpoint_interval, log_retention_s=retention_s
+    )
     table.load()
     files = Files(rate.partitions)
     written: dict[str, float] = {}

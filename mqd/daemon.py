@@ -161,6 +161,7 @@ class Daemon:
         uri = delta_log.table_uri(lc.dir)
         table = delta_log.LandingTable(
             uri,
+            self.sink.store.objects,
             storage=delta_log.storage_options(uri, lc.s3.endpoint_url, lc.s3.region),
             checkpoint_interval=lc.delta.checkpoint_interval,
             log_retention_s=lc.delta.log_retention,

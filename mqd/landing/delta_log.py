@@ -1,4 +1,4 @@
-"""The landing as a Delta table: the Delta log at the landing's root, written through delta-rs.
+"""The landing as a Delta table: the Delta log at the landing's root.
 
 The data files are the landing's own (the claim chain published them, layout.py names them); this
 module only registers them in a Delta log (``<landing>/_delta_log/``), which every Delta reader
@@ -16,18 +16,21 @@ the committer (table_committer.py) asks the claim chains and this module writes 
 - **Exactly once.** Each commit carries one ``txn`` action per (topic, partition, incarnation) it
   adds files of: ``appId`` = ``app_id(...)``, ``version`` = the last offset added. A file is in the
   table iff its incarnation's ``txn`` version is at or past its last offset (offsets ascend within
-  an incarnation of a chain). delta-rs fails a commit when a commit that landed after the one it
-  read holds a ``txn`` of the same ``appId`` (``ConcurrentTransaction``): two committers that
-  computed the same missing files from one version cannot both add them (``StaleCommit``).
+  an incarnation of a chain). A commit is refused when a commit that landed after the version it
+  read holds a ``txn`` of the same ``appId`` (delta_commits.py): two committers that computed the
+  same missing files from one version cannot both add them (``StaleCommit``).
+- **Who writes what.** The committer's reads and adds go through delta_commits.py (its own reader
+  and create-only writer: a round costs what it adds, not what the table lists, decision 062); the
+  table's creation, its checkpoints and the expiry of old entries, and the cleaner's file list and
+  removes go through delta-rs, which needs the whole table for each.
 - **Removes.** The lifecycle's cleaner removes a file from the table (``remove``,
   ``dataChange=false``: a streaming reader sees no change) before it deletes it.
 - **Log.** Table properties at creation: a checkpoint every ``checkpoint_interval`` commits, log
   entries older than ``log_retention`` expire at checkpoints, ``delta.appendOnly`` (a ``DELETE``
-  through the table would rewrite landing files the claim chain owns). delta-rs looks for expired
-  entries after every commit by default (one more listing of the whole log); a commit here asks for
-  it only when it writes a checkpoint.
+  through the table would rewrite landing files the claim chain owns). Expired entries are looked
+  for only after a commit that writes a checkpoint (delta-rs's default: after every commit).
 
-delta-rs writes the log with create-only puts: ``os.link``-like on a local disk, ``If-None-Match``
+Both writers put the log's entries create-only: ``os.link``-like on a local disk, ``If-None-Match``
 on S3 (the landing already requires it: store.py's probe).
 """
 
@@ -41,11 +44,15 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
 
 import structlog
 
+from mqd import __version__
+from mqd.landing.delta_commits import DeltaCommits
 from mqd.landing.errors import LandingError, StaleCommit, TableError
 from mqd.landing.layout import FileRange
+from mqd.landing.objects import Objects
 from mqd.lazy_import import lazy_import
 
 if TYPE_CHECKING:
@@ -130,12 +137,6 @@ def _created_ms(rng: FileRange) -> int:
         return int(time.time() * 1000)
 
 
-def add_action(rng: FileRange) -> deltalake.transaction.AddAction:
-    from deltalake.transaction import AddAction
-
-    return AddAction(rng.path, rng.bytes, partition_values(rng.path), _created_ms(rng), True, stats(rng))
-
-
 def storage_options(uri: str, endpoint_url: str | None, region: str | None) -> dict[str, str] | None:
     """delta-rs's (object_store's) options for an ``s3://`` landing: the endpoint and region of
     ``[landing.s3]``; credentials from the AWS variables (or the instance's role), as object_store
@@ -170,12 +171,36 @@ def _is_concurrent(exc: BaseException) -> bool:
     return "concurrent transaction" in str(exc).lower()
 
 
+def table_exists(uri: str, storage: dict[str, str] | None = None) -> bool:
+    """Whether ``uri`` holds a Delta log."""
+    return bool(deltalake.DeltaTable.is_deltatable(uri, storage_options=storage))
+
+
+def add_action(rng: FileRange) -> dict[str, Any]:
+    """One ``add`` action (the JSON delta-rs writes for the same file, without its null fields)."""
+    return {
+        "add": {
+            "path": quote(rng.path, safe="/="),
+            "partitionValues": partition_values(rng.path),
+            "size": rng.bytes,
+            "modificationTime": _created_ms(rng),
+            "dataChange": True,
+            "stats": stats(rng),
+        }
+    }
+
+
 class LandingTable:
-    """The Delta log of one landing. Blocking (file or network I/O); one thread at a time."""
+    """The Delta log of one landing. Blocking (file or network I/O); one thread at a time.
+
+    The committer's side (``load``, ``committed``, ``add``) reads and writes the log itself
+    (delta_commits.py: one new commit at a time, whatever the table's size); the cleaner's side
+    (``listed``, ``remove``), the table's creation and its checkpoints go through delta-rs."""
 
     def __init__(
         self,
         uri: str,
+        objects: Objects,
         *,
         storage: dict[str, str] | None = None,
         checkpoint_interval: int = 100,
@@ -185,12 +210,13 @@ class LandingTable:
         self.storage = storage
         self.checkpoint_interval = checkpoint_interval
         self.log_retention_s = log_retention_s
-        self._table: deltalake.DeltaTable | None = None
+        self.commits = DeltaCommits(objects, max_retries=MAX_COMMIT_RETRIES)
+        self.checkpoint_errors = 0  # checkpoints or cleanups that failed after their commit
+        self._table: deltalake.DeltaTable | None = None  # delta-rs's, for the cleaner only
         self._schema: pa.Schema | None = None
-        # delta-rs's default: list the whole log for expired entries after every commit (one
-        # LIST of every log entry kept, each commit); False: only after a commit that writes a
-        # checkpoint (what can expire changes once per checkpoint interval); bench.landing_table_log
-        # sets it to measure the difference
+        # False: expired log entries are looked for only after a commit that writes a checkpoint
+        # (what can expire changes once per checkpoint interval); True: after every commit, as
+        # delta-rs does by default (bench.landing_table_log measures the difference)
         self.cleanup_every_commit = False
 
     def properties(self) -> dict[str, str | None]:
@@ -202,23 +228,21 @@ class LandingTable:
         }
 
     def exists(self) -> bool:
-        return bool(deltalake.DeltaTable.is_deltatable(self.uri, storage_options=self.storage))
+        return table_exists(self.uri, self.storage)
 
     def load(self, *, create: bool = True) -> bool:
         """Read the log up to its newest commit (creating the table, empty, when there is none and
         ``create``); False when there is no table. TableError when the store does not answer."""
         try:
-            if self._table is not None:
-                self._table.update_incremental()
+            if self.commits.refresh():
                 return True
-            if not self.exists():
-                if not create:
-                    return False
-                self._create()
-            self._table = deltalake.DeltaTable(self.uri, storage_options=self.storage)
+            if not create:
+                return False
+            self._create()
+            if not self.commits.refresh():
+                raise TableError(f"{self.uri}: the table was created but its log is not there")
             return True
         except (OSError, deltalake.exceptions.DeltaError) as exc:
-            self._table = None
             raise TableError(f"{self.uri}: reading the Delta log: {_text(exc)}") from None
 
     def _create(self) -> None:
@@ -244,12 +268,12 @@ class LandingTable:
 
     @property
     def version(self) -> int | None:
-        return None if self._table is None else self._table.version()
+        return None if self.commits.version < 0 else self.commits.version
 
     def txn_version(self, app: str) -> int | None:
         """The ``txn`` version of ``app`` in the loaded log (None: never committed)."""
-        assert self._table is not None, "load() first"
-        return self._table.transaction_version(app)
+        assert self.commits.version >= 0, "load() first"
+        return self.commits.txns.get(app)
 
     def committed(self, rng: FileRange, versions: dict[str, int | None] | None = None) -> bool:
         """Whether the loaded log holds ``rng`` (its incarnation's ``txn`` at or past its last
@@ -267,22 +291,70 @@ class LandingTable:
         """One commit adding ``files`` (in chain order per partition) with one ``txn`` per (topic,
         partition, incarnation); the new table version. StaleCommit when a commit since the loaded
         version holds a ``txn`` of one of them; TableError for any other failure."""
-        from deltalake.transaction import CommitProperties, Transaction
-
-        assert self._table is not None, "load() first"
         files = list(files)
         last: dict[str, int] = {}
         for f in files:
             app = app_id(f.topic, f.partition, f.incarnation)
             last[app] = max(last.get(app, f.last_offset), f.last_offset)
-        props = CommitProperties(
-            custom_metadata={"mqd.committer": committer, "mqd.files": len(files)},
-            max_commit_retries=MAX_COMMIT_RETRIES,
-            app_transactions=[
-                Transaction(app, v, int(time.time() * 1000)) for app, v in sorted(last.items())
-            ],
-        )
-        return self._write([add_action(f) for f in files], props)
+        now = int(time.time() * 1000)
+        info = {
+            "timestamp": now,
+            "operation": "WRITE",
+            "operationParameters": {"mode": "Append", "partitionBy": json.dumps(list(PARTITION_BY))},
+            "isBlindAppend": True,
+            "engineInfo": f"mqd/{__version__}",
+            "mqd.committer": committer,
+            "mqd.files": len(files),
+        }
+        txns = [{"txn": {"appId": app, "version": v, "lastUpdated": now}} for app, v in sorted(last.items())]
+        version = self.commits.commit([*txns, *(add_action(f) for f in files)], info)
+        self._after_commit(version)
+        return version
+
+    def _checkpoint_due(self, version: int) -> bool:
+        """delta-rs's rule, kept so every writer of the log checkpoints the same versions: v when
+        v + 1 is a multiple of the table's interval."""
+        try:
+            interval = int(
+                self.commits.configuration.get("delta.checkpointInterval") or self.checkpoint_interval
+            )
+        except ValueError:
+            interval = self.checkpoint_interval
+        return (version + 1) % max(1, interval) == 0
+
+    def _after_commit(self, version: int) -> None:
+        """The checkpoint of a commit that completes an interval, then the expired log entries
+        (delta-rs: both need the whole table, once an interval). A failure is logged and counted,
+        never the commit's: the next interval's checkpoint covers this one."""
+        checkpoint = self._checkpoint_due(version)
+        if not (checkpoint or self.cleanup_every_commit):
+            return
+        try:
+            self.checkpoint(version, write=checkpoint, cleanup=True)
+        except TableError as exc:
+            self.checkpoint_errors += 1
+            log.warning("landing table checkpoint failed; the next interval writes one", error=str(exc))
+
+    def checkpoint(self, version: int | None = None, *, write: bool = True, cleanup: bool = False) -> None:
+        """A checkpoint of ``version`` (the newest read), then, with ``cleanup``, the log entries
+        expired by the table's retention deleted (delta-rs loads the whole table for both)."""
+        at = self.commits.version if version is None else version
+        try:
+            table = deltalake.DeltaTable(self.uri, version=at, storage_options=self.storage)
+            if write:
+                table.create_checkpoint()
+            if cleanup:
+                table.cleanup_metadata()
+        except (OSError, deltalake.exceptions.DeltaError) as exc:
+            raise TableError(f"{self.uri}: checkpoint of version {at}: {_text(exc)}") from None
+
+    def _delta(self) -> deltalake.DeltaTable:
+        """delta-rs's table at the newest version (the cleaner's file list and removes)."""
+        if self._table is None:
+            self._table = deltalake.DeltaTable(self.uri, storage_options=self.storage)
+        else:
+            self._table.update_incremental()
+        return self._table
 
     def remove(self, files: Iterable[FileRange]) -> int:
         """One commit removing ``files`` with ``dataChange=false`` (the cleaner deletes them next);
@@ -291,45 +363,36 @@ class LandingTable:
 
         now = int(time.time() * 1000)
         actions = [RemoveAction(f.path, False, now, f.bytes or None, partition_values(f.path)) for f in files]
-        return self._write(actions, CommitProperties(max_commit_retries=MAX_COMMIT_RETRIES))
+        try:
+            table = self._delta()
+        except (OSError, deltalake.exceptions.DeltaError) as exc:
+            raise TableError(f"{self.uri}: reading the Delta log: {_text(exc)}") from None
+        return self._write(table, actions, CommitProperties(max_commit_retries=MAX_COMMIT_RETRIES))
 
     def listed(self) -> set[str]:
-        """Paths of the files the loaded version lists (relative to the landing root)."""
-        assert self._table is not None, "load() first"
-        root = self.uri.rstrip("/") + "/"
-        out = set()
-        for uri in self._table.file_uris():
-            out.add(uri[len(root) :] if uri.startswith(root) else uri)
-        return out
-
-    def _cleanup_now(self) -> bool:
-        """Whether the next commit cleans expired log entries: when it writes a checkpoint (delta-rs
-        checkpoints version v when v + 1 is a multiple of the table's interval). A retried commit
-        that lands elsewhere skips one cleanup; a later one deletes what expired meanwhile."""
-        assert self._table is not None
-        if self.cleanup_every_commit:
-            return True
+        """Paths of the files the table lists at its newest version (relative to the landing root)."""
         try:
-            interval = int(self._table.metadata().configuration.get("delta.checkpointInterval") or 100)
-        except ValueError:
-            interval = self.checkpoint_interval
-        return (self._table.version() + 2) % max(1, interval) == 0
+            uris = self._delta().file_uris()
+        except (OSError, deltalake.exceptions.DeltaError) as exc:
+            raise TableError(f"{self.uri}: reading the Delta log: {_text(exc)}") from None
+        root = self.uri.rstrip("/") + "/"
+        return {uri[len(root) :] if uri.startswith(root) else uri for uri in uris}
 
-    def _write(self, actions: list[Any], props: Any) -> int:
+    def _write(self, table: deltalake.DeltaTable, actions: list[Any], props: Any) -> int:
         from deltalake.transaction import PostCommitHookProperties
 
-        assert self._table is not None
         if self._schema is None:
             self._schema = table_schema()
-        before = self._table.version()
+        before = table.version()
+        cleanup = self.cleanup_every_commit or self._checkpoint_due(before + 1)
         try:
-            self._table.create_write_transaction(
+            table.create_write_transaction(
                 actions,
                 "append",
                 self._schema,
                 partition_by=list(PARTITION_BY),
                 commit_properties=props,
-                post_commithook_properties=PostCommitHookProperties(cleanup_expired_logs=self._cleanup_now()),
+                post_commithook_properties=PostCommitHookProperties(cleanup_expired_logs=cleanup),
             )
         except deltalake.exceptions.CommitFailedError as exc:
             if _is_concurrent(exc):
@@ -337,11 +400,11 @@ class LandingTable:
             raise TableError(f"{self.uri}: commit failed: {_text(exc)}") from None
         except (OSError, deltalake.exceptions.DeltaError) as exc:
             raise TableError(f"{self.uri}: commit failed: {_text(exc)}") from None
-        # delta-rs 1.6 leaves the table object at the version it read: read our commit (one log
+        # delta-rs 1.6 leaves the table object at the version it read: read the commit (one log
         # entry) so the version returned is the commit's, not the one before it
         try:
-            self._table.update_incremental()
+            table.update_incremental()
         except (OSError, deltalake.exceptions.DeltaError):
-            self._table = None  # committed; the next load() reads the log afresh
+            self._table = None  # committed; the next read loads the log afresh
             return before + 1
-        return self._table.version()
+        return table.version()

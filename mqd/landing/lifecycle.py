@@ -338,7 +338,9 @@ class Cleaner:
         if self.table is None:
             if not any(True for _ in self.store.objects.list_objects(f"{DELTA_LOG}/")):
                 return None
-            self.table = LandingTable(table_uri(self.store.location), storage=self._storage())
+            self.table = LandingTable(
+                table_uri(self.store.location), self.store.objects, storage=self._storage()
+            )
         return self.table if self.table.load(create=False) else None
 
     def _storage(self) -> dict[str, str] | None:

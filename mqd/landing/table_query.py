@@ -88,10 +88,10 @@ def query(
     region: str | None = None,
 ) -> pa.Table:
     """Run ``sql`` over the landing table at ``uri`` (named ``landing``); the result as Arrow."""
-    from mqd.landing.delta_log import LandingTable, storage_options
+    from mqd.landing.delta_log import storage_options, table_exists
 
     storage = storage_options(uri, endpoint_url, region)
-    if not LandingTable(uri, storage=storage).exists():
+    if not table_exists(uri, storage):
         raise QueryError(f'{uri}: no landing table (landing.table = "delta" makes one)')
     if engine == "duckdb":
         return _duckdb(uri, sql, endpoint_url, region)

@@ -67,9 +67,10 @@ def test_stats_are_the_files_range() -> None:
 
 
 def test_add_action_carries_path_size_and_creation_time() -> None:
-    a = delta_log.add_action(rng())
-    assert (a.path, a.size, a.data_change) == (rng().path, 4096, True)
-    assert a.modification_time == 1_796_190_060_000  # created, in ms
+    a = delta_log.add_action(rng())["add"]
+    assert (a["path"], a["size"], a["dataChange"]) == (rng().path, 4096, True)
+    assert a["modificationTime"] == 1_796_190_060_000  # created, in ms
+    assert a["partitionValues"] == delta_log.partition_values(rng().path)
 
 
 def test_storage_options_for_s3_only() -> None:

@@ -92,7 +92,7 @@ def catch_up(
     from mqd.landing.table_committer import TableCommitter
 
     committer = TableCommitter(
-        objects, LandingTable(store.uri, storage=store.storage()), name="chaos-end-check"
+        objects, LandingTable(store.uri, objects, storage=store.storage()), name="chaos-end-check"
     )
     chains = {(topic, p) for p in range(partitions)}
     out: dict[str, Any] = {"files": 0, "rounds": 0, "stale": 0, "pending": False, "error": None}

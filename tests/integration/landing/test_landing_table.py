@@ -18,6 +18,7 @@ from support.table_readers import S3, every_reader_keys, offsets
 from mqd.config import LandingDeltaConfig, LandingS3Config
 from mqd.daemon import Daemon
 from mqd.landing import delta_log
+from mqd.landing.local_objects import LocalObjects
 from mqd.testing.seaweedfs import ACCESS_KEY, REGION, SECRET_KEY, SeaweedFS
 from mqd.wire.client import BrokerClient
 
@@ -54,7 +55,7 @@ async def test_burst_lands_every_record_once_in_the_local_landing_table(
         root = tmp_path / "landing"
         for reader, keys in every_reader_keys(root).items():
             assert offsets(keys) == expected(PARTITIONS, PER_PARTITION), reader
-        table = delta_log.LandingTable(str(root))
+        table = delta_log.LandingTable(str(root), LocalObjects(root))
         assert table.load(create=False)
         incs = {f.partition: f.incarnation for f in d.sink.store.manifest("events")}
         for p in range(PARTITIONS):

@@ -64,7 +64,7 @@ def publish(store: LocalStore, partition: int, files: int, per_file: int = 10) -
 
 
 def committer(store: LocalStore, name: str) -> TableCommitter:
-    table = LandingTable(delta_log.table_uri(store.location), checkpoint_interval=3)
+    table = LandingTable(delta_log.table_uri(store.location), store.objects, checkpoint_interval=3)
     return TableCommitter(store.objects, table, name=name)
 
 
@@ -101,7 +101,9 @@ def test_expired_log_entries_go_at_checkpoint_commits_only(store: LocalStore) ->
     entries before the newest checkpoint at or below the oldest kept version go then, and every
     reader still reads the whole table. Each add returns the version it committed."""
     files = publish(store, 0, 5)
-    table = LandingTable(delta_log.table_uri(store.location), checkpoint_interval=3, log_retention_s=3600)
+    table = LandingTable(
+        delta_log.table_uri(store.location), store.objects, checkpoint_interval=3, log_retention_s=3600
+    )
     log_dir = Path(store.location) / delta_log.DELTA_LOG
 
     def commit(f: FileRange, version: int) -> None:
