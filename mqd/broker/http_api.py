@@ -34,7 +34,6 @@ from mqd.broker.client_stats import ClientStats
 from mqd.broker.cluster_state import ClusterState
 from mqd.broker.consumer_groups import ConsumerGroupError, ConsumerGroupStore
 from mqd.broker.fetch_plan import FetchItem, FetchPlan, FetchPlanner
-from mqd.broker.incarnation import MAX_LINEAGE, is_valid_id
 from mqd.broker.long_poll import LongPoll, LongPollFull
 from mqd.broker.rejected_requests import WARNED_STATUSES, RejectedRequests
 from mqd.broker.replica_auth import HEADER_NONCE, ReplicaAuth, ReplicaAuthError
@@ -56,6 +55,7 @@ from mqd.broker.storage import PartitionLog, Storage, StorageError
 from mqd.config import BrokerConfig, ClusterConfig
 from mqd.topic_name import topic_name_problem
 from mqd.wire import format as fmt
+from mqd.wire.incarnation import MAX_LINEAGE, is_valid_id
 from mqd.wire.protocol import BATCH_CONTENT_TYPE, FETCH_CONTENT_TYPE
 
 log = structlog.get_logger(__name__)

@@ -20,98 +20,30 @@ records back from that slave) still knows an older one, and so where the consume
 being this log's: :meth:`IncarnationHistory.diverged_for`. Without the lineage such a consumer could
 only start over at 0 and land every record again under the new id.
 
-The rules are pure functions over the entry list (:func:`diverged_at`), so they are unit-tested
-without a log; :class:`IncarnationHistory` adds the file.
+The rules are pure functions over the entry list (:func:`mqd.wire.incarnation.diverged_at`, with the
+entry type the wire carries), so they are unit-tested without a log; :class:`IncarnationHistory` adds
+the file.
 """
 
 from __future__ import annotations
 
 import json
-import re
-import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from mqd.errors import MqdError
 from mqd.fsutil import atomic_write
+from mqd.wire.incarnation import (
+    IncarnationEntry,
+    IncarnationError,
+    check_entries,
+    diverged_at,
+    entries_from_json,
+    entries_to_json,
+    new_id,
+)
 
 HISTORY_FILE = "incarnation.json"
 _FORMAT = 1
-_ID_RE = re.compile(r"[0-9a-f]{32}")
-MAX_LINEAGE = 8  # earlier incarnations a fetch may name per partition (the wire's limit)
-
-
-class IncarnationError(MqdError):
-    """A history file or a history from a peer that breaks the rules (ids, bases, order)."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message, retriable=False)
-
-
-@dataclass(frozen=True, slots=True)
-class IncarnationEntry:
-    """One incarnation: its id and the first offset it wrote."""
-
-    id: str
-    base: int
-
-
-def new_id() -> str:
-    """A fresh, globally unique incarnation id (32 lowercase hex chars)."""
-    return uuid.uuid4().hex
-
-
-def is_valid_id(value: object) -> bool:
-    """``value`` has the shape of an incarnation id (what the wire accepts)."""
-    return isinstance(value, str) and _ID_RE.fullmatch(value) is not None
-
-
-def check_entries(entries: Sequence[IncarnationEntry]) -> None:
-    """Raise IncarnationError unless ``entries`` is a valid history: at least one entry, valid
-    distinct ids, bases >= 0 and non-decreasing (two truncations at one offset give equal bases)."""
-    if not entries:
-        raise IncarnationError("an incarnation history needs at least one entry")
-    seen: set[str] = set()
-    prev = 0
-    for i, e in enumerate(entries):
-        if not is_valid_id(e.id):
-            raise IncarnationError(f"history[{i}]: bad incarnation id {e.id!r}")
-        if e.id in seen:
-            raise IncarnationError(f"history[{i}]: incarnation {e.id} appears twice")
-        if isinstance(e.base, bool) or not isinstance(e.base, int) or e.base < prev:
-            raise IncarnationError(f"history[{i}]: base {e.base!r} is negative or below the previous one")
-        seen.add(e.id)
-        prev = e.base
-
-
-def diverged_at(entries: Sequence[IncarnationEntry], incarnation: str) -> int | None:
-    """The first offset from which a log with history ``entries`` no longer holds the records of
-    ``incarnation``: the base of the entry that follows it; 0 when the id is not in the history at
-    all (nothing of it can be trusted); None when it is the current incarnation (no divergence)."""
-    for i, e in enumerate(entries):
-        if e.id == incarnation:
-            return entries[i + 1].base if i + 1 < len(entries) else None
-    return 0
-
-
-def entries_to_json(entries: Sequence[IncarnationEntry]) -> list[dict[str, Any]]:
-    """The wire and file form: ``[{"id": ..., "base": ...}, ...]``."""
-    return [{"id": e.id, "base": e.base} for e in entries]
-
-
-def entries_from_json(raw: object) -> list[IncarnationEntry]:
-    """Parse and check the wire and file form; IncarnationError names what is wrong."""
-    if not isinstance(raw, list):
-        raise IncarnationError(f"history must be a list, got {type(raw).__name__}")
-    out = []
-    for i, item in enumerate(raw):
-        if not isinstance(item, dict) or set(item) != {"id", "base"}:
-            raise IncarnationError(f"history[{i}]: expected {{'id', 'base'}}, got {item!r}")
-        out.append(IncarnationEntry(item["id"], item["base"]))
-    check_entries(out)
-    return out
 
 
 class IncarnationHistory:
@@ -216,16 +148,4 @@ class IncarnationHistory:
         self._entries, self._retired = entries, retired
 
 
-__all__ = [
-    "HISTORY_FILE",
-    "MAX_LINEAGE",
-    "IncarnationEntry",
-    "IncarnationError",
-    "IncarnationHistory",
-    "check_entries",
-    "diverged_at",
-    "entries_from_json",
-    "entries_to_json",
-    "is_valid_id",
-    "new_id",
-]
+__all__ = ["HISTORY_FILE", "IncarnationHistory"]

@@ -26,9 +26,10 @@ import os
 import structlog
 
 from mqd.broker.fenced_ranges import FencedRanges
-from mqd.broker.incarnation import IncarnationEntry, IncarnationError, IncarnationHistory
+from mqd.broker.incarnation import IncarnationHistory
 from mqd.broker.log_dir import REPAIR_SUFFIX, LogDir
 from mqd.broker.segment import LOG_SUFFIX, Segment, segment_name
+from mqd.wire.incarnation import IncarnationEntry, IncarnationError
 
 log = structlog.get_logger("mqd.broker.storage")  # the log's lines, wherever they are written
 

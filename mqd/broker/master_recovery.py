@@ -34,7 +34,6 @@ import structlog
 
 from mqd.backoff import Backoff
 from mqd.broker.fenced_repair import COPY_MAX_BYTES, read_range, repair_from
-from mqd.broker.incarnation import IncarnationEntry
 from mqd.broker.node_marker import read_marker, write_marker
 from mqd.broker.replica_client import ReplicaClient, ReplicaPeerError
 from mqd.broker.replica_divergence import agreed_end
@@ -44,6 +43,7 @@ from mqd.config import NodeSpec
 from mqd.errors import MqdError
 from mqd.wire import format as fmt
 from mqd.wire.client import BrokerError
+from mqd.wire.incarnation import IncarnationEntry
 from mqd.wire.protocol import FetchAnswer, PartitionFetch, ProtocolError, Status
 
 log = structlog.get_logger(__name__)

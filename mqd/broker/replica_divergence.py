@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from mqd.broker.incarnation import IncarnationEntry
+from mqd.wire.incarnation import IncarnationEntry
 
 
 def _end_of(entries: Sequence[IncarnationEntry], index: int, log_end: int) -> int:

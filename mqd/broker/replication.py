@@ -41,7 +41,6 @@ import structlog
 from mqd.backoff import Backoff
 from mqd.broker.consumer_groups import ConsumerGroupError, ConsumerGroupStore
 from mqd.broker.fenced_repair import repair_from
-from mqd.broker.incarnation import IncarnationEntry
 from mqd.broker.replica_client import ReplicaClient, ReplicaPeerError
 from mqd.broker.replica_divergence import agreed_end
 from mqd.broker.replica_floor import ReplicaFloor
@@ -50,6 +49,7 @@ from mqd.config import BrokerGroupSpec, MiB
 from mqd.errors import MqdError
 from mqd.wire import format as fmt
 from mqd.wire.client import BrokerError
+from mqd.wire.incarnation import IncarnationEntry
 from mqd.wire.protocol import FetchAnswer, PartitionFetch, ProtocolError, Status
 
 log = structlog.get_logger(__name__)

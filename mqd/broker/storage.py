@@ -61,7 +61,7 @@ import structlog
 
 from mqd.broker.disk_health import DiskHealth
 from mqd.broker.fenced_ranges import FENCED_FILE, FencedRanges, FillReadBack, fill_fenced, fill_target
-from mqd.broker.incarnation import IncarnationEntry, IncarnationHistory
+from mqd.broker.incarnation import IncarnationHistory
 from mqd.broker.log_dir import LogDir, StorageError, write_all
 from mqd.broker.log_loader import LogLoader, begin_incarnation
 from mqd.broker.segment import Segment
@@ -77,6 +77,7 @@ from mqd.config import StorageConfig
 from mqd.fsutil import atomic_write, fsync_dir
 from mqd.topic_name import topic_name_problem
 from mqd.wire.format import BatchInfo, set_base_offset
+from mqd.wire.incarnation import IncarnationEntry
 
 log = structlog.get_logger(__name__)
 

@@ -21,7 +21,7 @@ Lineage = tuple[tuple[str, int], ...]
 
 # ids kept per partition: the newest changes are the ones a log may have lost; older ones only
 # matter when a log lost several incarnations at once (a source may carry fewer: the mqd broker's
-# wire takes 8, mqd.broker.incarnation.MAX_LINEAGE)
+# wire takes 8, mqd.wire.incarnation.MAX_LINEAGE)
 MAX_LINEAGE = 8
 
 

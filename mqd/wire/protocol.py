@@ -16,8 +16,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from mqd.broker.incarnation import IncarnationEntry, IncarnationError, entries_from_json, entries_to_json
 from mqd.errors import MqdError
+from mqd.wire.incarnation import IncarnationEntry, IncarnationError, entries_from_json, entries_to_json
 
 FETCH_MAGIC = b"MQF1"
 FETCH_CONTENT_TYPE = "application/x-mqd-fetch"

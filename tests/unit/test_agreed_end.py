@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mqd.broker.incarnation import IncarnationEntry as E
 from mqd.broker.replica_divergence import agreed_end
+from mqd.wire.incarnation import IncarnationEntry as E
 
 A, B, C, D = ("a" * 32, "b" * 32, "c" * 32, "d" * 32)
 

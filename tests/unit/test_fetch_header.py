@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mqd.broker.incarnation import IncarnationEntry
+from mqd.wire.incarnation import IncarnationEntry
 from mqd.wire.protocol import (
     FetchAnswerHeader,
     PartitionHeader,

@@ -14,11 +14,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mqd.broker.incarnation import (
-    HISTORY_FILE,
+from mqd.broker.incarnation import HISTORY_FILE, IncarnationHistory
+from mqd.wire.incarnation import (
     IncarnationEntry,
     IncarnationError,
-    IncarnationHistory,
     check_entries,
     diverged_at,
     entries_from_json,

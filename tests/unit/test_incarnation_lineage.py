@@ -15,8 +15,9 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mqd.broker.incarnation import IncarnationEntry, IncarnationHistory
+from mqd.broker.incarnation import IncarnationHistory
 from mqd.consumer.incarnation_lineage import MAX_LINEAGE, after_change
+from mqd.wire.incarnation import IncarnationEntry
 
 A, B, C, D = "a" * 32, "b" * 32, "c" * 32, "d" * 32
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mqd.broker.incarnation import IncarnationEntry
 from mqd.broker.storage import PartitionLog
 from mqd.config import StorageConfig
 from mqd.wire import format as fmt
+from mqd.wire.incarnation import IncarnationEntry
 
 
 def test_new_incarnation_at_the_log_end_keeps_what_the_log_holds(tmp_path: Path) -> None:

@@ -18,7 +18,6 @@ import json
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from mqd.broker.incarnation import MAX_LINEAGE, is_valid_id
 from mqd.config import ConsumerConfig
 from mqd.consumer.errors import ConsumerError
 from mqd.consumer.source import (
@@ -39,6 +38,7 @@ from mqd.sources.mqd_broker.metadata_cache import MetadataCache
 from mqd.sources.mqd_broker.offset_store import BrokerOffsetStore
 from mqd.topic_partition import TopicPartition
 from mqd.wire.client import BrokerClient, BrokerError
+from mqd.wire.incarnation import MAX_LINEAGE, is_valid_id
 from mqd.wire.metadata import ClusterMetadata
 from mqd.wire.protocol import FetchAnswer, ProtocolError
 

@@ -18,11 +18,12 @@ import pytest
 from support.harness import Cluster
 from support.storage_node import StorageNode
 
-from mqd.broker.incarnation import HISTORY_FILE, IncarnationEntry, is_valid_id, new_id
+from mqd.broker.incarnation import HISTORY_FILE
 from mqd.broker.storage import PartitionLog
 from mqd.config import StorageConfig
 from mqd.wire import format as fmt
 from mqd.wire.client import BrokerClient, BrokerError
+from mqd.wire.incarnation import IncarnationEntry, is_valid_id, new_id
 
 TOPIC = "events"
 

@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 
 from mqd.broker.consumer_groups import ConsumerGroupStore
-from mqd.broker.incarnation import IncarnationEntry
 from mqd.broker.replica_auth import ReplicaAuth, ReplicaCredentials
 from mqd.broker.replica_client import ReplicaClient
 from mqd.broker.replica_floor import ReplicaFloor
@@ -22,6 +21,7 @@ from mqd.broker.replication import Replicator
 from mqd.broker.storage import PartitionLog, Storage
 from mqd.config import BrokerGroupSpec, NodeSpec, StorageConfig
 from mqd.wire import format as fmt
+from mqd.wire.incarnation import IncarnationEntry
 from mqd.wire.protocol import FetchAnswer, PartitionFetch, Status
 
 TOPIC = "events"
