@@ -90,15 +90,6 @@ def _limits(cfg: ConsumerConfig) -> FlowLimits:
     )
 
 
-def _open_default_source(config: ConsumerConfig, client: object | None) -> Source:
-    # the default when the caller hands in no source: built by the sources' factory (the engine names
-    # no implementation). Kept while callers still pass only a config; they are moving to
-    # ``source=mqd.sources.open_source(config)``, after which the default goes.
-    from mqd.sources import open_source
-
-    return open_source(config, client=client)
-
-
 class Consumer:
     """Pulls the subscribed topics of one consumer group (or every partition, in broadcast mode)."""
 
@@ -108,27 +99,23 @@ class Consumer:
         *,
         start_position: StartPositionHook | None = None,
         listener: RebalanceListener | None = None,
-        source: Source | None = None,
-        client: object | None = None,
+        source: Source,
         auto_mark: bool = False,
         budget_held: bool = False,
         memory_gauge: MemoryGauge | None = None,
     ) -> None:
-        """``source``: where records come from, built by the caller with
-        ``mqd.sources.open_source(config)`` (default: that source, built here, the mqd broker's
-        over ``client`` when given, a mqd.wire.client.BrokerClient the caller starts and closes).
+        """``source``: where records come from, built by the caller (``mqd.sources.open_source``:
+        the engine names no source implementation); started and stopped with the consumer.
         ``budget_held``: ``max_buffered_bytes`` bounds every fetch answer still in memory, also
         after its batches were drained, until the caller drops them (the daemon: until they are
         published). Otherwise it bounds the batches buffered here, and what was drained is the
         caller's. ``memory_gauge``: the budget also counts the process's RSS above its idle
         baseline beyond its charges, once ``take_memory_baseline`` was called."""
-        if source is not None and client is not None:
-            raise ValueError("pass a source or a client for the default source, not both")
         self._config = config
         self.client_id = config.effective_client_id
         get_strategy(config.allocation)  # unknown name: fail early
         self._auto_mark = auto_mark
-        self._source = source if source is not None else _open_default_source(config, client)
+        self._source = source
         self._budget = ByteBudget(config.max_buffered_bytes, held=budget_held, gauge=memory_gauge)
         self._state = SubscriptionState(_limits(config), self._budget)
         self._fetch = FetchManager(config=config, source=self._source, state=self._state)

@@ -10,6 +10,7 @@ from typing import Any
 
 from mqd.config import ConsumerConfig
 from mqd.consumer import Consumer, FetchedBatch, TopicPartition
+from mqd.sources import open_source
 from mqd.wire import format
 from mqd.wire.client import BrokerClient, ProduceResult
 from support.harness import Cluster
@@ -28,6 +29,12 @@ FAST: dict[str, Any] = {
     "error_backoff_ms": 50,
     "error_backoff_max_ms": 400,
 }
+
+
+def new_consumer(config: ConsumerConfig, *, client: BrokerClient | None = None, **kw: Any) -> Consumer:
+    """A Consumer over the source ``config`` names, as its callers build it (``client``: the
+    mqd broker source shares it)."""
+    return Consumer(config, source=open_source(config, client=client), **kw)
 
 
 def config(cluster: Cluster, **overrides: Any) -> ConsumerConfig:

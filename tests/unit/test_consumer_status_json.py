@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from support.consumer import new_consumer
+
 from mqd.config import ConsumerConfig
-from mqd.consumer import Consumer
 from mqd.consumer.snapshot import (
     ConsumerSnapshot,
     Errors,
@@ -140,7 +141,7 @@ def test_shape_and_values() -> None:
 
 def test_broadcast_consumer_before_start() -> None:
     """A broadcast consumer names itself the only member, with no group version or coordinator."""
-    out = Consumer(ConsumerConfig(client_id="solo", mode="broadcast")).status()
+    out = new_consumer(ConsumerConfig(client_id="solo", mode="broadcast")).status()
     assert (out["members"], out["generation"], out["coordinator"], out["assignment"]) == (
         ["solo"],
         None,

@@ -1,8 +1,8 @@
 """The source seam holds: the consumer engine's modules (mqd/consumer/, its subpackages too) import
 nothing HTTP- or broker-specific (mqd.wire, the mqd broker's wire package; mqd.broker, mqd.sources,
 aiohttp), so a second source plugs in without touching them. No engine module names a
-source implementation: the sources are chosen and built by mqd.sources.open_source, which the
-facade's default (a caller that hands in no source) calls, lazily, in one function."""
+source implementation, nor the sources' factory: the callers build the source with
+mqd.sources.open_source and hand it in (the Consumer has no default source)."""
 
 from __future__ import annotations
 
@@ -21,11 +21,8 @@ FORBIDDEN = (
 )
 # the source implementations: never imported by the engine, anywhere
 IMPLEMENTATIONS = ("mqd.sources.mqd_broker", "mqd.sources.kafka")
-# the facade's default source, from the sources' factory (not an implementation), in one function
-ALLOWED = {
-    ("consumer.py", "_open_default_source", "mqd.sources"),
-    ("consumer.py", "_open_default_source", "mqd.sources.open_source"),
-}
+# no exception: the engine imports nothing of the sources, not even their factory
+ALLOWED: set[tuple[str, str | None, str]] = set()
 
 
 def imports(path: Path) -> list[tuple[str, str | None]]:
@@ -50,7 +47,7 @@ def imports(path: Path) -> list[tuple[str, str | None]]:
 
 
 def test_engine_imports_nothing_broker_specific() -> None:
-    """No engine module imports a forbidden module (other than the one allowed lazy import)."""
+    """No engine module imports a forbidden module, at module scope or inside a function."""
     files = sorted(ENGINE.rglob("*.py"))
     assert {f.name for f in files} >= {
         "budget.py",
@@ -87,8 +84,11 @@ def test_engine_names_no_source_implementation() -> None:
     assert bad == []
 
 
-def test_the_rule_sees_imports() -> None:
+def test_the_rule_sees_imports(tmp_path: Path) -> None:
     """The check itself finds imports at module scope and inside functions."""
-    found = imports(ENGINE / "consumer.py")
-    assert ("mqd.sources.open_source", "_open_default_source") in found
-    assert any(m == "mqd.consumer.fetcher" and f is None for m, f in found)
+    f = tmp_path / "m.py"
+    f.write_text("import mqd.consumer.fetcher\n\ndef g():\n    from mqd.sources import open_source\n")
+    found = imports(f)
+    assert ("mqd.consumer.fetcher", None) in found
+    assert ("mqd.sources.open_source", "g") in found
+    assert any(m == "mqd.consumer.fetcher" and fn is None for m, fn in imports(ENGINE / "consumer.py"))

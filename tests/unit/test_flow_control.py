@@ -6,11 +6,11 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from support.consumer import new_consumer
 
 from mqd.config import ConsumerConfig
 from mqd.consumer import (
     ByteBudget,
-    Consumer,
     ConsumerError,
     FetchedBatch,
     FlowLimits,
@@ -172,7 +172,7 @@ def test_update_config_applies_limits_and_rejects_unknown_strategy() -> None:
     """update_config swaps thresholds and the budget at once; an unknown allocation strategy is
     refused with a clear error and changes nothing (also at construction)."""
     cfg = ConsumerConfig(client_id="x", max_buffered_bytes=1000)
-    consumer = Consumer(cfg)
+    consumer = new_consumer(cfg)
     assert consumer.status()["totals"]["budget_bytes"] == 1000
     consumer.update_config(cfg.model_copy(update={"max_buffered_bytes": 5000}))
     assert consumer.status()["totals"]["budget_bytes"] == 5000
@@ -180,13 +180,13 @@ def test_update_config_applies_limits_and_rejects_unknown_strategy() -> None:
         consumer.update_config(cfg.model_copy(update={"allocation": "nope", "max_buffered_bytes": 1}))
     assert consumer.status()["totals"]["budget_bytes"] == 5000
     with pytest.raises(ConsumerError, match="averagely"):
-        Consumer(cfg.model_copy(update={"allocation": "nope"}))
+        new_consumer(cfg.model_copy(update={"allocation": "nope"}))
 
 
 def test_partition_arguments_are_checked() -> None:
     """pause/seek/mark_consumed take TopicPartition or (topic, partition); anything else fails with
     a clear TypeError; pausing a partition not owned is ignored (a rebalance may have revoked it)."""
-    consumer = Consumer(ConsumerConfig(client_id="x"))
+    consumer = new_consumer(ConsumerConfig(client_id="x"))
     with pytest.raises(TypeError, match="expected a TopicPartition"):
         consumer.pause(["events/0"])  # type: ignore[list-item]
     with pytest.raises(TypeError, match="expected a TopicPartition"):

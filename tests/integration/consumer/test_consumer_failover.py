@@ -7,10 +7,10 @@ import asyncio
 import signal
 from typing import Any
 
-from support.consumer import collect, config, count_records, produce, records
+from support.consumer import collect, config, count_records, new_consumer, produce, records
 
 from mqd import metrics
-from mqd.consumer import Consumer, TopicPartition
+from mqd.consumer import TopicPartition
 from mqd.waiting import wait_until
 from mqd.wire.client import BrokerClient
 
@@ -31,7 +31,7 @@ async def test_master_killed_mid_stream_then_back(cluster_factory: Any) -> None:
                 )
         # small queues so most of the stream is still on the broker when the master dies
         cfg = config(cluster, max_queued_records=40, partition_max_bytes=1024, fetch_max_wait_ms=200)
-        async with Consumer(cfg, client=client) as consumer:
+        async with new_consumer(cfg, client=client) as consumer:
             assert {consumer.status()["assignment"][str(tp)]["pull_node"] for tp in TPS} == {master}
             got = await collect(consumer, lambda b: count_records(b) >= 60)
             cluster.kill(master, signal.SIGKILL)
@@ -69,7 +69,7 @@ async def test_lagging_slave_answer_is_not_a_reset(cluster_factory: Any) -> None
         labels = {"topic": "events", "partition": "0", "status": "OFFSET_OVERFLOW_BADLY"}
         before = metrics.REGISTRY.get_sample_value("mqd_offset_resets_total", labels) or 0.0
         bootstrap = list(cluster.urls.values())  # the first one is down
-        async with Consumer(
+        async with new_consumer(
             config(cluster, bootstrap=bootstrap), client=client, start_position=hook
         ) as consumer:
             # the slave takes over as coordinator once it notices the master is gone
@@ -93,7 +93,7 @@ async def test_dead_cluster_backs_off_then_recovers(cluster_factory: Any) -> Non
     node = cluster.master(0)
     async with BrokerClient(request_timeout=5) as client:
         await produce(client, cluster, 0, [b"a"])
-        async with Consumer(
+        async with new_consumer(
             config(cluster, error_backoff_max_ms=400, session_timeout=60), client=client
         ) as consumer:
             got = await collect(consumer, lambda b: count_records(b) >= 1)
@@ -131,7 +131,7 @@ async def test_expired_session_releases_partitions_until_rejoined(cluster_factor
 
     async with BrokerClient(request_timeout=5) as client:
         cfg = config(cluster, session_timeout=1.0)
-        async with Consumer(cfg, client=client, listener=Listener()) as consumer:
+        async with new_consumer(cfg, client=client, listener=Listener()) as consumer:
             assert consumer.assignment() == set(TPS)
             cluster.kill(node, signal.SIGKILL)
             await wait_until(lambda: not consumer.assignment(), 10.0, what="partitions released")
@@ -152,7 +152,7 @@ async def test_far_behind_reads_from_slave_then_back_to_master(cluster_factory: 
         for lo in range(0, 400, 10):
             await produce(client, cluster, 0, [f"0:{i}".encode() for i in range(lo, lo + 10)], acks="all")
         cfg = config(cluster, partition_max_bytes=1024, max_queued_records=30)
-        async with Consumer(cfg, client=client) as consumer:
+        async with new_consumer(cfg, client=client) as consumer:
             seen_nodes: set[str] = set()
             got: list[Any] = []
             for _ in range(2000):

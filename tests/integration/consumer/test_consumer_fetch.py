@@ -9,6 +9,7 @@ from support.consumer import (
     collect,
     config,
     count_records,
+    new_consumer,
     produce,
     produce_numbered,
     records,
@@ -16,7 +17,7 @@ from support.consumer import (
 )
 
 from mqd import metrics
-from mqd.consumer import Consumer, TopicPartition
+from mqd.consumer import TopicPartition
 from mqd.waiting import wait_until
 from mqd.wire.client import BrokerClient
 
@@ -33,7 +34,7 @@ async def test_reads_all_once_with_one_request_per_node(cluster_factory: Any) ->
     async with BrokerClient(request_timeout=5) as client:
         await produce_numbered(client, cluster, range(16), 30, per_batch=10)
         cfg = config(cluster)
-        async with Consumer(cfg, client=client) as consumer:
+        async with new_consumer(cfg, client=client) as consumer:
             assert len(consumer.assignment()) == 16
             got = await collect(consumer, lambda b: count_records(b) >= 16 * 30)
             by_tp = records(got)
@@ -68,7 +69,7 @@ async def test_pause_drops_in_flight_answer_and_keeps_position(cluster_factory: 
     cluster = cluster_factory(topics={"events": 2}, groups=1)
     tp = TopicPartition("events", 0)
     async with BrokerClient(request_timeout=5) as client:
-        async with Consumer(config(cluster, fetch_max_wait_ms=2000), client=client) as consumer:
+        async with new_consumer(config(cluster, fetch_max_wait_ms=2000), client=client) as consumer:
             await wait_until(
                 lambda: consumer.status()["assignment"][str(tp)]["in_flight"], 10.0, what="in flight"
             )
@@ -94,7 +95,7 @@ async def test_revoked_partition_drops_in_flight_answer_and_commits(cluster_fact
     async with BrokerClient(request_timeout=5) as client:
         await produce(client, cluster, 0, [b"x1", b"x2"], topic="other")
         cfg = config(cluster, topics=["events", "other"], fetch_max_wait_ms=5000, commit_interval=600)
-        async with Consumer(cfg, client=client, auto_mark=True) as consumer:
+        async with new_consumer(cfg, client=client, auto_mark=True) as consumer:
             got = await collect(consumer, lambda b: count_records(b) >= 2)
             assert records(got)[other] == [(0, b"x1"), (1, b"x2")]
             await wait_until(lambda: consumer.status()["assignment"][str(other)]["in_flight"], 10.0)
@@ -119,7 +120,7 @@ async def test_flow_control_holds_partition_until_drained(cluster_factory: Any) 
     async with BrokerClient(request_timeout=5) as client:
         await produce_numbered(client, cluster, [0], 600, per_batch=10)
         cfg = config(cluster, max_queued_records=100, partition_max_bytes=2048, fetch_max_wait_ms=100)
-        async with Consumer(cfg, client=client) as consumer:
+        async with new_consumer(cfg, client=client) as consumer:
             await wait_until(
                 lambda: consumer.status()["assignment"][str(tp)]["flow_control"] == "records",
                 10.0,
@@ -154,7 +155,7 @@ async def test_drained_hot_partition_is_fetched_again_without_waiting_the_retry(
             fetch_max_wait_ms=100,
             flow_control_retry_ms=600_000,
         )
-        async with Consumer(cfg, client=client) as consumer:
+        async with new_consumer(cfg, client=client) as consumer:
             await wait_until(
                 lambda: consumer.status()["assignment"][str(tp)]["flow_control"] == "records",
                 10.0,
@@ -174,7 +175,7 @@ async def test_buffered_bytes_never_exceed_budget(cluster_factory: Any) -> None:
     async with BrokerClient(request_timeout=5) as client:
         await produce_numbered(client, cluster, range(4), 200, per_batch=10)
         cfg = config(cluster, max_buffered_bytes=budget, fetch_max_wait_ms=100)
-        async with Consumer(cfg, client=client) as consumer:
+        async with new_consumer(cfg, client=client) as consumer:
             peak = 0
             for _ in range(50):  # sample for ~0.5 s while nobody drains
                 peak = max(peak, consumer.status()["totals"]["buffered_bytes"])
@@ -210,7 +211,7 @@ async def test_corrupt_batch_parks_only_its_partition(cluster_factory: Any) -> N
         at = raw.index(b"CORRUPT-ME")
         raw[at] ^= 0xFF
         segments[0].write_bytes(bytes(raw))
-        async with Consumer(config(cluster, check_crc=True), client=client) as consumer:
+        async with new_consumer(config(cluster, check_crc=True), client=client) as consumer:
             await wait_until(lambda: consumer.status()["assignment"][str(tp)]["parked"], 10.0, what="parked")
             status = consumer.status()["assignment"][str(tp)]
             assert "CRC mismatch" in status["parked"]
@@ -239,7 +240,7 @@ async def test_a_partition_parked_on_corrupt_data_resumes_once_the_data_is_repai
         raw[raw.index(b"CORRUPT-ME")] ^= 0xFF
         segment.write_bytes(bytes(raw))
         cfg = config(cluster, check_crc=True, error_backoff_max_ms=300)
-        async with Consumer(cfg, client=client) as consumer:
+        async with new_consumer(cfg, client=client) as consumer:
             await wait_until(lambda: consumer.status()["assignment"][str(tp)]["parked"], 10.0, what="parked")
             segment.write_bytes(intact)
             got = await collect(consumer, lambda b: any(x.next_offset > bad.base_offset for x in b))

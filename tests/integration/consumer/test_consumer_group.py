@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.consumer import collect, config, count_records, produce_numbered, records
+from support.consumer import collect, config, count_records, new_consumer, produce_numbered, records
 
 from mqd.consumer import Consumer, TopicPartition
 from mqd.waiting import wait_until
@@ -36,7 +36,9 @@ async def test_members_join_and_leave_each_partition_owned_once(
         running: list[Consumer] = []
         try:
             for _ in range(3):
-                c = Consumer(config(cluster, allocation=allocation, rebalance_interval=1.0), client=client)
+                c = new_consumer(
+                    config(cluster, allocation=allocation, rebalance_interval=1.0), client=client
+                )
                 await c.start()
                 running.append(c)
                 await wait_until(lambda: stable(running), timeout=10, what=f"{len(running)} members stable")
@@ -59,8 +61,8 @@ async def test_handover_resumes_from_committed_offsets(cluster_factory: Any) -> 
     tps = {TopicPartition("events", p) for p in range(4)}
     async with BrokerClient(request_timeout=5) as client:
         await produce_numbered(client, cluster, range(4), 20)
-        first = Consumer(config(cluster), client=client, auto_mark=True)
-        second = Consumer(config(cluster), client=client, auto_mark=True)
+        first = new_consumer(config(cluster), client=client, auto_mark=True)
+        second = new_consumer(config(cluster), client=client, auto_mark=True)
         try:
             await first.start()
             got = await collect(first, lambda b: count_records(b) >= 80)
@@ -104,13 +106,13 @@ async def test_broadcast_every_member_reads_everything_and_offsets_survive(
             config(cluster, mode="broadcast", offset_file=f, client_id=f"b{i}") for i, f in enumerate(files)
         ]
         for cfg in cfgs:
-            async with Consumer(cfg, client=client, auto_mark=True) as c:
+            async with new_consumer(cfg, client=client, auto_mark=True) as c:
                 assert c.assignment() == tps
                 got = await collect(c, lambda b: count_records(b) >= 40)
                 assert count_records(got) == 40
         assert all(f.exists() for f in files)
         await produce_numbered(client, cluster, range(4), 3, start=10)
-        async with Consumer(cfgs[0], client=client, auto_mark=True) as c:
+        async with new_consumer(cfgs[0], client=client, auto_mark=True) as c:
             assert c.positions() == {tp: 10 for tp in tps}
             got = await collect(c, lambda b: count_records(b) >= 12)
             by_tp = records(got)

@@ -12,13 +12,14 @@ from support.consumer import (
     config,
     count_records,
     master_url,
+    new_consumer,
     produce,
     produce_numbered,
     records,
 )
 
 from mqd import metrics
-from mqd.consumer import Consumer, TopicPartition
+from mqd.consumer import TopicPartition
 from mqd.waiting import wait_until
 from mqd.wire.client import BrokerClient
 
@@ -77,7 +78,7 @@ async def test_illegal_offsets_follow_policy(retained: Any, policy: str) -> None
     illegal = {P0: "OFFSET_OVERFLOW_BADLY", P1: "NO_MESSAGE_IN_QUEUE", P2: "OFFSET_TOO_SMALL"}
     counted = {tp: resets(tp, status) for tp, status in illegal.items()}
     cfg = config(cluster, on_offset_reset=policy)
-    async with Consumer(cfg, client=client, start_position=hook) as consumer:
+    async with new_consumer(cfg, client=client, start_position=hook) as consumer:
         if policy == "fail":
             await wait_until(lambda: len(consumer.status()["totals"]["parked"]) == 3, 10.0, what="parked")
             assert consumer.positions() == starts
@@ -121,28 +122,28 @@ async def test_consume_from_and_offset_store_precedence(cluster_factory: Any) ->
         await produce(client, cluster, 0, [b"old"] * 10, timestamp=1_000_000)
         await produce(client, cluster, 0, [b"new"] * 10, timestamp=2_000_000)
 
-        async with Consumer(config(cluster, group="first", consume_from="first"), client=client) as c:
+        async with new_consumer(config(cluster, group="first", consume_from="first"), client=client) as c:
             assert c.positions() == {tp: 0}
         ts_cfg = config(cluster, group="ts", consume_from="timestamp", consume_timestamp_ms=1_500_000)
-        async with Consumer(ts_cfg, client=client) as c:
+        async with new_consumer(ts_cfg, client=client) as c:
             assert c.positions() == {tp: 10}
             got = await collect(c, lambda b: count_records(b) >= 10)
             assert {v for _, v in records(got)[tp]} == {b"new"}
         last = config(cluster, group="last", consume_from="last")
-        async with Consumer(last, client=client, auto_mark=True) as c:
+        async with new_consumer(last, client=client, auto_mark=True) as c:
             assert c.positions() == {tp: 20}
             await produce(client, cluster, 0, [b"x"])
             got = await collect(c, lambda b: count_records(b) >= 1)
             assert records(got)[tp] == [(20, b"x")]
         # stop() committed 21: the same group resumes there, not at the log end
         await produce(client, cluster, 0, [b"y"])
-        async with Consumer(last.model_copy(update={"client_id": "other"}), client=client) as c:
+        async with new_consumer(last.model_copy(update={"client_id": "other"}), client=client) as c:
             assert c.positions() == {tp: 21}
 
         async def hook(_: TopicPartition) -> int:
             return 3
 
-        async with Consumer(
+        async with new_consumer(
             last.model_copy(update={"client_id": "h"}), client=client, start_position=hook
         ) as c:
             assert c.positions() == {tp: 3}

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from support.consumer import collect, config, count_records, produce, records
+from support.consumer import collect, config, count_records, new_consumer, produce, records
 
-from mqd.consumer import Consumer, TopicPartition
+from mqd.consumer import TopicPartition
 from mqd.wire import format
 from mqd.wire.client import BrokerClient
 
@@ -22,7 +22,7 @@ async def test_lone_backlog_takes_the_share_of_a_caught_up_partition(cluster_fac
         for batch in values:
             await produce(client, cluster, 0, batch)
         cfg = config(cluster, partition_max_bytes=2 * size, fetch_max_wait_ms=50)
-        async with Consumer(cfg, client=client) as consumer:
+        async with new_consumer(cfg, client=client) as consumer:
             got = await collect(consumer, lambda b: count_records(b) >= 200)
             requests = sum(consumer.status()["totals"]["requests_per_node"].values())
             tp = TopicPartition("events", 0)

@@ -16,12 +16,12 @@ import weakref
 from pathlib import Path
 from typing import Any
 
-from support.consumer import config, count_records, produce_numbered, records
+from support.consumer import config, count_records, new_consumer, produce_numbered, records
 from support.daemon import assert_exactly_once, committed, daemon_config
 from support.daemon import produce_numbered as produce_daemon
 from support.harness import records_of
 
-from mqd.consumer import ByteBudget, Consumer, TopicPartition
+from mqd.consumer import ByteBudget, TopicPartition
 from mqd.daemon import Daemon
 from mqd.waiting import wait_until
 from mqd.wire import format
@@ -83,7 +83,7 @@ async def test_held_batches_keep_their_answers_charged_until_dropped(cluster_fac
     async with BrokerClient(request_timeout=5) as client:
         await produce_numbered(client, cluster, range(4), count, per_batch=per_batch)
         cfg = config(cluster, max_buffered_bytes=budget, partition_max_bytes=1024, fetch_max_wait_ms=100)
-        async with Consumer(cfg, client=client, budget_held=True) as consumer:
+        async with new_consumer(cfg, client=client, budget_held=True) as consumer:
             bb = consumer._budget
             seen = watch_answers(bb)
             held: list[Any] = []

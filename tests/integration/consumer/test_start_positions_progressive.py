@@ -11,10 +11,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from support.consumer import config
+from support.consumer import config, new_consumer
 from support.harness import Cluster
 
-from mqd.consumer import Consumer, StartPosition, TopicPartition
+from mqd.consumer import StartPosition, TopicPartition
 from mqd.waiting import wait_until
 
 P0, P1, P2 = (TopicPartition("events", p) for p in range(3))
@@ -33,7 +33,7 @@ async def test_fast_start_positions_are_assigned_while_a_slow_one_waits(
             await release.wait()  # a landing lock held by a frozen process
         return StartPosition(0)
 
-    consumer = Consumer(config(cluster, consume_from="first"), start_position=hook)
+    consumer = new_consumer(config(cluster, consume_from="first"), start_position=hook)
     start = asyncio.create_task(consumer.start())
     try:
         await wait_until(

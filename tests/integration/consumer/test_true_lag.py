@@ -19,12 +19,12 @@ import pytest
 from click.testing import CliRunner
 from prometheus_client.parser import text_string_to_metric_families
 from support.cli import mqd, produce, write_config
-from support.consumer import FAST
+from support.consumer import FAST, new_consumer
 from support.fake_kafka import FakeKafka, values
 from support.harness import Cluster
 
 from mqd.config import ConsumerConfig
-from mqd.consumer import Consumer, TopicPartition
+from mqd.consumer import TopicPartition
 from mqd.operator.cli import EXIT_STUCK, main
 from mqd.waiting import wait_until, wait_until_sync
 
@@ -185,7 +185,7 @@ async def test_kafka_source_log_end_polled_for_a_paused_partition(tmp_path: Path
             }
         )
         tp0, tp1 = TopicPartition("events", 0), TopicPartition("events", 1)
-        async with Consumer(cfg, auto_mark=True) as consumer:
+        async with new_consumer(cfg, auto_mark=True) as consumer:
             consumer.pause([tp1])
             for n in range(5):
                 broker.logs[1].append(values(n, b"v%d" % n))

@@ -11,6 +11,7 @@ from typing import cast
 
 import pytest
 import structlog
+from support.consumer import new_consumer
 from support.daemon import daemon_config
 from support.harness import Cluster
 
@@ -38,10 +39,9 @@ async def test_no_broker_names_the_bootstrap_and_the_reason(tmp_path: Path) -> N
 async def test_a_rebalance_without_metadata_or_membership_says_why(tmp_path: Path, cluster: Cluster) -> None:
     """The rebalance round that cannot assign logs its reason once (not once per round), and that
     it can assign again."""
-    from mqd.consumer.consumer import Consumer
 
     cfg = daemon_config(cluster, tmp_path).consumer
-    consumer = Consumer(cfg)
+    consumer = new_consumer(cfg)
     with structlog.testing.capture_logs() as logs:
         assert not await consumer.rebalance()  # not started: no metadata yet
         assert not await consumer.rebalance()

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from support.consumer import new_consumer
 from support.fake_kafka import TP0, TP1, FakeKafka, T, control, drain, kafka_config, recrc, values
 
 from mqd.consumer import Consumer, TopicPartition
@@ -53,7 +54,7 @@ async def test_malformed_batch_parks_one_partition(
         bad = bytearray(recrc(bad))
     fake.logs[0] = [values(0, b"a", b"b"), values(2, b"c")]
     fake.logs[1] = [values(0, b"g0", b"g1"), bytes(bad)]
-    async with Consumer(kafka_config(fake, tmp_path)) as c:
+    async with new_consumer(kafka_config(fake, tmp_path)) as c:
         got = await drain(c, lambda g: len(g.get(TP0, [])) == 3 and len(g.get(TP1, [])) == 2)
         assert got[TP1] == [b"g0", b"g1"]
         await wait_until(lambda: parked(c, TP1) is not None, 10, "partition 1 parked")
@@ -74,12 +75,12 @@ async def test_read_committed_drops_aborted_transactions(fake: FakeKafka, tmp_pa
         values(6, b"after"),
     ]
     fake.aborted[0] = [(7, 1)]
-    async with Consumer(kafka_config(fake, tmp_path)) as c:
+    async with new_consumer(kafka_config(fake, tmp_path)) as c:
         got = await drain(c, lambda g: b"after" in g.get(TP0, []))
         assert got[TP0] == [b"plain", b"commit", b"after"]
         assert c.positions()[TP0] == 7
     cfg = kafka_config(fake, tmp_path / "u", kafka={"isolation_level": "read_uncommitted"})
-    async with Consumer(cfg) as c:
+    async with new_consumer(cfg) as c:
         got = await drain(c, lambda g: b"after" in g.get(TP0, []))
         assert got[TP0] == [b"plain", b"abort-1", b"abort-2", b"commit", b"after"]
 
@@ -91,7 +92,7 @@ async def test_offset_out_of_range_follows_on_offset_reset(fake: FakeKafka, tmp_
     fake.logs[0] = [values(10, b"a", b"b")]
     fake.log_start[0] = 10
     fake.logs[1] = [values(0, b"z")]
-    async with Consumer(kafka_config(fake, tmp_path)) as c:
+    async with new_consumer(kafka_config(fake, tmp_path)) as c:
         got = await drain(c, lambda g: len(g.get(TP0, [])) == 2)
         assert got[TP0] == [b"a", b"b"]
         c.seek(TP0, 500)  # beyond the end
@@ -108,7 +109,7 @@ async def test_not_leader_reroutes_that_partition_only(fake: FakeKafka, tmp_path
     fake.logs[0] = [values(0, b"a")]
     fake.logs[1] = [values(0, b"x")]
     fake.errors[0] = 6
-    async with Consumer(kafka_config(fake, tmp_path)) as c:
+    async with new_consumer(kafka_config(fake, tmp_path)) as c:
         got = await drain(c, lambda g: TP1 in g)
         assert TP0 not in got
         fake.logs[1].append(values(1, b"y"))
@@ -128,7 +129,7 @@ async def test_one_fetch_per_node_with_a_rotating_partition_order(tmp_path: Path
     try:
         for p in range(4):
             broker.logs[p] = [values(0, b"%d" % p)]
-        async with Consumer(kafka_config(broker, tmp_path)) as c:
+        async with new_consumer(kafka_config(broker, tmp_path)) as c:
             await drain(c, lambda g: len(g) == 4)
             await wait_until(lambda: len(broker.fetches) >= 4, 10, "a few more long polls")
         full = [list(f) for f in broker.fetches if len(f) == 4]

@@ -8,9 +8,10 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from support.consumer import new_consumer
 from support.fake_kafka import TP0, TP1, FakeKafka, T, drain, kafka_config, values
 
-from mqd.consumer import Consumer, TopicPartition
+from mqd.consumer import TopicPartition
 from mqd.waiting import wait_until
 
 TP2 = TopicPartition(T, 2)
@@ -32,7 +33,7 @@ async def test_full_then_incremental_requests_list_only_what_changed(fake: FakeK
     are not listed again, yet still answered (caught up). Every record arrives
     once, in order."""
     fake.logs[0] = [values(0, b"a", b"b")]
-    async with Consumer(kafka_config(fake, tmp_path)) as c:
+    async with new_consumer(kafka_config(fake, tmp_path)) as c:
         await drain(c, lambda g: len(g.get(TP0, [])) == 2)
         fake.logs[0].append(values(2, b"c"))
         await drain(c, lambda g: g.get(TP0) == [b"c"])
@@ -54,7 +55,7 @@ async def test_pause_forgets_a_partition_and_resume_adds_it(fake: FakeKafka, tmp
     """A paused partition leaves the session (forgotten_topics_data) and comes back listed on
     resume; its records arrive once, after the resume."""
     fake.logs[1] = [values(0, b"x")]
-    async with Consumer(kafka_config(fake, tmp_path)) as c:
+    async with new_consumer(kafka_config(fake, tmp_path)) as c:
         await drain(c, lambda g: g.get(TP1) == [b"x"])
         c.pause([TP1])
         await wait_until(lambda: any(1 in r[3] for r in fake.session_requests), 10, "partition 1 forgotten")
@@ -72,7 +73,7 @@ async def test_a_lost_session_is_reset_with_a_full_request(fake: FakeKafka, tmp_
     """The broker forgets the session (FETCH_SESSION_ID_NOT_FOUND): the source starts over with a
     full request (id 0, epoch 0) listing every partition, and records keep flowing exactly once."""
     fake.logs[2] = [values(0, b"p")]
-    async with Consumer(kafka_config(fake, tmp_path)) as c:
+    async with new_consumer(kafka_config(fake, tmp_path)) as c:
         await drain(c, lambda g: g.get(TP2) == [b"p"])
         await wait_until(lambda: len(fake.session_requests) >= 3, 10, "incremental requests")
         fake.sessions_dropped()
@@ -91,7 +92,7 @@ async def test_sessions_off_sends_full_requests_without_a_session(fake: FakeKafk
     """consumer.kafka.fetch_sessions = false: every request is full and asks for no session
     (id 0, epoch -1)."""
     fake.logs[0] = [values(0, b"a")]
-    async with Consumer(kafka_config(fake, tmp_path, kafka={"fetch_sessions": False})) as c:
+    async with new_consumer(kafka_config(fake, tmp_path, kafka={"fetch_sessions": False})) as c:
         await drain(c, lambda g: g.get(TP0) == [b"a"])
         await wait_until(lambda: len(fake.session_requests) >= 3, 10, "a few requests")
     assert all(r[:2] == (0, -1) and sorted(r[2]) == [0, 1, 2] for r in fake.session_requests)

@@ -12,6 +12,7 @@ from pathlib import Path
 from uuid import uuid4
 
 import pytest
+from support.consumer import new_consumer
 from support.fake_kafka import TP0, FakeKafka, T, drain, kafka_config, values
 
 from mqd.consumer import Consumer
@@ -45,7 +46,7 @@ async def test_a_diverging_epoch_in_the_fetch_answer_is_a_truncation_at_once(
         values(0, *[b"a%d" % i for i in range(5)]),
         values(5, *[b"a%d" % i for i in range(5, 10)]),
     ]
-    async with Consumer(kafka_config(fake, tmp_path, metadata_refresh_interval=600.0)) as c:
+    async with new_consumer(kafka_config(fake, tmp_path, metadata_refresh_interval=600.0)) as c:
         await drain(c, lambda g: len(g.get(TP0, [])) == 10)
         fake.logs[0] = [fake.logs[0][0], values(5, *[b"t%d" % i for i in range(5, 15)], epoch=1)]
         got = await drain(c, lambda g: len(g.get(TP0, [])) == 10)
@@ -62,7 +63,7 @@ async def test_a_leader_change_without_divergence_fetches_on(fake12: FakeKafka, 
     with last_fetched_epoch 0 gets records, no diverging epoch: same incarnation, nothing reused."""
     fake = fake12
     fake.logs[0] = [values(0, *[b"a%d" % i for i in range(10)])]
-    async with Consumer(kafka_config(fake, tmp_path, metadata_refresh_interval=600.0)) as c:
+    async with new_consumer(kafka_config(fake, tmp_path, metadata_refresh_interval=600.0)) as c:
         await drain(c, lambda g: len(g.get(TP0, [])) == 10)
         fake.logs[0].append(values(10, b"b10", b"b11", epoch=1))
         got = await drain(c, lambda g: len(g.get(TP0, [])) == 2)
@@ -80,7 +81,7 @@ async def test_fetch_v13_by_topic_id_sees_a_recreate_before_any_metadata_refresh
     fake = await FakeKafka(T, 1, fetch_version=13).start()
     try:
         fake.logs[0] = [values(0, *[b"a%d" % i for i in range(5)])]
-        async with Consumer(kafka_config(fake, tmp_path, metadata_refresh_interval=600.0)) as c:
+        async with new_consumer(kafka_config(fake, tmp_path, metadata_refresh_interval=600.0)) as c:
             await drain(c, lambda g: len(g.get(TP0, [])) == 5)
             old = fake.topic_id
             fake.topic_id = new = uuid4().hex

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+from support.consumer import new_consumer
 from support.kafka import Broker, Produced, is_kafka, kafka_daemon_config, landed_rows, produce
 
 from mqd.consumer import Consumer
@@ -102,7 +103,7 @@ async def test_group_instance_id_keeps_a_restarted_members_share(
                 "kafka": {"group_instance_id": instance, "static_membership": True},
             },
         ).consumer
-        return Consumer(cfg)
+        return new_consumer(cfg)
 
     zeta, alpha = member("a-first", "zeta"), member("b-second", "alpha")
     await zeta.start()
@@ -220,7 +221,7 @@ async def test_sticky_moves_only_what_a_member_change_must(
                 "allocation": "sticky",
             },
         ).consumer
-        return Consumer(cfg)
+        return new_consumer(cfg)
 
     a, b, c = member("a"), member("b"), member("c")
     await a.start()

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.consumer import new_consumer
 from support.harness import to_toml
 from support.kafka import Produced, kafka_daemon_config, landed_rows, produce
 
@@ -302,7 +303,7 @@ async def _assignment_sizes(kafka: KafkaCluster, tmp_path: Path, assignor: str) 
             topic=t1,
             consumer={**consumer_settings(f"g-{t1}", name, remote_assignor=assignor), "topics": [t1, t2]},
         ).consumer
-        members.append(Consumer(cfg))
+        members.append(new_consumer(cfg))
     try:
         for m in members:
             await m.start()
@@ -331,7 +332,7 @@ async def test_remote_assignor_reaches_the_broker(kafka: KafkaCluster, tmp_path:
         topic=topic,
         consumer=consumer_settings(f"g-{topic}", "bad", remote_assignor="nope"),
     ).consumer
-    async with Consumer(cfg) as bad:
+    async with new_consumer(cfg) as bad:
         group = group_of(bad)
         await wait_until(lambda: group.last_error is not None, 30, "the broker refused the assignor")
         assert "consumer.kafka.remote_assignor = 'nope'" in str(group.last_error)
@@ -348,7 +349,7 @@ async def test_a_broker_without_kip848_is_named(tmp_path: Path) -> None:
         cfg = kafka_daemon_config(
             broker.bootstrap, tmp_path / "t", consumer=consumer_settings("g-tansu", "t")
         ).consumer
-        async with Consumer(cfg) as consumer:
+        async with new_consumer(cfg) as consumer:
             group = group_of(consumer)
             await wait_until(lambda: group.last_error is not None, 30, "the member gave up on the protocol")
             assert "does not speak KIP-848" in str(group.last_error)

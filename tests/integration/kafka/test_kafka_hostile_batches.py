@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from support.consumer import FAST
+from support.consumer import FAST, new_consumer
 from support.fake_kafka import FakeKafka, build, recrc, values
 from support.kafka import kafka_daemon_config
 
 from mqd import metrics
 from mqd.config import ConsumerConfig
-from mqd.consumer import Consumer, TopicPartition
+from mqd.consumer import TopicPartition
 from mqd.daemon import Daemon
 from mqd.waiting import wait_until
 
@@ -109,7 +109,7 @@ async def test_a_decoder_error_after_a_bad_header_key_parks_only_its_partition(t
         fake.logs[0] = [good, recrc(bad), recrc(later)]
         fake.logs[1] = [values(0, b"q0", b"q1")]
         got: dict[TopicPartition, list[bytes | None]] = {tp0: [], tp1: []}
-        async with Consumer(kafka_config(fake, tmp_path)) as c:
+        async with new_consumer(kafka_config(fake, tmp_path)) as c:
 
             def parked() -> str | None:
                 return next(p for p in c.snapshot().partitions if p.tp == tp0).parked

@@ -9,6 +9,7 @@ from pathlib import Path
 from uuid import uuid4
 
 import pytest
+from support.consumer import new_consumer
 from support.fake_kafka import TP0, FakeKafka, T, drain, kafka_config, values
 
 from mqd.consumer import Consumer
@@ -40,7 +41,7 @@ async def test_the_topic_id_is_the_incarnation_and_a_recreated_topic_a_new_one(
     the old topic are counted as reused, and the new topic's records are fetched from offset 0."""
     fake.logs[0] = [values(0, b"a0", b"a1", b"a2"), values(3, b"a3", b"a4")]
     old = fake.topic_id
-    async with Consumer(kafka_config(fake, tmp_path)) as c:
+    async with new_consumer(kafka_config(fake, tmp_path)) as c:
         got = await drain(c, lambda g: len(g.get(TP0, [])) == 5)
         assert c.incarnations()[TP0] == old
         fake.topic_id = new = uuid4().hex
@@ -63,7 +64,7 @@ async def test_a_truncated_log_is_a_new_incarnation_from_the_epoch_end(
         values(0, *[b"a%d" % i for i in range(5)]),
         values(5, *[b"a%d" % i for i in range(5, 10)]),
     ]
-    async with Consumer(kafka_config(fake, tmp_path)) as c:
+    async with new_consumer(kafka_config(fake, tmp_path)) as c:
         await drain(c, lambda g: len(g.get(TP0, [])) == 10)
         fake.logs[0] = [fake.logs[0][0], values(5, b"t5", b"t6", b"t7", epoch=1)]
         fake.leader_epoch[0] = 1
@@ -85,7 +86,7 @@ async def test_a_fenced_leader_epoch_checks_before_fetching_a_longer_new_log(
         values(0, *[b"a%d" % i for i in range(5)]),
         values(5, *[b"a%d" % i for i in range(5, 10)]),
     ]
-    async with Consumer(kafka_config(fake, tmp_path)) as c:
+    async with new_consumer(kafka_config(fake, tmp_path)) as c:
         await drain(c, lambda g: len(g.get(TP0, [])) == 10)
         fake.errors[0] = FENCED_LEADER_EPOCH
         fake.logs[0] = [fake.logs[0][0], values(5, *[b"t%d" % i for i in range(5, 15)], epoch=1)]
@@ -104,7 +105,7 @@ async def test_a_leader_change_without_truncation_is_not_a_new_incarnation(
     the new leader (10) is not below the position (10), so nothing changes: same incarnation, no
     reuse, and the records the new leader appends are fetched."""
     fake.logs[0] = [values(0, *[b"a%d" % i for i in range(10)])]
-    async with Consumer(kafka_config(fake, tmp_path)) as c:
+    async with new_consumer(kafka_config(fake, tmp_path)) as c:
         await drain(c, lambda g: len(g.get(TP0, [])) == 10)
         fake.leader_epoch[0] = 1
         await wait_until(lambda: bool(fake.epoch_checks), 10, "an epoch check after the metadata refresh")
@@ -123,7 +124,7 @@ async def test_no_topic_ids_no_incarnation(tmp_path: Path) -> None:
     broker = await FakeKafka(T, 1, legacy=True).start()
     try:
         broker.logs[0] = [values(0, b"a", b"b")]
-        async with Consumer(kafka_config(broker, tmp_path)) as c:
+        async with new_consumer(kafka_config(broker, tmp_path)) as c:
             got = await drain(c, lambda g: len(g.get(TP0, [])) == 2)
             assert got[TP0] == [b"a", b"b"] and c.incarnations()[TP0] is None
     finally:

@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.consumer import count_records, records
+from support.consumer import count_records, new_consumer, records
 from support.kafka import Broker, Produced, kafka_daemon_config, produce
 
-from mqd.consumer import Consumer, TopicPartition
+from mqd.consumer import TopicPartition
 from mqd.waiting import wait_until
 
 pytest.importorskip("confluent_kafka")
@@ -55,7 +55,7 @@ async def test_held_decoded_batches_keep_the_budget_charged(
         },
     ).consumer
     total = PARTITIONS * PER_PARTITION
-    async with Consumer(cfg, budget_held=True) as consumer:
+    async with new_consumer(cfg, budget_held=True) as consumer:
         bb = consumer._budget
         held: list[Any] = []
 

@@ -8,10 +8,9 @@ from typing import Any
 
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
-from support.consumer import config
+from support.consumer import config, new_consumer
 
 from mqd import __version__, metrics
-from mqd.consumer import Consumer
 from mqd.waiting import wait_until
 from mqd.wire.client import BrokerClient
 
@@ -67,7 +66,7 @@ async def test_fetch_latency_excludes_the_long_poll_wait(cluster_factory: Any) -
     cfg = config(cluster, fetch_max_wait_ms=400)
     d0, c0 = _hist("mqd_fetch_duration_seconds", node)
     l0, _ = _hist("mqd_fetch_latency_seconds", node)
-    async with BrokerClient(request_timeout=5) as client, Consumer(cfg, client=client):
+    async with BrokerClient(request_timeout=5) as client, new_consumer(cfg, client=client):
         await wait_until(
             lambda: _hist("mqd_fetch_duration_seconds", node)[1] >= c0 + 4, timeout=30, what="4 long polls"
         )

@@ -7,11 +7,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
-from support.consumer import collect, config, produce, records
+from support.consumer import collect, config, new_consumer, produce, records
 from support.harness import Cluster
 
 from mqd.config import DEFAULT_MAX_RECORD_BYTES
-from mqd.consumer import Consumer, TopicPartition
+from mqd.consumer import TopicPartition
 from mqd.waiting import wait_until
 from mqd.wire import format as fmt
 from mqd.wire.client import BrokerClient, BrokerError
@@ -78,7 +78,7 @@ async def test_daemon_parks_the_partition_of_a_too_large_record(roomy_cluster: C
         await produce(client, roomy_cluster, 0, [b"after"])
         await produce(client, roomy_cluster, 1, [b"other"])
         cfg = config(roomy_cluster, max_record_bytes=200_000)
-        async with Consumer(cfg, client=client) as consumer:
+        async with new_consumer(cfg, client=client) as consumer:
             got = await collect(
                 consumer, lambda b: any(x.tp == healthy for x in b) and any(x.tp == tp for x in b)
             )
