@@ -76,7 +76,7 @@ def log(msg: str) -> None:
 
 
 def daemon_available() -> bool:
-    return importlib.util.find_spec("mqd.daemon") is not None
+    return importlib.util.find_spec("mqd.process.daemon") is not None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -777,7 +777,7 @@ def main(argv: list[str] | None = None) -> int:
                 log(f"slaves caught up {result['replication_wait_s']} s after the produce")
             if not daemon_available():
                 for part in ("mqd", "latency", "memory"):
-                    result[part] = {"skipped": "mqd.daemon is not available yet"}
+                    result[part] = {"skipped": "mqd.process.daemon is not available yet"}
                 log("mqd daemon: not available, skipped")
             else:
                 if "mqd" not in args.skip:

@@ -588,7 +588,7 @@ IMPORTS = {
     "interpreter": "pass",
     "floor: uvloop + aiohttp + pydantic + structlog": "import uvloop, aiohttp, pydantic, structlog",
     "pyarrow + numpy": "import pyarrow, pyarrow.parquet, numpy",
-    "mqd run's modules": "import mqd.operator.cli, mqd.runner, mqd.daemon",
+    "mqd run's modules": "import mqd.operator.cli, mqd.process.runner, mqd.process.daemon",
 }
 
 

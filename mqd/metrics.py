@@ -293,7 +293,7 @@ consumer_fetch_lag_of = PartitionChildren(consumer_fetch_lag)
 consumer_time_lag_of = PartitionChildren(consumer_time_lag)
 landing_freshness_of = PartitionChildren(landing_freshness)
 
-# -- process (mqd.runner) ---------------------------------------------------------------------------
+# -- process (mqd.process.runner) -------------------------------------------------------------------
 # Added by the ops work: process figures (RSS, CPU, fds) and the service's own life cycle.
 ProcessCollector(registry=REGISTRY)
 reloads = Counter("mqd_reloads", "Config reloads", ["result"], registry=REGISTRY)  # ok | refused

@@ -156,7 +156,7 @@ def _runtime(config_path: Path) -> _Runtime:
 
 def _admin_url(rt: _Runtime, pid: int) -> str | None:
     """The running daemon's admin URL: its admin.json (right even for port 0), else the config's."""
-    from mqd.runner import read_json
+    from mqd.process.runner import read_json
 
     data = read_json(rt.state_dir / "admin.json")
     if data and data.get("pid") == pid and isinstance(data.get("url"), str):
@@ -190,13 +190,13 @@ def _http(method: str, url: str, body: Any = None, token: str | None = None, tim
 
 
 def _running(rt: _Runtime) -> int | None:
-    from mqd.runner import running_pid
+    from mqd.process.runner import running_pid
 
     return running_pid(rt.pid_file)
 
 
 def _not_running(rt: _Runtime, as_json: bool = False) -> NoReturn:
-    from mqd.runner import read_json
+    from mqd.process.runner import read_json
 
     last = read_json(rt.state_dir / "last_exit.json")
     if as_json:
@@ -236,8 +236,8 @@ def run(config_path: Path, burst: bool) -> None:
     collecting = gc.isenabled()
     gc.disable()
     try:
-        from mqd import daemon  # noqa: F401  # what the runner builds, imported here with the rest
-        from mqd.runner import run as run_daemon
+        from mqd.process import daemon  # noqa: F401  # what the runner builds, imported here with the rest
+        from mqd.process.runner import run as run_daemon
 
         cfg = _load(config_path)
     finally:
@@ -265,7 +265,7 @@ def start(config_path: Path, wait_s: float) -> None:
       mqd start --config config/mqd.toml
       mqd start -c config/mqd.toml && mqd status -c config/mqd.toml
     """
-    from mqd.runner import read_json
+    from mqd.process.runner import read_json
 
     cfg = _load(config_path)
     rt = _runtime(config_path)
@@ -349,7 +349,7 @@ def stop(config_path: Path, timeout_s: float | None, force: bool) -> None:
       mqd stop --config config/mqd.toml
       mqd stop -c config/mqd.toml --timeout 60 --force
     """
-    from mqd.runner import read_json
+    from mqd.process.runner import read_json
 
     rt = _runtime(config_path)
     pid = _running(rt)
@@ -511,7 +511,7 @@ def top(config_path: Path, interval: float, sort: str, iterations: int | None) -
 
 def _watch(rt: _Runtime, interval: float, iterations: int | None, sort: str = "partition") -> None:
     from mqd.operator import top as top_view
-    from mqd.runner import read_json
+    from mqd.process.runner import read_json
 
     def read() -> top_view.Reading:
         pid = _running(rt)
@@ -915,7 +915,7 @@ def broker(config_path: Path) -> None:
     Example:
       mqd broker --config config/single.toml
     """
-    from mqd.memory_trim import exec_with_trimmable_allocator
+    from mqd.process.memory_trim import exec_with_trimmable_allocator
 
     exec_with_trimmable_allocator()  # before the heavy imports: the node's memory after load
     from mqd.broker.server import run_node
@@ -1336,7 +1336,7 @@ def _offsets_run(config_path: Path, work: Any) -> None:
 
     from mqd.consumer.errors import ConsumerError
     from mqd.operator.offsets_command import OffsetsTool
-    from mqd.reset_records import ResetError
+    from mqd.process.reset_records import ResetError
 
     cfg = _load(config_path)
 
@@ -1404,7 +1404,7 @@ def offsets_reset_cmd(config_path: Path, partitions: tuple[str, ...], to: str, d
     import uuid
 
     from mqd.operator.offsets_command import now_iso, parse_partitions, parse_target, plan_row, table
-    from mqd.reset_records import ResetError, ResetRecord, write_reset
+    from mqd.process.reset_records import ResetError, ResetRecord, write_reset
 
     try:
         target = parse_target(to)

@@ -1,7 +1,7 @@
 """Deliberate position changes: ``mqd offsets reset`` and ``mqd offsets show`` (issue 17).
 
 The landing, not the broker commit, is the source of truth of where a partition resumes, so a reset
-is recorded in the landing as a reset record per partition (mqd/reset_records.py, where the rules
+is recorded in the landing as a reset record per partition (mqd/process/reset_records.py, where the rules
 of applying one and of a deliberate replay are written down), which the daemon applies at start.
 This module is the command's side: the target and partition specs, the plan per partition
 (:func:`plan_row`: clamped to the log, a replay below the landed head, refused while one is still
@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal
 
 from mqd.landing.objects import Objects
-from mqd.reset_records import ResetError, apply_reset, read_reset, resume
+from mqd.process.reset_records import ResetError, apply_reset, read_reset, resume
 from mqd.topic_name import check_topic_name
 from mqd.topic_partition import TopicPartition
 

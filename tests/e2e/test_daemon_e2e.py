@@ -18,7 +18,7 @@ from support.harness import Cluster, to_toml
 from support.landing import read_manifest
 
 from mqd.config import MqdConfig, SparkConfig, load_daemon_config
-from mqd.daemon import Daemon
+from mqd.process.daemon import Daemon
 from mqd.spark import job
 from mqd.waiting import wait_until
 from mqd.wire.client import BrokerClient, BrokerError

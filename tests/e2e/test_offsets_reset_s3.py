@@ -22,7 +22,7 @@ from support.spark_s3 import s3_config
 from support.spark_s3 import s3_spark as s3_spark  # the module's Spark session with the store's env
 
 from mqd.landing.store import LandingStore
-from mqd.reset_records import read_reset
+from mqd.process.reset_records import read_reset
 from mqd.spark import job
 from mqd.testing.seaweedfs import SeaweedFS
 from mqd.topic_partition import TopicPartition

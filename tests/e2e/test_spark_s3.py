@@ -23,11 +23,11 @@ from support.seaweedfs import fresh_uri, object_store
 from support.spark_s3 import assert_once, s3_config, table_keys
 from support.spark_s3 import s3_spark as s3_spark  # the module's Spark session with the store's env
 
-from mqd.daemon import Daemon
 from mqd.landing import Publisher, layout
 from mqd.landing.claim_chain import ChainState, Claim
 from mqd.landing.publisher import file_range
 from mqd.landing.store import LandingStore
+from mqd.process.daemon import Daemon
 from mqd.spark import job
 from mqd.spark.table_format import existing_format
 from mqd.testing.seaweedfs import SeaweedFS

@@ -42,7 +42,7 @@ from support.servers import serving
 from support.table_readers import every_reader_keys
 from support.typed import registry, typed_config
 
-from mqd.daemon import Daemon
+from mqd.process.daemon import Daemon
 from mqd.spark import job
 from mqd.spark.job_metrics import FILE_NAME, JobMetrics
 from mqd.spark.wire_format import header

@@ -1,4 +1,4 @@
-"""The pure parts of `mqd offsets reset` (mqd/operator/offsets_command.py, mqd/reset_records.py):
+"""The pure parts of `mqd offsets reset` (mqd/operator/offsets_command.py, mqd/process/reset_records.py):
 targets, partition specs, the per-partition decision, and when the daemon applies a recorded reset."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from mqd.operator.offsets_command import parse_partitions, parse_target, plan_row
-from mqd.reset_records import (
+from mqd.process.reset_records import (
     Replay,
     ResetError,
     ResetRecord,

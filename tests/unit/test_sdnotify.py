@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from mqd.sdnotify import Notifier, format_message, monotonic_usec, socket_address
+from mqd.process.sdnotify import Notifier, format_message, monotonic_usec, socket_address
 
 
 def _fields(payload: bytes) -> dict[str, str]:

@@ -52,7 +52,7 @@ import structlog
 
 from mqd.landing.backends import open_store
 from mqd.landing.local_objects import LocalObjects
-from mqd.runner import EXIT_TEMPFAIL
+from mqd.process.runner import EXIT_TEMPFAIL
 from mqd.testing import daemon_section, fast_consumer_timings, to_toml
 from mqd.testing.cluster import free_port
 from mqd.testing.seaweedfs import ACCESS_KEY, REGION, SECRET_KEY, SeaweedFS
@@ -468,7 +468,7 @@ class KafkaChaosRun:
         self.faults: Counter[str] = Counter()
         self.failures: list[str] = []
         self.crashes: Counter[str] = Counter()
-        self.start_refusals: Counter[str] = Counter()  # exits 75 at start (mqd.runner.EXIT_TEMPFAIL)
+        self.start_refusals: Counter[str] = Counter()  # exits 75 at start (mqd.process.runner.EXIT_TEMPFAIL)
         self.setup_notes: list[str] = []
         # (partition, generation) whose log a memory-storage restart destroyed (check.check_payloads)
         self.lossy: set[tuple[int, int]] = set()

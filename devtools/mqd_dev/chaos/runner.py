@@ -60,7 +60,7 @@ from mqd.landing.backends import open_store
 from mqd.landing.local_objects import LocalObjects
 from mqd.landing.objects import Objects
 from mqd.landing.store import LandingStore
-from mqd.runner import EXIT_TEMPFAIL
+from mqd.process.runner import EXIT_TEMPFAIL
 from mqd.testing import ProcessError, daemon_section, fast_consumer_timings, to_toml
 from mqd.waiting import wait_until
 from mqd.wire.client import BrokerClient, BrokerError
@@ -361,7 +361,7 @@ class ChaosRun:
         self.faults: Counter[str] = Counter()
         self.failures: list[str] = []
         self.crashes: Counter[str] = Counter()
-        self.start_refusals: Counter[str] = Counter()  # exits 75 at start (mqd.runner.EXIT_TEMPFAIL)
+        self.start_refusals: Counter[str] = Counter()  # exits 75 at start (mqd.process.runner.EXIT_TEMPFAIL)
         self._supervisor: asyncio.Task[None] | None = None
         self._started = 0.0
         self.spark_hands_off = False  # an integrity fault stops and starts the streaming job itself

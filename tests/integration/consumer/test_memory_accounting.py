@@ -22,7 +22,7 @@ from support.daemon import produce_numbered as produce_daemon
 from support.harness import records_of
 
 from mqd.consumer import ByteBudget, TopicPartition
-from mqd.daemon import Daemon
+from mqd.process.daemon import Daemon
 from mqd.waiting import wait_until
 from mqd.wire import format
 from mqd.wire.client import BrokerClient, FetchBody

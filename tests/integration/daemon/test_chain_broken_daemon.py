@@ -20,9 +20,9 @@ from support.chain_tamper import HOW, tamper
 from support.cli import mqd, produce, write_config
 from support.daemon import daemon_config, produce_numbered
 
-from mqd.daemon import Daemon
 from mqd.landing.errors import ChainBroken
 from mqd.landing.local_store import LocalStore
+from mqd.process.daemon import Daemon
 from mqd.waiting import wait_until
 from mqd.wire.client import BrokerClient
 

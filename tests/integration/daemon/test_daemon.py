@@ -19,7 +19,7 @@ from support.daemon import (
 from support.landing import read_manifest
 
 from mqd.consumer import TopicPartition
-from mqd.daemon import Daemon
+from mqd.process.daemon import Daemon
 from mqd.waiting import wait_until
 from mqd.wire.client import BrokerClient
 from mqd.wire.format import now_ms

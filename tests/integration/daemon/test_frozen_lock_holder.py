@@ -25,7 +25,7 @@ from support.harness import Cluster
 
 from mqd import fsutil, metrics
 from mqd.consumer import TopicPartition
-from mqd.daemon import Daemon
+from mqd.process.daemon import Daemon
 from mqd.waiting import wait_until, wait_until_sync
 from mqd.wire.client import BrokerClient
 

@@ -22,8 +22,8 @@ from support.daemon import daemon_config, produce_numbered
 from support.harness import Cluster, fetch_all
 
 from mqd.consumer import TopicPartition
-from mqd.daemon import Daemon
 from mqd.operator.views import render_summary
+from mqd.process.daemon import Daemon
 from mqd.waiting import wait_until
 from mqd.wire import format as fmt
 from mqd.wire.client import BrokerClient

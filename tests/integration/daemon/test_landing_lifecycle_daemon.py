@@ -12,8 +12,8 @@ from typing import Any
 from support.daemon import daemon_config, produce_numbered
 
 from mqd.config import LandingLifecycleConfig
-from mqd.daemon import Daemon
 from mqd.landing import LocalStore, lifecycle
+from mqd.process.daemon import Daemon
 from mqd.waiting import wait_until
 from mqd.wire.client import BrokerClient
 

@@ -13,9 +13,9 @@ from support.daemon import assert_exactly_once, daemon_config, produce_numbered
 
 from mqd import metrics
 from mqd.config import LandingConfig
-from mqd.daemon import Daemon
 from mqd.landing import preflight
 from mqd.landing.errors import PreflightError
+from mqd.process.daemon import Daemon
 from mqd.waiting import wait_until
 from mqd.wire.client import BrokerClient
 

@@ -18,7 +18,7 @@ from support.cli import mqd, produce, write_config
 from support.harness import Cluster
 from support.landing import read_manifest
 
-from mqd.reset_records import reset_path
+from mqd.process.reset_records import reset_path
 from mqd.topic_partition import TopicPartition
 from mqd.wire.client import BrokerClient
 
@@ -167,9 +167,9 @@ async def test_a_restart_with_the_replay_at_the_landed_head_continues_under_the_
     time), land new records normally, and clear the record once the landing moved past it."""
     from support.daemon import daemon_config, produce_numbered
 
-    from mqd.daemon import Daemon
     from mqd.operator.offsets_command import now_iso
-    from mqd.reset_records import ResetRecord, write_reset
+    from mqd.process.daemon import Daemon
+    from mqd.process.reset_records import ResetRecord, write_reset
 
     landing = tmp_path / "landing"
     cfg = daemon_config(cluster, tmp_path, consumer={"group": "mid"}, max_records=10)

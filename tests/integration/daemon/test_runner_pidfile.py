@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from mqd.runner import PidFile, RunnerError, read_pid, running_pid
+from mqd.process.runner import PidFile, RunnerError, read_pid, running_pid
 
 
 def test_acquire_writes_pid_and_blocks_a_second_holder(tmp_path: Path) -> None:
@@ -43,7 +43,7 @@ def test_lock_held_by_another_process_is_seen(tmp_path: Path) -> None:
     """Another process holding the file is reported by running_pid and blocks acquire."""
     path = tmp_path / "mqd.pid"
     code = (
-        "import sys, time; from pathlib import Path; from mqd.runner import PidFile\n"
+        "import sys, time; from pathlib import Path; from mqd.process.runner import PidFile\n"
         f"p = PidFile(Path({str(path)!r})); p.acquire(); print('held', flush=True); sys.stdin.read()"
     )
     proc = subprocess.Popen(

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from mqd.config import MqdConfig
-from mqd.daemon import Daemon
-from mqd.process_state import RunnerState
-from mqd.runner import Runner
-from mqd.sdnotify import Notifier
+from mqd.process.daemon import Daemon
+from mqd.process.runner import Runner
+from mqd.process.sdnotify import Notifier
+from mqd.process.state import RunnerState
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ from support.daemon import daemon_config
 from support.harness import Cluster
 
 from mqd.consumer.errors import ConsumerError
-from mqd.daemon import Daemon
+from mqd.process.daemon import Daemon
 from mqd.testing import free_port
 
 

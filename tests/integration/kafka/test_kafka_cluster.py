@@ -15,7 +15,7 @@ from aiokafka.protocol import api as aiokafka_api
 from support.kafka import Produced, kafka_daemon_config, landed_rows, produce
 from support.servers import serving
 
-from mqd.daemon import Daemon
+from mqd.process.daemon import Daemon
 from mqd.testing import KafkaCluster
 from mqd.waiting import wait_until, wait_until_sync
 

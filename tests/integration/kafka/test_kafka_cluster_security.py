@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from support.kafka import Produced, kafka_daemon_config, landed_rows, produce
 
-from mqd.daemon import Daemon
+from mqd.process.daemon import Daemon
 from mqd.testing import KafkaCluster, KafkaSecurity
 from mqd.testing.kafka_cluster import SecurityProtocol
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from support.kafka import CODECS, Broker, Headers, Produced, kafka_daemon_config, landed_rows, produce
 
-from mqd.daemon import Daemon
+from mqd.process.daemon import Daemon
 from mqd.testing.tansu import Tansu
 from mqd.waiting import wait_until
 

@@ -21,7 +21,7 @@ import pytest
 from support.kafka import Produced, kafka_daemon_config, landed_rows, produce
 from support.servers import serving
 
-from mqd.daemon import Daemon
+from mqd.process.daemon import Daemon
 from mqd.sources.kafka.fetch_session import NO_SESSION_EPOCH, FetchSession
 from mqd.sources.kafka.source import KafkaSource
 from mqd.testing.kafka_cluster import KafkaCluster

@@ -13,7 +13,7 @@ from support.consumer import new_consumer
 from support.kafka import Broker, Produced, is_kafka, kafka_daemon_config, landed_rows, produce
 
 from mqd.consumer import Consumer
-from mqd.daemon import Daemon
+from mqd.process.daemon import Daemon
 from mqd.sources.kafka.group import KafkaGroup
 from mqd.waiting import wait_until
 

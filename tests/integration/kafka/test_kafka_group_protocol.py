@@ -22,7 +22,7 @@ from support.harness import to_toml
 from support.kafka import Produced, kafka_daemon_config, landed_rows, produce
 
 from mqd.consumer import Consumer
-from mqd.daemon import Daemon
+from mqd.process.daemon import Daemon
 from mqd.sources.kafka.consumer_group_protocol import ConsumerProtocolGroup, ConsumerProtocolOffsetStore
 from mqd.testing.kafka_cluster import KafkaCluster
 from mqd.testing.process import ManagedProcess

@@ -19,7 +19,7 @@ from support.kafka import kafka_daemon_config
 from mqd import metrics
 from mqd.config import ConsumerConfig
 from mqd.consumer import TopicPartition
-from mqd.daemon import Daemon
+from mqd.process.daemon import Daemon
 from mqd.waiting import wait_until
 
 T = "events"

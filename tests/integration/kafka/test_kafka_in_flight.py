@@ -13,7 +13,7 @@ from support.kafka import Broker, Produced, kafka_daemon_config, landed_rows, pr
 
 from mqd import metrics
 from mqd.consumer import TopicPartition
-from mqd.daemon import Daemon
+from mqd.process.daemon import Daemon
 from mqd.waiting import wait_until
 
 pytest.importorskip("confluent_kafka")

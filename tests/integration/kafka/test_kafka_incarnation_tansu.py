@@ -13,7 +13,7 @@ import pytest
 from support.kafka import Broker, kafka_daemon_config, landed_rows, produce
 
 from mqd.consumer.source import FetchRequest, FetchStatus
-from mqd.daemon import Daemon
+from mqd.process.daemon import Daemon
 from mqd.sources.kafka.source import KafkaSource
 from mqd.topic_partition import TopicPartition
 from mqd.waiting import wait_until

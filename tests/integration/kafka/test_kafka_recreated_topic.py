@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 from support.kafka import Broker, Produced, kafka_daemon_config, produce
 
-from mqd.daemon import Daemon
+from mqd.process.daemon import Daemon
 
 pytest.importorskip("confluent_kafka")
 

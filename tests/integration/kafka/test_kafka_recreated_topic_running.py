@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 from support.kafka import Broker, Produced, kafka_daemon_config, produce
 
-from mqd.daemon import Daemon
+from mqd.process.daemon import Daemon
 from mqd.topic_partition import TopicPartition
 from mqd.waiting import wait_until
 

@@ -17,7 +17,7 @@ from support.kafka import Produced, kafka_daemon_config, landed_rows, produce
 from support.kafka_admin import java_can_run_sources, reassign_partition
 
 from mqd.consumer.source import FetchRequest, FetchStatus, PartitionResult
-from mqd.daemon import Daemon
+from mqd.process.daemon import Daemon
 from mqd.sources.kafka.source import KafkaSource
 from mqd.testing import KafkaCluster
 from mqd.topic_partition import TopicPartition

@@ -19,7 +19,7 @@ from support.kafka import Produced, kafka_daemon_config, landed_rows, produce
 from support.servers import serving
 
 from mqd.consumer.errors import ConsumerError
-from mqd.daemon import Daemon
+from mqd.process.daemon import Daemon
 from mqd.testing import KafkaCluster, KafkaSecurity
 from mqd.testing.certificates import generate_certificates
 from mqd.testing.maven import java_binary

@@ -11,7 +11,7 @@ import pytest
 from support.kafka import kafka_daemon_config, produce
 
 from mqd.config import SparkConfig
-from mqd.daemon import Daemon
+from mqd.process.daemon import Daemon
 from mqd.spark import job
 from mqd.testing.tansu import Tansu
 

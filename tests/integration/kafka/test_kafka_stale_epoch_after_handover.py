@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 from support.kafka import Produced, kafka_daemon_config, landed_rows, produce
 
-from mqd.daemon import Daemon
+from mqd.process.daemon import Daemon
 from mqd.testing import KafkaCluster
 from mqd.waiting import wait_until
 

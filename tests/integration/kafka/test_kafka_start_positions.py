@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from support.kafka import Broker, kafka_daemon_config, landed_rows
 
-from mqd.daemon import Daemon
+from mqd.process.daemon import Daemon
 from mqd.testing.tansu import Tansu
 
 pytest.importorskip("confluent_kafka")

@@ -16,7 +16,7 @@ from support.harness import Cluster
 from support.kafka import Broker, kafka_daemon_config, produce
 from support.landing import read_manifest
 
-from mqd.daemon import Daemon
+from mqd.process.daemon import Daemon
 from mqd.waiting import wait_until
 from mqd.wire.producer import Producer
 

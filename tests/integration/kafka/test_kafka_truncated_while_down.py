@@ -14,8 +14,8 @@ import pytest
 from support.fake_kafka import FakeKafka, values
 from support.kafka import kafka_daemon_config
 
-from mqd.daemon import Daemon
 from mqd.landing.backends import open_store
+from mqd.process.daemon import Daemon
 from mqd.sources.kafka.log_incarnation import derived
 from mqd.waiting import wait_until
 

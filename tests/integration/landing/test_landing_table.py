@@ -16,9 +16,9 @@ from support.seaweedfs import fresh_uri
 from support.table_readers import S3, every_reader_keys, offsets
 
 from mqd.config import LandingDeltaConfig, LandingS3Config
-from mqd.daemon import Daemon
 from mqd.landing import delta_log
 from mqd.landing.local_objects import LocalObjects
+from mqd.process.daemon import Daemon
 from mqd.testing.seaweedfs import ACCESS_KEY, REGION, SECRET_KEY, SeaweedFS
 from mqd.wire.client import BrokerClient
 

@@ -16,9 +16,9 @@ from support.daemon import daemon_config, produce_numbered
 from support.seaweedfs import fresh_uri
 
 from mqd.config import LandingS3Config
-from mqd.daemon import Daemon
 from mqd.landing.s3_objects import S3Objects
 from mqd.landing.store import LandingStore
+from mqd.process.daemon import Daemon
 from mqd.testing.seaweedfs import SeaweedFS
 from mqd.wire.client import BrokerClient
 

@@ -35,8 +35,8 @@ from support.harness import Cluster
 
 from mqd.config import AdminConfig, ConsumerConfig, DaemonSection, LandingConfig, MqdConfig
 from mqd.consumer import TopicPartition
-from mqd.daemon import Daemon
 from mqd.landing import LandingSink
+from mqd.process.daemon import Daemon
 from mqd.waiting import wait_until
 from mqd.wire import format as fmt
 from mqd.wire.client import BrokerClient

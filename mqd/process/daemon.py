@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from mqd import metrics, reset_records
+from mqd import metrics
 from mqd.config import MqdConfig
 from mqd.consumer import (
     Consumer,
@@ -61,7 +61,8 @@ from mqd.landing import layout
 from mqd.landing.errors import ChainBroken, CommitLockTimeout, LandingCorrupt, LandingError, TableUnavailable
 from mqd.landing.markers import IDLE_GRACE_MS
 from mqd.landing.sink import LandingSink, PublishResult
-from mqd.process_state import DaemonState
+from mqd.process import reset_records
+from mqd.process.state import DaemonState
 from mqd.sources import open_source
 
 if TYPE_CHECKING:
@@ -659,8 +660,9 @@ class Daemon:
     async def _apply_offsets_reset(
         self, tp: TopicPartition, position: int | None, incarnation: str | None
     ) -> tuple[int | None, str | None]:
-        """A `mqd offsets reset` record for ``tp`` (mqd/reset_records.py) moves the start position
-        while the landed head is still the one it was decided against; a stale one is removed."""
+        """A `mqd offsets reset` record for ``tp`` (mqd/process/reset_records.py) moves the start
+        position while the landed head is still the one it was decided against; a stale one is
+        removed."""
         landing = self.sink.store.objects  # the records' store: a directory or s3://
         loop = asyncio.get_running_loop()
         try:

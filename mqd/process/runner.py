@@ -36,14 +36,14 @@ from mqd import metrics
 from mqd.config import ConfigError, MqdConfig, load_daemon_config
 from mqd.errors import MqdError
 from mqd.fsutil import atomic_write
-from mqd.process_state import RunnerState
-from mqd.sdnotify import Notifier
+from mqd.process.sdnotify import Notifier
+from mqd.process.state import RunnerState
 
 if TYPE_CHECKING:  # the CLI imports this module for the pid file helpers: keep aiohttp out of it
     from mqd.consumer import Consumer
     from mqd.operator.admin import AdminServer, PartitionSpec
 
-log = structlog.get_logger(__name__)
+log = structlog.get_logger("mqd.runner")  # its name before mqd/process/: log readers know it
 
 STATUS_INTERVAL = 5.0  # seconds between STATUS= lines
 STUCK_AFTER = 30.0  # loop silent this long: /healthz fails (and watchdog pings stop, if sooner)
@@ -62,7 +62,7 @@ class RunnerError(MqdError):
 
 
 class DaemonLike(Protocol):
-    """The part of mqd.daemon.Daemon the runner uses."""
+    """The part of mqd.process.daemon.Daemon the runner uses."""
 
     last_loop_time: float
 
@@ -529,7 +529,7 @@ class Runner:
     # -- main ------------------------------------------------------------------------------------
 
     def _build_daemon(self) -> DaemonLike:
-        from mqd.daemon import Daemon
+        from mqd.process.daemon import Daemon
 
         daemon: DaemonLike = Daemon(self.config, burst=self.burst)
         return daemon

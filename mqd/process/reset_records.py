@@ -1,5 +1,5 @@
 """The reset records of deliberate position changes (issue 17): written by ``mqd offsets reset``
-(mqd/operator/offsets_command.py), applied by the daemon's start-position hook (mqd/daemon.py).
+(mqd/operator/offsets_command.py), applied by the daemon's start-position hook (mqd/process/daemon.py).
 
 The landing, not the broker commit, is the source of truth of where a partition resumes (a
 partition with landed files resumes after its landed head;
@@ -7,7 +7,7 @@ docs/decisions/034-config-users-know-deliberate-replays.md). So moving a
 Kafka-style committed offset (``kafka-consumer-groups --reset-offsets``) does nothing by itself;
 the daemon warns about it at start. A reset is instead recorded in the landing, beside its state,
 as one *reset record* per partition (``_resets/<topic>/<partition:05d>.json``): the new position and
-the landed head it was decided against. The daemon's start-position hook (mqd/daemon.py) applies a
+the landed head it was decided against. The daemon's start-position hook (mqd/process/daemon.py) applies a
 record only while the landed head is still that one, so
 
 - a record survives restarts until the partition publishes past it (a crash before the first

@@ -13,7 +13,7 @@ __all__ = ["DaemonState", "RunnerState"]
 
 
 class DaemonState(StrEnum):
-    """mqd.daemon.Daemon's lifecycle: built, then start() (which may fail), run, stop()."""
+    """mqd.process.daemon.Daemon's lifecycle: built, then start() (which may fail), run, stop()."""
 
     CREATED = "created"
     STARTING = "starting"
@@ -24,7 +24,7 @@ class DaemonState(StrEnum):
 
 
 class RunnerState(StrEnum):
-    """mqd.runner.Runner's, what the process reports: a reload runs beside a running daemon."""
+    """mqd.process.runner.Runner's, what the process reports: a reload runs beside a running daemon."""
 
     STARTING = "starting"
     RUNNING = "running"

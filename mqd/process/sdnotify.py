@@ -13,7 +13,7 @@ from collections.abc import Mapping
 
 import structlog
 
-log = structlog.get_logger(__name__)
+log = structlog.get_logger("mqd.sdnotify")  # its name before mqd/process/: log readers know it
 
 
 def monotonic_usec() -> int:
