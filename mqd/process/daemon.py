@@ -52,7 +52,6 @@ from mqd.consumer import (
     ConsumerSnapshot,
     StartPosition,
     TopicPartition,
-    consumer_status_json,
 )
 from mqd.consumer.memory_gauge import MemoryGauge
 from mqd.consumer.source import LandedEpoch
@@ -62,7 +61,7 @@ from mqd.landing.errors import ChainBroken, CommitLockTimeout, LandingCorrupt, L
 from mqd.landing.markers import IDLE_GRACE_MS
 from mqd.landing.sink import LandingSink, PublishResult
 from mqd.process import reset_records
-from mqd.process.state import DaemonState
+from mqd.process.state import DaemonSnapshot, DaemonState
 from mqd.sources import open_source
 
 if TYPE_CHECKING:
@@ -795,34 +794,33 @@ class Daemon:
             reasons.append(f"no assignment yet: {waiting}")
         return ("ok" if not reasons else "degraded"), reasons
 
-    def status(self) -> dict[str, Any]:
+    def snapshot(self) -> DaemonSnapshot:
+        """The daemon at this instant, typed: what the runner reads (mqd/process/state.py)."""
         health, reasons = self.health()
-        return {
-            "state": self.state,
-            "health": health,
-            "reasons": reasons,
-            "burst": self.burst,
-            "uptime_s": None if self._started_at is None else round(time.monotonic() - self._started_at, 3),
-            "last_loop_age_s": round(time.monotonic() - self.last_loop_time, 3),
-            "consumer": consumer_status_json(self.consumer.snapshot())
-            if self.state != DaemonState.CREATED
-            else None,
-            "landing": {
-                **self.sink.status(),
-                "error": self._landing_error,
-                "paused_for_disk": sorted(f"{t}/{p}" for t, p in self._disk_paused),
-                "chain_broken": {f"{t}/{p}": exc.key for (t, p), exc in sorted(self._broken.items())},
-                "table": None if self.table is None else self.table.status(),
-            },
-            "user_paused": sorted(f"{t}/{p}" for t, p in self._user_paused),
-            # concrete topics (re: patterns resolved); a pattern matching nothing is a warning
-            "subscription": {
-                "topics": list(self.consumer.subscribed_topics()),
-                "unmatched_patterns": list(self.consumer.unmatched_patterns()),
-            },
-            "stats": self.stats,
-            "errors": list(self._errors),
-        }
+        now = time.monotonic()
+        return DaemonSnapshot(
+            state=self.state,
+            health=health,
+            reasons=tuple(reasons),
+            burst=self.burst,
+            uptime_s=None if self._started_at is None else now - self._started_at,
+            last_loop_age_s=now - self.last_loop_time,
+            consumer=self.consumer.snapshot() if self.state != DaemonState.CREATED else None,
+            landing_sink=self.sink.status(),
+            landing_error=self._landing_error,
+            paused_for_disk=tuple(sorted(f"{t}/{p}" for t, p in self._disk_paused)),
+            chain_broken={f"{t}/{p}": exc.key for (t, p), exc in sorted(self._broken.items())},
+            table=None if self.table is None else self.table.status(),
+            user_paused=tuple(sorted(f"{t}/{p}" for t, p in self._user_paused)),
+            subscribed_topics=tuple(self.consumer.subscribed_topics()),
+            unmatched_patterns=tuple(self.consumer.unmatched_patterns()),
+            stats=self.stats,
+            errors=tuple(self._errors),
+        )
+
+    def status(self) -> dict[str, Any]:
+        """The daemon's status JSON (the runner serves its own, from ``snapshot()``)."""
+        return self.snapshot().status_json()
 
     def _record_error(self, where: str, exc: BaseException) -> None:
         self._errors.append(

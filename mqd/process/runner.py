@@ -37,7 +37,7 @@ from mqd.config import ConfigError, MqdConfig, load_daemon_config
 from mqd.errors import MqdError
 from mqd.fsutil import atomic_write
 from mqd.process.sdnotify import Notifier
-from mqd.process.state import RunnerState
+from mqd.process.state import DaemonSnapshot, RunnerState
 
 if TYPE_CHECKING:  # the CLI imports this module for the pid file helpers: keep aiohttp out of it
     from mqd.consumer import Consumer
@@ -78,7 +78,7 @@ class DaemonLike(Protocol):
 
     async def stop(self, timeout: float | None = None) -> None: ...
 
-    def status(self) -> dict[str, Any]: ...
+    def snapshot(self) -> DaemonSnapshot: ...
 
     def health(self) -> tuple[str, list[str]]: ...
 
@@ -272,11 +272,19 @@ class Runner:
         return True, "working loop turning"
 
     def health(self) -> tuple[str, list[str]]:
+        return self._health(None)
+
+    def _health(self, snap: DaemonSnapshot | None) -> tuple[str, list[str]]:
+        """The process's health: the daemon's (from ``snap`` when the caller took one) while the
+        runner is running or reloading, then the runner's own reasons."""
         reasons: list[str] = []
         status = "ok"
         if self._daemon is not None and self._state in (RunnerState.RUNNING, RunnerState.RELOADING):
-            status, reasons = self._daemon.health()
-            reasons = list(reasons)
+            if snap is not None:
+                status, reasons = snap.health, list(snap.reasons)
+            else:
+                status, reasons = self._daemon.health()
+                reasons = list(reasons)
         elif self._state != RunnerState.RUNNING:
             status, reasons = "degraded", [f"daemon is {self._state}"]
         live, why = self.liveness()
@@ -293,18 +301,22 @@ class Runner:
         return self._state == RunnerState.RUNNING and status == "ok", reasons
 
     def status(self) -> dict[str, Any]:
+        """The status JSON the admin endpoint serves: the state and health of the process, the
+        daemon's sections (from one ``DaemonSnapshot``), then the runner's own section."""
         out: dict[str, Any] = {}
+        snap: DaemonSnapshot | None = None
         if self._daemon is not None:
             try:
-                out.update(self._daemon.status())
+                snap = self._daemon.snapshot()
             except Exception as exc:  # the status page must not die with the daemon
                 out["status_error"] = f"{type(exc).__name__}: {exc}"
-            out.setdefault("stats", self._daemon_stats())
-            out.pop("reasons", None)  # superseded by "health" below, which adds the runner's own
-        if self._state != RunnerState.RUNNING or "state" not in out:
-            out["state"] = self._state
-        health, reasons = self.health()
+                out["stats"] = self._daemon_stats()
+        # the daemon's state while the runner runs; the runner's while it starts, reloads or stops
+        out["state"] = snap.state if snap is not None and self._state == RunnerState.RUNNING else self._state
+        health, reasons = self._health(snap)
         out["health"] = {"status": health, "reasons": reasons}
+        if snap is not None:
+            out.update(snap.sections_json())
         out["runner"] = {
             "pid": os.getpid(),
             "uptime_s": round(time.monotonic() - self._started, 1),
