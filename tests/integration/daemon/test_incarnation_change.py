@@ -130,7 +130,7 @@ async def test_a_log_that_lost_the_newest_incarnation_lands_nothing_twice(
         stop = asyncio.Event()
         run = asyncio.create_task(daemon.run(stop.wait()))
 
-        def followed(first: str) -> bool:
+        def followed(first: str | None) -> bool:
             # with the only master down the session may expire and the partition be revoked, so
             # the entry can be missing for a while, and a new assignment counts its changes afresh
             consumer = daemon.status()["consumer"]
