@@ -202,90 +202,152 @@ class Publisher:
         records of earlier calls, which are no longer in memory, ``refetch`` says where the
         partition must be fetched again (and nothing is remaining).
         """
-        out = PublishOutcome()
         incs: list[str | None] = list(incarnations) if incarnations is not None else [None] * len(batches)
         if len(incs) != len(batches):
             raise ValueError(f"{len(batches)} batches but {len(incs)} incarnations")
-        cap_records = max_records or (1 << 62)
-        cap_bytes = max_bytes or (1 << 62)
-        f = open_file
-        if f is not None:
-            f.started = None
-        runs = incarnation_runs(incs)
-        tables: list[pa.Table] = []
-        at = (0, 0)  # (run, row) of the first record not yet in a file
+        if open_file is not None:
+            open_file.started = None
+        call = _Stream(
+            self.store,
+            self.compression,
+            topic,
+            partition,
+            batches,
+            incs,
+            incarnation_runs(incs),
+            max_records or (1 << 62),
+            max_bytes or (1 << 62),
+            leader_epochs,
+            since,
+            expected_last,
+            expected_incarnation,
+            open_file,
+        )
+        return call.run(finish)
 
-        def close(f: OpenFile) -> None:
-            nonlocal expected_last, expected_incarnation
-            staged = f.writer.finish(f.range())
-            try:
-                rng = self.store.commit(staged, expected_last, expected_incarnation)
-            finally:
-                self.store.discard(staged)  # committed: already gone from the staging name
-            out.published.append(rng)
-            expected_last, expected_incarnation = rng.last_offset, rng.incarnation
 
+@dataclass(slots=True)
+class _Stream:
+    """One ``Publisher.stream`` call: its batches cut into files a piece at a time, each complete
+    file committed after the previous end, and on a failure what was not published."""
+
+    store: LandingStore
+    compression: str
+    topic: str
+    partition: int
+    batches: list[pa.RecordBatch]
+    incs: list[str | None]  # one per batch
+    runs: list[tuple[str | None, int, int]]  # incarnation_runs(incs)
+    cap_records: int
+    cap_bytes: int
+    leader_epochs: Mapping[str | None, int] | None
+    since: float
+    expected_last: int | None  # the end the next commit expects
+    expected_incarnation: str | None
+    f: OpenFile | None  # the file being staged
+    out: PublishOutcome = field(default_factory=PublishOutcome)
+    tables: list[pa.Table] = field(default_factory=list)  # one per run taken so far
+    at: tuple[int, int] = (0, 0)  # (run, row) of the first record not yet in a file
+
+    def run(self, finish: bool) -> PublishOutcome:
+        """Write every run, commit the last file when ``finish``; a conflict or a store error ends
+        the call with an outcome, anything else aborts the open file and raises."""
         try:
-            for run_no, (inc, lo, hi) in enumerate(runs):
-                table = layout.concat(batches[lo:hi])
-                tables.append(table)
-                # to cut a file near max_bytes; pieces are counted by it (one walk of the chunks)
-                row_bytes = table.nbytes / max(1, table.num_rows)
-                for hour, start, length in layout.hour_runs(table):
-                    pos, end = start, start + length
-                    while pos < end:
-                        at = (run_no, pos)
-                        if f is not None and (f.incarnation != inc or f.hour != hour):
-                            close(f)
-                            f = None
-                        if f is None:
-                            rng = file_range(topic, partition, table.slice(pos, 1), inc)
-                            writer = self.store.open_stage(rng, self.compression)
-                            f = OpenFile(
-                                writer, topic, partition, rng.path, hour, inc, rng.first_offset, since
-                            )
-                            f.started = (run_no, pos)
-                        epoch = (leader_epochs or {}).get(inc)
-                        if epoch is not None:
-                            f.leader_epoch = epoch
-                        room = math.ceil((cap_bytes - f.nbytes) / row_bytes) if row_bytes else end
-                        n = min(cap_records - f.records, end - pos, max(1, room))
-                        piece = table.slice(pos, n)
-                        f.writer.write(layout.landing_table(topic, partition, piece, inc))
-                        f.note(piece, round(row_bytes * n))
-                        pos += n
-                        if f.records >= cap_records or f.nbytes >= cap_bytes:
-                            at = (run_no, pos)
-                            close(f)
-                            f = None
-            if finish and f is not None:
-                close(f)
-                f = None
+            for run_no, (inc, lo, hi) in enumerate(self.runs):
+                self.write_run(run_no, inc, lo, hi)
+            if finish and self.f is not None:
+                self.close(self.f)
         except PublishConflict as exc:
-            if f is not None:
-                f.writer.abort()
-            out.conflict = exc
-            return out
+            if self.f is not None:
+                self.f.writer.abort()
+            self.out.conflict = exc
+            return self.out
         except (LandingError, LandingCorrupt) as exc:
-            out.error = exc
-            if f is not None:
-                f.writer.abort()
-                if f.started is None:
-                    out.refetch = (f.first_offset, f.incarnation)
-                    return out
-                at = f.started
-            run_no, row = at
-            if run_no < len(tables):
-                rest = tables[run_no].slice(row).to_batches()
-                later = [i for _inc, lo2, hi2 in runs[run_no + 1 :] for i in range(lo2, hi2)]
-            else:  # failed before the run's table was built: nothing of it was taken
-                rest, later = [], [i for _inc, lo2, hi2 in runs[run_no:] for i in range(lo2, hi2)]
-            out.remaining = rest + [batches[i] for i in later]
-            out.remaining_incarnations = [runs[run_no][0]] * len(rest) + [incs[i] for i in later]
-            return out
+            return self.keep_unpublished(exc)
         except BaseException:
-            if f is not None:
-                f.writer.abort()
+            if self.f is not None:
+                self.f.writer.abort()
             raise
-        out.open = f
-        return out
+        self.out.open = self.f
+        return self.out
+
+    def write_run(self, run_no: int, inc: str | None, lo: int, hi: int) -> None:
+        """Write the batches ``lo:hi`` (one incarnation) a piece at a time: each piece stays in one
+        hour and fits the open file, which is committed once it is full."""
+        table = layout.concat(self.batches[lo:hi])
+        self.tables.append(table)
+        # to cut a file near max_bytes; pieces are counted by it (one walk of the chunks)
+        row_bytes = table.nbytes / max(1, table.num_rows)
+        for hour, start, length in layout.hour_runs(table):
+            pos, end = start, start + length
+            while pos < end:
+                self.at = (run_no, pos)
+                f = self.file_for(run_no, pos, table, inc, hour)
+                pos += self.write_piece(f, table, inc, pos, end, row_bytes)
+                if f.records >= self.cap_records or f.nbytes >= self.cap_bytes:
+                    self.at = (run_no, pos)
+                    self.close(f)
+
+    def file_for(self, run_no: int, pos: int, table: pa.Table, inc: str | None, hour: int) -> OpenFile:
+        """The open file for the record at ``pos``: the one being staged if it has its hour and
+        incarnation, else that one committed and a new one opened at this record."""
+        if self.f is not None and (self.f.incarnation != inc or self.f.hour != hour):
+            self.close(self.f)
+        if self.f is None:
+            rng = file_range(self.topic, self.partition, table.slice(pos, 1), inc)
+            writer = self.store.open_stage(rng, self.compression)
+            f = OpenFile(
+                writer, self.topic, self.partition, rng.path, hour, inc, rng.first_offset, self.since
+            )
+            f.started = (run_no, pos)
+            self.f = f
+        return self.f
+
+    def write_piece(
+        self, f: OpenFile, table: pa.Table, inc: str | None, pos: int, end: int, row_bytes: float
+    ) -> int:
+        """Write into ``f`` the records from ``pos`` (before ``end``) that fit its room as a row
+        group, stamped with the incarnation's leader epoch; returns how many."""
+        epoch = (self.leader_epochs or {}).get(inc)
+        if epoch is not None:
+            f.leader_epoch = epoch
+        room = math.ceil((self.cap_bytes - f.nbytes) / row_bytes) if row_bytes else end
+        n = min(self.cap_records - f.records, end - pos, max(1, room))
+        piece = table.slice(pos, n)
+        f.writer.write(layout.landing_table(self.topic, self.partition, piece, inc))
+        f.note(piece, round(row_bytes * n))
+        return n
+
+    def close(self, f: OpenFile) -> None:
+        """Commit the open file ``f`` after the expected end, which its end then becomes; until
+        the commit is done ``f`` stays the open file (aborted if it fails)."""
+        staged = f.writer.finish(f.range())
+        try:
+            rng = self.store.commit(staged, self.expected_last, self.expected_incarnation)
+        finally:
+            self.store.discard(staged)  # committed: already gone from the staging name
+        self.out.published.append(rng)
+        self.expected_last, self.expected_incarnation = rng.last_offset, rng.incarnation
+        self.f = None
+
+    def keep_unpublished(self, exc: LandingError | LandingCorrupt) -> PublishOutcome:
+        """A store error: abort the open file; what it held of this call, and every record after
+        it, is ``remaining``; if it also held records of earlier calls, ``refetch`` instead."""
+        self.out.error = exc
+        at = self.at
+        if self.f is not None:
+            self.f.writer.abort()
+            if self.f.started is None:
+                self.out.refetch = (self.f.first_offset, self.f.incarnation)
+                return self.out
+            at = self.f.started
+        run_no, row = at
+        runs = self.runs
+        if run_no < len(self.tables):
+            rest = self.tables[run_no].slice(row).to_batches()
+            later = [i for _inc, lo2, hi2 in runs[run_no + 1 :] for i in range(lo2, hi2)]
+        else:  # failed before the run's table was built: nothing of it was taken
+            rest, later = [], [i for _inc, lo2, hi2 in runs[run_no:] for i in range(lo2, hi2)]
+        self.out.remaining = rest + [self.batches[i] for i in later]
+        self.out.remaining_incarnations = [runs[run_no][0]] * len(rest) + [self.incs[i] for i in later]
+        return self.out

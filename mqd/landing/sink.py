@@ -445,29 +445,54 @@ class LandingSink:
             self._progress.set()
 
     async def _publish(self, tp: TP, buf: MicroBatch | None, due_at: float, finish: bool) -> PublishResult:
+        """One publication of ``tp``: its taken buffer (and its open file) streamed through the
+        publisher on a worker thread, then the outcome settled: the file left open kept, what
+        landed counted, a lost conflict or an error handled. ``owned``: the partition was not
+        dropped while it ran (only then does the outcome change its state)."""
         epoch = self._epoch.get(tp, 0)
         f = self._open.pop(tp, None)  # this publication holds the open file until it ends
         fp = self.batches.files.get(tp)
         taken = (fp.records if fp is not None else 0) + (buf.records if buf is not None else 0)
-        batches = [] if buf is None else buf.batches
-        incarnations = [] if buf is None else buf.incarnations
-        leader_epochs = {} if buf is None else buf.leader_epochs
         since = f.since if f is not None else (buf.since if buf is not None else time.monotonic())
         lead = self.batches.publish_lead  # the age cut's lead when this one was cut
         t0 = time.monotonic()
+        outcome = await self._stream(tp, buf, f, finish, since, epoch)
+        end = time.monotonic()
+        owned = self._epoch.get(tp, 0) == epoch
+        await self._keep_open_file(tp, outcome, owned)
+        if outcome.published:
+            metrics.publish_latency.observe(end - t0)
+        if outcome.published and outcome.error is None and outcome.conflict is None and finish:
+            # from the moment the age cut was due, not from when the loop got to it: the lead then
+            # also covers a loop busy decoding when the cut fell due (and the wait for a worker)
+            self.batches.observe_publish(end - min(due_at, since + self._config.max_age - lead))
+        self._count_published(tp, buf, outcome, owned)
+        unpublished = taken - sum(r.count for r in outcome.published)
+        conflict = outcome.conflict
+        if conflict is not None:
+            self._lost_conflict(tp, conflict, unpublished, owned)
+        elif outcome.error is not None:
+            conflict = self._failed(tp, buf, outcome, since, unpublished, owned)
+        return PublishResult(tp, outcome.published, conflict, outcome.error, owned)
+
+    async def _stream(
+        self, tp: TP, buf: MicroBatch | None, f: OpenFile | None, finish: bool, since: float, epoch: int
+    ) -> PublishOutcome:
+        """``Publisher.stream`` on a worker thread; if it raises (it turns store errors into an
+        outcome), what it held is given up, unless the partition was dropped meanwhile."""
         try:
             outcome: PublishOutcome = await self.run_blocking(
                 functools.partial(
                     self.publisher.stream,
                     tp[0],
                     tp[1],
-                    batches,
+                    [] if buf is None else buf.batches,
                     self.batches.expected(tp),
                     self._config.max_records,
                     self._config.max_bytes,
-                    incarnations=incarnations,
+                    incarnations=[] if buf is None else buf.incarnations,
                     expected_incarnation=self.batches.expected_incarnation(tp),
-                    leader_epochs=leader_epochs,
+                    leader_epochs={} if buf is None else buf.leader_epochs,
                     open_file=f,
                     finish=finish,
                     since=since,
@@ -481,8 +506,11 @@ class LandingSink:
                 elif buf is not None:
                     self.batches.restore(tp, buf.batches, buf.since, buf.incarnations, buf.leader_epochs)
             raise
-        end = time.monotonic()
-        owned = self._epoch.get(tp, 0) == epoch
+        return outcome
+
+    async def _keep_open_file(self, tp: TP, outcome: PublishOutcome, owned: bool) -> None:
+        """The file the publication left open is the partition's open file again (aborted if the
+        partition was dropped meanwhile); none left open: none in progress."""
         if outcome.open is not None:
             if owned:
                 self._open[tp] = outcome.open
@@ -493,12 +521,9 @@ class LandingSink:
                 await self.run_blocking(outcome.open.writer.abort)
         elif owned:
             self.batches.files.pop(tp, None)
-        if outcome.published:
-            metrics.publish_latency.observe(end - t0)
-        if outcome.published and outcome.error is None and outcome.conflict is None and finish:
-            # from the moment the age cut was due, not from when the loop got to it: the lead then
-            # also covers a loop busy decoding when the cut fell due (and the wait for a worker)
-            self.batches.observe_publish(end - min(due_at, since + self._config.max_age - lead))
+
+    def _count_published(self, tp: TP, buf: MicroBatch | None, outcome: PublishOutcome, owned: bool) -> None:
+        """Stats and metrics of the files that landed; the newest is the end the next expects."""
         # the buffer's own count: RecordBatch.nbytes per batch cost 7-13 % of the loop on the hot shape
         self._written_since_trim += 0 if buf is None else buf.nbytes
         for rng in outcome.published:
@@ -512,49 +537,60 @@ class LandingSink:
         if outcome.published and owned:
             last = outcome.published[-1]
             self.batches.set_expected(tp, last.last_offset, last.incarnation)
-        conflict = outcome.conflict
-        if conflict is not None:
-            self.stats.conflicts += 1
-            metrics.publish_conflicts.labels(tp[0]).inc()
-            log.warning(
-                "publish_conflict",
-                topic=tp[0],
-                partition=tp[1],
-                expected=conflict.expected,
-                landed=conflict.last_offset,
-                landed_incarnation=conflict.incarnation,
-            )
-            self.stats.dropped += taken - sum(r.count for r in outcome.published)
+
+    def _lost_conflict(self, tp: TP, conflict: PublishConflict, unpublished: int, owned: bool) -> None:
+        """Another publisher landed first: what was not published is dropped, and the partition
+        follows the end that landed."""
+        self.stats.conflicts += 1
+        metrics.publish_conflicts.labels(tp[0]).inc()
+        log.warning(
+            "publish_conflict",
+            topic=tp[0],
+            partition=tp[1],
+            expected=conflict.expected,
+            landed=conflict.last_offset,
+            landed_incarnation=conflict.incarnation,
+        )
+        self.stats.dropped += unpublished
+        if owned:
+            self.drop(tp)  # what arrived meanwhile follows the lost batch: drop it too
+            self.batches.set_expected(tp, conflict.last_offset, conflict.incarnation)
+
+    def _failed(
+        self,
+        tp: TP,
+        buf: MicroBatch | None,
+        outcome: PublishOutcome,
+        since: float,
+        unpublished: int,
+        owned: bool,
+    ) -> PublishConflict | None:
+        """A store error: what was not published goes back into the buffer, or, when the open file
+        held records no longer in memory, the partition is fetched again from its first offset
+        (returned as the conflict that seeks there)."""
+        if isinstance(outcome.error, LandingError):
+            metrics.landing_errors.labels(str(outcome.error.errno or "other")).inc()
+        if outcome.refetch is not None:
+            # the open file held records of earlier row groups, no longer in memory: fetch
+            # them again from its first offset (a seek, like a lost conflict, that lands nothing)
+            first, inc = outcome.refetch
             if owned:
-                self.drop(tp)  # what arrived meanwhile follows the lost batch: drop it too
-                self.batches.set_expected(tp, conflict.last_offset, conflict.incarnation)
-        elif outcome.error is not None:
-            if isinstance(outcome.error, LandingError):
-                metrics.landing_errors.labels(str(outcome.error.errno or "other")).inc()
-            if outcome.refetch is not None:
-                # the open file held records of earlier row groups, no longer in memory: fetch
-                # them again from its first offset (a seek, like a lost conflict, that lands nothing)
-                first, inc = outcome.refetch
-                if owned:
-                    self.stats.dropped += taken - sum(r.count for r in outcome.published)
-                    dropped = self.drop(tp) + taken - sum(r.count for r in outcome.published)
-                    log.warning(
-                        "open landing file lost on an error; its records are fetched again",
-                        topic=tp[0],
-                        partition=tp[1],
-                        from_offset=first,
-                        incarnation=inc,
-                        records=dropped,
-                        error=str(outcome.error),
-                    )
-                    conflict = PublishConflict(
-                        tp[0], tp[1], self.batches.expected(tp), first - 1, incarnation=inc
-                    )
-            elif owned:
-                self.batches.restore(
-                    tp, outcome.remaining, since, outcome.remaining_incarnations, leader_epochs
+                self.stats.dropped += unpublished
+                dropped = self.drop(tp) + unpublished
+                log.warning(
+                    "open landing file lost on an error; its records are fetched again",
+                    topic=tp[0],
+                    partition=tp[1],
+                    from_offset=first,
+                    incarnation=inc,
+                    records=dropped,
+                    error=str(outcome.error),
                 )
-        return PublishResult(tp, outcome.published, conflict, outcome.error, owned)
+                return PublishConflict(tp[0], tp[1], self.batches.expected(tp), first - 1, incarnation=inc)
+        elif owned:
+            leader_epochs = {} if buf is None else buf.leader_epochs
+            self.batches.restore(tp, outcome.remaining, since, outcome.remaining_incarnations, leader_epochs)
+        return None
 
     def status(self) -> dict[str, Any]:
         """The admin endpoint's ``landing`` section (its JSON shape is an interface)."""
