@@ -142,7 +142,7 @@ def mqd_config(size_dir: Path, pipeline: str, partitions: int) -> Path:
 def bare_argv(size_dir: Path, partitions: int, workdir: Path) -> list[str]:
     """The plain-PySpark alternative with mqd's session settings and the same jars."""
     from mqd.config import SparkConfig
-    from mqd.spark.job import source_ddl
+    from mqd.spark.source_schema import source_ddl
 
     sc = SparkConfig()
     out = size_dir / "bare"

@@ -68,13 +68,14 @@ from mqd.errors import MqdError
 from mqd.landing.backends import open_store
 from mqd.landing.chain_reader import ChainReader
 from mqd.landing.errors import LifecycleConflict
-from mqd.landing.schema import LANDING_SCHEMA, PARTITION_COLUMNS, landing_columns, landing_ddl, spark_type
+from mqd.landing.schema import landing_columns, landing_ddl
 from mqd.landing.store import LandingStore
 from mqd.spark import dead_letters as dl
 from mqd.spark.batch_log import BatchLog
 from mqd.spark.extra_fields import EXTRA_COLUMN, extra_fields
 from mqd.spark.partitioning import PartitionField, parse_all
 from mqd.spark.session import EXIT_SESSION, SessionError, build_session, open_session
+from mqd.spark.source_schema import SOURCE_FILE_COLUMN, source_ddl, source_file_column
 from mqd.spark.static_checks import RAW_TIMESTAMP_COLUMN, master_problem, partition_problem
 
 _log = structlog.get_logger("mqd.spark")
@@ -93,14 +94,6 @@ MIN_TS_MS = 0
 MAX_TS_MS = 253_402_300_799_999
 # Spark's message for a file its reader failed on: "... while reading file <path>.  SQLSTATE ..."
 _FAILED_FILE = re.compile(r"while reading file (\S+?)\.?\s")
-
-
-def source_ddl() -> str:
-    """The DDL the job reads the landing with: the landing's, with ``timestamp`` as BIGINT (the
-    raw epoch ms; Parquet's TIMESTAMP(MILLIS) reads as its int64), clamped afterwards."""
-    cols = [f"{f.name} {'BIGINT' if f.name == 'timestamp' else spark_type(f.type)}" for f in LANDING_SCHEMA]
-    cols += [f"{name} {sql}" for name, sql in PARTITION_COLUMNS]
-    return ", ".join(cols)
 
 
 def output_columns() -> list[str]:
@@ -162,7 +155,7 @@ def is_object_landing(config: MqdConfig) -> bool:
 
 def _source(spark: Any, config: MqdConfig) -> Any:
     """The landing as a stream, ``timestamp`` clamped to Spark's range (module docstring). An
-    ``s3://`` landing also carries the file of each row (landing_source.SOURCE_FILE_COLUMN)."""
+    ``s3://`` landing also carries the file of each row (source_schema.SOURCE_FILE_COLUMN)."""
     from pyspark.sql import functions as F
 
     extra: list[Any] = []
@@ -173,7 +166,7 @@ def _source(spark: Any, config: MqdConfig) -> Any:
         df = landing_source.stream(
             spark, str(config.landing.dir), s3.endpoint_url, s3.region, config.spark.max_files_per_trigger
         )
-        extra = [F.col(landing_source.SOURCE_FILE_COLUMN)]
+        extra = [F.col(SOURCE_FILE_COLUMN)]
     else:
         df = (
             spark.readStream.schema(source_ddl())
@@ -212,12 +205,7 @@ def _json_dead_letters(checked: Any, config: MqdConfig) -> Any:
     error class in the batch's observed metrics."""
     from pyspark.sql import functions as F
 
-    if is_object_landing(config):
-        from mqd.spark.landing_source import SOURCE_FILE_COLUMN
-
-        source_file = F.col(SOURCE_FILE_COLUMN)
-    else:
-        source_file = F.col("_metadata.file_path")
+    source_file = source_file_column(is_object_landing(config))
     message = F.lit(None).cast("string")
     for name, text in reversed([(c, dl.ERROR_CLASSES[c]) for c in dl.JSON_CLASSES]):
         message = F.when(F.col("_reason") == name, F.lit(text)).otherwise(message)
@@ -251,7 +239,7 @@ def _queries(spark: Any, config: MqdConfig) -> list[tuple[str, Any, str, Path, l
     fields = parse_all(sc.partition_by)  # checked by the config's load
     if is_typed(config):
         # one query: its foreachBatch writes the table and the dead letters (typed_sink.py)
-        from mqd.spark.typed_sink import SOURCE_FILE, source_file_column
+        from mqd.spark.typed_sink import SOURCE_FILE
 
         typed = df.withColumn(SOURCE_FILE, source_file_column(is_object_landing(config)))
         out = _table_location(sc.table_format, sc.output_dir)
@@ -840,7 +828,6 @@ __all__ = [
     "python_workers",
     "query_name",
     "run",
-    "source_ddl",
     "unlisted_files",
     "unlisted_objects",
     "unreadable_file",

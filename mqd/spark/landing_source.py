@@ -13,7 +13,7 @@ the daemon), so what Spark reads is decided by the claim chain, never by a listi
   the count is a stable position. ``latestOffset`` stops before a newest claim whose file is not
   visible yet (it may still be voided); staged objects (``_staging/``) are never listed.
 - ``partitions`` makes one Spark input partition per new file; ``read`` (on executors) fetches the
-  file's bytes and yields Arrow record batches in the job's source schema (job.source_ddl: the
+  file's bytes and yields Arrow record batches in the job's source schema (source_schema.py: the
   landing's columns, ``timestamp`` as epoch-ms BIGINT, ``dt``/``hour`` from the folder names as the
   file source adds them) plus the file's URI in ``_mqd_source_file`` (the quarantine's
   ``source_file``). A file that cannot be read fails the query, naming the file: never skipped.
@@ -57,11 +57,11 @@ from mqd.landing.layout import FileRange
 from mqd.landing.objects import Objects
 from mqd.landing.s3_objects import S3Objects
 from mqd.landing.schema import LANDING_SCHEMA
+from mqd.spark.source_schema import SOURCE_FILE_COLUMN, source_ddl
 
 _log = structlog.get_logger("mqd.spark")
 
 SOURCE_NAME = "mqd_landing"  # spark.readStream.format(SOURCE_NAME) once registered
-SOURCE_FILE_COLUMN = "_mqd_source_file"  # the file a row was read from (the quarantine's source_file)
 Offset = dict[str, int]  # "<topic>/<partition>" -> files of the chain's manifest read
 
 
@@ -142,7 +142,7 @@ def unreadable(uri: str, why: str) -> LandingSourceError:
 
 
 def _spark_arrow_type(t: pa.DataType) -> pa.DataType:
-    """The Arrow type of a column as the source hands it to Spark (job.source_ddl)."""
+    """The Arrow type of a column as the source hands it to Spark (source_schema.source_ddl)."""
     if pa.types.is_dictionary(t):
         return t.value_type
     if pa.types.is_timestamp(t):
@@ -293,8 +293,6 @@ class LandingSource(DataSource):
         return SOURCE_NAME
 
     def schema(self) -> str:
-        from mqd.spark.job import source_ddl
-
         return f"{source_ddl()}, {SOURCE_FILE_COLUMN} STRING"
 
     def streamReader(self, schema: StructType) -> LandingStreamReader:
@@ -314,7 +312,6 @@ def stream(spark: Any, uri: str, endpoint_url: str | None, region: str | None, m
 
 __all__ = [
     "SOURCE_ARROW_SCHEMA",
-    "SOURCE_FILE_COLUMN",
     "SOURCE_NAME",
     "LandingFile",
     "LandingSource",

@@ -250,15 +250,4 @@ class TypedSink:
         return rows
 
 
-def source_file_column(is_object_landing: bool) -> Any:
-    """The streaming source's column naming each row's landed file (kept for dead letters)."""
-    from pyspark.sql import functions as F
-
-    if is_object_landing:
-        from mqd.spark.landing_source import SOURCE_FILE_COLUMN
-
-        return F.col(SOURCE_FILE_COLUMN)
-    return F.col("_metadata.file_path")
-
-
-__all__ = ["SOURCE_FILE", "TypedSink", "source_file_column"]
+__all__ = ["SOURCE_FILE", "TypedSink"]

@@ -20,7 +20,6 @@ from mqd.landing.layout import FileRange
 from mqd.landing.publisher import file_range
 from mqd.spark.landing_source import (
     SOURCE_ARROW_SCHEMA,
-    SOURCE_FILE_COLUMN,
     LandingSource,
     LandingSourceError,
     file_batches,
@@ -28,6 +27,7 @@ from mqd.spark.landing_source import (
     new_files,
     plan_end,
 )
+from mqd.spark.source_schema import SOURCE_FILE_COLUMN
 from mqd.spark.static_checks import ddl_field_names
 from mqd.wire import format as fmt
 
