@@ -1041,18 +1041,7 @@ def broker_init(config_path: Path) -> None:
     help="Attempts after the first for a batch whose partition fails (with backoff); a partition "
     "that still fails is given up and its remaining records are counted as failed.",
 )
-def produce(
-    bootstrap: str,
-    topic: str,
-    count: int,
-    size: int,
-    rate: float,
-    keys: int,
-    batch: int,
-    acks: str,
-    token: str | None,
-    retries: int,
-) -> None:
+def produce(**options: Any) -> None:
     """Produce test records to a topic.
 
     On a terminal a progress line (sent, acked, failed, records/s) is refreshed every second; a
@@ -1067,20 +1056,7 @@ def produce(
     """
     from mqd.operator.produce_command import produce_cli
 
-    sys.exit(
-        produce_cli(
-            bootstrap=bootstrap,
-            topic=topic,
-            count=count,
-            size=size,
-            rate=rate,
-            keys=keys,
-            batch=batch,
-            acks=acks,
-            token=token,
-            retries=retries,
-        )
-    )
+    sys.exit(produce_cli(**options))  # the options are produce_cli's parameters, by name
 
 
 @main.command()
@@ -1181,6 +1157,16 @@ def _iceberg_table(cfg: Any) -> Any:
         _die(f"{cfg.spark.output_dir}: {exc}", EXIT_CONFIG)
 
 
+def _maintenance_command(cfg: Any, on_iceberg: Any, on_delta: Any) -> None:
+    """Maintain the output table holding the job's lock (refused while ``mqd spark`` runs):
+    ``on_iceberg(table)`` through pyiceberg, or ``on_delta(spark, out)`` on the Delta table ``out``."""
+    if cfg.spark.table_format == "iceberg":
+        _iceberg_command(cfg, on_iceberg)
+        return
+    out = _delta_table(cfg)
+    _table_command(cfg, lambda spark: on_delta(spark, out))
+
+
 def _iceberg_command(cfg: Any, action: Any) -> None:
     """Run ``action(table)`` holding the job's lock: refused while ``mqd spark`` runs."""
     from mqd.spark.table_maintenance import TableBusy, job_lock
@@ -1230,26 +1216,22 @@ def table_optimize(config_path: Path) -> None:
     from mqd.spark.table_maintenance import optimize
 
     cfg = _load(config_path)
-    if cfg.spark.table_format == "iceberg":
+
+    def compact_iceberg(table: Any) -> None:
         from mqd.spark.iceberg_maintenance import compact
 
-        def compact_iceberg(table: Any) -> None:
-            r = compact(table, cfg.spark.target_file_size)
-            click.echo(
-                f"{cfg.spark.output_dir}: {r.files_removed} files compacted into {r.files_added} "
-                f"({r.partitions_compacted} partitions)"
-            )
+        r = compact(table, cfg.spark.target_file_size)
+        click.echo(
+            f"{cfg.spark.output_dir}: {r.files_removed} files compacted into {r.files_added} "
+            f"({r.partitions_compacted} partitions)"
+        )
 
-        _iceberg_command(cfg, compact_iceberg)
-        return
-    out = _delta_table(cfg)
-
-    def act(spark: Any) -> None:
+    def optimize_delta(spark: Any, out: Path) -> None:
         r = optimize(spark, out, cfg.spark.target_file_size)
         parts = r.partitions_optimized
         click.echo(f"{out}: {r.files_removed} files compacted into {r.files_added} ({parts} partitions)")
 
-    _table_command(cfg, act)
+    _maintenance_command(cfg, compact_iceberg, optimize_delta)
 
 
 @table.command("vacuum")
@@ -1260,25 +1242,21 @@ def table_vacuum(config_path: Path) -> None:
     from mqd.spark.table_maintenance import vacuum
 
     cfg = _load(config_path)
-    if cfg.spark.table_format == "iceberg":
+
+    def expire_iceberg(table: Any) -> None:
         from mqd.spark.iceberg_maintenance import expire
 
-        def expire_iceberg(table: Any) -> None:
-            r = expire(table, cfg.spark.vacuum_retention)
-            click.echo(
-                f"{cfg.spark.output_dir}: {r.snapshots_expired} snapshots expired, {r.files_deleted} files "
-                f"deleted (retention {cfg.spark.vacuum_retention / 3600:g} h)"
-            )
+        r = expire(table, cfg.spark.vacuum_retention)
+        click.echo(
+            f"{cfg.spark.output_dir}: {r.snapshots_expired} snapshots expired, {r.files_deleted} files "
+            f"deleted (retention {cfg.spark.vacuum_retention / 3600:g} h)"
+        )
 
-        _iceberg_command(cfg, expire_iceberg)
-        return
-    out = _delta_table(cfg)
-
-    def act(spark: Any) -> None:
+    def vacuum_delta(spark: Any, out: Path) -> None:
         vacuum(spark, out, cfg.spark.vacuum_retention / 3600)
         click.echo(f"{out}: vacuumed (retention {cfg.spark.vacuum_retention / 3600:g} h)")
 
-    _table_command(cfg, act)
+    _maintenance_command(cfg, expire_iceberg, vacuum_delta)
 
 
 @table.command("convert")
