@@ -10,14 +10,16 @@ import sys
 
 from mqd.config import ConsumerConfig
 from mqd.consumer import Consumer
+from mqd.sources import open_source
 
 
 async def read(bootstrap: str, topic: str, want: int) -> int:
     # A group of its own: the daemon's group ("mqd") would take partitions from a running daemon.
     config = ConsumerConfig(bootstrap=[bootstrap], topics=[topic], group="my-reader", consume_from="first")
     seen = 0
+    # the source config.source names (the mqd broker here; "kafka" for a Kafka cluster).
     # auto_mark stays off: mark a batch once it is processed, so a crash re-reads instead of losing it
-    async with Consumer(config) as consumer:
+    async with Consumer(config, source=open_source(config)) as consumer:
         while seen < want:
             await consumer.wait_for_data(1.0)
             for batch in consumer.fetched_batches():  # pyarrow RecordBatches, zero-copy
