@@ -12,7 +12,7 @@ Prints the figures and writes bench/results/broker.json.
 
     python -m bench.broker_bench --records 1000000
     python -m bench.broker_bench --allocators --rounds 3   # the node's default allocator (its
-        # re-exec with PYTHONMALLOC=malloc, mqd/process/memory_trim.py) against PYTHONMALLOC=pymalloc,
+        # re-exec with PYTHONMALLOC=malloc, mqd/memory_trim.py) against PYTHONMALLOC=pymalloc,
         # interleaved, each run on a fresh node: medians and paired ratios
 """
 

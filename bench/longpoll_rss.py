@@ -31,10 +31,10 @@ from typing import Any
 
 import aiohttp
 
-from mqd.process.memory_trim import TRIM_PASSES
+from mqd.memory_trim import TRIM_PASSES
 from mqd.testing import LocalCluster
 
-TRIM_LINE = "memory given back after a burst"  # mqd.process.memory_trim's log line
+TRIM_LINE = "memory given back after a burst"  # mqd.memory_trim's log line
 
 
 def rss_mib(pid: int) -> float:

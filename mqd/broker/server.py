@@ -44,7 +44,7 @@ from mqd.broker.scrub import SegmentScrubber
 from mqd.broker.storage import PartitionLog, Storage, StorageError
 from mqd.config import BrokerConfig, ClusterConfig, ConfigError, load_broker_config
 from mqd.header_deadline import BoundedAppRunner
-from mqd.process.memory_trim import TRIM_CHECK_INTERVAL_S, burst_ended, trim_heap
+from mqd.memory_trim import TRIM_CHECK_INTERVAL_S, burst_ended, trim_heap
 from mqd.wire import format as fmt
 from mqd.wire.client import BrokerClient
 

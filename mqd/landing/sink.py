@@ -50,7 +50,7 @@ from mqd.landing.micro_batches import TP, Drained, FileProgress, MicroBatch, Mic
 from mqd.landing.publisher import OpenFile, Publisher, PublishOutcome
 from mqd.landing.store import PartitionHead
 from mqd.landing.watermark import AheadOfClock
-from mqd.process.memory_trim import trim_heap
+from mqd.memory_trim import trim_heap
 from mqd.waiting import wait_event
 
 log = structlog.get_logger("mqd.landing")

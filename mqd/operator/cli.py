@@ -915,7 +915,7 @@ def broker(config_path: Path) -> None:
     Example:
       mqd broker --config config/single.toml
     """
-    from mqd.process.memory_trim import exec_with_trimmable_allocator
+    from mqd.memory_trim import exec_with_trimmable_allocator
 
     exec_with_trimmable_allocator()  # before the heavy imports: the node's memory after load
     from mqd.broker.server import run_node

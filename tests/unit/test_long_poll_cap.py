@@ -12,7 +12,7 @@ import asyncio
 import pytest
 
 from mqd.broker.long_poll import LongPoll, LongPollFull
-from mqd.process.memory_trim import TRIM_AFTER_HELD, burst_ended
+from mqd.memory_trim import TRIM_AFTER_HELD, burst_ended
 
 
 def never() -> tuple[str, bool]:

@@ -5,7 +5,7 @@ memory), then 5,000 fetches held at once on one node until they end by their max
 (psutil) after the burst, once the node has trimmed (every pass), must be within 12 MiB of before
 the burst. Measured on the 2-core test host with bench/longpoll_rss.py: 28-33 MiB kept on main
 (Python's pymalloc, one trim pass), 4.8-5.1 MiB now (glibc's malloc with two arenas, three trim
-passes: mqd/process/memory_trim.py); this test on main: 20.2 MiB.
+passes: mqd/memory_trim.py); this test on main: 20.2 MiB.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import aiohttp
 import psutil
 from support.harness import Cluster
 
-from mqd.process.memory_trim import TRIM_PASSES
+from mqd.memory_trim import TRIM_PASSES
 from mqd.waiting import wait_until
 
 POLLS = 5000
@@ -63,7 +63,7 @@ async def _burst(cluster: Cluster, polls: int) -> None:
                 f"{opened} of {polls} fetches held at once",
             )
         assert set(await asyncio.gather(*tasks)) == {200}
-    # every pass of the node's trim after the burst (mqd/process/memory_trim.py TRIM_PASSES)
+    # every pass of the node's trim after the burst (mqd/memory_trim.py TRIM_PASSES)
     await wait_until(
         lambda: cluster.log(cluster.master()).count(TRIM_LINE) >= trims + TRIM_PASSES,
         60,

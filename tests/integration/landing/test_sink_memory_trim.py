@@ -20,7 +20,7 @@ import pytest
 
 from mqd.config import LandingConfig
 from mqd.landing.sink import LandingSink
-from mqd.process.memory_trim import _malloc_trim, rss_mib
+from mqd.memory_trim import _malloc_trim, rss_mib
 from mqd.wire import format as fmt
 
 pytestmark = pytest.mark.skipif(

@@ -33,7 +33,7 @@ import sys
 
 import structlog
 
-log = structlog.get_logger("mqd.memory_trim")  # its name before mqd/process/: log readers know it
+log = structlog.get_logger(__name__)
 
 TRIM_AFTER_HELD = 100  # a burst worth giving memory back after
 TRIM_CHECK_INTERVAL_S = 5.0
