@@ -563,9 +563,10 @@ class LandingConfig(_Model):
     max_event_ahead: Seconds = Field(default=3600.0, gt=0, le=10 * 365 * 86400)
     s3: LandingS3Config = Field(default_factory=LandingS3Config)
     lifecycle: LandingLifecycleConfig = Field(default_factory=LandingLifecycleConfig)
-    # "delta": the daemon also commits what it publishes to a Delta table at the landing's root
-    # (readable by delta-rs, DuckDB, Polars, Spark seconds after it lands); "none": files only
-    table: Literal["none", "delta"] = "none"
+    # "delta" (the default since it passed chaos, issue 35): the daemon also commits what it
+    # publishes to a Delta table at the landing's root (readable by delta-rs, DuckDB, Polars, Spark
+    # seconds after it lands); "none": files only
+    table: Literal["none", "delta"] = "delta"
     delta: LandingDeltaConfig = Field(default_factory=LandingDeltaConfig)
 
 
