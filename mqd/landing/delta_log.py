@@ -58,7 +58,6 @@ from mqd.lazy_import import lazy_import
 if TYPE_CHECKING:
     import deltalake
     import deltalake.exceptions
-    import deltalake.transaction
     import pyarrow as pa
 
     from mqd.landing import schema
@@ -226,9 +225,6 @@ class LandingTable:
             "delta.enableExpiredLogCleanup": "true",
             "delta.appendOnly": "true",
         }
-
-    def exists(self) -> bool:
-        return table_exists(self.uri, self.storage)
 
     def load(self, *, create: bool = True) -> bool:
         """Read the log up to its newest commit (creating the table, empty, when there is none and

@@ -152,8 +152,8 @@ class Daemon:
 
         if importlib.util.find_spec("deltalake") is None:
             raise TableUnavailable(
-                'landing.table = "delta" needs the deltalake package (delta-rs): '
-                'pip install "mqd[landing-table]"'
+                'landing.table = "delta" needs the deltalake package (delta-rs), a dependency of mqd: '
+                'reinstall mqd (pip install mqd), or set landing.table = "none"'
             )
         from mqd.landing.table_committer import TableCommitter
 

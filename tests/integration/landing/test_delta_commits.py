@@ -11,6 +11,7 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import deltalake
 import pytest
@@ -42,8 +43,8 @@ def rng(partition: int, first: int, count: int = 10) -> FileRange:
     )
 
 
-def table(root: Path, objects: LocalObjects | None = None, **kw: float) -> LandingTable:
-    t = LandingTable(str(root), objects or LocalObjects(root), **kw)  # type: ignore[arg-type]
+def table(root: Path, objects: LocalObjects | None = None, **kw: Any) -> LandingTable:
+    t = LandingTable(str(root), objects or LocalObjects(root), **kw)
     t.load()
     return t
 
