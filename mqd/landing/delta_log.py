@@ -271,16 +271,10 @@ class LandingTable:
         assert self.commits.version >= 0, "load() first"
         return self.commits.txns.get(app)
 
-    def committed(self, rng: FileRange, versions: dict[str, int | None] | None = None) -> bool:
+    def committed(self, rng: FileRange) -> bool:
         """Whether the loaded log holds ``rng`` (its incarnation's ``txn`` at or past its last
-        offset). ``versions``: a cache of appId -> version for one loaded log version."""
-        app = app_id(rng.topic, rng.partition, rng.incarnation)
-        if versions is None:
-            v = self.txn_version(app)
-        else:
-            if app not in versions:
-                versions[app] = self.txn_version(app)
-            v = versions[app]
+        offset)."""
+        v = self.txn_version(app_id(rng.topic, rng.partition, rng.incarnation))
         return v is not None and rng.last_offset <= v
 
     def add(self, files: Iterable[FileRange], *, committer: str = "") -> int:

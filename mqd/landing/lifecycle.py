@@ -359,7 +359,6 @@ class Cleaner:
         cleaned: dict[str, int] = {str(k): int(v) for k, v in json.loads(got[0]).items()} if got else {}
         deleted = archived = expired = compacted = 0
         table = self._landing_table()
-        versions: dict[str, int | None] = {}
         going: list[tuple[str, int, FileRange, bool]] = []  # (chain, index, file, expired), chain order
         visited: list[str] = []
         for k, files in sorted(chains.items()):
@@ -373,7 +372,7 @@ class Cleaner:
             done = start
             for i in range(start, max(last, 0)):
                 f = files[i]
-                if table is not None and not table.committed(f, versions):
+                if table is not None and not table.committed(f):
                     break  # the table is a reader too: not in it yet, so not gone from the landing
                 if i < committed:
                     going.append((k, i, f, False))

@@ -199,11 +199,10 @@ class TableCommitter:
             if not any(self._pending.values()):
                 return res
             self.table.load()
-            versions: dict[str, int | None] = {}
             todo: list[FileRange] = []
             for tp in sorted(self._pending):
-                keep = [f for f in self._pending[tp] if not self.table.committed(f, versions)]
-                keep = self._existing(keep, versions)
+                keep = [f for f in self._pending[tp] if not self.table.committed(f)]
+                keep = self._existing(keep)
                 self._pending[tp] = keep
                 todo.extend(keep)
             self._pending = {tp: v for tp, v in self._pending.items() if v}
@@ -270,12 +269,12 @@ class TableCommitter:
             pending = pending or view.pending is not None
         return pending
 
-    def _existing(self, files: list[FileRange], versions: dict[str, int | None]) -> list[FileRange]:
+    def _existing(self, files: list[FileRange]) -> list[FileRange]:
         """``files`` without those of a never-committed appId whose file is gone (counted); a
         range without its size (landed by an old mqd, migrated) gets it from the store."""
         out = []
         for f in files:
-            if versions.get(app_id(f.topic, f.partition, f.incarnation)) is None or f.bytes <= 0:
+            if self.table.txn_version(app_id(f.topic, f.partition, f.incarnation)) is None or f.bytes <= 0:
                 info = self.objects.head(f.path)
                 if info is None:
                     self.stats.gone += 1
