@@ -1102,32 +1102,12 @@ def detect_kind(data: Mapping[str, Any]) -> ConfigKind:
 
 
 def check_file(path: str | Path, environ: Mapping[str, str] | None = None) -> tuple[ConfigKind, object]:
-    """Validate any mqd config file (``mqd config check``); raises ConfigError, returns kind and model."""
+    """Validate any mqd config file; raises ConfigError, returns kind and model. (``mqd config check``
+    also asks mqd.spark.table_format whether a daemon file's table format fits the tables there.)"""
     path = Path(path)
     kind = detect_kind(read_toml(path))
     if kind == "broker":
         return kind, load_broker_config(path)[0]
     if kind == "cluster":
         return kind, load_cluster_config(path)
-    config = load_daemon_config(path, environ)
-    problem = table_format_problem(config)
-    if problem is not None:
-        raise ConfigError(f"{path}: {problem}")
-    return kind, config
-
-
-def table_format_problem(config: MqdConfig) -> str | None:
-    """Why ``spark.table_format`` cannot write the tables already at the output (and quarantine)
-    folders; looked at by ``mqd config check`` and ``mqd spark``, not by every load (a daemon host
-    need not see the warehouse)."""
-    from mqd.spark.table_format import format_problem
-
-    sc = config.spark
-    places = [sc.output_dir] + ([sc.quarantine_dir] if sc.has_dead_letters else [])
-    for place in places:
-        if isinstance(place, str):  # an s3:// table: the job looks when it starts (no S3 call here)
-            continue
-        problem = format_problem(sc.table_format, place)
-        if problem is not None:
-            return problem
-    return None
+    return kind, load_daemon_config(path, environ)

@@ -6,7 +6,8 @@ fires (3630 s by default, 75 s on the broker), so a few thousand such connection
 node's file descriptors ("slowloris"). Here every request's headers must be complete within
 ``header_timeout_s`` of the connection opening, or of their first byte on a kept-alive connection;
 otherwise the node answers ``408`` and closes the connection, counted and logged (rate-limited) by
-:class:`~mqd.broker.rejected_requests.RejectedRequests`. Bodies have their own deadline
+the server's :class:`Rejections` (the broker's and the admin endpoint's
+:class:`~mqd.broker.rejected_requests.RejectedRequests`). Bodies have their own deadline
 (:func:`mqd.broker.request_parsing.read_body`).
 
 The mechanism is a :class:`aiohttp.web_protocol.RequestHandler` subclass (aiohttp has no hook for
@@ -18,12 +19,10 @@ pins against the aiohttp version in use.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, Protocol
 
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
-
-from mqd.broker.rejected_requests import RejectedRequests
 
 DEFAULT_HEADER_TIMEOUT_S = 10.0
 _TIMEOUT_ANSWER = (
@@ -32,13 +31,19 @@ _TIMEOUT_ANSWER = (
 )
 
 
+class Rejections(Protocol):
+    """Where a refused request is counted and logged: all this module needs of its servers."""
+
+    def record(self, status: int, reason: str, **context: Any) -> bool: ...
+
+
 class HeaderDeadlineHandler(RequestHandler):
     """aiohttp's per-connection protocol, plus the header deadline."""
 
     __slots__ = ("_count_at_arm", "_deadline", "_header_timeout_s", "_rejected")
 
     def __init__(
-        self, manager: web.Server, *, header_timeout_s: float, rejected: RejectedRequests, **kwargs: Any
+        self, manager: web.Server, *, header_timeout_s: float, rejected: Rejections, **kwargs: Any
     ) -> None:
         super().__init__(manager, **kwargs)
         self._header_timeout_s = header_timeout_s
@@ -84,9 +89,7 @@ class HeaderDeadlineHandler(RequestHandler):
 
 
 class _HeaderDeadlineServer(web.Server):
-    def __init__(
-        self, *args: Any, header_timeout_s: float, rejected: RejectedRequests, **kwargs: Any
-    ) -> None:
+    def __init__(self, *args: Any, header_timeout_s: float, rejected: Rejections, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.header_timeout_s = header_timeout_s
         self.rejected = rejected
@@ -112,7 +115,7 @@ class BoundedAppRunner(web.AppRunner):
         app: web.Application,
         *,
         header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S,
-        rejected: RejectedRequests,
+        rejected: Rejections,
         **kwargs: Any,
     ) -> None:
         super().__init__(app, **kwargs)

@@ -30,18 +30,14 @@ if TYPE_CHECKING:
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
-
-    from mqd.wire import format as fmt
 else:
     np = lazy_import("numpy")
     pa = lazy_import("pyarrow")
     pc = lazy_import("pyarrow.compute")
-    fmt = lazy_import("mqd.wire.format")
 
 __all__ = [
     "DEFAULT_MAX_RECORD_BYTES",
     "RecordTooLarge",
-    "check_batches",
     "first_too_large",
     "oversize",
     "record_sizes",
@@ -104,16 +100,3 @@ def oversize(records: pa.RecordBatch, nbytes: int, limit: int) -> tuple[int, int
     if found is None:
         return None
     return int(records.column("offset")[found[0]].as_py()), found[1]
-
-
-def check_batches(buf: bytes | memoryview, infos: list[fmt.BatchInfo], limit: int) -> None:
-    """Raise RecordTooLarge for the first record above ``limit`` in the validated batches
-    ``infos`` of ``buf`` (a produce request), naming it by its position in the request."""
-    before = 0  # records in the batches before this one
-    for info in infos:
-        if info.length > limit:  # else its records are smaller than the batch: nothing to look at
-            # the caller validated the batches (CRC and layout): no second deep check
-            found = first_too_large(fmt.to_arrow(buf, info, deep_check=False), limit)
-            if found is not None:
-                raise RecordTooLarge(f"record {before + found[0]} of the request (from 0)", found[1], limit)
-        before += info.count

@@ -116,7 +116,7 @@ def check_record_sizes(body: bytes, infos: list[fmt.BatchInfo], limit: int) -> N
     """413 ``record_too_large`` when a record of the validated produce ``body`` is larger than
     ``limit`` (limits.max_record_bytes; mqd/record_size.py says why there is one limit)."""
     try:
-        record_size.check_batches(body, infos, limit)
+        fmt.check_record_sizes(body, infos, limit)
     except record_size.RecordTooLarge as exc:
         raise ApiError(413, "record_too_large", str(exc), size=exc.size, limit=exc.limit) from None
 

@@ -14,11 +14,15 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn, cast
+from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 import click
 
 from mqd.config import ConfigError
+
+if TYPE_CHECKING:
+    from mqd.config import AdminConfig
+    from mqd.operator.admin import AdminServer, AdminTarget
 
 # Arrow fixes its allocator when pyarrow is first imported, so this must happen before any command
 # imports it. jemalloc: the Kafka source's decoded records and the landing's encoder live there,
@@ -244,7 +248,14 @@ def run(config_path: Path, burst: bool) -> None:
         gc.freeze()
         if collecting:
             gc.enable()
-    sys.exit(run_daemon(config_path, cfg, burst=burst))
+    sys.exit(run_daemon(config_path, cfg, burst=burst, admin=_admin_endpoint))
+
+
+def _admin_endpoint(config: AdminConfig, target: AdminTarget) -> AdminServer:
+    """The daemon's admin endpoint, imported when the runner builds it (after the first fetch)."""
+    from mqd.operator.admin import AdminServer
+
+    return AdminServer(config, target)
 
 
 @main.command()
@@ -657,12 +668,16 @@ def config_check(files: tuple[Path, ...], show: bool) -> None:
       mqd config check config/*.toml
       MQD_CONSUMER__GROUP=etl mqd config check --show /etc/mqd/mqd.toml
     """
-    from mqd.config import check_file, shown
+    from mqd.config import MqdConfig, check_file, shown
+    from mqd.spark.table_format import table_format_problem
 
     failed = False
     for path in files:
         try:
             kind, model = check_file(path)
+            problem = table_format_problem(model) if isinstance(model, MqdConfig) else None
+            if problem is not None:
+                raise ConfigError(f"{path}: {problem}")
         except ConfigError as exc:
             failed = True
             click.echo(f"error: {exc}", err=True)

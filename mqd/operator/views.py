@@ -53,13 +53,6 @@ def _section(d: Mapping[str, Any], key: str) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
 
 
-def _first(d: Mapping[str, Any], *keys: str, default: Any = None) -> Any:
-    for k in keys:
-        if k in d and d[k] is not None:
-            return d[k]
-    return default
-
-
 def _int_or_none(v: Any) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) else None
 
@@ -69,53 +62,32 @@ def _float_or_none(v: Any) -> float | None:
 
 
 def partition_rows(status: Mapping[str, Any]) -> list[PartitionRow]:
-    """Per-partition rows from the status JSON (the consumer's ``assignment`` list or mapping)."""
-    consumer = _section(status, "consumer")
-    raw = _first(consumer, "assignment", "partitions", default=[])
-    entries: list[tuple[str | None, Mapping[str, Any]]] = []
-    if isinstance(raw, Mapping):
-        entries = [(str(k), v) for k, v in raw.items() if isinstance(v, Mapping)]
-    elif isinstance(raw, list):
-        entries = [(None, v) for v in raw if isinstance(v, Mapping)]
+    """Per-partition rows from the status JSON: the consumer's ``assignment`` mapping, with the
+    keys mqd.consumer.snapshot.consumer_status_json writes (one shape: no aliases to guess)."""
+    assignment = _section(_section(status, "consumer"), "assignment")
     rows = []
-    for key, e in entries:
+    for e in assignment.values():
+        if not isinstance(e, Mapping):
+            continue
         topic, part = e.get("topic"), e.get("partition")
-        if (topic is None or part is None) and key:
-            sep = "/" if "/" in key else ":"
-            topic, _, p = key.rpartition(sep)
-            part = int(p) if p.isdigit() else None
         if not isinstance(topic, str) or not isinstance(part, int):
             continue
-        position = _int_or_none(_first(e, "position", "offset"))
-        log_end = _int_or_none(_first(e, "log_end", "max_offset"))
-        landed = _int_or_none(e.get("landed"))
-        committed = _int_or_none(e.get("committed"))
-        fetch_lag = _int_or_none(e.get("fetch_lag"))
-        if fetch_lag is None and position is not None and log_end is not None:
-            fetch_lag = max(0, log_end - position)
-        lag = _int_or_none(e.get("lag"))
-        done = landed if landed is not None else committed
-        if lag is None and done is not None and log_end is not None:
-            lag = max(0, log_end - done)
-        flow = _first(e, "flow_control", "flow", "flow_state", default="")
-        if isinstance(flow, Mapping):
-            flow = flow.get("reason") or flow.get("state") or ""
         rows.append(
             PartitionRow(
                 topic=topic,
                 partition=part,
-                position=position,
-                committed=committed,
-                log_end=log_end,
-                lag=lag,
-                node=str(_first(e, "pull_node", "node", default="")),
-                flow=str(flow or ""),
+                position=_int_or_none(e.get("position")),
+                committed=_int_or_none(e.get("committed")),
+                log_end=_int_or_none(e.get("log_end")),
+                lag=_int_or_none(e.get("lag")),
+                node=str(e.get("pull_node") or ""),
+                flow=str(e.get("flow_control") or ""),
                 paused=bool(e.get("paused")),
                 parked=bool(e.get("parked")),
-                error=str(_first(e, "last_error", "error", default="")),
-                landed=landed,
+                error=str(e.get("last_error") or ""),
+                landed=_int_or_none(e.get("landed")),
                 time_lag_s=_float_or_none(e.get("time_lag_s")),
-                fetch_lag=fetch_lag,
+                fetch_lag=_int_or_none(e.get("fetch_lag")),
                 stuck=e.get("stuck") is True,
                 error_age_s=_float_or_none(e.get("last_error_age_s")),
                 leader=str(e.get("leader") or ""),
@@ -155,8 +127,8 @@ def _published(status: Mapping[str, Any]) -> str:
     stats = status.get("stats")
     if not isinstance(stats, Mapping):
         return ""
-    recs = _first(stats, "records_published", "records")
-    files = _first(stats, "files_published", "files")
+    recs = stats.get("records_published")
+    files = stats.get("files_published")
     out = ""
     if isinstance(recs, int):
         out += f", {recs} records landed"  # exact, as the offsets are
@@ -185,7 +157,7 @@ def render_summary(status: Mapping[str, Any]) -> str:
     if unmatched:
         lines.append(f"  ! topic patterns match no topic yet: {', '.join(map(str, unmatched))}")
     if consumer:
-        member = _first(consumer, "member_id", "client_id", default="?")
+        member = consumer.get("member_id") or "?"
         gen = consumer.get("generation", "?")
         lines.append(f"  group {consumer.get('group', '?')}, member {member}, member version {gen}")
     lag = sum(r.lag or 0 for r in rows)

@@ -10,7 +10,8 @@
   SIGHUP reloads the config file.
 - **sd_notify**: READY after start, RELOADING/READY around a reload, STOPPING, WATCHDOG pings only
   while the daemon's working loop turns, STATUS lines with the throughput every few seconds.
-- **admin endpoint** (mqd.operator.admin) and ``state_dir/admin.json`` so the CLI finds it.
+- **admin endpoint** (mqd.operator.admin, built by the factory ``run`` is given) and
+  ``state_dir/admin.json`` so the CLI finds it.
 - **last_exit.json** in ``state_dir``: how the last run ended, for ``mqd stop`` to report.
 """
 
@@ -25,7 +26,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Awaitable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -33,7 +34,7 @@ import structlog
 
 from mqd import log as mqdlog
 from mqd import metrics
-from mqd.config import ConfigError, MqdConfig, load_daemon_config
+from mqd.config import AdminConfig, ConfigError, MqdConfig, load_daemon_config
 from mqd.errors import MqdError
 from mqd.fsutil import atomic_write
 from mqd.process.sdnotify import Notifier
@@ -41,7 +42,6 @@ from mqd.process.state import DaemonSnapshot, RunnerState
 
 if TYPE_CHECKING:  # the CLI imports this module for the pid file helpers: keep aiohttp out of it
     from mqd.consumer import Consumer
-    from mqd.operator.admin import AdminServer, PartitionSpec
 
 log = structlog.get_logger("mqd.runner")  # its name before mqd/process/: log readers know it
 
@@ -59,6 +59,25 @@ class RunnerError(MqdError):
 
     def __init__(self, message: str, *, retriable: bool = False) -> None:
         super().__init__(message, retriable=retriable)
+
+
+PartitionSpec = tuple[str, int | None]  # ("events", None): every partition of the topic it owns
+
+
+class AdminEndpoint(Protocol):
+    """The admin endpoint as the runner uses it (mqd.operator.admin.AdminServer). The caller
+    passes a factory: the endpoint is an operator edge, built by the CLI's ``run``, and its
+    aiohttp import comes after the first fetch (issue 16)."""
+
+    @property
+    def url(self) -> str: ...
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+AdminFactory = Callable[[AdminConfig, "Runner"], AdminEndpoint]
 
 
 class DaemonLike(Protocol):
@@ -200,14 +219,6 @@ def config_changes(old: MqdConfig, new: MqdConfig) -> list[str]:
     return sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
 
 
-def _stat(stats: Mapping[str, Any], *keys: str) -> int:
-    for k in keys:
-        v = stats.get(k)
-        if isinstance(v, int | float) and not isinstance(v, bool):
-            return int(v)
-    return 0
-
-
 class Runner:
     """Runs one daemon until it is told to stop. Build in __init__; ``run()`` does everything else."""
 
@@ -219,6 +230,7 @@ class Runner:
         burst: bool = False,
         notifier: Notifier | None = None,
         daemon: DaemonLike | None = None,
+        admin: AdminFactory | None = None,
     ) -> None:
         self.config_path = config_path
         self.config = config
@@ -226,7 +238,8 @@ class Runner:
         self.notifier = notifier or Notifier()
         self._daemon = daemon
         self._pidfile = PidFile(config.daemon.pid_file)
-        self._admin: AdminServer | None = None
+        self._admin_factory = admin  # None: no endpoint, whatever admin.enabled says
+        self._admin: AdminEndpoint | None = None
         self._state = RunnerState.STARTING
         self._set_state(RunnerState.STARTING)
         self._started = time.monotonic()
@@ -330,8 +343,6 @@ class Runner:
         return out
 
     def _resolve(self, specs: Sequence[PartitionSpec]) -> list[tuple[str, int]]:
-        from mqd.operator.admin import AdminError
-
         # the consumer's own assignment, not the status JSON read back
         owned: list[tuple[str, int]] = []
         if self._daemon is not None:
@@ -343,7 +354,8 @@ class Runner:
                 continue
             mine = [tp for tp in owned if tp[0] == topic]
             if not mine:
-                raise AdminError(f"topic {topic!r} has no partition assigned to this daemon")
+                # the endpoint answers 404 not_assigned, as for a partition the daemon does not own
+                raise KeyError(f"topic {topic!r} has no partition assigned to this daemon")
             out.extend(mine)
         return sorted(set(out))
 
@@ -485,8 +497,7 @@ class Runner:
 
     def _status_line(self) -> str:
         stats = self._daemon_stats()
-        recs = _stat(stats, "records_published", "records")
-        files = _stat(stats, "files_published", "files")
+        recs, files = stats.get("records_published", 0), stats.get("files_published", 0)
         return f"{self._rate_text} published {recs} records in {files} files".strip()
 
     _rate_text = ""
@@ -496,8 +507,7 @@ class Runner:
         while True:
             stats = self._daemon_stats()
             now = time.monotonic()
-            recs = _stat(stats, "records_published", "records")
-            nbytes = _stat(stats, "bytes_published", "bytes")
+            recs, nbytes = stats.get("records_published", 0), stats.get("bytes_published", 0)
             if prev is not None and now > prev[0]:
                 dt = now - prev[0]
                 self._rate_text = (
@@ -562,7 +572,7 @@ class Runner:
             if self._daemon is None:
                 self._daemon = self._build_daemon()
             starting = asyncio.ensure_future(self.daemon.start())
-            if self.config.admin.enabled:
+            if self.config.admin.enabled and self._admin_factory is not None:
                 await self._start_admin(starting)
             if not await self._until_stop(starting):
                 reason = f"stopped on {self._stop_reason} while starting"
@@ -609,12 +619,11 @@ class Runner:
             stop.cancel()
         if starting.done() and (starting.cancelled() or starting.exception() is not None):
             return  # the start failed: run() reports it
-        from mqd.operator.admin import AdminError, AdminServer
-
-        self._admin = AdminServer(self.config.admin, self)
+        assert self._admin_factory is not None
+        self._admin = self._admin_factory(self.config.admin, self)
         try:
             await self._admin.start()
-        except AdminError as exc:
+        except MqdError as exc:
             # the port is taken (or the like): the start in progress is abandoned
             starting.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -688,8 +697,11 @@ class Runner:
         return code
 
 
-def run(config_path: Path, config: MqdConfig, *, burst: bool = False) -> int:
-    """Entry point of ``mqd run``: logging, uvloop, the runner. Returns the exit code."""
+def run(
+    config_path: Path, config: MqdConfig, *, burst: bool = False, admin: AdminFactory | None = None
+) -> int:
+    """Entry point of ``mqd run``: logging, uvloop, the runner (with the admin endpoint ``admin``
+    builds). Returns the exit code."""
     mqdlog.configure(config.log.level, config.log.format)
     try:
         import uvloop
@@ -697,6 +709,6 @@ def run(config_path: Path, config: MqdConfig, *, burst: bool = False) -> int:
         factory: Any = uvloop.new_event_loop
     except ImportError:  # pragma: no cover - uvloop is a dependency; keep running without it
         factory = None
-    runner = Runner(config_path, config, burst=burst)
+    runner = Runner(config_path, config, burst=burst, admin=admin)
     with asyncio.Runner(loop_factory=factory) as aio:
         return aio.run(runner.run())

@@ -490,7 +490,7 @@ def _start_problem(config: MqdConfig, url: str, log: Any) -> int | None:
     code = _landing_problem(config, log)
     if code is not None:
         return code
-    from mqd.config import table_format_problem
+    from mqd.spark.table_format import table_format_problem
 
     problem = table_format_problem(config)
     if problem is not None:

@@ -15,7 +15,10 @@ No pyspark import: ``mqd config check`` runs on hosts without Spark.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from mqd.config import MqdConfig
 
 TableFormat = Literal["delta", "iceberg", "parquet"]
 
@@ -61,6 +64,21 @@ def format_problem(configured: str, output_dir: Path, key: str = "spark.table_fo
     )
 
 
+def table_format_problem(config: MqdConfig) -> str | None:
+    """Why ``spark.table_format`` cannot write the tables already at the output (and quarantine)
+    folders; looked at by ``mqd config check`` and ``mqd spark``, not by every load (a daemon host
+    need not see the warehouse)."""
+    sc = config.spark
+    places = [sc.output_dir] + ([sc.quarantine_dir] if sc.has_dead_letters else [])
+    for place in places:
+        if isinstance(place, str):  # an s3:// table: the job looks when it starts (no S3 call here)
+            continue
+        problem = format_problem(sc.table_format, place)
+        if problem is not None:
+            return problem
+    return None
+
+
 __all__ = [
     "DELTA_LOG",
     "SPARK_METADATA",
@@ -68,4 +86,5 @@ __all__ = [
     "existing_format",
     "format_problem",
     "spark_location",
+    "table_format_problem",
 ]

@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 
 from mqd.errors import MqdError
+from mqd.record_size import RecordTooLarge, first_too_large
 from mqd.records import HEADERS_TYPE, RECORD_SCHEMA  # the decoded batch's schema: neutral ground
 
 try:  # ISA-L's CRC-32 is bit-identical to zlib's and ~7x faster (bench/profile/REPORT.md)
@@ -368,3 +369,16 @@ def to_arrow(
     if start_offset is not None and start_offset > info.base_offset:
         batch = batch.slice(start_offset - info.base_offset)
     return batch
+
+
+def check_record_sizes(buf: bytes | memoryview, infos: list[BatchInfo], limit: int) -> None:
+    """Raise RecordTooLarge for the first record above ``limit`` in the validated batches
+    ``infos`` of ``buf`` (a produce request), naming it by its position in the request."""
+    before = 0  # records in the batches before this one
+    for info in infos:
+        if info.length > limit:  # else its records are smaller than the batch: nothing to look at
+            # the caller validated the batches (CRC and layout): no second deep check
+            found = first_too_large(to_arrow(buf, info, deep_check=False), limit)
+            if found is not None:
+                raise RecordTooLarge(f"record {before + found[0]} of the request (from 0)", found[1], limit)
+        before += info.count

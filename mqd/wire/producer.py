@@ -242,7 +242,7 @@ class Producer:
             raise RuntimeError("Producer.start() was not called")
         if len(batches) > self._max_record_bytes:  # else no record in it can be over the limit
             try:
-                record_size.check_batches(batches, fmt.validate(batches), self._max_record_bytes)
+                fmt.check_record_sizes(batches, fmt.validate(batches), self._max_record_bytes)
             except record_size.RecordTooLarge as exc:
                 raise BrokerError(
                     f"{topic}/{partition}: {exc}", status=413, code="record_too_large", retriable=False

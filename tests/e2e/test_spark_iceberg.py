@@ -214,8 +214,7 @@ def test_the_job_writes_an_iceberg_table(tmp_path: Path, spark: Any) -> None:
     """`spark.table_format = "iceberg"` through the job itself (`mqd spark --once`'s code): every
     Iceberg reader counts each landed record once, a second run adds only the new ones, and the
     folder is then an Iceberg table that a Delta config refuses to write."""
-    from mqd.config import table_format_problem
-    from mqd.spark.table_format import existing_format
+    from mqd.spark.table_format import existing_format, table_format_problem
 
     cfg = make_config(tmp_path, table_format="iceberg")
     expected = land(Path(cfg.landing.dir), partitions=2, files=2, records=30)

@@ -7,8 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mqd.record_size import RecordTooLarge, check_batches, oversize, record_sizes
+from mqd.record_size import RecordTooLarge, oversize, record_sizes
 from mqd.wire import format as fmt
+from mqd.wire.format import check_record_sizes
 
 record = st.tuples(
     st.one_of(st.none(), st.binary(max_size=40)),
@@ -41,9 +42,9 @@ def test_check_batches_names_the_record_by_its_place_in_the_request() -> None:
     b = fmt.encode_batch([b"z" * 5, b"w" * 500, b"v" * 600])
     body = a + b
     infos = fmt.validate(body)
-    check_batches(body, infos, 600)
+    check_record_sizes(body, infos, 600)
     with pytest.raises(RecordTooLarge, match=r"record 3 of the request \(from 0\) is 500 bytes") as err:
-        check_batches(body, infos, 499)
+        check_record_sizes(body, infos, 499)
     assert (err.value.size, err.value.limit, err.value.retriable) == (500, 499, False)
 
 

@@ -20,7 +20,14 @@ STATUS = {
         "generation": 4,
         "totals": {"buffered_bytes": 1 << 20, "budget_bytes": 4 << 20},
         "assignment": {
-            "events/0": {"topic": "events", "partition": 0, "position": 7, "log_end": 9, "lag": 2},
+            "events/0": {
+                "topic": "events",
+                "partition": 0,
+                "position": 7,
+                "log_end": 9,
+                "lag": 2,
+                "fetch_lag": 2,
+            },
             "events/1": {
                 "topic": "events",
                 "partition": 1,
