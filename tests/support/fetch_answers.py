@@ -1,5 +1,5 @@
 """Fetch answers without a broker, for the fetch-answer callback's unit tests
-(tests/unit/test_consumer_answers.py, test_partition_error_age.py): a FetchManager on a one-group
+(tests/unit/consumer/test_answers.py, test_partition_error_age.py): a FetchManager on a one-group
 layout (master ``m``, slave ``s``), stored batches from mqd.wire.format, an answer framed with
 mqd.wire.protocol as a node sends it, and ``deliver``, which hands one to the manager for partition ``TP``
 as if it answered a request sent at a given position."""

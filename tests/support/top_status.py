@@ -1,6 +1,6 @@
 """A status JSON made the daemon's way for `mqd top`'s tests: typed snapshots through
 consumer_status_json, with the runner's and the admin endpoint's sections around it. ``busy()`` is
-three partitions (fetching, paused behind with a fetch error, idle); tests/unit/test_top_render.py
+three partitions (fetching, paused behind with a fetch error, idle); tests/unit/operator/test_top_render.py
 reads it as text, tests/integration/ops/test_top_keys.py draws it on a pseudo-terminal."""
 
 from __future__ import annotations
