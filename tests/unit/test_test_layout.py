@@ -66,6 +66,22 @@ def test_no_test_module_imports_another() -> None:
     )
 
 
+def test_test_module_names_are_unique() -> None:
+    """No two test modules under tests/ share a file name (issue 32: tests/unit/ mirrors the package
+    in folders without ``__init__.py``, as tests/integration/ does): pytest's default import mode
+    imports each as its base name, so a second ``test_x.py`` fails the run that collects both with
+    "import file mismatch". A failure lists each name with its files."""
+    by_name: dict[str, list[str]] = {}
+    for path in sorted(TESTS.rglob("test_*.py")):
+        if "__pycache__" not in path.parts:
+            by_name.setdefault(path.name, []).append(str(path.relative_to(TESTS)))
+    assert len(by_name) > 100  # the walk found the test modules
+    shared = {name: paths for name, paths in by_name.items() if len(paths) > 1}
+    assert shared == {}, "test modules sharing a file name (rename one):\n" + "\n".join(
+        f"{name}: {', '.join(paths)}" for name, paths in sorted(shared.items())
+    )
+
+
 def test_the_check_finds_each_form_of_import() -> None:
     """The checker itself: each way of importing a test module is found, with its line; imports of
     support modules, of modules that merely start with ``test`` and of names that are not modules
