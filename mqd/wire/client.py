@@ -15,7 +15,7 @@ from typing import Any, cast
 import aiohttp
 
 from mqd.errors import MqdError
-from mqd.wire.fetch_connection import AnswerError, FetchBody, FetchConnections
+from mqd.wire.fetch_connection import AnswerError, FetchBody, FetchConnections, new_body
 from mqd.wire.protocol import BATCH_CONTENT_TYPE, FETCH_CONTENT_TYPE, FetchAnswer, decode_fetch_answer
 
 __all__ = ["BrokerClient", "BrokerError", "FetchBody", "ProduceResult", "tls_context"]
@@ -29,7 +29,7 @@ async def _read_fetch_body(resp: aiohttp.ClientResponse) -> FetchBody:
     size = resp.content_length
     if size is None or resp.headers.get("Content-Encoding"):
         return FetchBody(await resp.read())
-    body = FetchBody(size)
+    body = new_body(size)  # every byte is written below, or the answer is refused
     content = resp.content
     content.set_read_chunk_size(1 << 20)  # fewer pause/resume round trips than the 64 KiB default
     pos = 0

@@ -20,7 +20,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
+import functools
 import ssl
+from collections.abc import Callable
 from typing import cast
 from urllib.parse import urlsplit
 
@@ -35,6 +38,24 @@ MAX_IDLE_PER_NODE = 2
 class FetchBody(bytearray):
     """A fetch answer's bytes. A bytearray subclass takes weak references, so the consumer can
     charge the body to its budget until the last zero-copy slice of it is gone."""
+
+
+def new_body(n: int) -> FetchBody:
+    """A body of ``n`` bytes left as they are: the socket fills every one, where ``bytearray(n)``
+    would first zero them all (a pass over every answer's bytes)."""
+    body = FetchBody()
+    if _resize()(body, n):
+        raise MemoryError(f"cannot allocate a fetch answer of {n} bytes")
+    return body
+
+
+@functools.cache
+def _resize() -> Callable[[FetchBody, int], int]:
+    # the C API grows a bytearray without initialising the new bytes
+    fn = ctypes.pythonapi.PyByteArray_Resize
+    fn.argtypes = [ctypes.py_object, ctypes.c_ssize_t]
+    fn.restype = ctypes.c_int
+    return cast(Callable[[FetchBody, int], int], fn)
 
 
 class AnswerError(Exception):
@@ -110,7 +131,7 @@ class _AnswerReader(asyncio.BufferedProtocol):
             rest.release()
             self._fail(AnswerError(f"answer longer than its Content-Length {length}"))
             return
-        body = FetchBody(length)
+        body = new_body(length)
         body[: len(rest)] = rest
         self._pos = len(rest)
         rest.release()
