@@ -3,11 +3,9 @@
 While a fetch is held, each attempt only *plans*: per partition the offset status
 (:mod:`mqd.broker.offset_check`), the node to pull from next (:mod:`mqd.broker.pull_suggestion`)
 and, for FOUND, the byte ranges of whole batches within the budget, all without I/O. Once the
-answer is ready every range is either pinned (dups of its fds) and sent from the segment files by
-the kernel (:meth:`FetchPlanner.pin`, :mod:`mqd.broker.fetch_send`: no copy in user space), or,
-where the answer's bytes must pass through Python (TLS, a signed replica answer), read with
-``preadv`` straight into one buffer (:meth:`FetchPlanner.read`): stored bytes are never parsed
-(the offset after the last batch comes from the index too).
+answer is ready every range is read with ``preadv`` straight into one buffer, which goes to the
+socket as is: stored bytes are copied once in user space and never parsed (the offset after the
+last batch comes from the index too).
 
 A consumer that asks for ``changes_only`` gets no entry for a partition with nothing new (its log
 end is the offset asked for, under the incarnation asked for, nothing to suggest): an idle
@@ -17,9 +15,7 @@ per-partition work for them (docs/protocol.md).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import cast
 
 import numpy as np
 
@@ -27,7 +23,6 @@ from mqd.broker.cluster_state import ClusterState
 from mqd.broker.offset_check import check_offset
 from mqd.broker.pull_suggestion import master_suggestion, slave_suggestion
 from mqd.broker.replica_progress import ReplicaProgress
-from mqd.broker.segment_reads import PinnedRanges
 from mqd.broker.storage import PartitionLog, ReadPlan, Storage
 from mqd.config import BrokerConfig
 from mqd.wire.protocol import FetchAnswerHeader, PartitionHeader, Status, frame_fetch_answer
@@ -121,25 +116,6 @@ class FetchPlanner:
             at += read_plan.size
         parts = frame_fetch_answer(FetchAnswerHeader(node_id, tuple(plan.entries)), chunks)
         return b"".join(parts), view
-
-    def pin(self, node_id: str, plan: FetchPlan) -> tuple[bytes, list[tuple[PartitionLog, PinnedRanges]]]:
-        """The framed head and every planned range pinned on fds of its own, in answer order, to
-        send from the files (mqd.broker.fetch_send). Call with no await since :meth:`plan`, like
-        :meth:`read`; the caller closes every pinned range."""
-        pinned: list[tuple[PartitionLog, PinnedRanges]] = []
-        try:
-            for planned in plan.reads:
-                if planned is not None:
-                    plog, read_plan = planned
-                    pinned.append((plog, plog.pin_read(read_plan)))
-        except BaseException:
-            for _, ranges in pinned:
-                ranges.close()
-            raise
-        # framing needs only each chunk's length: a range of it stands in for the bytes
-        sizes = [range(0 if planned is None else planned[1].size) for planned in plan.reads]
-        header = FetchAnswerHeader(node_id, tuple(plan.entries))
-        return b"".join(frame_fetch_answer(header, cast(Sequence[bytes], sizes))), pinned
 
     def _plan_partition(
         self, it: FetchItem, budget: int, pos: int, replica: bool

@@ -34,7 +34,6 @@ from mqd.broker.client_stats import ClientStats
 from mqd.broker.cluster_state import ClusterState
 from mqd.broker.consumer_groups import ConsumerGroupError, ConsumerGroupStore
 from mqd.broker.fetch_plan import FetchItem, FetchPlan, FetchPlanner
-from mqd.broker.fetch_send import can_sendfile, send_pinned
 from mqd.broker.long_poll import LongPoll, LongPollFull
 from mqd.broker.rejected_requests import WARNED_STATUSES, RejectedRequests
 from mqd.broker.replica_auth import HEADER_NONCE, ReplicaAuth, ReplicaAuthError
@@ -500,10 +499,7 @@ class BrokerApi:
                 plog = self.storage.get(entry.topic, entry.partition)
                 if plog is not None and entry.history is None:
                     plan.entries[i] = dataclasses.replace(entry, history=tuple(plog.history))
-        # no await between the last plan and reading or pinning it: its fds stay valid until then
-        transport = request.transport
-        if sign is None and transport is not None and can_sendfile(transport):
-            return await self._send_fetch(request, transport, plan)
+        # no await between the last plan and reading it: its file descriptors stay valid until then
         head, data = self._planner.read(self.node_id, plan)
         headers = {"Content-Type": FETCH_CONTENT_TYPE}
         if sign is not None:
@@ -515,25 +511,6 @@ class BrokerApi:
         if data.nbytes:
             await response.write(data)
         await response.write_eof()
-        return response
-
-    async def _send_fetch(
-        self, request: web.Request, transport: asyncio.Transport, plan: FetchPlan
-    ) -> web.StreamResponse:
-        """The answer with its stored bytes sent from the segment files (mqd.broker.fetch_send)."""
-        head, pinned = self._planner.pin(self.node_id, plan)
-        try:
-            response = web.StreamResponse(headers={"Content-Type": FETCH_CONTENT_TYPE})
-            response.content_length = len(head) + sum(ranges.size for _, ranges in pinned)
-            writer = await response.prepare(request)
-            assert writer is not None  # None only for an answer already sent
-            await response.write(head)
-            if pinned:
-                await send_pinned(transport, writer, pinned)
-            await response.write_eof()
-        finally:
-            for _, ranges in pinned:
-                ranges.close()
         return response
 
     # -- offsets -----------------------------------------------------------------------------------

@@ -3,8 +3,7 @@
 A fetch reads through a :class:`ReadPlan` (:func:`plan_batches`, from the in-memory indexes: byte
 ranges of whole batches from the one holding an offset, up to a byte budget, never across a hole or
 a gap between segments), into the caller's buffer (:func:`read_into_buffer`, one copy) or as bytes
-(:func:`read_bytes`), or pinned for sending straight from the files (:func:`pin_ranges`, the
-broker's sendfile path: fetch_send.py); the background scrub (scrub.py) reads a closed segment through a
+(:func:`read_bytes`); the background scrub (scrub.py) reads a closed segment through a
 :class:`ScrubView` (every batch entry but the holes, :func:`scrub_entries`). The log (storage.py)
 holds its lock around these, checks the offset and makes the view's fd.
 """
@@ -116,39 +115,6 @@ def read_bytes(plan: ReadPlan, log_dir: LogDir) -> bytes:
             )
         chunks.append(chunk)
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
-
-
-class PinnedRanges:
-    """A :class:`ReadPlan`'s ranges on dups of their fds, to be sent after the event loop has run on
-    (:mod:`mqd.broker.fetch_send`). Retention, a repair (a segment rewritten and renamed over) and
-    close only close the log's own fds: a dup still reads the bytes planned, from the unlinked or
-    replaced file. A truncation cuts a file in place, so ``cuts`` is the log's count of them when
-    pinned: the sender checks it before each send. Close it once sent (or given up)."""
-
-    __slots__ = ("cuts", "ranges", "size")
-
-    def __init__(self, ranges: list[tuple[int, int, int]], cuts: int) -> None:
-        self.ranges = ranges  # (own fd, file position, length), in log order
-        self.size = sum(length for _, _, length in ranges)
-        self.cuts = cuts
-
-    def close(self) -> None:
-        ranges, self.ranges = self.ranges, []
-        for fd, _, _ in ranges:
-            os.close(fd)
-
-
-def pin_ranges(plan: ReadPlan, cuts: int) -> PinnedRanges:
-    """``plan``'s ranges on fds of their own (see :class:`PinnedRanges`); call under the log's lock."""
-    pinned = PinnedRanges([], cuts)
-    try:
-        for fd, pos, length in plan.ranges:
-            pinned.ranges.append((os.dup(fd), pos, length))
-    except OSError:
-        pinned.close()
-        raise
-    pinned.size = plan.size
-    return pinned
 
 
 def scrub_entries(seg: Segment) -> list[tuple[int, int, int, int]]:

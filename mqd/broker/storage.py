@@ -66,10 +66,8 @@ from mqd.broker.log_dir import LogDir, StorageError, write_all
 from mqd.broker.log_loader import LogLoader, begin_incarnation
 from mqd.broker.segment import Segment
 from mqd.broker.segment_reads import (
-    PinnedRanges,
     ReadPlan,
     ScrubView,
-    pin_ranges,
     plan_batches,
     read_bytes,
     read_into_buffer,
@@ -143,8 +141,6 @@ class PartitionLog:
         self._segments: list[Segment] = []
         self._bases: list[int] = []  # base offset of every segment, for bisect
         self._lock = threading.Lock()
-        # truncations so far: a read pinned for sendfile must not send bytes a cut rewrote
-        self.cuts = 0
         self._dir_dirty = False
         self._closed = False
         self._failed: str | None = None  # set when a failed write could not be undone
@@ -482,13 +478,6 @@ class PartitionLog:
                 raise StorageError(f"{self.topic}-{self.partition}: log is closed", retriable=True)
             read_into_buffer(plan, buffer, self._dir)
 
-    def pin_read(self, plan: ReadPlan) -> PinnedRanges:
-        """``plan`` on fds of its own, to send from the files later (mqd.broker.fetch_send)."""
-        with self._lock:
-            if self._closed:
-                raise StorageError(f"{self.topic}-{self.partition}: log is closed", retriable=True)
-            return pin_ranges(plan, self.cuts)
-
     def read(self, offset: int, max_bytes: int) -> bytes:
         """Whole stored batches from the one holding ``offset``, up to ``max_bytes`` (at least one)."""
         plan = self.plan_read(offset, max_bytes)
@@ -543,7 +532,6 @@ class PartitionLog:
                 bi = len(seg.offsets)  # in a gap after this segment: it stays whole
             new_end = seg.offsets[bi] if bi < len(seg.offsets) else seg.next_offset
             begin_incarnation(self._dir, self._history, new_end, "truncation", history)
-            self.cuts += 1
             for victim in reversed(self._segments[si + 1 :]):
                 os.close(victim.fd)
                 self._dir.unlink_segment_files(victim.path)
@@ -588,7 +576,6 @@ class PartitionLog:
         # resolves to a consistent log (an empty leading segment or a gap is dropped)
         seg = self._create_segment(offset, 0)
         self._segments, self._bases = [seg], [offset]
-        self.cuts += 1
         for victim in old:
             if victim.base_offset != offset:
                 self._dir.unlink_segment_files(victim.path)
