@@ -6,8 +6,10 @@ records at two sizes, a topic per size. Each round runs every variant (a code tr
 mqd) on every source at both sizes, in an order rotated per round, each run ``mqd run --burst`` with
 a fresh group and landing over its whole topic, configured as a user runs it (the admin endpoint
 on, JSON logs). Per run: CPU seconds of the process, spawn to its first fetch (the ``first fetch
-sent`` log line), whether it landed every record. Per variant and source: the medians, and the
-fixed cost as the intercept of the line through the round's two sizes, its median over rounds::
+sent`` log line), spawn to exit (wall), the tail from its ``burst complete`` line to its exit, whether
+it landed every record. Per variant and source: the medians, and the fixed cost, CPU and wall, as
+the intercept of the line through the round's two sizes, its median over rounds (the wall's decides
+the whole-process ratio of a small run, bench/README.md "The shapes")::
 
     python -m bench.fixed_cost                          # this tree, both sources, 5 rounds
     python -m bench.fixed_cost --variant base=/tmp/mqd-base --variant new=. --rounds 7
@@ -104,6 +106,8 @@ def run_once(
     landed = pl.LandedCounter(landing, topic(size))()
     shutil.rmtree(landing, ignore_errors=True)
     first = common.log_event_time(proc.log_path, "first fetch sent")
+    complete = common.log_event_time(proc.log_path, "burst complete")
+    exited = stats.started_at + stats.wall_s
     return {
         "variant": variant,
         "source": source,
@@ -113,14 +117,19 @@ def run_once(
         "cpu_s": round(stats.cpu_s, 3),
         "wall_s": round(stats.wall_s, 3),
         "spawn_to_first_fetch_s": round(first - stats.started_at, 3) if first else None,
+        "tail_s": round(exited - complete, 3) if complete else None,
         "load": round(load, 2),
     }
 
 
-def intercept(small: dict[str, Any], big: dict[str, Any]) -> tuple[float, float]:
-    """(fixed CPU-s, CPU-s per million records) of the line through two runs."""
-    slope = (big["cpu_s"] - small["cpu_s"]) / (big["size"] - small["size"])
-    return small["cpu_s"] - slope * small["size"], slope * 1e6
+def intercept(small: dict[str, Any], big: dict[str, Any], key: str = "cpu_s") -> tuple[float, float]:
+    """(fixed seconds, seconds per million records) of the line through two runs' ``key``."""
+    slope = (big[key] - small[key]) / (big["size"] - small["size"])
+    return small[key] - slope * small["size"], slope * 1e6
+
+
+def _median(values: list[float]) -> float | None:
+    return round(statistics.median(values), 3) if values else None
 
 
 def summarize(runs: list[dict[str, Any]], sizes: list[int]) -> list[dict[str, Any]]:
@@ -130,35 +139,39 @@ def summarize(runs: list[dict[str, Any]], sizes: list[int]) -> list[dict[str, An
     for variant, source in keys:
         mine = [r for r in runs if r["variant"] == variant and r["source"] == source]
         rounds = sorted({r["round"] for r in mine})
-        fits = []
-        for n in rounds:
-            pair = {r["size"]: r for r in mine if r["round"] == n}
-            if lo in pair and hi in pair:
-                fits.append(intercept(pair[lo], pair[hi]))
-        first = [r["spawn_to_first_fetch_s"] for r in mine if r["spawn_to_first_fetch_s"] is not None]
+        pairs = [{r["size"]: r for r in mine if r["round"] == n} for n in rounds]
+        pairs = [p for p in pairs if lo in p and hi in p]
+        fits = [intercept(p[lo], p[hi]) for p in pairs]
+        walls = [intercept(p[lo], p[hi], "wall_s") for p in pairs]
         row: dict[str, Any] = {
             "variant": variant,
             "source": source,
             "runs": len(mine),
             "exact": all(r["exact"] for r in mine),
-            "spawn_to_first_fetch_s": round(statistics.median(first), 3) if first else None,
-            "fixed_cpu_s": round(statistics.median(f[0] for f in fits), 3) if fits else None,
-            "cpu_s_per_million": round(statistics.median(f[1] for f in fits), 3) if fits else None,
+            "spawn_to_first_fetch_s": _median(
+                [r["spawn_to_first_fetch_s"] for r in mine if r["spawn_to_first_fetch_s"] is not None]
+            ),
+            "fixed_cpu_s": _median([f[0] for f in fits]),
+            "cpu_s_per_million": _median([f[1] for f in fits]),
+            "fixed_wall_s": _median([f[0] for f in walls]),
+            "wall_s_per_million": _median([f[1] for f in walls]),
+            "tail_s": _median([r["tail_s"] for r in mine if r.get("tail_s") is not None]),
             "load": round(statistics.median(r["load"] for r in mine), 2),
         }
         for size in sizes:
-            cpu = [r["cpu_s"] for r in mine if r["size"] == size]
-            row[f"cpu_s_at_{size}"] = round(statistics.median(cpu), 3) if cpu else None
+            row[f"cpu_s_at_{size}"] = _median([r["cpu_s"] for r in mine if r["size"] == size])
+            row[f"wall_s_at_{size}"] = _median([r["wall_s"] for r in mine if r["size"] == size])
         out.append(row)
     return out
 
 
 def markdown(result: dict[str, Any]) -> str:
     sizes = result["sizes"]
-    head = "| source | variant | spawn → first fetch s | fixed CPU-s | CPU-s per M | " + " | ".join(
-        f"CPU-s at {s:,}" for s in sizes
+    head = (
+        "| source | variant | spawn → first fetch s | fixed CPU-s | CPU-s per M | fixed wall s | wall s per M"
+        " | burst complete → exit s | " + " | ".join(f"CPU-s at {s:,} | wall s at {s:,}" for s in sizes)
     )
-    lines = [head + " | exact | load |", "|" + "---|" * (7 + len(sizes))]
+    lines = [head + " | exact | load |", "|" + "---|" * (10 + 2 * len(sizes))]
     for r in result["summary"]:
         cells = [
             r["source"],
@@ -166,8 +179,13 @@ def markdown(result: dict[str, Any]) -> str:
             r["spawn_to_first_fetch_s"],
             r["fixed_cpu_s"],
             r["cpu_s_per_million"],
+            r.get("fixed_wall_s"),
+            r.get("wall_s_per_million"),
+            r.get("tail_s"),
         ]
-        cells += [r[f"cpu_s_at_{s}"] for s in sizes] + [r["exact"], r["load"]]
+        for size in sizes:
+            cells += [r[f"cpu_s_at_{size}"], r.get(f"wall_s_at_{size}")]
+        cells += [r["exact"], r["load"]]
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     return "\n".join(lines) + "\n"
 

@@ -153,6 +153,7 @@ class LandingSink:
         self._closed = False
         self._cleaned = False
         self.trim_after_bytes = trim_after_bytes
+        self.trim_when_idle = True  # False: the process exits after these publications (a burst's end)
         self._written_since_trim = 0  # bytes of micro-batches published since the heap was last trimmed
         self.on_warm = on_warm  # called once the first encode (preflight.py) succeeded
         self._preflight: asyncio.Task[None] | None = None
@@ -349,7 +350,8 @@ class LandingSink:
         """After a burst (``trim_after_bytes`` written since the last time) and once nothing is
         buffered, open or being published, give the C heap's free pages back (TRIM_AFTER_BYTES)."""
         if (
-            self._written_since_trim >= self.trim_after_bytes
+            self.trim_when_idle
+            and self._written_since_trim >= self.trim_after_bytes
             and not self._tasks
             and not self._busy
             and not self.batches.pending_records

@@ -35,8 +35,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import importlib
 import os
 import sys
+import threading
 import time
 from collections import deque
 from collections.abc import Awaitable, Iterable
@@ -96,6 +98,12 @@ def _use_jemalloc_pool() -> None:
             pa.set_memory_pool(pa.jemalloc_memory_pool())
 
 
+def _import_delta() -> None:
+    # what the landing table's first commit imports (delta_log.py); an import error shows there
+    with contextlib.suppress(Exception):
+        importlib.import_module("deltalake.transaction")
+
+
 class Daemon:
     """Pulls the configured topics and lands them exactly once. See the module docstring."""
 
@@ -142,6 +150,7 @@ class Daemon:
         self._reset_replayed = 0  # offsets landed again by applied replays
         # partitions replaying a range (mqd offsets reset below the landed head): tagged on drain
         self._replays: dict[TopicPartition, reset_records.Replay] = {}
+        self._ending = False  # a burst's last publications started (_burst_ending)
 
     def _table_committer(self, config: MqdConfig) -> TableCommitter | None:
         if config.landing.table != "delta":
@@ -408,6 +417,7 @@ class Daemon:
             return
         if self.burst and self.sink.pending_records and self.consumer.caught_up():
             # nothing more is coming: do not wait for max_age, finish the open files
+            self._burst_ending()
             self.sink.start_publications(list(self.sink.pending()), finish=True)
             return
         due = self.sink.due(now)  # by age or size, also under pressure: else the loop spins on them
@@ -416,6 +426,19 @@ class Daemon:
             # to fetch again (not all of them: files stay large), else fetching waits for max_age
             due += [tp for tp in self.sink.pressure_cut(need) if tp not in due]
         self.sink.start_publications(due)
+
+    def _burst_ending(self) -> None:
+        """A burst's last publications start: the process exits once they and the table's commit
+        are done (issue 34). Giving the heap back after them would be work for nothing, and the
+        landing table's first commit imports deltalake (~30 ms), which a thread does now, while the
+        last files are encoded and fsynced, instead of after them. More records after this (the log
+        grew) only mean a burst that ends later without a trim."""
+        if self._ending:
+            return
+        self._ending = True
+        self.sink.trim_when_idle = False
+        if self.table is not None and "deltalake.transaction" not in sys.modules:
+            threading.Thread(target=_import_delta, name="mqd-table-import", daemon=True).start()
 
     async def _publish(self, tps: list[tuple[str, int]] | None) -> None:
         """Publish now and wait (final publication, retries after a disk error)."""
@@ -585,12 +608,27 @@ class Daemon:
         pending = self.sink.pending()
         mark = now_ms() - IDLE_GRACE_MS
         hour = mark // layout.HOUR_MS
-        for tp in self.consumer.idle_partitions():
-            # a publication in flight is not visible yet: its hour cannot be vouched for
-            if pending.get(tp) or self.sink.busy(tp) or self._watermark_hour.get(tp, -1) >= hour:
-                continue
-            await self.sink.run_blocking(self.sink.store.advance_watermark, tp.topic, tp.partition, mark)
-            self._watermark_hour[tp] = hour
+        # a publication in flight is not visible yet: its hour cannot be vouched for
+        tps = [
+            tp
+            for tp in self.consumer.idle_partitions()
+            if not (pending.get(tp) or self.sink.busy(tp) or self._watermark_hour.get(tp, -1) >= hour)
+        ]
+        # each partition's watermark is its own object: written side by side, the fsyncs overlap
+        # (a burst's end writes one per partition; one by one they took 10-60 ms for 12, issue 34)
+        advance = self.sink.store.advance_watermark
+        done = await asyncio.gather(
+            *(self.sink.run_blocking(advance, tp.topic, tp.partition, mark) for tp in tps),
+            return_exceptions=True,
+        )
+        failed: BaseException | None = None
+        for tp, res in zip(tps, done, strict=True):
+            if isinstance(res, BaseException):
+                failed = failed or res
+            else:
+                self._watermark_hour[tp] = hour
+        if failed is not None:
+            raise failed
 
     async def _update_markers(self) -> None:
         for topic in self.consumer.subscribed_topics():  # patterns resolved
