@@ -165,6 +165,32 @@ def summarize(runs: list[dict[str, Any]], sizes: list[int]) -> list[dict[str, An
     return out
 
 
+def paired(runs: list[dict[str, Any]], sizes: list[int]) -> list[dict[str, Any]]:
+    """Each variant against the first, run by run: the difference of CPU, wall and tail of the two
+    runs of one source and size in one round (they ran within a minute, so a burst of load from
+    elsewhere hits both alike), its median over rounds. Negative: the variant costs less."""
+    names = list(dict.fromkeys(r["variant"] for r in runs))
+    cell = {(r["variant"], r["source"], r["size"], r["round"]): r for r in runs}
+    out = []
+    for name in names[1:]:
+        for source in sorted({r["source"] for r in runs}):
+            for size in sizes:
+                pairs = [
+                    (cell[(names[0], source, size, n)], r)
+                    for (v, src, sz, n), r in cell.items()
+                    if (v, src, sz) == (name, source, size) and (names[0], source, size, n) in cell
+                ]
+                row: dict[str, Any] = {"variant": name, "against": names[0], "source": source, "size": size}
+                for key in ("cpu_s", "wall_s", "tail_s"):
+                    diffs = [
+                        b[key] - a[key] for a, b in pairs if a.get(key) is not None and b.get(key) is not None
+                    ]
+                    row[key] = _median(diffs)
+                row["rounds"] = len(pairs)
+                out.append(row)
+    return out
+
+
 def markdown(result: dict[str, Any]) -> str:
     sizes = result["sizes"]
     head = (
@@ -187,6 +213,17 @@ def markdown(result: dict[str, Any]) -> str:
             cells += [r[f"cpu_s_at_{size}"], r.get(f"wall_s_at_{size}")]
         cells += [r["exact"], r["load"]]
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+    if result.get("paired"):
+        lines += [
+            "",
+            "| source | size | variant - first, paired per round (median) | CPU-s | wall s | tail s | rounds"
+            " |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for p in result["paired"]:
+            cells = [p["source"], f"{p['size']:,}", f"{p['variant']} - {p['against']}"]
+            cells += [p["cpu_s"], p["wall_s"], p["tail_s"], p["rounds"]]
+            lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -197,7 +234,16 @@ def main() -> int:
     ap.add_argument("--variant", action="append", help="name=tree (default: this tree as 'this')")
     ap.add_argument("--source", default="mqd,kafka", help="mqd, kafka or both")
     ap.add_argument("--out", type=Path, default=RESULTS / "fixed_cost.json")
+    ap.add_argument("--again", type=Path, help="summarize the runs of this result file again (no runs)")
     args = ap.parse_args()
+    if args.again is not None:
+        result = json.loads(args.again.read_text())
+        result["summary"] = summarize(result["runs"], result["sizes"])
+        result["paired"] = paired(result["runs"], result["sizes"])
+        common.write_json(args.again, result)
+        args.again.with_suffix(".md").write_text(markdown(result))
+        print(markdown(result))
+        return 0
     sizes = sorted(int(s) for s in args.sizes.split(","))
     variants = [
         (name, Path(tree).resolve())
@@ -257,6 +303,7 @@ def main() -> int:
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "runs": runs,
         "summary": summarize(runs, sizes),
+        "paired": paired(runs, sizes),
     }
     common.write_json(args.out, result)
     args.out.with_suffix(".md").write_text(markdown(result))

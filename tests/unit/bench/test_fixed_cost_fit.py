@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench.fixed_cost import markdown, summarize
+from bench.fixed_cost import markdown, paired, summarize
 
 
 def _run(n: int, size: int, cpu: float, wall: float, tail: float | None) -> dict[str, Any]:
@@ -40,3 +40,12 @@ def test_fixed_cpu_and_wall_are_intercepts_medians_over_rounds() -> None:
     assert (row["wall_s_at_200000"], row["cpu_s_at_1000000"]) == (1.1, 1.4)
     table = markdown({"sizes": [200_000, 1_000_000], "summary": [row]})
     assert "| mqd | new | 0.3 | 0.4 | 1.0 | 1.0 | 0.5 | 0.2 | 0.6 | 1.1 | 1.4 | 1.5 | True | 1.0 |" in table
+
+
+def test_paired_differences_are_per_round_medians_against_the_first_variant() -> None:
+    base = [_run(n, 200_000, 1.0 + n, 2.0 + n, 0.3) | {"variant": "base"} for n in range(3)]
+    new = [_run(n, 200_000, 0.9 + n, 1.8 + n, 0.1) | {"variant": "new"} for n in range(3)]
+    new[2]["cpu_s"] = 9.0  # one round hit by load: the median ignores it
+    (row,) = paired(base + new, [200_000])
+    assert (row["variant"], row["against"], row["rounds"]) == ("new", "base", 3)
+    assert (row["cpu_s"], row["wall_s"], row["tail_s"]) == (-0.1, -0.2, -0.2)
