@@ -91,8 +91,10 @@ def run_once(
     cfg = daemon_config(workdir / f"{group}.toml", source, bootstrap, size, group, landing)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     env["PYTHONPATH"] = str(tree)
+    # a tree from before issue 32 moved the CLI into mqd/operator/ has it at mqd/cli.py
+    cli = "mqd.operator.cli" if (tree / "mqd" / "operator" / "cli.py").exists() else "mqd.cli"
     proc = WatchedProcess(
-        [sys.executable, "-m", "mqd.operator.cli", "run", "--config", str(cfg), "--burst"],
+        [sys.executable, "-m", cli, "run", "--config", str(cfg), "--burst"],
         log_path=workdir / f"{group}.log",
         cwd=workdir,
         env=env,
