@@ -24,11 +24,15 @@ _log = structlog.get_logger("mqd.spark")
 
 def batch_figures(progress: Any, metrics_name: str) -> dict[str, Any]:
     """The log line's fields of one batch's progress (a StreamingQueryProgress)."""
+    durations = progress.durationMs or {}
     figures: dict[str, Any] = {
         "query": progress.name,
         "batch": progress.batchId,
         "rows_in": progress.numInputRows,
-        "seconds": round((progress.durationMs or {}).get("triggerExecution", 0) / 1000, 3),
+        "seconds": round(durations.get("triggerExecution", 0) / 1000, 3),
+        # where a batch's time goes (Spark's phases: listing the source, planning, the write, the
+        # offset and commit logs): a slow batch says which part is slow
+        "phases_ms": {k: int(v) for k, v in durations.items() if k != "triggerExecution"},
     }
     observed = (progress.observedMetrics or {}).get(metrics_name)
     if observed is not None:

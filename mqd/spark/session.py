@@ -98,6 +98,8 @@ def build_session(config: MqdConfig, master: str | None = None) -> Any:
         .config("spark.sql.streaming.schemaInference", "false")
         .config("spark.sql.adaptive.enabled", "false")  # AQE brings nothing to small micro-batches
     )
+    for key, value in batch_options(config).items():
+        builder = builder.config(key, value)
     table_options = table_session_options() if sc.table_format == "delta" else {}
     for key, value in table_options.items():
         builder = builder.config(key, value)
@@ -133,6 +135,22 @@ _DELTA_TABLE_DEFAULTS = {
     "spark.databricks.delta.properties.defaults.enableDeletionVectors": "false",
     "spark.databricks.delta.properties.defaults.checkpointPolicy": "classic",
 }
+
+
+def batch_options(config: MqdConfig) -> dict[str, str]:
+    """What a micro-batch must not pay for (decision 063). Spark lists a batch's files again as it
+    reads them, and past ``parallelPartitionDiscovery.threshold`` (32) paths it does so with a Spark
+    job of a task per file: 1-9 s of a 2-core machine for 40-310 landed files, where the driver
+    stats them in milliseconds; no batch holds more than ``max_files_per_trigger``. Delta's sink
+    looks up the query's last committed batch in a snapshot state it rebuilds after every commit
+    (this Delta reads ``setTransactions`` from that state, never from the .crc) with
+    ``snapshotPartitions`` (50) shuffle tasks: 5-15 s a batch. The job's own shuffle width does it
+    in one tenth of that, and grows with it on a cluster."""
+    sc = config.spark
+    return {
+        "spark.sql.sources.parallelPartitionDiscovery.threshold": str(max(32, sc.max_files_per_trigger)),
+        "spark.databricks.delta.snapshotPartitions": str(sc.shuffle_partitions),
+    }
 
 
 def table_session_options() -> dict[str, str]:
@@ -214,6 +232,7 @@ __all__ = [
     "CONNECT_TIMEOUT",
     "EXIT_SESSION",
     "SessionError",
+    "batch_options",
     "build_session",
     "check_reachable",
     "open_session",
