@@ -75,7 +75,7 @@ from mqd.spark.batch_log import BatchLog
 from mqd.spark.extra_fields import EXTRA_COLUMN, extra_fields
 from mqd.spark.partitioning import PartitionField, parse_all
 from mqd.spark.session import EXIT_SESSION, SessionError, build_session, open_session
-from mqd.spark.source_schema import SOURCE_FILE_COLUMN, source_ddl, source_file_column
+from mqd.spark.source_schema import SOURCE_FILE_COLUMN, file_source_ddl, source_file_column
 from mqd.spark.static_checks import RAW_TIMESTAMP_COLUMN, master_problem, partition_problem
 
 _log = structlog.get_logger("mqd.spark")
@@ -169,7 +169,7 @@ def _source(spark: Any, config: MqdConfig) -> Any:
         extra = [F.col(SOURCE_FILE_COLUMN)]
     else:
         df = (
-            spark.readStream.schema(source_ddl())
+            spark.readStream.schema(file_source_ddl())
             .option("maxFilesPerTrigger", config.spark.max_files_per_trigger)
             .option("pathGlobFilter", "*.parquet")
             .option("ignoreCorruptFiles", "false")
