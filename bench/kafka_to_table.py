@@ -931,6 +931,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--latency-rate", type=int, default=50_000)
     ap.add_argument("--latency-seconds", type=float, default=30.0)
     ap.add_argument("--pipelines", default="mqd,spark", help="which throughput pipelines (default both)")
+    ap.add_argument("--latency-pipelines", default="mqd,spark", help="which latency pipelines (default both)")
     ap.add_argument("--no-latency", action="store_true")
     ap.add_argument("--no-throughput", action="store_true")
     ap.add_argument(
@@ -953,6 +954,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.sizes, args.rounds, args.latency_seconds = "100000", 1, 5.0
     args.sizes = [int(s) for s in str(args.sizes).split(",") if s]
     args.pipelines = [p for p in str(args.pipelines).split(",") if p]
+    args.latency_pipelines = [p for p in str(args.latency_pipelines).split(",") if p]
     args.spark_tuning = {**SPARK_TUNING, **_kv(args.spark_tuning)}
     args.source_options = {**SPARK_SOURCE_OPTIONS, **_kv(args.source_option)}
     return args
@@ -1014,7 +1016,7 @@ def main(argv: list[str] | None = None) -> int:
                 result["sizes"].append(bench.throughput(records))
                 write_json(args.out / f"{stem}.json", result)
         if not args.no_latency:
-            for pipeline in ("mqd", "spark"):
+            for pipeline in args.latency_pipelines:
                 try:
                     result["latency"].append(bench.latency(pipeline))
                 except (RuntimeError, TimeoutError) as exc:
