@@ -12,7 +12,9 @@ import pytest
 from support.delta import assert_exact, land, make_config
 from support.spark_job import start_streaming, stop_streaming
 
+from mqd.config import MqdConfig, SparkConfig
 from mqd.landing import LocalStore
+from mqd.spark import job
 from mqd.spark.table_format import existing_format
 
 pytestmark = pytest.mark.spark
@@ -52,3 +54,13 @@ def test_a_job_started_on_an_empty_landing_writes_the_files_landed_later(tmp_pat
         stop_streaming(spark, worker, timeout=60)
     assert result == {"code": 0}
     assert_exact(spark, tmp_path / "events", expected)
+
+
+def test_the_session_keeps_a_batch_to_its_write(spark: Any) -> None:
+    """Decision 063: a batch's files listed in the driver (no job of a task per file), Delta's
+    snapshot rebuilt with the job's shuffle width (not 50 tasks after every commit). The job's
+    session is the shared one, given this config's settings (as job.run does)."""
+    cfg = MqdConfig(spark=SparkConfig(master="local[2]", shuffle_partitions=2, max_files_per_trigger=500))
+    session = job.build_session(cfg)
+    assert session.conf.get("spark.databricks.delta.snapshotPartitions") == "2"
+    assert session.conf.get("spark.sql.sources.parallelPartitionDiscovery.threshold") == "500"
