@@ -150,7 +150,6 @@ class Daemon:
         self._reset_replayed = 0  # offsets landed again by applied replays
         # partitions replaying a range (mqd offsets reset below the landed head): tagged on drain
         self._replays: dict[TopicPartition, reset_records.Replay] = {}
-        self._ending = False  # a burst's last publications started (_burst_ending)
 
     def _table_committer(self, config: MqdConfig) -> TableCommitter | None:
         if config.landing.table != "delta":
@@ -433,9 +432,8 @@ class Daemon:
         landing table's first commit imports deltalake (~30 ms), which a thread does now, while the
         last files are encoded and fsynced, instead of after them. More records after this (the log
         grew) only mean a burst that ends later without a trim."""
-        if self._ending:
+        if not self.sink.trim_when_idle:  # said once: the sink's flag is the record
             return
-        self._ending = True
         self.sink.trim_when_idle = False
         if self.table is not None and "deltalake.transaction" not in sys.modules:
             threading.Thread(target=_import_delta, name="mqd-table-import", daemon=True).start()
