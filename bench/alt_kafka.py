@@ -146,6 +146,7 @@ def consume(
         "mb_per_s": own["mb_per_s"],
         "cpu_s": round(stats.cpu_s, 2),
         "broker_cpu_s": round(broker_cpu, 2),
+        "outside_cpu_share": stats.outside_share(broker_cpu),
         "peak_rss_mb": round(stats.peak_rss_mb, 1),
         "time_to_first_file_s": round(first - stats.started_at, 3) if first else None,
     }

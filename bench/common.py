@@ -277,6 +277,30 @@ class ProcessStats:
     # the highest anonymous RSS sampled (RssAnon): RSS less file-backed pages, which are mostly the
     # code of libraries a run touches (libparquet, the codecs: ~20 MB), not memory it holds
     peak_anon_mb: float = 0.0
+    machine_busy_s: float = 0.0  # CPU seconds the whole machine was busy from spawn to reap
+
+    def outside_share(self, broker_cpu_s: float, cores: int | None = None) -> float:
+        """The share of the machine's CPU over the run that went to neither this process nor its
+        brokers (``broker_cpu_s``): other processes, and kernel threads such as writeback. What
+        the load average before a run cannot tell: whether something else ran beside it."""
+        capacity = self.wall_s * (cores or os.cpu_count() or 1)
+        outside = self.machine_busy_s - self.cpu_s - broker_cpu_s
+        return round(max(0.0, outside) / capacity, 3) if capacity > 0 else 0.0
+
+
+def busy_seconds(proc_stat: str, ticks_per_s: int) -> float:
+    """CPU seconds the machine has been busy, from the text of /proc/stat: every column of its
+    ``cpu`` line but idle and iowait (guest time is already inside user)."""
+    for line in proc_stat.splitlines():
+        if line.startswith("cpu "):
+            v = [int(x) for x in line.split()[1:]]
+            user, nice, system, _idle, _iowait, irq, softirq, steal = (v + [0] * 8)[:8]
+            return (user + nice + system + irq + softirq + steal) / ticks_per_s
+    raise ValueError("no aggregate cpu line in /proc/stat")
+
+
+def machine_busy_seconds() -> float:
+    return busy_seconds(Path("/proc/stat").read_text(), os.sysconf("SC_CLK_TCK"))
 
 
 class WatchedProcess(ManagedProcess):
@@ -303,6 +327,7 @@ class WatchedProcess(ManagedProcess):
         self.sample_interval = sample_interval
         self.started = 0.0
         self.started_at = 0.0
+        self.busy0 = 0.0
         self.samples: list[float] = []
         # The kernel's high-water mark of the process's own memory (VmHWM), read while it runs:
         # wait4's ru_maxrss is no use here, Linux carries the parent's peak over fork + exec.
@@ -316,6 +341,7 @@ class WatchedProcess(ManagedProcess):
         super().start()
         self.started = time.perf_counter()
         self.started_at = time.time()
+        self.busy0 = machine_busy_seconds()
         self._sampler = threading.Thread(target=self._sample, name="rss-sampler", daemon=True)
         self._sampler.start()
 
@@ -367,6 +393,7 @@ class WatchedProcess(ManagedProcess):
             ended_at=time.time(),
             rss_samples_mb=list(self.samples),
             peak_anon_mb=self.anon_mb,
+            machine_busy_s=machine_busy_seconds() - self.busy0,
         )
         return self._stats
 

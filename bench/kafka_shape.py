@@ -273,6 +273,7 @@ def run_mqd(
         "mb_per_s": round(landed * work.size / common.MB / seconds, 1),
         "cpu_s": round(stats.cpu_s, 2),
         "broker_cpu_s": round(broker_cpu, 2),
+        "outside_cpu_share": stats.outside_share(broker_cpu),
         "peak_rss_mb": round(stats.peak_rss_mb, 1),
         "peak_anon_mb": round(stats.peak_anon_mb, 1),
         **fetch_figures(scraper.last),

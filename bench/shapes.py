@@ -196,6 +196,7 @@ def run_mqd(
         "mb_per_s": round(landed * work.size / common.MB / seconds, 1),
         "cpu_s": round(stats.cpu_s, 2),
         "broker_cpu_s": round(broker_cpu, 2),
+        "outside_cpu_share": stats.outside_share(broker_cpu),
         "peak_rss_mb": round(stats.peak_rss_mb, 1),
         "fetch_requests": requests,
         "time_to_first_file_s": round(first_file - stats.started_at, 3) if first_file else None,
@@ -225,6 +226,7 @@ def summarize(runs: list[dict[str, Any]], records: int, ceiling: dict[str, Any] 
             "startup_s": spread([r["startup_seconds"] for r in ok], 3),
             "peak_rss_mb": spread([r["peak_rss_mb"] for r in ok], 1),
             "load": spread([r["load"] for r in ok], 2),
+            "outside_cpu_share": spread([r["outside_cpu_share"] for r in ok if "outside_cpu_share" in r], 3),
         }
         if name == "mqd":
             out[name]["spawn_to_first_fetch_s"] = spread(
@@ -280,7 +282,7 @@ def interleave(
                     f"process, {res['records_per_s']:,} steady, CPU {res['cpu_s']} s "
                     f"+ brokers {res['broker_cpu_s']} s, exact {res['exact']}"
                     + (f" ({res['inexact']})" if res.get("inexact") else "")
-                    + f", load {before}"
+                    + f", load {before}, outside CPU {res.get('outside_cpu_share', 0):.0%}"
                 )
     return runs
 
@@ -619,6 +621,12 @@ def _s(d: dict[str, float] | None, fmt: str = ",.0f") -> str:
     return f"{d['median']:{fmt}} [{d['min']:{fmt}}-{d['max']:{fmt}}]"
 
 
+def _pct(d: dict[str, float] | None) -> str:
+    if not d:
+        return "-"
+    return f"{d['median']:.0%} [{d['min']:.0%}-{d['max']:.0%}]"
+
+
 def markdown(result: dict[str, Any]) -> str:
     m = result["machine"]
     lines = [
@@ -641,8 +649,9 @@ def markdown(result: dict[str, Any]) -> str:
             "",
             "| shape | records | mqd records/s, whole process | mqd steady | best alternative, whole "
             "process | paired ratio mqd / best | sink ceiling | mqd share of ceiling | mqd CPU s per M "
-            "records (daemon / + brokers) | alternative CPU s per M (consumer / + broker) | load |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+            "records (daemon / + brokers) | alternative CPU s per M (consumer / + broker) | load | "
+            "outside CPU |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for s in shapes:
             su = s["summary"]
@@ -656,13 +665,14 @@ def markdown(result: dict[str, Any]) -> str:
                 f"{_s(alt.get('paired_ratio'), '.2f')} | {ceil.get('records_per_s', 0):,} | "
                 f"{su.get('mqd_share_of_ceiling', '-')} | {_s(mq.get('cpu_per_m'), '.2f')} / "
                 f"{_s(mq.get('cpu_per_m_with_brokers'), '.2f')} | {_s(alt.get('cpu_per_m'), '.2f')} / "
-                f"{_s(alt.get('cpu_per_m_with_brokers'), '.2f')} | {_s(mq.get('load'), '.1f')} |"
+                f"{_s(alt.get('cpu_per_m_with_brokers'), '.2f')} | {_s(mq.get('load'), '.1f')} | "
+                f"{_pct(mq.get('outside_cpu_share'))} |"
             )
         lines += [
             "",
             "| shape | pipeline | whole process records/s | steady records/s | paired ratio mqd / it "
-            "(whole; steady) | start-up s | CPU s per M | peak RSS MB | exact |",
-            "|---|---|---:|---:|---:|---:|---:|---:|---|",
+            "(whole; steady) | start-up s | CPU s per M | peak RSS MB | outside CPU | exact |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
         ]
         for s in shapes:
             for name, v in s["summary"].items():
@@ -677,7 +687,8 @@ def markdown(result: dict[str, Any]) -> str:
                     f"| {s['shape']} ({s['records']:,}) | {name} | {_s(v['whole'])} | "
                     f"{_s(v['steady'])} | {ratio} | "
                     f"{_s(v['startup_s'], '.2f')} | {_s(v['cpu_per_m'], '.2f')} | "
-                    f"{_s(v['peak_rss_mb'], ',.0f')} | {v['exact']} ({v['runs'] - v['failed']}/{v['runs']}) |"
+                    f"{_s(v['peak_rss_mb'], ',.0f')} | {_pct(v.get('outside_cpu_share'))} | "
+                    f"{v['exact']} ({v['runs'] - v['failed']}/{v['runs']}) |"
                 )
         lines += ["", "mqd's files and start-up:", ""]
         for s in shapes:

@@ -129,3 +129,47 @@ def test_record_batch_is_the_landing_schema(bench: tuple[ModuleType, ...]) -> No
     )
     assert b.schema == RECORD_SCHEMA and b.num_rows == 3
     assert isinstance(b, pa.RecordBatch)
+
+
+def test_busy_seconds_leave_idle_and_iowait_out(bench: tuple[ModuleType, ...]) -> None:
+    """The machine's busy time is every column of /proc/stat's aggregate line but idle and iowait
+    (user nice system idle iowait irq softirq steal guest guest_nice; guest is inside user)."""
+    common = bench[0]
+    stat = "cpu  100 20 30 5000 700 4 6 40 9 0\ncpu0 50 10 15 2500 350 2 3 20 9 0\nintr 1\n"
+    assert common.busy_seconds(stat, 100) == pytest.approx((100 + 20 + 30 + 4 + 6 + 40) / 100)
+    with pytest.raises(ValueError, match="aggregate cpu line"):
+        common.busy_seconds("cpu0 1 2 3 4\n", 100)
+
+
+def test_outside_share_is_what_neither_the_run_nor_its_brokers_used(bench: tuple[ModuleType, ...]) -> None:
+    """The outside share of a run: the machine's busy CPU over the run less the process's and its
+    brokers', over the run's capacity (wall x cores); never below 0 (the counters tick apart)."""
+    common = bench[0]
+    stats = common.ProcessStats(
+        wall_s=2.0, cpu_s=1.5, peak_rss_mb=1.0, exit_code=0, started_at=0.0, ended_at=2.0, machine_busy_s=3.1
+    )
+    assert stats.outside_share(0.6, cores=2) == pytest.approx(0.25)
+    assert stats.outside_share(2.0, cores=2) == 0.0
+
+
+def test_a_watched_process_sees_a_busy_neighbour(bench: tuple[ModuleType, ...], tmp_path: Path) -> None:
+    """Measured for real: while a neighbour spins, at least one core is busy all the time, so a
+    process that only sleeps meanwhile shows at least that core as outside CPU (whatever else the
+    machine runs adds to it, never takes from it)."""
+    import subprocess
+    import sys
+
+    common = bench[0]
+    spin = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        proc = common.WatchedProcess(
+            [sys.executable, "-c", "import time; time.sleep(1.0)"], log_path=tmp_path / "sleep.log"
+        )
+        proc.start()
+        stats = proc.finish(30)
+    finally:
+        spin.kill()
+        spin.wait()
+    cores = common.os.cpu_count() or 1
+    assert stats.machine_busy_s >= 0.8 * stats.wall_s
+    assert stats.outside_share(0.0) >= 0.8 / cores
