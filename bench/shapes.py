@@ -621,12 +621,6 @@ def _s(d: dict[str, float] | None, fmt: str = ",.0f") -> str:
     return f"{d['median']:{fmt}} [{d['min']:{fmt}}-{d['max']:{fmt}}]"
 
 
-def _pct(d: dict[str, float] | None) -> str:
-    if not d:
-        return "-"
-    return f"{d['median']:.0%} [{d['min']:.0%}-{d['max']:.0%}]"
-
-
 def markdown(result: dict[str, Any]) -> str:
     m = result["machine"]
     lines = [
@@ -666,7 +660,7 @@ def markdown(result: dict[str, Any]) -> str:
                 f"{su.get('mqd_share_of_ceiling', '-')} | {_s(mq.get('cpu_per_m'), '.2f')} / "
                 f"{_s(mq.get('cpu_per_m_with_brokers'), '.2f')} | {_s(alt.get('cpu_per_m'), '.2f')} / "
                 f"{_s(alt.get('cpu_per_m_with_brokers'), '.2f')} | {_s(mq.get('load'), '.1f')} | "
-                f"{_pct(mq.get('outside_cpu_share'))} |"
+                f"{_s(mq.get('outside_cpu_share'), '.0%')} |"
             )
         lines += [
             "",
@@ -687,7 +681,7 @@ def markdown(result: dict[str, Any]) -> str:
                     f"| {s['shape']} ({s['records']:,}) | {name} | {_s(v['whole'])} | "
                     f"{_s(v['steady'])} | {ratio} | "
                     f"{_s(v['startup_s'], '.2f')} | {_s(v['cpu_per_m'], '.2f')} | "
-                    f"{_s(v['peak_rss_mb'], ',.0f')} | {_pct(v.get('outside_cpu_share'))} | "
+                    f"{_s(v['peak_rss_mb'], ',.0f')} | {_s(v.get('outside_cpu_share'), '.0%')} | "
                     f"{v['exact']} ({v['runs'] - v['failed']}/{v['runs']}) |"
                 )
         lines += ["", "mqd's files and start-up:", ""]
