@@ -288,19 +288,14 @@ class ProcessStats:
         return round(max(0.0, outside) / capacity, 3) if capacity > 0 else 0.0
 
 
-def busy_seconds(proc_stat: str, ticks_per_s: int) -> float:
-    """CPU seconds the machine has been busy, from the text of /proc/stat: every column of its
-    ``cpu`` line but idle and iowait (guest time is already inside user)."""
-    for line in proc_stat.splitlines():
-        if line.startswith("cpu "):
-            v = [int(x) for x in line.split()[1:]]
-            user, nice, system, _idle, _iowait, irq, softirq, steal = (v + [0] * 8)[:8]
-            return (user + nice + system + irq + softirq + steal) / ticks_per_s
-    raise ValueError("no aggregate cpu line in /proc/stat")
+def busy_seconds(times: Any) -> float:
+    """CPU seconds the machine has been busy, from ``psutil.cpu_times()``: every field but idle
+    and iowait (guest time is already inside user)."""
+    return float(times.user + times.nice + times.system + times.irq + times.softirq + times.steal)
 
 
 def machine_busy_seconds() -> float:
-    return busy_seconds(Path("/proc/stat").read_text(), os.sysconf("SC_CLK_TCK"))
+    return busy_seconds(psutil.cpu_times())
 
 
 class WatchedProcess(ManagedProcess):
