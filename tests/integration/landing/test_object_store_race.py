@@ -306,10 +306,15 @@ def run_trials(
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(1800)  # ~100 store requests a trial: 3-5 min alone on two cores, more when shared
+# ~100 store requests a trial, each ~3 ms of boto3's Python under one GIL: on the 2.0 GHz Xeon
+# 48 trials took 51 s alone (1.0 CPU-s a trial in this process, 0.5 in SeaweedFS) and these 600
+# took 564 s; 1,000 trials, beside another test's worker, ran past 1,800 s
+@pytest.mark.timeout(1800)
 def test_two_publishers_with_crashes_and_lost_responses_land_exactly_once(seaweedfs: SeaweedFS) -> None:
-    """1,000 trials (see the module docstring): no duplicate, no loss, the manifest matches."""
-    bad = run_trials(s3_landings(seaweedfs), 1000, frozenset(), lost=P_LOST, stop_at_first=False)
+    """600 trials (see the module docstring), as many as each unsafe variant below gets to find
+    its hole: no duplicate, no loss, the manifest matches. The local-directory variant runs 1,000
+    trials of the same protocol."""
+    bad = run_trials(s3_landings(seaweedfs), 600, frozenset(), lost=P_LOST, stop_at_first=False)
     assert bad == []
 
 
