@@ -98,7 +98,7 @@ def build_session(config: MqdConfig, master: str | None = None) -> Any:
         .config("spark.sql.streaming.schemaInference", "false")
         .config("spark.sql.adaptive.enabled", "false")  # AQE brings nothing to small micro-batches
     )
-    for key, value in batch_options(config).items():
+    for key, value in batch_options(config, url).items():
         builder = builder.config(key, value)
     table_options = table_session_options() if sc.table_format == "delta" else {}
     for key, value in table_options.items():
@@ -137,19 +137,22 @@ _DELTA_TABLE_DEFAULTS = {
 }
 
 
-def batch_options(config: MqdConfig) -> dict[str, str]:
-    """What a micro-batch must not pay for (decision 063). Spark lists a batch's files again as it
-    reads them, and past ``parallelPartitionDiscovery.threshold`` (32) paths it does so with a Spark
-    job of a task per file: 1-9 s of a 2-core machine for 40-310 landed files, where the driver
-    stats them in milliseconds; no batch holds more than ``max_files_per_trigger``. Delta's sink
-    looks up the query's last committed batch in a snapshot state it rebuilds after every commit
-    (this Delta reads ``setTransactions`` from that state, never from the .crc) with
-    ``snapshotPartitions`` (50) shuffle tasks: 5-15 s a batch. The job's own shuffle width does it
-    in one tenth of that, and grows with it on a cluster."""
+def batch_options(config: MqdConfig, master: str | None = None) -> dict[str, str]:
+    """What a micro-batch must not pay for (decisions 063 and 066). Spark lists a batch's files
+    again as it reads them, and past ``parallelPartitionDiscovery.threshold`` (32) paths it does so
+    with a Spark job of a task per file: 1-9 s of a 2-core machine for 40-310 landed files, where
+    the driver stats them in milliseconds; no batch holds more than ``max_files_per_trigger``.
+    Delta's sink looks up the query's last committed batch in a snapshot state it rebuilds after
+    every commit: Delta 4.4 has no setting that reads it from the .crc instead (decision 066), so
+    the rebuild stays and is made narrow. Its replay runs in ``snapshotPartitions`` tasks (50 unless
+    set), and for mqd's small logs their CPU follows their count, not the log (4 tasks 0.68 CPU-s,
+    1 task 0.07): on a local master one task (the rebuild 1.0 -> 0.47 CPU-s, a 50k-row batch 5.8 ->
+    4.3 s), on a cluster the job's shuffle width, which grows with the tables it writes."""
     sc = config.spark
+    local = (master or sc.master).startswith("local")
     return {
         "spark.sql.sources.parallelPartitionDiscovery.threshold": str(max(32, sc.max_files_per_trigger)),
-        "spark.databricks.delta.snapshotPartitions": str(sc.shuffle_partitions),
+        "spark.databricks.delta.snapshotPartitions": "1" if local else str(sc.shuffle_partitions),
     }
 
 

@@ -57,10 +57,11 @@ def test_a_job_started_on_an_empty_landing_writes_the_files_landed_later(tmp_pat
 
 
 def test_the_session_keeps_a_batch_to_its_write(spark: Any) -> None:
-    """Decision 063: a batch's files listed in the driver (no job of a task per file), Delta's
-    snapshot rebuilt with the job's shuffle width (not 50 tasks after every commit). The job's
-    session is the shared one, given this config's settings (as job.run does)."""
+    """Decisions 063 and 066: a batch's files listed in the driver (no job of a task per file),
+    Delta's snapshot rebuilt in one task on a local master (not 50 after every commit, nor the
+    shuffle width: each replay task costs the same fixed CPU). The job's session is the shared
+    one, given this config's settings (as job.run does)."""
     cfg = MqdConfig(spark=SparkConfig(master="local[2]", shuffle_partitions=2, max_files_per_trigger=500))
     session = job.build_session(cfg)
-    assert session.conf.get("spark.databricks.delta.snapshotPartitions") == "2"
+    assert session.conf.get("spark.databricks.delta.snapshotPartitions") == "1"
     assert session.conf.get("spark.sql.sources.parallelPartitionDiscovery.threshold") == "500"
