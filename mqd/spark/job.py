@@ -74,7 +74,7 @@ from mqd.spark import dead_letters as dl
 from mqd.spark.batch_log import BatchLog
 from mqd.spark.extra_fields import EXTRA_COLUMN, extra_fields
 from mqd.spark.partitioning import PartitionField, parse_all
-from mqd.spark.session import EXIT_SESSION, SessionError, build_session, open_session
+from mqd.spark.session import EXIT_SESSION, SessionError, build_session, is_local_master, open_session
 from mqd.spark.source_schema import SOURCE_FILE_COLUMN, file_source_ddl, source_file_column
 from mqd.spark.static_checks import RAW_TIMESTAMP_COLUMN, master_problem, partition_problem
 
@@ -129,7 +129,7 @@ def python_workers(master: str) -> None:
     need mqd and its dependencies: on a local master, this interpreter (Spark's default is the
     ``python3`` on PATH). A cluster's workers are the operator's (PYSPARK_PYTHON). Read when the
     SparkContext starts."""
-    if master.startswith("local"):
+    if is_local_master(master):
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
 

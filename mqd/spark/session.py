@@ -70,6 +70,11 @@ def check_reachable(master: str, timeout: float = CONNECT_TIMEOUT) -> None:
         raise SessionError(f"no Spark master reachable at {master} ({'; '.join(errors)})")
 
 
+def is_local_master(url: str) -> bool:
+    """A master that runs Spark in this process's JVM (``local``, ``local[2]``, ``local[*]``...)."""
+    return url.startswith("local")
+
+
 def build_session(config: MqdConfig, master: str | None = None) -> Any:
     """A SparkSession sized for a small machine unless the master is a real cluster. When a
     session is already active in this process (tests), it is reused as is."""
@@ -108,10 +113,10 @@ def build_session(config: MqdConfig, master: str | None = None) -> Any:
     if log4j is not None:
         opts = f"-Dlog4j2.configurationFile={log4j.as_uri()}"
         builder = builder.config("spark.driver.extraJavaOptions", opts)
-        if url.startswith("local"):
+        if is_local_master(url):
             # the JVM's first act is resolving the host name (a WARN when it is a loopback name)
             os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    if url.startswith("local"):
+    if is_local_master(url):
         builder = builder.config("spark.driver.host", "127.0.0.1").config(
             "spark.driver.bindAddress", "127.0.0.1"
         )
@@ -149,7 +154,7 @@ def batch_options(config: MqdConfig, master: str | None = None) -> dict[str, str
     1 task 0.07): on a local master one task (the rebuild 1.0 -> 0.47 CPU-s, a 50k-row batch 5.8 ->
     4.3 s), on a cluster the job's shuffle width, which grows with the tables it writes."""
     sc = config.spark
-    local = (master or sc.master).startswith("local")
+    local = is_local_master(master or sc.master)
     return {
         "spark.sql.sources.parallelPartitionDiscovery.threshold": str(max(32, sc.max_files_per_trigger)),
         "spark.databricks.delta.snapshotPartitions": "1" if local else str(sc.shuffle_partitions),
