@@ -250,6 +250,8 @@ class Runner:
         self._pidfile = PidFile(config.daemon.pid_file)
         self._admin_factory = admin  # None: no endpoint, whatever admin.enabled says
         self._admin: AdminEndpoint | None = None
+        self._admin_starting: asyncio.Future[None] | None = None
+        self._admin_failure: str | None = None  # the endpoint could not start once records flowed
         self._state = RunnerState.STARTING
         self._set_state(RunnerState.STARTING)
         self._started = time.monotonic()
@@ -584,15 +586,18 @@ class Runner:
                 self._daemon = self._build_daemon()
             starting = asyncio.ensure_future(self.daemon.start())
             if self.config.admin.enabled and self._admin_factory is not None:
-                await self._start_admin(starting)
-            if not await self._until_stop(starting):
+                self._admin_starting = asyncio.ensure_future(self._start_admin(starting))
+            if not await self._until_started(starting):
                 reason = f"stopped on {self._stop_reason} while starting"
             else:
                 self._set_state(RunnerState.RUNNING)
                 self._start_background()
-                self.notifier.ready(f"consuming {', '.join(self.config.consumer.topics)}")
-                log.info("mqd running", pid=os.getpid(), config_file=str(self.config_path), burst=self.burst)
+                # records flow while the admin endpoint is still being imported and bound (issue 34):
+                # READY=1 and "mqd running" wait for it
+                self._tasks.append(loop.create_task(self._announce_running()))
                 await self.daemon.run(self._wait_stop())
+                if self._admin_failure is not None:
+                    raise RunnerError(self._admin_failure)
                 reason = f"stopped on {self._stop_reason}" if self._stop_reason else "burst finished"
         except RunnerError as exc:
             log.error("cannot start", error=str(exc))
@@ -631,7 +636,9 @@ class Runner:
         if starting.done() and (starting.cancelled() or starting.exception() is not None):
             return  # the start failed: run() reports it
         assert self._admin_factory is not None
-        self._admin = self._admin_factory(self.config.admin, self)
+        # built on a worker thread: its imports (aiohttp loads the CA bundle twice at import, with
+        # the GIL released) would otherwise stall the loop while the first answers wait to be decoded
+        self._admin = await asyncio.to_thread(self._admin_factory, self.config.admin, self)
         try:
             await self._admin.start()
         except MqdError as exc:
@@ -641,6 +648,39 @@ class Runner:
                 await starting
             raise RunnerError(str(exc)) from exc
         self._write_admin_file()
+
+    async def _until_started(self, starting: asyncio.Future[None]) -> bool:
+        """Await the daemon's start unless a stop is requested first (then cancel it); True when it
+        completed. An admin endpoint that fails to start before the daemon did fails the start."""
+        return await self._until_stop(self._daemon_started(starting))
+
+    async def _daemon_started(self, starting: asyncio.Future[None]) -> None:
+        admin = self._admin_starting
+        try:
+            if admin is not None:
+                await asyncio.wait({starting, admin}, return_when=asyncio.FIRST_COMPLETED)
+                if admin.done():
+                    admin.result()  # RunnerError: the port is taken (the start was cancelled)
+            await starting
+        finally:
+            if not starting.done():
+                starting.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await starting
+
+    async def _announce_running(self) -> None:
+        """READY=1 and "mqd running" once the admin endpoint (when there is one) is up. An endpoint
+        that cannot start stops the process, which exits 1 as when that happens during the start."""
+        if self._admin_starting is not None:
+            try:
+                # shielded: a stop must not cancel the endpoint halfway through its bind
+                await asyncio.shield(self._admin_starting)
+            except Exception as exc:
+                self._admin_failure = str(exc)
+                self.request_stop("admin endpoint failure")
+                return
+        self.notifier.ready(f"consuming {', '.join(self.config.consumer.topics)}")
+        log.info("mqd running", pid=os.getpid(), config_file=str(self.config_path), burst=self.burst)
 
     async def _wait_stop(self) -> None:
         assert self._stop_requested is not None
@@ -697,6 +737,10 @@ class Runner:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks.clear()
+        if self._admin_starting is not None:
+            # bounded (imports, bind); its failure was reported where it happened
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._admin_starting
         if self._admin is not None:
             await self._admin.stop()
             self._remove_admin_file()
