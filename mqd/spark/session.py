@@ -152,11 +152,17 @@ def batch_options(config: MqdConfig, master: str | None = None) -> dict[str, str
     the rebuild stays and is made narrow. Its replay runs in ``snapshotPartitions`` tasks (50 unless
     set), and for mqd's small logs their CPU follows their count, not the log (4 tasks 0.68 CPU-s,
     1 task 0.07): on a local master one task (the rebuild 1.0 -> 0.47 CPU-s, a 50k-row batch 5.8 ->
-    4.3 s), on a cluster the job's shuffle width, which grows with the tables it writes."""
+    4.3 s), on a cluster the job's shuffle width, which grows with the tables it writes.
+
+    Delta's VACUUM (the job's maintenance, ``mqd table``) walks the table's folders in a Spark job
+    of ``parallelPartitionDiscovery.parallelism`` tasks, 10,000 unless set, however few folders
+    there are: 50-64 s for a table of three files on 2 cores, 7-10 s with the job's shuffle width,
+    which is what it gets on any master (decision 068)."""
     sc = config.spark
     local = is_local_master(master or sc.master)
     return {
         "spark.sql.sources.parallelPartitionDiscovery.threshold": str(max(32, sc.max_files_per_trigger)),
+        "spark.sql.sources.parallelPartitionDiscovery.parallelism": str(sc.shuffle_partitions),
         "spark.databricks.delta.snapshotPartitions": "1" if local else str(sc.shuffle_partitions),
     }
 

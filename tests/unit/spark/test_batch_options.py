@@ -1,4 +1,5 @@
-"""The session settings a micro-batch depends on (decisions 063 and 066), without Spark."""
+"""The session settings a micro-batch and the maintenance depend on (decisions 063, 066 and 068),
+without Spark."""
 
 from __future__ import annotations
 
@@ -36,3 +37,12 @@ def test_a_batch_files_are_listed_in_the_driver() -> None:
     cfg = MqdConfig(spark=SparkConfig(max_files_per_trigger=500))
     assert batch_options(cfg)[LISTING] == "500"
     assert batch_options(MqdConfig(spark=SparkConfig(max_files_per_trigger=10)))[LISTING] == "32"
+
+
+@pytest.mark.parametrize("master", ["local[2]", "spark://10.0.0.1:7077"])
+def test_listing_jobs_run_at_the_shuffle_width(master: str) -> None:
+    """Delta's VACUUM walks a table's folders in ``parallelPartitionDiscovery.parallelism`` tasks
+    (Spark's default 10,000: a minute for a three-file table on 2 cores): the job's width on any
+    master (decision 068)."""
+    cfg = MqdConfig(spark=SparkConfig(master=master, shuffle_partitions=6))
+    assert batch_options(cfg)["spark.sql.sources.parallelPartitionDiscovery.parallelism"] == "6"
