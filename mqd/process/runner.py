@@ -251,7 +251,6 @@ class Runner:
         self._admin_factory = admin  # None: no endpoint, whatever admin.enabled says
         self._admin: AdminEndpoint | None = None
         self._admin_starting: asyncio.Future[None] | None = None
-        self._admin_failure: str | None = None  # the endpoint could not start once records flowed
         self._state = RunnerState.STARTING
         self._set_state(RunnerState.STARTING)
         self._started = time.monotonic()
@@ -587,7 +586,7 @@ class Runner:
             starting = asyncio.ensure_future(self.daemon.start())
             if self.config.admin.enabled and self._admin_factory is not None:
                 self._admin_starting = asyncio.ensure_future(self._start_admin(starting))
-            if not await self._until_started(starting):
+            if not await self._until_stop(self._daemon_started(starting)):
                 reason = f"stopped on {self._stop_reason} while starting"
             else:
                 self._set_state(RunnerState.RUNNING)
@@ -596,8 +595,9 @@ class Runner:
                 # READY=1 and "mqd running" wait for it
                 self._tasks.append(loop.create_task(self._announce_running()))
                 await self.daemon.run(self._wait_stop())
-                if self._admin_failure is not None:
-                    raise RunnerError(self._admin_failure)
+                admin = self._admin_starting
+                if admin is not None and admin.done() and (failure := admin.exception()) is not None:
+                    raise RunnerError(str(failure))  # the endpoint failed once records flowed
                 reason = f"stopped on {self._stop_reason}" if self._stop_reason else "burst finished"
         except RunnerError as exc:
             log.error("cannot start", error=str(exc))
@@ -649,12 +649,9 @@ class Runner:
             raise RunnerError(str(exc)) from exc
         self._write_admin_file()
 
-    async def _until_started(self, starting: asyncio.Future[None]) -> bool:
-        """Await the daemon's start unless a stop is requested first (then cancel it); True when it
-        completed. An admin endpoint that fails to start before the daemon did fails the start."""
-        return await self._until_stop(self._daemon_started(starting))
-
     async def _daemon_started(self, starting: asyncio.Future[None]) -> None:
+        """The daemon's start (cancelled if this is). An admin endpoint that fails to start before
+        the daemon did fails the start."""
         admin = self._admin_starting
         try:
             if admin is not None:
@@ -675,8 +672,7 @@ class Runner:
             try:
                 # shielded: a stop must not cancel the endpoint halfway through its bind
                 await asyncio.shield(self._admin_starting)
-            except Exception as exc:
-                self._admin_failure = str(exc)
+            except Exception:  # run() reports it once the daemon stopped
                 self.request_stop("admin endpoint failure")
                 return
         self.notifier.ready(f"consuming {', '.join(self.config.consumer.topics)}")
