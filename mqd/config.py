@@ -347,8 +347,8 @@ class BrokerConfig(_Model):
     replica_credentials: ConfigPath | None = None
     log_level: str = "info"
     log_format: Literal["auto", "json", "console"] = "auto"
-    storage: StorageConfig = StorageConfig()
-    limits: BrokerLimits = BrokerLimits()
+    storage: StorageConfig = Field(default_factory=StorageConfig)
+    limits: BrokerLimits = Field(default_factory=BrokerLimits)
 
     @field_validator("log_level")
     @classmethod
@@ -418,7 +418,7 @@ class ConsumerConfig(_Model):
     client_id: str = Field(default="", max_length=1024)  # default: hostname-pid
     # mqd: http(s) URLs of broker nodes; kafka: HOST:PORT bootstrap servers
     bootstrap: list[BootstrapAddress] = Field(default_factory=lambda: ["http://127.0.0.1:9400"], min_length=1)
-    kafka: KafkaConfig = KafkaConfig()
+    kafka: KafkaConfig = Field(default_factory=KafkaConfig)
     # names, or "re:<regex>" patterns matched against whole topic names (mqd/topic_pattern.py)
     topics: list[TopicEntry] = Field(default_factory=lambda: ["events"], min_length=1)
     mode: Literal["cluster", "broadcast"] = "cluster"
@@ -762,12 +762,12 @@ class DaemonSection(_Model):
 class MqdConfig(_Model):
     """The daemon's whole config file."""
 
-    consumer: ConsumerConfig = ConsumerConfig()
-    landing: LandingConfig = LandingConfig()
-    spark: SparkConfig = SparkConfig()
-    admin: AdminConfig = AdminConfig()
-    log: LogConfig = LogConfig()
-    daemon: DaemonSection = DaemonSection()
+    consumer: ConsumerConfig = Field(default_factory=ConsumerConfig)
+    landing: LandingConfig = Field(default_factory=LandingConfig)
+    spark: SparkConfig = Field(default_factory=SparkConfig)
+    admin: AdminConfig = Field(default_factory=AdminConfig)
+    log: LogConfig = Field(default_factory=LogConfig)
+    daemon: DaemonSection = Field(default_factory=DaemonSection)
 
 
 # ---------------------------------------------------------------------------------------------

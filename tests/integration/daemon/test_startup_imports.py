@@ -34,7 +34,14 @@ OFF_THE_START_PATH = ("difflib",)
 # never imported by a burst nobody asks for its status: the process figures of /status (issue 34)
 ONLY_FOR_STATUS = ("psutil",)
 # config models whose validators `mqd run` does not build (pydantic's defer_build): the broker's
-BROKER_MODELS = ("ClusterConfig", "BrokerConfig", "BrokerGroupSpec", "TopicSpec")
+BROKER_MODELS = (
+    "ClusterConfig",
+    "BrokerConfig",
+    "BrokerGroupSpec",
+    "TopicSpec",
+    "StorageConfig",
+    "BrokerLimits",
+)
 
 _HOOK = '''
 import atexit
