@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 from support.harness import Cluster
 from support.kafka import broker as broker  # Tansu and Apache Kafka, one of each per module
@@ -97,6 +98,14 @@ def spark() -> Iterator[Any]:
         yield session
     finally:
         session.stop()
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    """A plain aiohttp session, for requests BrokerClient would never send (malformed bodies, raw
+    answers): the brokers judged by a client that is not mqd's."""
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10.0)) as session:
+        yield session
 
 
 @pytest.fixture

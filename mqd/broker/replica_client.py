@@ -19,10 +19,40 @@ import structlog
 
 from mqd.broker.replica_auth import ReplicaAuth, ReplicaAuthError
 from mqd.config import NodeSpec
-from mqd.wire.client import BrokerError, _read_fetch_body, tls_context
+from mqd.wire.client import BrokerError, tls_context
+from mqd.wire.http_connections import FetchBody, new_body
 from mqd.wire.protocol import FETCH_CONTENT_TYPE, FetchAnswer, decode_fetch_answer
 
 log = structlog.get_logger(__name__)
+
+
+async def _read_fetch_body(resp: aiohttp.ClientResponse) -> FetchBody:
+    """A fetch answer through aiohttp (BrokerClient's requests go through
+    mqd.wire.http_connections). Read the body into one buffer of Content-Length bytes, chunk
+    by chunk. ``resp.read()`` keeps every chunk until it joins them: twice the answer's size for a
+    moment."""
+    size = resp.content_length
+    if size is None or resp.headers.get("Content-Encoding"):
+        return FetchBody(await resp.read())
+    body = new_body(size)  # every byte is written below, or the answer is refused
+    content = resp.content
+    content.set_read_chunk_size(1 << 20)  # fewer pause/resume round trips than the 64 KiB default
+    pos = 0
+    with memoryview(body) as view:
+        while True:
+            chunk, _ = await content.readchunk()
+            if not chunk:
+                if content.at_eof():
+                    break
+                continue
+            end = pos + len(chunk)
+            if end > size:
+                raise aiohttp.ClientPayloadError(f"answer longer than its Content-Length {size}")
+            view[pos:end] = chunk
+            pos = end
+    if pos != size:
+        raise aiohttp.ClientPayloadError(f"answer of {pos} bytes, Content-Length {size}")
+    return body
 
 
 class ReplicaClient:

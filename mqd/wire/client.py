@@ -12,42 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
-import aiohttp
-
 from mqd.errors import MqdError
-from mqd.wire.fetch_connection import AnswerError, FetchBody, FetchConnections, new_body
+from mqd.wire.http_connections import AnswerError, FetchBody, HttpConnections
 from mqd.wire.protocol import BATCH_CONTENT_TYPE, FETCH_CONTENT_TYPE, FetchAnswer, decode_fetch_answer
 
 __all__ = ["BrokerClient", "BrokerError", "FetchBody", "ProduceResult", "tls_context"]
-
-
-async def _read_fetch_body(resp: aiohttp.ClientResponse) -> FetchBody:
-    """A fetch answer through aiohttp (the brokers' replica client; the consumer's fetches go
-    through mqd.wire.fetch_connection). Read the body into one buffer of Content-Length bytes, chunk
-    by chunk. ``resp.read()`` keeps every chunk until it joins them: twice the answer's size for a
-    moment."""
-    size = resp.content_length
-    if size is None or resp.headers.get("Content-Encoding"):
-        return FetchBody(await resp.read())
-    body = new_body(size)  # every byte is written below, or the answer is refused
-    content = resp.content
-    content.set_read_chunk_size(1 << 20)  # fewer pause/resume round trips than the 64 KiB default
-    pos = 0
-    with memoryview(body) as view:
-        while True:
-            chunk, _ = await content.readchunk()
-            if not chunk:
-                if content.at_eof():
-                    break
-                continue
-            end = pos + len(chunk)
-            if end > size:
-                raise aiohttp.ClientPayloadError(f"answer longer than its Content-Length {size}")
-            view[pos:end] = chunk
-            pos = end
-    if pos != size:
-        raise aiohttp.ClientPayloadError(f"answer of {pos} bytes, Content-Length {size}")
-    return body
 
 
 class BrokerError(MqdError):
@@ -107,7 +76,8 @@ def tls_context(ca_file: str | Path) -> ssl.SSLContext:
 
 
 class BrokerClient:
-    """One aiohttp session shared by all requests to all nodes of a cluster.
+    """One set of kept-alive connections (mqd.wire.http_connections) shared by all requests to all
+    nodes of a cluster.
 
     ``ca_file``: PEM bundle used to verify the brokers' certificates on https URLs (default: the
     system store, which ``SSL_CERT_FILE`` can also point elsewhere).
@@ -126,27 +96,18 @@ class BrokerClient:
         self._limit_per_host = limit_per_host
         # built here so a bad CA file fails at construction, not at the first https request
         self._ssl: ssl.SSLContext | bool = tls_context(ca_file) if ca_file is not None else True
-        self._session: aiohttp.ClientSession | None = None
-        self._fetches: FetchConnections | None = None
+        self._http: HttpConnections | None = None
 
     async def start(self) -> None:
-        if self._fetches is None:
-            self._fetches = FetchConnections(headers=self._headers, ssl_context=self._ssl)
-        if self._session is None:
-            connector = aiohttp.TCPConnector(limit=0, limit_per_host=self._limit_per_host, ssl=self._ssl)
-            self._session = aiohttp.ClientSession(
-                connector=connector,
-                headers=self._headers,
-                timeout=aiohttp.ClientTimeout(total=None, sock_connect=5),
+        if self._http is None:
+            self._http = HttpConnections(
+                headers=self._headers, ssl_context=self._ssl, limit_per_host=self._limit_per_host
             )
 
     async def close(self) -> None:
-        if self._fetches is not None:
-            fetches, self._fetches = self._fetches, None
-            await fetches.close()
-        if self._session is not None:
-            session, self._session = self._session, None
-            await session.close()
+        if self._http is not None:
+            http, self._http = self._http, None
+            await http.close()
 
     async def __aenter__(self) -> BrokerClient:
         await self.start()
@@ -155,11 +116,10 @@ class BrokerClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    @property
-    def session(self) -> aiohttp.ClientSession:
-        if self._session is None:
+    def _connections(self) -> HttpConnections:
+        if self._http is None:
             raise RuntimeError("BrokerClient.start() was not called")
-        return self._session
+        return self._http
 
     # -- transport -----------------------------------------------------------------------------
 
@@ -170,34 +130,27 @@ class BrokerClient:
         *,
         json_body: Any = None,
         data: bytes | None = None,
-        content_type: str | None = None,
+        content_type: str = "application/json",
         timeout: float | None = None,
+        idempotent: bool = True,
     ) -> Any:
-        headers = {"Content-Type": content_type} if content_type else None
         body = (
             data if data is not None else (json.dumps(json_body).encode() if json_body is not None else None)
         )
-        if json_body is not None and headers is None:
-            headers = {"Content-Type": "application/json"}
         try:
-            async with self.session.request(
-                method,
-                url,
-                data=body,
-                headers=headers,
-                timeout=aiohttp.ClientTimeout(total=timeout or self._timeout),
-            ) as resp:
-                payload = await resp.read()
-                if resp.status >= 400:
-                    raise error_answer(method, url, resp.status, payload)
-                try:
-                    return json.loads(payload) if payload else None
-                except ValueError as exc:  # a damaged 2xx answer: the next try may be fine
-                    raise BrokerError(
-                        f"{method} {url}: malformed answer: {exc}", status=resp.status, retriable=True
-                    ) from exc
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            answer = await self._connections().request(
+                method, url, body, timeout or self._timeout, content_type=content_type, idempotent=idempotent
+            )
+        except (OSError, TimeoutError, AnswerError) as exc:
             raise BrokerError(f"{method} {url}: {type(exc).__name__}: {exc}") from exc
+        if answer.status >= 400:
+            raise error_answer(method, url, answer.status, answer.body)
+        try:
+            return json.loads(answer.body) if answer.body else None
+        except ValueError as exc:  # a damaged 2xx answer: the next try may be fine
+            raise BrokerError(
+                f"{method} {url}: malformed answer: {exc}", status=answer.status, retriable=True
+            ) from exc
 
     # -- endpoints -----------------------------------------------------------------------------
 
@@ -221,6 +174,7 @@ class BrokerClient:
             f"{url}/v1/produce/{topic}/{partition}?acks={acks}",
             data=batches,
             content_type=BATCH_CONTENT_TYPE,
+            idempotent=False,  # a produce sent again on a new connection could append twice
         )
         return ProduceResult(
             r["topic"], r["partition"], r["base_offset"], r["last_offset"], r["count"], r["max_offset"]
@@ -252,12 +206,12 @@ class BrokerClient:
             data = json.dumps(body).encode()[:-1] + b', "partitions": ' + partitions + b"}"
         else:
             data = json.dumps({**body, "partitions": partitions}).encode()
-        if self._fetches is None:
-            raise RuntimeError("BrokerClient.start() was not called")
         where = url + "/v1/fetch"
         try:
-            # the answer's body lands in its own buffer straight from the socket (fetch_connection)
-            answer = await self._fetches.post(url, "/v1/fetch", data, self._timeout + max_wait_ms / 1000)
+            # the answer's body lands in its own buffer straight from the socket (http_connections)
+            answer = await self._connections().request(
+                "POST", where, data, self._timeout + max_wait_ms / 1000
+            )
         except (OSError, TimeoutError, AnswerError) as exc:
             raise BrokerError(f"POST {where}: {type(exc).__name__}: {exc}") from exc
         if answer.status >= 400:

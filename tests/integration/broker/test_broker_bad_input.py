@@ -90,18 +90,22 @@ MALFORMED = [
 ]
 
 
-async def test_malformed_json_requests_get_400_with_reason(node: Cluster, client: BrokerClient) -> None:
+async def test_malformed_json_requests_get_400_with_reason(
+    node: Cluster, client: BrokerClient, http: aiohttp.ClientSession
+) -> None:
     """Garbage JSON, wrong types, negative or huge offsets, too many partitions: 400 + reason."""
     url = node.url(node.master(0))
     for path, body, needle in MALFORMED:
-        status, answer = await _raw(client.session, "POST", url + path, body)
+        status, answer = await _raw(http, "POST", url + path, body)
         assert status == 400, (path, body[:80], answer)
         assert answer["error"] == "bad_request"
         assert needle in answer["reason"], (path, body[:80], answer)
     await _still_serving(client, url)
 
 
-async def test_group_requests_validate_their_bodies(node: Cluster, client: BrokerClient) -> None:
+async def test_group_requests_validate_their_bodies(
+    node: Cluster, client: BrokerClient, http: aiohttp.ClientSession
+) -> None:
     """Heartbeat/commit with missing ids, wrong types, negative offsets or unknown partitions: 4xx."""
     url = node.url(node.master(0))
     # each group's coordinator: this node, or the one a 421 names
@@ -132,13 +136,11 @@ async def test_group_requests_validate_their_bodies(node: Cluster, client: Broke
         ("leave", {}, "client_id"),
     ]
     for endpoint, body, needle in cases:
-        status, answer = await _raw(
-            client.session, "POST", f"{curl}/v1/groups/g1/{endpoint}", json.dumps(body)
-        )
+        status, answer = await _raw(http, "POST", f"{curl}/v1/groups/g1/{endpoint}", json.dumps(body))
         assert status == 400, (endpoint, body, answer)
         assert needle in answer["reason"], (endpoint, answer)
     status, answer = await _raw(
-        client.session,
+        http,
         "POST",
         f"{curl}/v1/groups/g1/commit",
         json.dumps({"client_id": "c", "offsets": [{"topic": "nope", "partition": 0, "offset": 1}]}),
@@ -148,7 +150,9 @@ async def test_group_requests_validate_their_bodies(node: Cluster, client: Broke
     assert await client.committed(curl, "g1") == []
 
 
-async def test_unknown_topic_or_partition(node: Cluster, client: BrokerClient) -> None:
+async def test_unknown_topic_or_partition(
+    node: Cluster, client: BrokerClient, http: aiohttp.ClientSession
+) -> None:
     """Produce to an unknown partition is 404; fetch answers NOT_SERVED for it and serves the rest."""
     url = node.url(node.master(0))
     for topic, partition in (("nope", 0), ("events", 2), ("events", 99)):
@@ -156,7 +160,7 @@ async def test_unknown_topic_or_partition(node: Cluster, client: BrokerClient) -
             await client.produce(url, topic, partition, fmt.encode_batch([b"x"]))
         assert err.value.status == 404 and err.value.code == "unknown_partition"
     status, answer = await _raw(
-        client.session,
+        http,
         "POST",
         f"{url}/v1/produce/events/zero",
         fmt.encode_batch([b"x"]),
@@ -209,7 +213,9 @@ async def test_corrupt_batches_are_rejected_and_the_log_is_untouched(
     await _still_serving(client, url)
 
 
-async def test_oversized_body_gets_413(node: Cluster, client: BrokerClient) -> None:
+async def test_oversized_body_gets_413(
+    node: Cluster, client: BrokerClient, http: aiohttp.ClientSession
+) -> None:
     """A body above limits.max_request_bytes is refused with 413 too_large, for produce and fetch."""
     url = node.url(node.master(0))
     big = fmt.encode_batch([b"x" * 8000])
@@ -217,12 +223,14 @@ async def test_oversized_body_gets_413(node: Cluster, client: BrokerClient) -> N
         await client.produce(url, "events", 0, big)
     assert err.value.status == 413 and err.value.code == "too_large"
     body = json.dumps({"client_id": "x" * 5000, "partitions": []})
-    status, answer = await _raw(client.session, "POST", url + "/v1/fetch", body)
+    status, answer = await _raw(http, "POST", url + "/v1/fetch", body)
     assert status == 413 and answer["error"] == "too_large"
     await _still_serving(client, url)
 
 
-async def test_produce_routing_errors(node: Cluster, client: BrokerClient) -> None:
+async def test_produce_routing_errors(
+    node: Cluster, client: BrokerClient, http: aiohttp.ClientSession
+) -> None:
     """Produce to a node that is not the partition's master: 421 naming the master; bad acks: 400."""
     other = node.url(node.master(1))
     with pytest.raises(BrokerError) as err:
@@ -233,7 +241,7 @@ async def test_produce_routing_errors(node: Cluster, client: BrokerClient) -> No
     with pytest.raises(BrokerError) as err:
         await client.produce(node.url(node.master(0)), "events", 0, fmt.encode_batch([b"x"]), acks="some")
     assert err.value.status == 400 and "acks" in err.value.body["reason"]
-    status, answer = await _raw(client.session, "GET", node.bootstrap + "/v1/nothing", "")
+    status, answer = await _raw(http, "GET", node.bootstrap + "/v1/nothing", "")
     assert status == 404 and answer["error"] == "not_found"
 
 

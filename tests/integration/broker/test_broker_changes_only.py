@@ -8,6 +8,7 @@ import asyncio
 import time
 from collections.abc import Callable
 
+import aiohttp
 import pytest
 from support.harness import Cluster, records_of
 
@@ -85,9 +86,9 @@ async def test_an_append_answers_with_that_partition_alone(cluster: Cluster, cli
     assert sorted(e.partition for e in some.partitions) == [1, 2]
 
 
-async def test_a_wrong_flag_is_a_400(cluster: Cluster, client: BrokerClient) -> None:
+async def test_a_wrong_flag_is_a_400(cluster: Cluster, http: aiohttp.ClientSession) -> None:
     """``changes_only`` must be a boolean: anything else is refused with the reason."""
     url = cluster.url(cluster.master())
-    async with client.session.post(url + "/v1/fetch", json={"partitions": [], "changes_only": "yes"}) as resp:
+    async with http.post(url + "/v1/fetch", json={"partitions": [], "changes_only": "yes"}) as resp:
         assert resp.status == 400
         assert "changes_only" in (await resp.json())["reason"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
+import aiohttp
 import pyarrow as pa
 import pytest
 from support.harness import Cluster
@@ -23,13 +24,15 @@ def node(module_cluster_factory: Callable[..., Cluster]) -> Cluster:
     return module_cluster_factory(topics={"events": 1})
 
 
-async def test_heartbeat_topics_follow_the_topic_rule(node: Cluster, client: BrokerClient) -> None:
+async def test_heartbeat_topics_follow_the_topic_rule(
+    node: Cluster, client: BrokerClient, http: aiohttp.ClientSession
+) -> None:
     """Before, any non-empty string was stored as a member's subscription."""
     url = node.url(node.master(0))
     await client.heartbeat(url, "g", "c1", ["events", "a.b-c_9"], 5000)
     for topic in BAD:
         body = json.dumps({"client_id": "c2", "topics": ["events", topic]})
-        async with client.session.post(
+        async with http.post(
             f"{url}/v1/groups/g/heartbeat", data=body, headers={"Content-Type": "application/json"}
         ) as resp:
             answer = await resp.json()

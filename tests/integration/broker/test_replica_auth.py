@@ -76,9 +76,9 @@ async def test_forged_replica_progress_is_refused_and_acks_all_waits(
             produce = asyncio.create_task(
                 client.produce(murl, TOPIC, 0, fmt.encode_batch([b"needs-both-slaves"]), acks="all")
             )
-            session = client.session
             # the client token every producer holds
-            status, answer = await _post(session, fetch_url, _forged_body(frozen), {})
+            async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {TOKEN}"}) as session:
+                status, answer = await _post(session, fetch_url, _forged_body(frozen), {})
             assert status == 401, answer
             # no token at all, no signature
             async with aiohttp.ClientSession() as bare:

@@ -27,8 +27,8 @@ from mqd.testing.configfiles import daemon_section
 from mqd.testing.tansu import Tansu
 
 # imported only once the first fetch is on the wire: decoding and landing (pyarrow, numpy), the
-# admin endpoint (aiohttp.web, psutil, the status page)
-DEFERRED = ("pyarrow", "numpy", "mqd.operator.admin")
+# admin endpoint (aiohttp.web, psutil, the status page); the mqd broker's client is not aiohttp
+DEFERRED = ("pyarrow", "numpy", "mqd.operator.admin", "aiohttp")
 # not imported by then, and maybe never: what only an invalid config's error message needs
 OFF_THE_START_PATH = ("difflib",)
 # never imported by a burst nobody asks for its status: the process figures of /status (issue 34)
@@ -129,7 +129,7 @@ def test_first_fetch_is_sent_before_pyarrow_numpy_and_admin_are_imported(
     tmp_path: Path, cluster_factory: Callable[..., Cluster]
 ) -> None:
     """`mqd run --burst` (admin endpoint on, JSON logs) logs ``first fetch sent`` while none of
-    pyarrow, numpy, mqd.operator.admin and difflib is in ``sys.modules`` (nor ever psutil, which
+    pyarrow, numpy, mqd.operator.admin, aiohttp and difflib is in ``sys.modules`` (nor ever psutil, which
     only a status request needs) and none of the broker's
     config models is built, the garbage collector is on again with the start-up's objects frozen
     (gc.freeze: no full collection walks them again; the warm-up's are frozen once the landing

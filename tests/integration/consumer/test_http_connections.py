@@ -1,13 +1,17 @@
-"""Fetch answers read straight into their buffer (mqd.wire.fetch_connection, issue 16), against real
+"""Answers read straight into their buffer (mqd.wire.http_connections, issues 16 and 34), against real
 broker nodes: large answers arrive intact, one connection per node is reused, a node restarted
 under an idle connection is reached again, error answers keep their code, a cancelled long poll
 closes its connection (and the broker stops holding it), and answers this client cannot frame are
-refused as transport errors, never misread."""
+refused as transport errors, never misread. Against small servers of its own: a request on a kept
+connection that drops is sent again only when it is idempotent (never a produce), and connections to
+one node stay within ``limit_per_host``."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -42,7 +46,7 @@ async def test_large_answer_arrives_intact_over_one_kept_connection(cluster_fact
                 max_bytes=16 << 20,
             )
             assert fetched(answer) == list(enumerate(values))
-            transports.append(client._fetches._idle[next(iter(client._fetches._idle))][0].transport)  # type: ignore[union-attr]
+            transports.append(client._http._idle[next(iter(client._http._idle))][0].transport)  # type: ignore[union-attr]
         assert transports[0] is transports[1] is transports[2]
 
 
@@ -137,3 +141,105 @@ async def test_answer_it_cannot_frame_is_a_transport_error(raw: bytes) -> None:
         with pytest.raises(BrokerError) as err:
             await client.fetch(url, [{"topic": "events", "partition": 0, "offset": 0}])
         assert err.value.status is None and err.value.retriable
+
+
+class KeptAliveServer:
+    """An HTTP/1.1 server on 127.0.0.1 that keeps connections open and answers each request with
+    a JSON body. ``drop_second``: the first connection's second request is read and the connection
+    closed without an answer (a broker gone between two requests on a kept connection).
+    ``hold``: answers wait for it to be set. Records every request line and connection count."""
+
+    ANSWER = json.dumps(
+        {"topic": "events", "partition": 0, "base_offset": 0, "last_offset": 0, "count": 1, "max_offset": 0}
+    ).encode()
+
+    def __init__(self, *, drop_second: bool = False, hold: asyncio.Event | None = None) -> None:
+        self.drop_second = drop_second
+        self.hold = hold
+        self.requests: list[bytes] = []
+        self.connections = 0
+        self.open = 0
+        self.most_open = 0
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        number = self.connections
+        self.open += 1
+        self.most_open = max(self.most_open, self.open)
+        try:
+            for n in itertools.count(1):
+                try:
+                    head = await reader.readuntil(b"\r\n\r\n")
+                except asyncio.IncompleteReadError:
+                    return
+                length = next(
+                    (
+                        int(line.split(b":")[1])
+                        for line in head.split(b"\r\n")
+                        if line.lower().startswith(b"content-length:")
+                    ),
+                    0,
+                )
+                await reader.readexactly(length)
+                self.requests.append(head.split(b"\r\n")[0])
+                if self.drop_second and number == 1 and n == 2:
+                    return
+                if self.hold is not None:
+                    await self.hold.wait()
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                    + b"Content-Length: %d\r\n\r\n" % len(self.ANSWER)
+                    + self.ANSWER
+                )
+                await writer.drain()
+        finally:
+            self.open -= 1
+            writer.close()
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[str]:
+        server = await asyncio.start_server(self.serve, "127.0.0.1", 0)
+        try:
+            yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        finally:
+            server.close()
+            await server.wait_closed()
+
+
+async def test_a_produce_is_not_sent_again_when_its_kept_connection_drops() -> None:
+    """A produce whose kept connection closes before any answer byte raises a BrokerError: it is
+    not sent again on a new connection, since the broker may have appended it (the producer
+    decides). The broker saw it once."""
+    server = KeptAliveServer(drop_second=True)
+    async with server.running() as url, BrokerClient(request_timeout=5) as client:
+        await client.produce(url, "events", 0, b"batch-1")
+        with pytest.raises(BrokerError) as err:
+            await client.produce(url, "events", 0, b"batch-2")
+        assert err.value.retriable and err.value.status is None
+    assert server.requests == [b"POST /v1/produce/events/0?acks=master HTTP/1.1"] * 2
+    assert server.connections == 1
+
+
+async def test_an_idempotent_request_is_sent_once_more_on_a_new_connection() -> None:
+    """A heartbeat (or fetch, commit, GET) whose kept connection closes before any answer byte is
+    sent once more on a new connection, and its answer reaches the caller."""
+    server = KeptAliveServer(drop_second=True)
+    async with server.running() as url, BrokerClient(request_timeout=5) as client:
+        await client.heartbeat(url, "g", "c1", ["events"], 5000)
+        assert (await client.heartbeat(url, "g", "c1", ["events"], 5000))["topic"] == "events"
+    assert server.requests == [b"POST /v1/groups/g/heartbeat HTTP/1.1"] * 3
+    assert server.connections == 2
+
+
+async def test_connections_to_one_node_stay_within_the_limit() -> None:
+    """Five requests at once with ``limit_per_host`` 2: two connections open, the other requests
+    wait for one of them and reuse it; every request is answered."""
+    hold = asyncio.Event()
+    server = KeptAliveServer(hold=hold)
+    async with server.running() as url, BrokerClient(request_timeout=10, limit_per_host=2) as client:
+        calls = [asyncio.create_task(client.health(url, timeout=10)) for _ in range(5)]
+        await wait_until(lambda: len(server.requests) == 2, 5.0, what="two requests held")
+        hold.set()
+        answers = await asyncio.gather(*calls)
+    assert len(answers) == 5 and len(server.requests) == 5
+    assert server.connections == 2 and server.most_open == 2

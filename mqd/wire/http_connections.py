@@ -1,19 +1,23 @@
-"""Fetch answers read straight from the socket into their own buffer (issue 16).
+"""HTTP/1.1 to the brokers: kept-alive connections per node, answers read straight into their buffer.
 
-A fetch answer is the bulk of what a consumer reads: tens of MiB per second per node. Through
-aiohttp every byte is copied three times in user space before it is decoded (the event loop's
-read buffer into a ``bytes`` per read, the HTTP parser's body chunk, the chunk into the answer's
-buffer), which on 1 KiB records was a third of the event loop's time. Here the answer's head is
-parsed by hand and its body, whose size Content-Length gives, is received by an
-``asyncio.BufferedProtocol`` directly into the :class:`FetchBody` the consumer decodes: the kernel's
-copy is the only one.
+Every request of :class:`mqd.wire.client.BrokerClient` goes through here. The bulk of what a
+consumer reads is fetch answers, tens of MiB per second per node. Through aiohttp every byte was
+copied three times in user space before it was decoded (the event loop's read buffer into a
+``bytes`` per read, the HTTP parser's body chunk, the chunk into the answer's buffer), which on 1 KiB
+records was a third of the event loop's time (issue 16). Here the answer's head is parsed by hand
+and its body, whose size Content-Length gives, is received by an ``asyncio.BufferedProtocol``
+directly into the :class:`FetchBody` the caller decodes: the kernel's copy is the only one. The
+other requests (metadata, heartbeats, commits, produce) are small and take the same path, so a
+daemon on the mqd broker source imports no HTTP library before its first fetch (issue 34: aiohttp's
+import is ~0.15 s of the start on the Xeon machine kind; the admin endpoint imports it afterwards).
 
-Only ``POST /v1/fetch`` goes this way: one small JSON request, one answer of known length
-(the broker always sends Content-Length and never compresses it; anything else is refused as a
-malformed answer). Connections are kept alive per node and reused one request at a time (the
-consumer has at most one fetch in flight per node); a reused connection that the broker closed
-while idle is retried once on a new one (a fetch changes nothing on the broker). TLS goes through
-the same code (asyncio's TLS transport feeds a buffered protocol too).
+What the brokers send is what is read: an answer with Content-Length, never compressed or chunked
+(anything else is refused as a malformed answer). Connections are kept alive per node and reused
+one request at a time, at most ``limit_per_host`` open to a node at once (as aiohttp's connector
+limit did). A reused connection that the broker closed while idle is retried once on a new one when
+the request is idempotent (a fetch, a heartbeat, a commit of the same offsets); a produce is not
+retried (the broker may have appended it before the connection went). TLS goes through the same
+code (asyncio's TLS transport feeds a buffered protocol too).
 """
 
 from __future__ import annotations
@@ -31,8 +35,9 @@ from urllib.parse import urlsplit
 MAX_HEAD_BYTES = 64 * 1024
 _SCRATCH_BYTES = 64 * 1024
 CONNECT_TIMEOUT_S = 5.0  # as the aiohttp session's sock_connect
-# connections kept per node while idle: one fetch in flight per node, a spare for a cancelled one
-MAX_IDLE_PER_NODE = 2
+# connections kept per node while idle: a consumer's fetch in flight, its heartbeat, commit and
+# metadata beside it, and a spare for a cancelled one
+MAX_IDLE_PER_NODE = 4
 
 
 class FetchBody(bytearray):
@@ -226,36 +231,55 @@ class _AnswerReader(asyncio.BufferedProtocol):
         self.close()
 
 
-class FetchConnections:
-    """Kept-alive connections per node for ``POST /v1/fetch``, one request at a time on each."""
+class HttpConnections:
+    """Kept-alive connections per node, one request at a time on each, at most ``limit_per_host``
+    open to one node."""
 
-    def __init__(self, *, headers: dict[str, str], ssl_context: ssl.SSLContext | bool) -> None:
+    def __init__(
+        self, *, headers: dict[str, str], ssl_context: ssl.SSLContext | bool, limit_per_host: int = 8
+    ) -> None:
         self._headers = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
         self._ssl = ssl_context
+        self._default_tls: ssl.SSLContext | None = None  # the system's CA store, loaded once
+        self._limit = limit_per_host
+        self._slots: dict[tuple[str, str, int], asyncio.Semaphore] = {}
         self._idle: dict[tuple[str, str, int], list[_AnswerReader]] = {}
         self._busy: set[_AnswerReader] = set()
 
-    async def post(self, url: str, path: str, body: bytes, timeout: float) -> Answer:
-        """POST ``body`` (JSON) to ``url + path``; the whole exchange within ``timeout`` seconds.
-        Raises OSError, TimeoutError or AnswerError."""
+    async def request(
+        self,
+        method: str,
+        url: str,
+        body: bytes | None,
+        timeout: float,
+        *,
+        content_type: str = "application/json",
+        idempotent: bool = True,
+    ) -> Answer:
+        """``method`` ``url`` with ``body`` (``content_type``); the whole exchange, waiting for a
+        free connection included, within ``timeout`` seconds. Raises OSError, TimeoutError or
+        AnswerError."""
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or parts.hostname is None:
             raise AnswerError(f"not an http(s) URL: {url!r}")
         port = parts.port or (443 if parts.scheme == "https" else 80)
         key = (parts.scheme, parts.hostname, port)
         host = parts.netloc.rpartition("@")[2]
-        request = (
-            f"POST {parts.path.rstrip('/')}{path} HTTP/1.1\r\nHost: {host}\r\n{self._headers}"
-            f"Content-Type: application/json\r\nAccept-Encoding: identity\r\n"
-            f"Content-Length: {len(body)}\r\n\r\n"
-        ).encode("latin-1") + body
-        async with asyncio.timeout(timeout):
+        target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        head = f"{method} {target} HTTP/1.1\r\nHost: {host}\r\n{self._headers}Accept-Encoding: identity\r\n"
+        if body is not None:
+            head += f"Content-Type: {content_type}\r\nContent-Length: {len(body)}\r\n"
+        request = (head + "\r\n").encode("latin-1") + (body or b"")
+        slots = self._slots.get(key)
+        if slots is None:
+            slots = self._slots[key] = asyncio.Semaphore(self._limit)
+        async with asyncio.timeout(timeout), slots:
             reader = self._take_idle(key)
             if reader is not None:
                 try:
                     return await self._exchange(key, reader, request)
                 except ConnectionError:
-                    if reader.got_bytes:
+                    if reader.got_bytes or not idempotent:
                         raise
                     # closed by the broker while idle (keep-alive timeout): once more, on a new one
             reader = await self._connect(key)
@@ -284,7 +308,9 @@ class FetchConnections:
         loop = asyncio.get_running_loop()
         tls = self._ssl if scheme == "https" else None
         if tls is True:
-            tls = ssl.create_default_context()
+            if self._default_tls is None:
+                self._default_tls = ssl.create_default_context()
+            tls = self._default_tls
         async with asyncio.timeout(CONNECT_TIMEOUT_S):
             _, reader = await loop.create_connection(
                 _AnswerReader, host, port, ssl=tls or None, server_hostname=host if tls else None
