@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from mqd.errors import MqdError
-from mqd.wire.http_connections import AnswerError, FetchBody, HttpConnections
+from mqd.wire.http_connections import Answer, AnswerError, FetchBody, HttpConnections
 from mqd.wire.protocol import BATCH_CONTENT_TYPE, FETCH_CONTENT_TYPE, FetchAnswer, decode_fetch_answer
 
 __all__ = ["BrokerClient", "BrokerError", "FetchBody", "ProduceResult", "tls_context"]
@@ -116,12 +116,30 @@ class BrokerClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    def _connections(self) -> HttpConnections:
+    # -- transport -----------------------------------------------------------------------------
+
+    async def _answer(
+        self,
+        method: str,
+        url: str,
+        body: bytes | None,
+        timeout: float,
+        *,
+        content_type: str = "application/json",
+        idempotent: bool = True,
+    ) -> Answer:
+        """One exchange: a transport failure or an error answer (4xx, 5xx) is a BrokerError."""
         if self._http is None:
             raise RuntimeError("BrokerClient.start() was not called")
-        return self._http
-
-    # -- transport -----------------------------------------------------------------------------
+        try:
+            answer = await self._http.request(
+                method, url, body, timeout, content_type=content_type, idempotent=idempotent
+            )
+        except (OSError, TimeoutError, AnswerError) as exc:
+            raise BrokerError(f"{method} {url}: {type(exc).__name__}: {exc}") from exc
+        if answer.status >= 400:
+            raise error_answer(method, url, answer.status, answer.body)
+        return answer
 
     async def _request(
         self,
@@ -137,14 +155,9 @@ class BrokerClient:
         body = (
             data if data is not None else (json.dumps(json_body).encode() if json_body is not None else None)
         )
-        try:
-            answer = await self._connections().request(
-                method, url, body, timeout or self._timeout, content_type=content_type, idempotent=idempotent
-            )
-        except (OSError, TimeoutError, AnswerError) as exc:
-            raise BrokerError(f"{method} {url}: {type(exc).__name__}: {exc}") from exc
-        if answer.status >= 400:
-            raise error_answer(method, url, answer.status, answer.body)
+        answer = await self._answer(
+            method, url, body, timeout or self._timeout, content_type=content_type, idempotent=idempotent
+        )
         try:
             return json.loads(answer.body) if answer.body else None
         except ValueError as exc:  # a damaged 2xx answer: the next try may be fine
@@ -207,15 +220,8 @@ class BrokerClient:
         else:
             data = json.dumps({**body, "partitions": partitions}).encode()
         where = url + "/v1/fetch"
-        try:
-            # the answer's body lands in its own buffer straight from the socket (http_connections)
-            answer = await self._connections().request(
-                "POST", where, data, self._timeout + max_wait_ms / 1000
-            )
-        except (OSError, TimeoutError, AnswerError) as exc:
-            raise BrokerError(f"POST {where}: {type(exc).__name__}: {exc}") from exc
-        if answer.status >= 400:
-            raise error_answer("POST", where, answer.status, answer.body)
+        # the answer's body lands in its own buffer straight from the socket (http_connections)
+        answer = await self._answer("POST", where, data, self._timeout + max_wait_ms / 1000)
         if answer.headers.get("content-type", "").split(";")[0] != FETCH_CONTENT_TYPE:
             raise BrokerError(f"POST {where}: unexpected content type", status=answer.status)
         # the body (a bytearray) is read like bytes, and kept: the batches are views of it
