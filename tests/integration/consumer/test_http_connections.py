@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import itertools
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -102,6 +102,20 @@ async def test_cancelled_long_poll_closes_its_connection(cluster_factory: Any) -
         assert [v for _, v in fetched(answer)] == [b"after"]
 
 
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+@contextlib.asynccontextmanager
+async def serving(handler: Handler) -> AsyncIterator[str]:
+    """A server on 127.0.0.1 that runs ``handler`` on each connection; its URL."""
+    server = await asyncio.start_server(handler, "127.0.0.1", 0)
+    try:
+        yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
 @contextlib.asynccontextmanager
 async def answering(raw: bytes) -> AsyncIterator[str]:
     """A socket on 127.0.0.1 that answers every request with ``raw`` and closes."""
@@ -112,13 +126,8 @@ async def answering(raw: bytes) -> AsyncIterator[str]:
         await writer.drain()
         writer.close()
 
-    server = await asyncio.start_server(serve, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.close()
-        await server.wait_closed()
+    async with serving(serve) as url:
+        yield url
 
 
 OK = b"HTTP/1.1 200 OK\r\nContent-Type: application/x-mqd-fetch\r\n"
@@ -196,22 +205,13 @@ class KeptAliveServer:
             self.open -= 1
             writer.close()
 
-    @contextlib.asynccontextmanager
-    async def running(self) -> AsyncIterator[str]:
-        server = await asyncio.start_server(self.serve, "127.0.0.1", 0)
-        try:
-            yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
-        finally:
-            server.close()
-            await server.wait_closed()
-
 
 async def test_a_produce_is_not_sent_again_when_its_kept_connection_drops() -> None:
     """A produce whose kept connection closes before any answer byte raises a BrokerError: it is
     not sent again on a new connection, since the broker may have appended it (the producer
     decides). The broker saw it once."""
     server = KeptAliveServer(drop_second=True)
-    async with server.running() as url, BrokerClient(request_timeout=5) as client:
+    async with serving(server.serve) as url, BrokerClient(request_timeout=5) as client:
         await client.produce(url, "events", 0, b"batch-1")
         with pytest.raises(BrokerError) as err:
             await client.produce(url, "events", 0, b"batch-2")
@@ -224,7 +224,7 @@ async def test_an_idempotent_request_is_sent_once_more_on_a_new_connection() -> 
     """A heartbeat (or fetch, commit, GET) whose kept connection closes before any answer byte is
     sent once more on a new connection, and its answer reaches the caller."""
     server = KeptAliveServer(drop_second=True)
-    async with server.running() as url, BrokerClient(request_timeout=5) as client:
+    async with serving(server.serve) as url, BrokerClient(request_timeout=5) as client:
         await client.heartbeat(url, "g", "c1", ["events"], 5000)
         assert (await client.heartbeat(url, "g", "c1", ["events"], 5000))["topic"] == "events"
     assert server.requests == [b"POST /v1/groups/g/heartbeat HTTP/1.1"] * 3
@@ -236,7 +236,7 @@ async def test_connections_to_one_node_stay_within_the_limit() -> None:
     wait for one of them and reuse it; every request is answered."""
     hold = asyncio.Event()
     server = KeptAliveServer(hold=hold)
-    async with server.running() as url, BrokerClient(request_timeout=10, limit_per_host=2) as client:
+    async with serving(server.serve) as url, BrokerClient(request_timeout=10, limit_per_host=2) as client:
         calls = [asyncio.create_task(client.health(url, timeout=10)) for _ in range(5)]
         await wait_until(lambda: len(server.requests) == 2, 5.0, what="two requests held")
         hold.set()
