@@ -150,7 +150,10 @@ def _http_url(value: str) -> str:
         raise ValueError(f"a broker URL starts with http:// or https://, got {parts.scheme}://")
     if not parts.hostname:
         raise ValueError("a broker URL needs a host (http://HOST:PORT)")
-    return value
+    if parts.query or parts.fragment:
+        raise ValueError("a broker URL has no query or fragment (http://HOST:PORT)")
+    # the client appends /v1/...: "http://host:9400/" would call //v1/... and get 404s
+    return value.rstrip("/")
 
 
 def _bootstrap_address(value: str, info: ValidationInfo) -> str:

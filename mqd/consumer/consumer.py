@@ -366,16 +366,9 @@ class Consumer:
         return not self._rebalance.unresolved
 
     def caught_up(self) -> bool:
-        """Every owned partition (parked ones excepted) was fetched up to the last known log end and
-        nothing is buffered."""
-        if self._state.buffered_records:
-            return False
-        for op in self._state.partitions.values():
-            if op.parked:
-                continue
-            if op.log_end is None or op.position < op.log_end:
-                return False
-        return True
+        """Every owned partition (parked ones excepted) was fetched up to its log end and nothing
+        is buffered (SubscriptionState.caught_up)."""
+        return self._state.caught_up()
 
     # -- config ----------------------------------------------------------------------------------
 

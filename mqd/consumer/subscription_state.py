@@ -201,6 +201,20 @@ class SubscriptionState:
         if op.parked is None and op.last_error is not None:
             op.last_error = None  # answered: an earlier fetch error is stale
 
+    def caught_up(self) -> bool:
+        """Every owned partition (parked ones excepted) is fetched up to its log end and nothing is
+        buffered. A position past the log end is not caught up: the log was cut under it (a Kafka
+        unclean election, a replaced topic) or the end is an older answer's, and the next fetch says
+        which. A burst that took it as the end exited before landing the new log's records."""
+        if self.buffered_records:
+            return False
+        for op in self.partitions.values():
+            if op.parked:
+                continue
+            if op.log_end is None or op.position != op.log_end:
+                return False
+        return True
+
     # -- buffering -------------------------------------------------------------------------------
 
     def _discard(self, op: OwnedPartition) -> None:

@@ -148,6 +148,8 @@ def test_empty_broker_paths_are_refused(tmp_path: Path) -> None:
         ("http://:9400", "needs a host"),
         ("http://127.0.0.1:99999", "not a valid URL"),
         ("http://127.0.0.1:9400\n", "whitespace or control"),
+        ("http://127.0.0.1:9400/?x=1", "no query or fragment"),
+        ("http://127.0.0.1:9400/#top", "no query or fragment"),
     ],
 )
 def test_bootstrap_urls_must_be_http_with_a_host(tmp_path: Path, url: str, needle: str) -> None:
@@ -162,6 +164,14 @@ def test_good_bootstrap_urls_still_load(tmp_path: Path) -> None:
     urls = '["http://127.0.0.1:9400", "https://broker.example:443", "http://[::1]:9400", "http://b"]'
     cfg = load_daemon_config(_write(tmp_path, f"[consumer]\nbootstrap = {urls}\n"), {})
     assert len(cfg.consumer.bootstrap) == 4
+
+
+def test_a_trailing_slash_is_dropped_from_broker_urls(tmp_path: Path) -> None:
+    """The client appends /v1/... to a broker URL: with the slash kept, "http://host:9400/" sent
+    every request to //v1/... and got 404s (a path prefix, as behind a proxy, is kept)."""
+    urls = '["http://127.0.0.1:9400/", "https://b.example/mqd/"]'
+    cfg = load_daemon_config(_write(tmp_path, f"[consumer]\nbootstrap = {urls}\n"), {})
+    assert list(cfg.consumer.bootstrap) == ["http://127.0.0.1:9400", "https://b.example/mqd"]
 
 
 def test_node_urls_in_the_cluster_layout_need_http_and_a_host(tmp_path: Path) -> None:

@@ -774,10 +774,27 @@ class KafkaSource:
     async def list_offsets(
         self, node_id: str, tps: list[TopicPartition], spec: str, timestamp: int | None = None
     ) -> dict[TopicPartition, int]:
+        """Asked of each partition's leader, whatever ``node_id`` says: a Kafka follower answers
+        ListOffsets (and a Fetch without a rack) with NOT_LEADER_OR_FOLLOWER, and ``node_id`` is the
+        partition's pull node, a follower while the leader names one (read_replica.py)."""
         if self._client is None:
             raise ConsumerError("kafka source not started", retriable=True)
         if spec == "timestamp" and timestamp is None:
             raise ConsumerError("offset lookup by timestamp needs a timestamp", retriable=False)
+        by_leader: dict[str, list[TopicPartition]] = {}
+        for tp in tps:
+            route = None if self.cluster is None else self.cluster.partitions.get(tp)
+            leader = node_id if route is None or route.leader == NO_LEADER else route.leader
+            by_leader.setdefault(leader, []).append(tp)
+        out: dict[TopicPartition, int] = {}
+        for leader, group in by_leader.items():
+            out.update(await self._list_offsets_at(leader, group, spec, timestamp))
+        return out
+
+    async def _list_offsets_at(
+        self, node_id: str, tps: list[TopicPartition], spec: str, timestamp: int | None
+    ) -> dict[TopicPartition, int]:
+        assert self._client is not None
         when = {"earliest": EARLIEST, "latest": LATEST}.get(spec, timestamp)
         assert when is not None
         by_topic: dict[str, list[tuple[int, int]]] = {}
@@ -803,7 +820,7 @@ class KafkaSource:
                 else:
                     out[tp] = offset
         if beyond:
-            out.update(await self.list_offsets(node_id, beyond, "latest"))
+            out.update(await self._list_offsets_at(node_id, beyond, "latest", None))
         if spec == "latest" and out:
             out = await self._confirm_ends(node_id, out)
         return out

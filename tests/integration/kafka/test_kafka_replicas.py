@@ -91,10 +91,11 @@ async def test_a_follower_in_the_clients_rack_serves_its_reads_and_the_leader_ta
     """Brokers in racks r0, r1, r2 with Kafka's RackAwareReplicaSelector; one partition on all three,
     led by broker 0. A daemon with client_rack = r1 sends it as Fetch's rack_id: the leader names
     broker 1, and every record byte of the first 1,000 records comes from broker 1, none from the
-    leader (its answers naming the replica carry no records), while the lease (metadata_refresh_interval,
-    1 s here) is renewed by the leader again and again. Then broker 1 is SIGKILLed mid-stream: the
-    partition goes back to the leader (a log line says so), which serves the rest; every record of
-    the 3,000 lands exactly once, no offset reset."""
+    leader (its answers naming the replica carry no records), while the lease
+    (metadata_refresh_interval, 1 s here) is renewed by the leader again and again, and the log end
+    is asked of the leader all along. Then broker 1 is SIGKILLed mid-stream: the partition goes back
+    to the leader (a log line says so), which serves the rest; every record of the 3,000 lands
+    exactly once, no offset reset."""
     cluster = KafkaCluster(
         tmp_path / "kafka",
         3,
@@ -111,7 +112,7 @@ async def test_a_follower_in_the_clients_rack_serves_its_reads_and_the_leader_ta
             cluster.bootstrap,
             tmp_path / "d",
             topic="near",
-            consumer={"kafka": {"client_rack": "r1"}},
+            consumer={"kafka": {"client_rack": "r1"}, "log_end_interval": 0.3},
             max_age=0.2,
         )
         d = Daemon(config)
@@ -123,7 +124,10 @@ async def test_a_follower_in_the_clients_rack_serves_its_reads_and_the_leader_ta
         replicas = source_of(d).read_replicas
         await wait_until(lambda: replicas.named_count >= 3, 30, "the lease renewed twice")
         assert served(d, "1", tp) > 0 and served(d, "0", tp) == served(d, "2", tp) == 0
-        assert pull_node(d, tp) == "1"
+        # at each lease end the partition is on the leader until its answer names broker 1 again
+        await wait_until(lambda: pull_node(d, tp) == "1", 10, "back on broker 1 after the renewal")
+        # the log end is asked of the leader: broker 1, a follower, answers NOT_LEADER_OR_FOLLOWER
+        assert not [r.getMessage() for r in caplog.records if "log-end lookup failed" in r.getMessage()]
 
         producing = asyncio.create_task(stream.run(b"b", 20, 100, 300))
         await wait_until(lambda: d.stats["records_published"] >= 1500, 60, "mid-stream")
