@@ -17,12 +17,36 @@ configuration, and mqd's lines follow it.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import sys
+from types import TracebackType
 from typing import IO, Any
 
-import structlog
+
+def _is_mqd_command() -> bool:
+    """This process is the `mqd` command (its console script, or ``python -m mqd.operator.cli``),
+    not an application or a test that imports mqd: only the process's owner hides what it does not
+    use, as `mqd run` alone freezes its start-up (decision 061). ``sys.argv[0]`` is "-m" while
+    ``-m`` imports the packages; ``sys.orig_argv`` has the module's name."""
+    argv = sys.orig_argv
+    if os.path.basename(sys.argv[0] if sys.argv else "") == "mqd":
+        return True
+    return any(a == "-m" and b == "mqd.operator.cli" for a, b in itertools.pairwise(argv))
+
+
+if _is_mqd_command() and "structlog" not in sys.modules and "rich" not in sys.modules:
+    # structlog imports rich (and pygments) at its own import for its console tracebacks, ~0.1 s of
+    # CPU before the first fetch on the 2.0 GHz Xeon (issue 34); the console output imports it at
+    # its first traceback instead (_RichTraceback), `mqd top` when it starts
+    sys.modules["rich"] = None  # type: ignore[assignment]
+    try:
+        import structlog
+    finally:
+        del sys.modules["rich"]
+else:
+    import structlog
 
 LEVELS = ("debug", "info", "warning", "error")
 
@@ -78,7 +102,7 @@ def _final_processors(fmt: str, colors: bool) -> list[Any]:
         # ConsoleRenderer formats exceptions itself (and prettier than format_exc_info)
         return [
             structlog.stdlib.ProcessorFormatter.remove_processors_meta,
-            structlog.dev.ConsoleRenderer(colors=colors),
+            structlog.dev.ConsoleRenderer(colors=colors, exception_formatter=_RichTraceback(colors)),
         ]
     return [
         structlog.stdlib.ProcessorFormatter.remove_processors_meta,
@@ -86,6 +110,24 @@ def _final_processors(fmt: str, colors: bool) -> list[Any]:
         structlog.processors.UnicodeDecoder(),
         structlog.processors.JSONRenderer(default=str),
     ]
+
+
+class _RichTraceback:
+    """structlog's console traceback (its RichTracebackFormatter's defaults: locals shown, truecolor
+    or none), with rich imported by the first traceback: the mqd command imports structlog without
+    it, and structlog's own formatter needs it at structlog's import."""
+
+    def __init__(self, colors: bool) -> None:
+        self.color_system: Any = "truecolor" if colors else None
+
+    def __call__(
+        self, sio: IO[str], exc_info: tuple[type[BaseException], BaseException, TracebackType | None]
+    ) -> None:
+        from rich.console import Console
+        from rich.traceback import Traceback
+
+        sio.write("\n")
+        Console(file=sio, color_system=self.color_system).print(Traceback.from_exception(*exc_info))
 
 
 _pairs = structlog.processors.KeyValueRenderer(sort_keys=True)
