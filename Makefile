@@ -77,9 +77,10 @@ check-java:
 
 # two workers, each running whole test files (a module's servers and Spark session stay in one
 # worker): the suite mostly waits on brokers, daemons and Spark, so 2 cores run it in about 0.6 of
-# the serial time (measured: 38:51 for 1,632 tests at load 10, the serial run beside it)
+# the serial time (measured: 38:51 for 1,632 tests at load 10, the serial run beside it); the 30
+# slowest are listed at the end, so a CI log says where the suite's time went
 test: install
-	$(BIN)/pytest -q -n 2 --dist loadfile
+	$(BIN)/pytest -q -n 2 --dist loadfile --durations=30
 
 test-fast: install
 	$(BIN)/pytest -q -m "not spark and not slow"
