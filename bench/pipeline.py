@@ -219,12 +219,14 @@ class FileWatcher:
 
 
 def fetch_counts(cluster: LocalCluster, client_id: str) -> dict[str, int]:
+    """Fetch requests per node from ``client_id``: 0 from a node it has not fetched from yet. A node
+    without per-client stats gives all its fetches. (A node that did not know the client yet once gave
+    all its fetches too, so a run's count, after minus before, came out negative.)"""
     out = {}
     for node in cluster.node_ids:
         stats = cluster.get_json(node, "/v1/stats") or {}
-        clients = stats.get("clients") or {}
-        if client_id in clients:
-            out[node] = int(clients[client_id].get("fetch", 0))
+        if "clients" in stats:
+            out[node] = int((stats["clients"].get(client_id) or {}).get("fetch", 0))
         else:
             out[node] = int((stats.get("requests") or {}).get("fetch", 0))
     return out

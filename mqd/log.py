@@ -113,9 +113,10 @@ def _final_processors(fmt: str, colors: bool) -> list[Any]:
 
 
 class _RichTraceback:
-    """structlog's console traceback (its RichTracebackFormatter's defaults: locals shown, truecolor
-    or none), with rich imported by the first traceback: the mqd command imports structlog without
-    it, and structlog's own formatter needs it at structlog's import."""
+    """A rich traceback on the console, rich imported by the first one: the mqd command imports
+    structlog without rich, and structlog's own formatter needs it at structlog's import. Locals
+    are not shown (structlog's formatter shows them): a terminal's traceback gets pasted into
+    issues, and a daemon's locals hold tokens and keys."""
 
     def __init__(self, colors: bool) -> None:
         self.color_system: Any = "truecolor" if colors else None

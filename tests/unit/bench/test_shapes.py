@@ -177,3 +177,26 @@ def test_a_watched_process_sees_a_busy_neighbour(bench: tuple[ModuleType, ...], 
     cores = common.os.cpu_count() or 1
     assert stats.machine_busy_s >= 0.8 * stats.wall_s
     assert stats.outside_share(0.0) >= 0.8 / cores
+
+
+def test_a_runs_fetch_count_starts_from_zero_on_nodes_that_do_not_know_its_client(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Before a run its client is unknown to every node: its count there is 0, not the node's
+    total of every client's fetches (the shapes table printed -142 fetch requests for a run)."""
+    monkeypatch.syspath_prepend(str(REPO_ROOT))
+    from bench import pipeline
+
+    class Nodes:
+        node_ids = ["a", "b", "old"]
+        answers: dict[str, Any] = {
+            "a": {"requests": {"fetch": 500}, "clients": {"other": {"fetch": 500}}},
+            "b": {"requests": {"fetch": 700}, "clients": {"run-daemon": {"fetch": 40}, "x": {"fetch": 660}}},
+            "old": {"requests": {"fetch": 9}},  # a node without per-client stats
+        }
+
+        def get_json(self, node: str, path: str) -> dict[str, Any]:
+            assert path == "/v1/stats"
+            return self.answers[node]
+
+    assert pipeline.fetch_counts(Nodes(), "run-daemon") == {"a": 0, "b": 40, "old": 9}  # type: ignore[arg-type]
