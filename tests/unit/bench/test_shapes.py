@@ -189,7 +189,7 @@ def test_a_runs_fetch_count_starts_from_zero_on_nodes_that_do_not_know_its_clien
 
     class Nodes:
         node_ids = ["a", "b", "old"]
-        answers: dict[str, Any] = {
+        answers: dict[str, dict[str, Any]] = {
             "a": {"requests": {"fetch": 500}, "clients": {"other": {"fetch": 500}}},
             "b": {"requests": {"fetch": 700}, "clients": {"run-daemon": {"fetch": 40}, "x": {"fetch": 660}}},
             "old": {"requests": {"fetch": 9}},  # a node without per-client stats
