@@ -61,6 +61,9 @@ async def test_a_partition_handed_back_after_a_leader_change_lands_nothing_twice
     def landed() -> int:
         return sum(len(rows) for rows in landed_rows(landing).values())
 
+    def one_each() -> bool:
+        return len(a.consumer.snapshot().partitions) == 1 and len(b.consumer.snapshot().partitions) == 1
+
     try:
         from confluent_kafka.admin import NewTopic  # type: ignore[attr-defined]
 
@@ -72,11 +75,7 @@ async def test_a_partition_handed_back_after_a_leader_change_lands_nothing_twice
         await wait_until(lambda: landed() >= 200, 60, "A landed both partitions in epoch 0")
 
         run_b = asyncio.create_task(b.run(stop_b.wait()))
-        await wait_until(
-            lambda: len(b.consumer.snapshot().partitions) == 1 and len(a.consumer.snapshot().partitions) == 1,
-            60,
-            "one partition each",
-        )
+        await wait_until(one_each, 60, "one partition each")
         assert await asyncio.to_thread(cluster.leader, T, 0) == 0
         await asyncio.to_thread(cluster.kill_broker, 0)
 
@@ -87,11 +86,7 @@ async def test_a_partition_handed_back_after_a_leader_change_lands_nothing_twice
         await wait_until(moved, 30, "both partitions led off broker 0 (leader epoch 1)")
         # the kill may have moved the group's coordinator, and the group re-formed: A may hold both
         # partitions until B re-joins (a CI run under load landed every epoch-1 record by A alone)
-        await wait_until(
-            lambda: len(b.consumer.snapshot().partitions) == 1 and len(a.consumer.snapshot().partitions) == 1,
-            60,
-            "one partition each again",
-        )
+        await wait_until(one_each, 60, "one partition each again")
         await asyncio.to_thread(produce, cluster.bootstrap, _batch("b", 200), topic=T)
         await wait_until(lambda: landed() >= 400, 60, "the epoch-1 records landed, by A and B")
         assert b.stats["records_published"] > 0
