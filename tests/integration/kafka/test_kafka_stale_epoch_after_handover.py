@@ -57,9 +57,13 @@ async def test_a_partition_handed_back_after_a_leader_change_lands_nothing_twice
     stop_a, stop_b = asyncio.Event(), asyncio.Event()
     run_a: asyncio.Task[None] | None = None
     run_b: asyncio.Task[None] | None = None
+    per_partition = 0  # records produced to each partition
 
     def landed() -> int:
         return sum(len(rows) for rows in landed_rows(landing).values())
+
+    def all_landed() -> bool:
+        return landed() >= 2 * per_partition
 
     def one_each() -> bool:
         return len(a.consumer.snapshot().partitions) == 1 and len(b.consumer.snapshot().partitions) == 1
@@ -72,7 +76,8 @@ async def test_a_partition_handed_back_after_a_leader_change_lands_nothing_twice
             await asyncio.to_thread(fut.result, 30)
         await asyncio.to_thread(produce, cluster.bootstrap, _batch("a", 200), topic=T)
         run_a = asyncio.create_task(a.run(stop_a.wait()))
-        await wait_until(lambda: landed() >= 200, 60, "A landed both partitions in epoch 0")
+        per_partition = 100
+        await wait_until(all_landed, 60, "A landed both partitions in epoch 0")
 
         run_b = asyncio.create_task(b.run(stop_b.wait()))
         await wait_until(one_each, 60, "one partition each")
@@ -84,19 +89,26 @@ async def test_a_partition_handed_back_after_a_leader_change_lands_nothing_twice
             return all(x not in (None, 0) for x in leaders)
 
         await wait_until(moved, 30, "both partitions led off broker 0 (leader epoch 1)")
-        # the kill may have moved the group's coordinator, and the group re-formed: A may hold both
-        # partitions until B re-joins (a CI run under load landed every epoch-1 record by A alone)
+        # the kill may move the group's coordinator and re-form the group, more than once: A may
+        # hold both partitions while B re-joins (CI runs under load landed every epoch-1 record by A
+        # alone, once even after a wait for one partition each). So epoch-1 records go on being
+        # produced, 20 at a time, until B has landed some of them: the hand-over this test is about.
         await wait_until(one_each, 60, "one partition each again")
-        await asyncio.to_thread(produce, cluster.bootstrap, _batch("b", 200), topic=T)
-        await wait_until(lambda: landed() >= 400, 60, "the epoch-1 records landed, by A and B")
-        assert b.stats["records_published"] > 0
+        rounds = 0
+        while b.stats["records_published"] == 0 and rounds < 30:
+            rounds += 1
+            await asyncio.to_thread(produce, cluster.bootstrap, _batch("b", 20), topic=T)
+            per_partition += 10
+            await wait_until(all_landed, 60, "the epoch-1 records landed")
+        assert b.stats["records_published"] > 0, f"B landed no epoch-1 record in {rounds} rounds"
 
         stop_b.set()  # B leaves: A gets B's partition back at the landing's position
         await asyncio.wait_for(run_b, 30)
         run_b = None
         await wait_until(lambda: len(a.consumer.snapshot().partitions) == 2, 60, "A owns both again")
         await asyncio.to_thread(produce, cluster.bootstrap, _batch("c", 200), topic=T)
-        await wait_until(lambda: landed() >= 600, 60, "the records after the handover")
+        per_partition += 100
+        await wait_until(all_landed, 60, "the records after the handover")
         await asyncio.sleep(2)  # anything landing twice lands now
         totals = a.consumer.snapshot().totals
     except BaseException:
@@ -112,8 +124,8 @@ async def test_a_partition_handed_back_after_a_leader_change_lands_nothing_twice
     got = landed_rows(landing)
     for p in range(2):
         offsets = sorted(r[0] for r in got[p])
-        assert offsets == list(range(300)), (
-            f"partition {p}: {len(offsets)} rows for 300 offsets, "
+        assert offsets == list(range(per_partition)), (
+            f"partition {p}: {len(offsets)} rows for {per_partition} offsets, "
             f"{len(offsets) - len(set(offsets))} landed twice"
         )
     assert (totals.incarnation_changes, totals.reused_offsets) == (0, 0)
