@@ -257,6 +257,12 @@ class Consumer:
         if self._budget.gauge is not None:
             self._budget.gauge.start(self._budget.charged())
 
+    def loading_code(self) -> contextlib.AbstractContextManager[None]:
+        """Around code loaded after the memory baseline (the admin endpoint's build, on a worker
+        thread): what it adds to the RSS is code, not records (MemoryGauge.loading_code)."""
+        gauge = self._budget.gauge
+        return contextlib.nullcontext() if gauge is None else gauge.loading_code(self._budget.charged)
+
     def memory_bound(self) -> bool:
         """Fetching is held back by the byte budget (less than one partition's share left, or a
         quarter of a budget smaller than that) while nothing is left to drain: only dropping

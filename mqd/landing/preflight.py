@@ -5,8 +5,9 @@ Why, twice over:
   broken install, would otherwise show only when the first file is due, possibly hours later on a
   quiet topic, with records fetched and nowhere to go. The daemon fails now, naming
   ``landing.compression``.
-- *The daemon's idle memory includes its code.* The first encode pages in the Parquet writer, the
-  codec and Arrow's compute kernels (~15 MiB of library code a burst otherwise touches first). The
+- *The daemon's idle memory includes its code.* The first encode pages in the Parquet writer and
+  the codec (library code a burst otherwise touches first; Arrow's compute module is never imported,
+  mqd/landing/layout.py ``stamp_bounds``). The
   memory gauge takes its baseline after it (mqd/consumer/memory_gauge.py), so what the byte budget
   bounds is what records cost, not what loading the code once costs.
 
@@ -43,7 +44,7 @@ def _records() -> pa.Table:
     batch = pa.RecordBatch.from_arrays(
         [
             pa.array([0, 1], pa.int64()),
-            pa.array([_TS_MS, _TS_MS + 1], pa.int64()).cast(pa.timestamp("ms", tz="UTC")),
+            pa.array([_TS_MS, _TS_MS + 1], pa.timestamp("ms", tz="UTC")),
             pa.array([None, b"k"], pa.binary()),
             pa.array([b"v" * 100, None], pa.binary()),
             headers,

@@ -37,6 +37,7 @@ import hmac
 import ipaddress
 import json
 import os
+import socket
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
@@ -52,7 +53,7 @@ from mqd.broker.rejected_requests import ParserErrorLog, RejectedRequests
 from mqd.config import AdminConfig
 from mqd.errors import MqdError
 from mqd.header_deadline import BoundedAppRunner
-from mqd.operator import status_page
+from mqd.operator import admin_listener, status_page
 from mqd.topic_name import topic_name_problem
 from mqd.waiting import cancel_and_wait
 
@@ -271,7 +272,9 @@ class AdminServer:
             raise RuntimeError("AdminServer.start() was not called")
         return self._url
 
-    async def start(self) -> None:
+    async def start(self, sockets: Sequence[socket.socket] | None = None) -> None:
+        """Listen on ``admin.host``:``admin.port``, or serve ``sockets`` already bound and listening
+        (mqd/operator/admin_listener.py binds them at the daemon's start)."""
         if self._runner is not None:
             return
         runner = BoundedAppRunner(
@@ -284,23 +287,18 @@ class AdminServer:
             keepalive_timeout=KEEPALIVE_TIMEOUT_S,
             lingering_time=BODY_TIMEOUT_S,
         )
+        bound_here = sockets is None
+        if sockets is None:
+            sockets = admin_listener.bind(self._config.host, self._config.port)
         await runner.setup()
-        try:
-            site = web.TCPSite(runner, self._config.host, self._config.port, reuse_address=True)
-            await site.start()
-        except OSError as exc:
-            await runner.cleanup()
-            raise AdminError(
-                f"admin endpoint cannot listen on {self._config.host}:{self._config.port}: {exc}",
-                retriable=True,
-            ) from exc
+        for sock in sockets:
+            await web.SockSite(runner, sock).start()
         self._runner = runner
         self._throughput.observe(published_records(), time.monotonic())
         self._sampler = asyncio.create_task(self._sample_throughput(), name="mqd-admin-throughput")
-        host, port = runner.addresses[0][:2]
-        host = f"[{host}]" if ":" in host else host
-        self._url = f"http://{host}:{port}"
-        log.info("admin endpoint listening", url=self._url)
+        self._url = admin_listener.url_of(sockets[0])
+        if bound_here:
+            log.info("admin endpoint listening", url=self._url)
 
     async def stop(self) -> None:
         sampler, self._sampler = self._sampler, None

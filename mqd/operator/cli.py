@@ -22,7 +22,9 @@ from mqd.config import ConfigError
 
 if TYPE_CHECKING:
     from mqd.config import AdminConfig
-    from mqd.operator.admin import AdminServer, AdminTarget
+    from mqd.operator.admin import AdminServer
+    from mqd.operator.admin_listener import AdminListener
+    from mqd.process.runner import Runner
 
 # Arrow fixes its allocator when pyarrow is first imported, so this must happen before any command
 # imports it. jemalloc: the Kafka source's decoded records and the landing's encoder live there,
@@ -274,11 +276,18 @@ def _exit_after_run(code: int) -> NoReturn:
     os._exit(code)
 
 
-def _admin_endpoint(config: AdminConfig, target: AdminTarget) -> AdminServer:
-    """The daemon's admin endpoint, imported when the runner builds it (after the first fetch)."""
-    from mqd.operator.admin import AdminServer
+def _admin_endpoint(config: AdminConfig, runner: Runner) -> AdminListener:
+    """The daemon's admin endpoint: its port bound at the start, aiohttp imported and the endpoint
+    built at the first connection (mqd/operator/admin_listener.py)."""
+    from mqd.operator.admin_listener import AdminListener
 
-    return AdminServer(config, target)
+    def build() -> AdminServer:
+        with runner.loading_code():  # ~10 MiB of code: not what the byte budget bounds
+            from mqd.operator.admin import AdminServer
+
+            return AdminServer(config, runner)
+
+    return AdminListener(config, build, runner.admin_failed)
 
 
 @main.command()

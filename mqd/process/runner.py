@@ -10,8 +10,8 @@
   SIGHUP reloads the config file.
 - **sd_notify**: READY after start, RELOADING/READY around a reload, STOPPING, WATCHDOG pings only
   while the daemon's working loop turns, STATUS lines with the throughput every few seconds.
-- **admin endpoint** (mqd.operator.admin, built by the factory ``run`` is given) and
-  ``state_dir/admin.json`` so the CLI finds it.
+- **admin endpoint** (mqd.operator.admin behind mqd.operator.admin_listener, built by the factory
+  ``run`` is given) and ``state_dir/admin.json`` so the CLI finds it.
 - **last_exit.json** in ``state_dir``: how the last run ended, for ``mqd stop`` to report.
 """
 
@@ -65,9 +65,11 @@ PartitionSpec = tuple[str, int | None]  # ("events", None): every partition of t
 
 
 class AdminEndpoint(Protocol):
-    """The admin endpoint as the runner uses it (mqd.operator.admin.AdminServer). The caller
-    passes a factory: the endpoint is an operator edge, built by the CLI's ``run``, and its
-    aiohttp import comes after the first fetch (issue 16)."""
+    """The admin endpoint as the runner uses it (the CLI's: mqd.operator.admin_listener.AdminListener,
+    which binds the port at start and builds mqd.operator.admin.AdminServer at the first
+    connection). The caller passes a factory: the endpoint is an operator edge, built by the CLI's
+    ``run``, after the first fetch (issue 16); a failure after its start comes to
+    ``Runner.admin_failed``."""
 
     @property
     def url(self) -> str: ...
@@ -251,6 +253,7 @@ class Runner:
         self._admin_factory = admin  # None: no endpoint, whatever admin.enabled says
         self._admin: AdminEndpoint | None = None
         self._admin_starting: asyncio.Future[None] | None = None
+        self._admin_failure: BaseException | None = None  # after its start (admin_failed)
         self._state = RunnerState.STARTING
         self._set_state(RunnerState.STARTING)
         self._started = time.monotonic()
@@ -396,6 +399,18 @@ class Runner:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             with contextlib.suppress(Exception):
                 loop.remove_signal_handler(sig)
+
+    def loading_code(self) -> contextlib.AbstractContextManager[None]:
+        """Around the admin endpoint's build (its first connection, on a worker thread): the
+        daemon's memory gauge counts what it loads as code, not as records' memory."""
+        return self.daemon.consumer.loading_code()
+
+    def admin_failed(self, exc: BaseException) -> None:
+        """The admin endpoint failed after its start (it is built at the first connection,
+        mqd/operator/admin_listener.py): the process stops and exits 1 with the reason, as when the
+        endpoint fails during the start."""
+        self._admin_failure = exc
+        self.request_stop("admin endpoint failure")
 
     def request_stop(self, reason: str) -> None:
         if self._stop_requested is not None and not self._stop_requested.is_set():
@@ -617,6 +632,9 @@ class Runner:
             log.exception("daemon failed")
             code, reason = EXIT_FAILURE, f"daemon failed: {type(exc).__name__}: {exc}"
         finally:
+            failure = self._admin_failure
+            if failure is not None and code == EXIT_OK:  # the listener logged it with its traceback
+                code, reason = EXIT_FAILURE, f"admin endpoint failed: {type(failure).__name__}: {failure}"
             code = await self._shutdown(code, reason)
             self._remove_signals(loop)
         return code
@@ -636,8 +654,8 @@ class Runner:
         if starting.done() and (starting.cancelled() or starting.exception() is not None):
             return  # the start failed: run() reports it
         assert self._admin_factory is not None
-        # built on a worker thread: its imports (aiohttp loads the CA bundle twice at import, with
-        # the GIL released) would otherwise stall the loop while the first answers wait to be decoded
+        # built on a worker thread: a factory may import (the CLI's imports the endpoint's listener,
+        # which imports aiohttp only at the first connection)
         self._admin = await asyncio.to_thread(self._admin_factory, self.config.admin, self)
         try:
             await self._admin.start()

@@ -18,6 +18,8 @@ from typing import Any
 from mqd.config import AdminConfig, MqdConfig
 from mqd.consumer import Consumer
 from mqd.errors import MqdError
+from mqd.operator.admin import AdminServer
+from mqd.operator.admin_listener import AdminListener
 from mqd.process.runner import EXIT_FAILURE, EXIT_OK, Runner, admin_file, last_exit_file
 from mqd.process.sdnotify import Notifier
 from mqd.process.state import DaemonSnapshot
@@ -166,3 +168,35 @@ async def test_an_admin_endpoint_that_fails_after_the_start_ends_the_process(tmp
     assert daemon.stopped and notifier.readies == []
     last_exit = json.loads(last_exit_file(runner.config).read_text())
     assert last_exit["exit_code"] == EXIT_FAILURE and "cannot listen" in last_exit["reason"]
+
+
+async def test_an_admin_endpoint_whose_build_fails_at_the_first_connection_ends_the_process(
+    tmp_path: Path,
+) -> None:
+    """The CLI's endpoint binds at start and is built at the first connection: when that build
+    fails (a broken install), the runner stops the daemon and exits 1 with the build's error in
+    last_exit.json, as when the endpoint fails during the start (it exited 0 before admin_failed)."""
+
+    def broken() -> AdminServer:
+        raise ImportError("no module named 'aiohttp.web' (a broken install)")
+
+    def factory(config: AdminConfig, runner: Runner) -> AdminListener:
+        return AdminListener(config, broken, runner.admin_failed)
+
+    config = MqdConfig.model_validate({"daemon": daemon_section(tmp_path / "state"), "admin": {"port": 0}})
+    daemon = StandInDaemon()
+    runner = Runner(tmp_path / "mqd.toml", config, notifier=Recorder(), daemon=daemon, admin=factory)
+    run = asyncio.create_task(runner.run())
+    try:
+        await wait_until(admin_file(config).exists, timeout=WAIT_S, what="admin.json")
+        host, port = json.loads(admin_file(config).read_text())["url"][len("http://") :].rsplit(":", 1)
+        _reader, writer = await asyncio.open_connection(host, int(port))
+        writer.close()
+        assert await asyncio.wait_for(run, WAIT_S) == EXIT_FAILURE
+    finally:
+        if not run.done():
+            run.cancel()
+    assert daemon.stopped
+    last_exit = json.loads(last_exit_file(config).read_text())
+    assert last_exit["exit_code"] == EXIT_FAILURE
+    assert "admin endpoint failed: ImportError" in last_exit["reason"], last_exit

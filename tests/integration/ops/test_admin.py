@@ -24,6 +24,7 @@ from mqd.operator.admin import (
     PartitionSpec,
     parse_partition_spec,
 )
+from mqd.operator.admin_listener import AdminListenError
 from mqd.operator.status_page import render_page
 from mqd.operator.views import partition_rows, render_summary
 
@@ -241,7 +242,7 @@ async def test_port_in_use_is_a_clear_retriable_error(served: Any) -> None:
     server, _, _ = served
     port = int(server.url.rsplit(":", 1)[1])
     other = AdminServer(AdminConfig(port=port), Target())
-    with pytest.raises(AdminError) as info:
+    with pytest.raises(AdminListenError) as info:
         await other.start()
     assert f"127.0.0.1:{port}" in str(info.value) and info.value.retriable
 

@@ -131,3 +131,28 @@ def test_used_is_what_left_counted_without_reading_again(statm: Path) -> None:
     assert budget.used() == 10 * MIB + 3 * MIB + 20 * MIB
     gauge.stop()
     assert budget.used() == 13 * MIB
+
+
+def test_code_loaded_after_the_baseline_raises_it(statm: Path) -> None:
+    """The admin endpoint, built at its first connection, loads ~10 MiB of code after the baseline:
+    around it (``loading_code``) the RSS it adds beyond the charges raises the baseline, so what is
+    left to fetch is what it was (before: 10 MiB less, for as long as the daemon ran). Growth the
+    charges explain, and a shrink, leave the baseline alone; before the baseline nothing moves."""
+    gauge = MemoryGauge(str(statm))
+    budget = ByteBudget(80 * MIB, held=True, gauge=gauge)
+    with gauge.loading_code(budget.charged):  # no baseline yet: the later one holds the code
+        set_rss(statm, 110 * MIB)
+    assert gauge.baseline is None
+    gauge.start(budget.charged())
+    assert gauge.baseline == 110 * MIB
+
+    with gauge.loading_code(budget.charged):
+        set_rss(statm, 120 * MIB)  # the import
+        budget.pinned = 4 * MIB  # an answer arrived meanwhile: charged, so not code
+        set_rss(statm, 124 * MIB)
+    assert gauge.baseline == 120 * MIB
+    assert budget.left() == 80 * MIB - 4 * MIB
+
+    with gauge.loading_code(budget.charged):
+        set_rss(statm, 118 * MIB)  # memory returned meanwhile
+    assert gauge.baseline == 120 * MIB
