@@ -291,8 +291,14 @@ class AdminServer:
         if sockets is None:
             sockets = admin_listener.bind(self._config.host, self._config.port)
         await runner.setup()
-        for sock in sockets:
-            await web.SockSite(runner, sock).start()
+        try:
+            for sock in sockets:
+                await web.SockSite(runner, sock).start()
+        except BaseException:
+            await runner.cleanup()
+            for sock in sockets if bound_here else ():
+                sock.close()
+            raise
         self._runner = runner
         self._throughput.observe(published_records(), time.monotonic())
         self._sampler = asyncio.create_task(self._sample_throughput(), name="mqd-admin-throughput")
