@@ -45,6 +45,12 @@ bytes_fetched = Counter(
 )
 fetch_requests = Counter("mqd_fetch_requests", "Fetch requests sent", ["node"], registry=REGISTRY)
 fetch_errors = Counter("mqd_fetch_errors", "Failed fetch requests", ["node", "kind"], registry=REGISTRY)
+fetch_wakeups_lost = Counter(
+    "mqd_fetch_wakeups_lost",
+    "Fetches sent by a fetcher's idle re-check that no wake-up had announced (a bug: see the log)",
+    ["node"],
+    registry=REGISTRY,
+)
 fetch_duration = Histogram(
     "mqd_fetch_duration_seconds",
     "Fetch request round trip, including the broker's long-poll wait (up to fetch_max_wait_ms)",

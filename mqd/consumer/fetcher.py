@@ -72,6 +72,10 @@ MAX_CORRUPT_ANSWERS = 3
 # offsets; generous for topic names up to ~150 characters)
 _HEAD_BYTES = 64
 _ENTRY_BYTES = 320
+# with nothing in flight and no timer asked for, a fetcher waits for a wake-up, but at most this long:
+# a wake-up that never comes would otherwise stop its partitions for good (every wait is bounded)
+IDLE_RECHECK_S = 1.0
+LOST_WAKEUP_LOG_EVERY_S = 60.0
 
 
 @dataclass(slots=True)
@@ -102,6 +106,8 @@ class NodeFetcher:
         self.errors = 0
         self.last_error: str | None = None
         self._turn = 0  # rotates the request order of the partitions with a backlog (fetch_shares)
+        self.wakeups_lost = 0  # fetches only the idle re-check sent (_wakeup_lost)
+        self._lost_logged_at = float("-inf")
 
     @property
     def in_flight(self) -> bool:
@@ -130,16 +136,41 @@ class NodeFetcher:
     async def _run(self) -> None:
         # every line logged by this task and its answer callbacks names the node
         structlog.contextvars.bind_contextvars(node=self.node_id)
+        announced = True  # the last wait ended on a wake-up, or on a timer a round asked for
         while self._task is not None:  # stop() clears it before cancelling
             self._wake.clear()
             timeout: float | None = None
             if self._request is None:
+                sent_before = self.requests
                 try:
                     timeout = self._round()
                 except Exception:  # a bug here must not kill the node's fetching for good
                     log.exception("fetch round failed", node=self.node_id)
                     timeout = 1.0
-            await wait_event(self._wake, None if timeout is None else max(timeout, 0.001))
+                if not announced and self.requests != sent_before:
+                    self._wakeup_lost()
+            idle = self._request is None and timeout is None
+            if idle:
+                woken = await wait_event(self._wake, IDLE_RECHECK_S)
+            else:  # a request's end wakes it; a held-back partition's timer too
+                woken = await wait_event(self._wake, None if timeout is None else max(timeout, 0.001))
+            announced = woken or not idle
+
+    def _wakeup_lost(self) -> None:
+        """The idle re-check sent a fetch that no wake-up had announced: something made partitions
+        fetchable without waking their fetcher. They lost at most IDLE_RECHECK_S; counted, and
+        logged at most once a minute, since the cause is a bug to find."""
+        self.wakeups_lost += 1
+        metrics.fetch_wakeups_lost.labels(self.node_id).inc()
+        now = time.monotonic()
+        if now - self._lost_logged_at >= LOST_WAKEUP_LOG_EVERY_S:
+            self._lost_logged_at = now
+            log.warning(
+                "fetch sent by the idle re-check: no wake-up announced its partitions",
+                node=self.node_id,
+                partitions=[f"{s.op.tp.topic}/{s.op.tp.partition}" for s in self._sent[:20]],
+                wakeups_lost=self.wakeups_lost,
+            )
 
     def _round(self) -> float | None:
         """Send one fetch if any partition is fetchable; returns seconds until a held-back partition
