@@ -151,9 +151,8 @@ class NodeFetcher:
                     self._wakeup_lost()
             idle = self._request is None and timeout is None
             if idle:
-                woken = await wait_event(self._wake, IDLE_RECHECK_S)
-            else:  # a request's end wakes it; a held-back partition's timer too
-                woken = await wait_event(self._wake, None if timeout is None else max(timeout, 0.001))
+                timeout = IDLE_RECHECK_S  # else a request's end wakes it, or the round's own timer
+            woken = await wait_event(self._wake, None if timeout is None else max(timeout, 0.001))
             announced = woken or not idle
 
     def _wakeup_lost(self) -> None:

@@ -77,10 +77,14 @@ def bind(host: str, port: int) -> list[socket.socket]:
     return sockets
 
 
+def http_url(host: str, port: int) -> str:
+    """The endpoint's URL at ``host``:``port`` (an IPv6 address in brackets)."""
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
 def url_of(sock: socket.socket) -> str:
     host, port = sock.getsockname()[:2]
-    host = f"[{host}]" if ":" in host else host
-    return f"http://{host}:{port}"
+    return http_url(host, port)
 
 
 class AdminListener:

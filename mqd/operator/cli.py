@@ -120,6 +120,7 @@ class _Runtime:
 
 def _runtime(config_path: Path) -> _Runtime:
     from mqd.config import DaemonSection, load_daemon_config, read_toml
+    from mqd.operator import admin_listener
 
     try:
         cfg = load_daemon_config(config_path)
@@ -156,7 +157,7 @@ def _runtime(config_path: Path) -> _Runtime:
     url = None
     if enabled and port:
         host = "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
-        url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+        url = admin_listener.http_url(host, port)
     return _Runtime(daemon.pid_file, daemon.state_dir, url, token, daemon.shutdown_timeout)
 
 
