@@ -202,7 +202,8 @@ appender.stderr.layout.pattern = %d{yy/MM/dd HH:mm:ss} %p %c{1}: %m%n%ex
 
 def bare_spark_conf(workdir: Path, extra: dict[str, str]) -> dict[str, str]:
     """The session of a plain-PySpark alternative (bench/spark_once.py, bench/kafka_to_table.py):
-    mqd's session settings and the jars of mqd's last package resolution, ``extra`` over them."""
+    mqd's session settings and the jars of mqd's last package resolution on the driver's class path
+    (as mqd's own session on a local master: mqd/spark/packages.py), ``extra`` over them."""
     from mqd.config import SparkConfig
     from mqd.spark.packages import delta_options, resolved_jars
 
@@ -213,7 +214,7 @@ def bare_spark_conf(workdir: Path, extra: dict[str, str]) -> dict[str, str]:
     log4j = workdir / "bare-log4j2.properties"
     log4j.write_text(_BARE_LOG4J2)
     return {
-        "spark.jars": ",".join(str(j) for j in jars),
+        "spark.driver.extraClassPath": os.pathsep.join(str(j) for j in jars),
         **delta_options(),
         "spark.sql.shuffle.partitions": str(sc.shuffle_partitions),
         "spark.default.parallelism": str(sc.shuffle_partitions),

@@ -12,7 +12,7 @@ so a burst of load from other work hits both alike), each pipeline into a fresh 
   daemon's and the job's default. Its time is the two processes' together.
 - **spark**: plain PySpark (bench/kafka_to_table_spark.py): ``readStream.format("kafka")`` from the
   earliest offsets, no ``maxOffsetsPerTrigger``, Delta's sink with ``trigger(availableNow=True)``,
-  the same jars as ``spark.jars`` (the recorded resolution of mqd's package set, which holds
+  the same jars on the class path (the recorded resolution of mqd's package set, which holds
   ``spark-sql-kafka-0-10``), tuned as below (``SPARK_TUNING``).
 
 Per run: wall seconds from spawn to exit, CPU seconds of the process tree (Spark's JVM included:

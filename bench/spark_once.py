@@ -14,7 +14,7 @@ this 2-core machine. What runs:
      files per partition has F versions in its Delta log: few against many);
    - ``bare``: the alternative at its best, plain PySpark (bench/spark_once_bare.py): the same file
      source and schema, Delta's streaming sink, ``availableNow``, its own checkpoint, the same jars
-     from the same Ivy cache as ``spark.jars`` and mqd's session settings;
+     from the same Ivy cache on the class path and mqd's session settings;
    - ``probe`` (``--probe``): mqd's CLI with a stopwatch on each step of the job
      (bench/spark_once_probe.py), for where the time goes.
 3. **Catch-up**: every pipeline's first run lands the whole landing into its table (run again until

@@ -2,8 +2,8 @@
 
 What a careful user writes without mqd: Spark's file source on the landing with the landing's schema
 (never inferred), Delta's streaming sink, ``trigger(availableNow=True)``, its own checkpoint, the
-same Delta jars from the same Ivy cache handed over as ``spark.jars`` (no resolution at start: the
-fastest way to load them) and the same session settings as mqd's job, all given by the benchmark as
+same Delta jars from the same Ivy cache on the driver's class path (no resolution at start, no copy:
+the fastest way to load them) and the same session settings as mqd's job, all given by the benchmark as
 ``--conf key=value``. Run by path (``python bench/spark_once_bare.py``), so that it imports pyspark
 and nothing of mqd or the benchmark: its start-up is its own. Prints ``bare_session``,
 ``bare_started`` and ``bare_done rows=<n>`` as it gets there (the benchmark times them).

@@ -191,13 +191,24 @@ def resolve_options(build: SparkBuild | None = None) -> dict[str, str]:
     }
 
 
-def session_options(build: SparkBuild | None = None) -> dict[str, str]:
+def session_options(build: SparkBuild | None = None, *, local: bool = False) -> dict[str, str]:
     """The SparkSession settings that give it :func:`all_packages` from mqd's cache: the jars an
-    earlier resolution of this very set recorded (``spark.jars``, no Ivy at start) when every one
-    is still there, else Spark's resolution (:func:`resolve_options`); Delta's SQL extension and
-    catalog either way. A session that resolved records its jars (:func:`record_resolution`)."""
+    earlier resolution of this very set recorded (no Ivy at start) when every one is still there,
+    else Spark's resolution (:func:`resolve_options`); Delta's SQL extension and catalog either way.
+    A session that resolved records its jars (:func:`record_resolution`).
+
+    ``local`` (a ``local[...]`` master: the executors are threads of the driver's JVM): the jars go
+    on the driver's class path. As ``spark.jars`` each session's executor would copy every one into
+    its scratch folder (700 MB, most of it the AWS SDK bundle that hadoop-aws needs), a copy that a
+    killed JVM never deletes. On a cluster they are ``spark.jars``, which Spark ships to the
+    executors."""
     jars = resolved_jars(build)
-    packages = {"spark.jars": ",".join(str(j) for j in jars)} if jars else resolve_options(build)
+    if not jars:
+        packages = resolve_options(build)
+    elif local:
+        packages = {"spark.driver.extraClassPath": os.pathsep.join(str(j) for j in jars)}
+    else:
+        packages = {"spark.jars": ",".join(str(j) for j in jars)}
     return {**packages, **delta_options()}
 
 

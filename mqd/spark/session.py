@@ -105,7 +105,7 @@ def build_session(config: MqdConfig, master: str | None = None) -> Any:
     )
     for key, value in batch_options(config, url).items():
         builder = builder.config(key, value)
-    table_options = table_session_options() if sc.table_format == "delta" else {}
+    table_options = table_session_options(is_local_master(url)) if sc.table_format == "delta" else {}
     for key, value in table_options.items():
         builder = builder.config(key, value)
     for key, value in s3a_options(config).items():
@@ -167,13 +167,13 @@ def batch_options(config: MqdConfig, master: str | None = None) -> dict[str, str
     }
 
 
-def table_session_options() -> dict[str, str]:
+def table_session_options(local: bool = False) -> dict[str, str]:
     """What a session writing Delta tables needs: the packages from mqd's cache (the jars of the
-    last resolution, or resolved by Spark: mqd/spark/packages.py), Delta's SQL extension and
-    catalog, and the new tables' defaults."""
+    last resolution, or resolved by Spark: mqd/spark/packages.py; on the class path on a ``local``
+    master), Delta's SQL extension and catalog, and the new tables' defaults."""
     from mqd.spark.packages import session_options
 
-    return {**session_options(), **_DELTA_TABLE_DEFAULTS}
+    return {**session_options(local=local), **_DELTA_TABLE_DEFAULTS}
 
 
 def table_s3(config: MqdConfig) -> tuple[str | None, str | None, bool]:

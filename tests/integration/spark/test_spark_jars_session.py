@@ -1,5 +1,6 @@
-"""A session started from the recorded resolution (``spark.jars``, no Ivy) has Delta: it writes and
-reads a Delta table, offline too, and prints none of Ivy's resolution report."""
+"""A session started from the recorded resolution (no Ivy) has Delta: it writes and reads a Delta
+table, offline too, prints none of Ivy's resolution report, and on a local master copies none of the
+jars into its scratch folder."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from mqd.spark import packages
 pytestmark = pytest.mark.spark
 
 _SESSION = """
+import os
 import sys
 from mqd.config import LandingConfig, MqdConfig, SparkConfig
 from mqd.spark.packages import session_options
@@ -27,6 +29,8 @@ cfg = MqdConfig(landing=LandingConfig(dir=root + "/landing"), spark=SparkConfig(
 spark = build_session(cfg)
 spark.range(5).write.format("delta").save(root + "/t")
 print("rows", spark.read.format("delta").load(root + "/t").count())
+from pyspark import SparkFiles
+print("copied", sorted(os.listdir(SparkFiles.getRootDirectory())))
 spark.stop()
 """
 
@@ -42,4 +46,5 @@ def test_a_session_from_the_record_has_delta_without_ivy(tmp_path: Path) -> None
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "rows 5" in out.stdout
+    assert "copied []" in out.stdout  # the jars are read where they are, not copied per session
     assert "resolving dependencies" not in out.stdout + out.stderr

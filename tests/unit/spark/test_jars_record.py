@@ -1,9 +1,11 @@
-"""A resolution's jars are recorded and handed to later sessions as ``spark.jars`` (no Ivy at start),
-only for the very request that was resolved and only while every jar is there: pure rules, no JVM."""
+"""A resolution's jars are recorded and handed to later sessions (no Ivy at start), as ``spark.jars``
+or, on a local master, on the class path; only for the very request that was resolved and only while
+every jar is there: pure rules, no JVM."""
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -45,6 +47,23 @@ def test_a_recorded_resolution_is_handed_over_as_jars(cache: Path) -> None:
     assert options["spark.jars"].split(",") == [str(j) for j in jars]
     assert not {"spark.jars.packages", "spark.jars.ivy", "spark.jars.ivySettings"} & set(options)
     assert options["spark.sql.catalog.spark_catalog"] == "org.apache.spark.sql.delta.catalog.DeltaCatalog"
+
+
+def test_a_local_master_gets_the_recorded_jars_on_its_class_path(cache: Path) -> None:
+    """On a local master the recorded jars go on the driver's class path, not ``spark.jars``: the
+    executor, a thread of the same JVM, would copy every jar (700 MB) into its scratch folder."""
+    jars = _jars(cache)
+    packages.record_resolution(",".join(str(j) for j in jars), BUILD)
+    options = packages.session_options(BUILD, local=True)
+    assert options["spark.driver.extraClassPath"].split(os.pathsep) == [str(j) for j in jars]
+    assert not {"spark.jars", "spark.jars.packages"} & set(options)
+    assert options["spark.sql.extensions"] == "io.delta.sql.DeltaSparkSessionExtension"
+
+
+def test_a_local_master_without_a_record_resolves(cache: Path) -> None:
+    options = packages.session_options(BUILD, local=True)
+    assert options["spark.jars.packages"].split(",") == packages.all_packages(BUILD)
+    assert "spark.driver.extraClassPath" not in options
 
 
 def test_a_missing_jar_means_resolving_again(cache: Path) -> None:
