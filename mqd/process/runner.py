@@ -406,9 +406,9 @@ class Runner:
         return self.daemon.consumer.loading_code()
 
     def admin_failed(self, exc: BaseException) -> None:
-        """The admin endpoint failed after its start (it is built at the first connection,
-        mqd/operator/admin_listener.py): the process stops and exits 1 with the reason, as when the
-        endpoint fails during the start."""
+        """The admin endpoint failed once records flowed (its bind after the daemon's start, or its
+        build at the first connection, mqd/operator/admin_listener.py): the process stops and exits
+        1 with the reason, as when the endpoint fails during the start."""
         self._admin_failure = exc
         self.request_stop("admin endpoint failure")
 
@@ -610,9 +610,6 @@ class Runner:
                 # READY=1 and "mqd running" wait for it
                 self._tasks.append(loop.create_task(self._announce_running()))
                 await self.daemon.run(self._wait_stop())
-                admin = self._admin_starting
-                if admin is not None and admin.done() and (failure := admin.exception()) is not None:
-                    raise RunnerError(str(failure))  # the endpoint failed once records flowed
                 reason = f"stopped on {self._stop_reason}" if self._stop_reason else "burst finished"
         except RunnerError as exc:
             log.error("cannot start", error=str(exc))
@@ -633,8 +630,10 @@ class Runner:
             code, reason = EXIT_FAILURE, f"daemon failed: {type(exc).__name__}: {exc}"
         finally:
             failure = self._admin_failure
-            if failure is not None and code == EXIT_OK:  # the listener logged it with its traceback
-                code, reason = EXIT_FAILURE, f"admin endpoint failed: {type(failure).__name__}: {failure}"
+            if failure is not None and code == EXIT_OK:  # logged where it happened
+                named = isinstance(failure, MqdError)  # mqd's own errors say what failed
+                detail = str(failure) if named else f"{type(failure).__name__}: {failure}"
+                code, reason = EXIT_FAILURE, f"admin endpoint failed: {detail}"
             code = await self._shutdown(code, reason)
             self._remove_signals(loop)
         return code
@@ -690,8 +689,9 @@ class Runner:
             try:
                 # shielded: a stop must not cancel the endpoint halfway through its bind
                 await asyncio.shield(self._admin_starting)
-            except Exception:  # run() reports it once the daemon stopped
-                self.request_stop("admin endpoint failure")
+            except Exception as exc:
+                log.error("admin endpoint failed", error=str(exc))
+                self.admin_failed(exc)
                 return
         self.notifier.ready(f"consuming {', '.join(self.config.consumer.topics)}")
         log.info("mqd running", pid=os.getpid(), config_file=str(self.config_path), burst=self.burst)

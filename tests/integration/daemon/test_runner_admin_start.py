@@ -167,7 +167,8 @@ async def test_an_admin_endpoint_that_fails_after_the_start_ends_the_process(tmp
             run.cancel()
     assert daemon.stopped and notifier.readies == []
     last_exit = json.loads(last_exit_file(runner.config).read_text())
-    assert last_exit["exit_code"] == EXIT_FAILURE and "cannot listen" in last_exit["reason"]
+    assert last_exit["exit_code"] == EXIT_FAILURE
+    assert last_exit["reason"].startswith("admin endpoint failed: admin endpoint cannot listen"), last_exit
 
 
 async def test_an_admin_endpoint_whose_build_fails_at_the_first_connection_ends_the_process(
