@@ -79,6 +79,9 @@ class HostSpark:
             "SPARK_LOCAL_HOSTNAME": host.address,
             "SPARK_LOG_DIR": str(self.root / "logs"),
             "SPARK_WORKER_DIR": str(self.root / f"work-{host.name}"),
+            # executors' scratch (and their copies of the application's jars, 683 MB) inside the
+            # rig's folder: a killed worker's executor never deletes it, and /tmp is shared
+            "SPARK_LOCAL_DIRS": str(self.root / f"local-{host.name}"),
             "PYSPARK_PYTHON": sys.executable,
             "PYSPARK_DRIVER_PYTHON": sys.executable,
         }

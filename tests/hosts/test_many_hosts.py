@@ -335,7 +335,7 @@ async def test_a_spark_worker_killed_mid_batch(rig: HostRig, tmp_path: Path) -> 
     the spark host, executors on w0 and w1) while records flow. While a batch's job runs, w0's
     host loses its power (its worker and executor SIGKILLed): that batch finishes on w1 (its lost
     tasks run again there); w0 comes back. The table, read by delta-rs, holds every acknowledged record
-    exactly once."""
+    exactly once, and what the killed executor left on disk is in the rig's folder."""
     assert rig.spark is not None
     spark = {"trigger_interval": 1, "ui": True, "ui_port": 4040, "max_files_per_trigger": 8}
     # files of a few seconds each: two one-core executors keep up with the landing
@@ -355,6 +355,9 @@ async def test_a_spark_worker_killed_mid_batch(rig: HostRig, tmp_path: Path) -> 
         done = batches_done(driver.log_path)
         rig.host("w0").kill()
         print(f"w0 killed while batch {done + 1}'s job ran")
+        # what the killed executor leaves (its scratch, its copy of the jars) is in the rig's
+        # folder, not the machine's /tmp
+        assert any((rig.spark.root / "local-w0").iterdir())
         # the batch w0 died in finishes on w1 (its lost tasks run again there)
         await wait_until(
             lambda: batches_done(driver.log_path) >= done + 1,
