@@ -205,17 +205,15 @@ def bare_spark_conf(workdir: Path, extra: dict[str, str]) -> dict[str, str]:
     mqd's session settings and the jars of mqd's last package resolution on the driver's class path
     (as mqd's own session on a local master: mqd/spark/packages.py), ``extra`` over them."""
     from mqd.config import SparkConfig
-    from mqd.spark.packages import delta_options, resolved_jars
+    from mqd.spark.packages import resolved_jars, session_options
 
-    jars = resolved_jars()
-    if not jars:
+    if not resolved_jars():
         raise SystemExit("no recorded Spark jars: `make install` resolves mqd's Spark packages")
     sc = SparkConfig()
     log4j = workdir / "bare-log4j2.properties"
     log4j.write_text(_BARE_LOG4J2)
     return {
-        "spark.driver.extraClassPath": os.pathsep.join(str(j) for j in jars),
-        **delta_options(),
+        **session_options(local=True),
         "spark.sql.shuffle.partitions": str(sc.shuffle_partitions),
         "spark.default.parallelism": str(sc.shuffle_partitions),
         "spark.ui.enabled": "false",
