@@ -44,6 +44,25 @@ def fsync_written_once(path: Path) -> int:
         os.close(fd)
 
 
+def start_writeback(path: Path) -> None:
+    """Start writing ``path``'s dirty pages to disk now, without waiting, and drop its pages already
+    written: for a file written once a piece at a time (a staged landing file, a row group per
+    piece). Left to the kernel, a whole file's pages stay dirty until its final fsync (writeback
+    starts after ~30 s), so that fsync writes the file whole while the caller waits: 0.5 s for the
+    48 files a burst of the ``wide`` shape finishes together. Started after each piece, the disk
+    writes during the run and the fsync waits for the last piece; the pages dropped on the way are
+    reused by the next writes instead of fresh ones (see ``fsync_written_once``).
+    Linux's POSIX_FADV_DONTNEED does both: writeback of the dirty pages (no wait), then the clean
+    ones dropped. Elsewhere nothing happens, which is only slower."""
+    if not hasattr(os, "posix_fadvise"):
+        return
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
 def atomic_write(path: Path, data: bytes) -> None:
     """Replace ``path`` with ``data``: temp file, fsync, rename, fsync of the folder. A reader sees
     the old content or the new one, never a mix, also after a crash."""

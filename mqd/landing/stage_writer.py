@@ -82,7 +82,8 @@ def range_metadata(rng: FileRange) -> dict[bytes, bytes]:
 class ParquetStage:
     """One staged file being written (see the module docstring). ``where``: a local path or a
     writable file object; ``done()``: after the footer is written, make the bytes durable under
-    ``key`` and return the size; ``drop()``: forget them (abort)."""
+    ``key`` and return the size; ``drop()``: forget them (abort); ``wrote()``, if given: after each
+    row group (a local file starts its writeback, ``fsutil.start_writeback``)."""
 
     def __init__(
         self,
@@ -92,10 +93,12 @@ class ParquetStage:
         *,
         done: Callable[[], int],
         drop: Callable[[], None],
+        wrote: Callable[[], None] | None = None,
     ) -> None:
         self.key = key
         self._done = done
         self._drop = drop
+        self._wrote = wrote
         self._schema = schema.LANDING_SCHEMA.with_metadata(
             {layout.META_VERSION: str(layout.SCHEMA_VERSION).encode()}
         )
@@ -113,6 +116,8 @@ class ParquetStage:
             raise ValueError(f"{self.key}: staged file already finished or aborted")
         self._writer.write_table(table.replace_schema_metadata(self._schema.metadata))
         self.rows += table.num_rows
+        if self._wrote is not None:
+            self._wrote()
 
     def finish(self, rng: FileRange) -> StagedFile:
         writer, self._writer = self._writer, None

@@ -319,7 +319,15 @@ class LandingStore:
             return size
 
         return _Staging(
-            rng, str(path), key, compression, done=done, drop=lambda: path.unlink(missing_ok=True)
+            rng,
+            str(path),
+            key,
+            compression,
+            done=done,
+            drop=lambda: path.unlink(missing_ok=True),
+            # a scratch file is linked into place, never read back here: its bytes go to disk as
+            # they are written (a temp file to upload is read whole by ``finish``: its pages stay)
+            wrote=None if scratch is None else lambda: fsutil.start_writeback(path),
         )
 
     def commit(
