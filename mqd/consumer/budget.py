@@ -15,6 +15,11 @@ fetchers through ``on_freed``.
   budget does not turn into a loop of answers that are thrown away.
 - ``waiting``: some fetcher is idle because the budget was used up; the end of any fetch in flight
   wakes them all.
+- ``queue``: the nodes waiting for budget, in the order they found it short; a node sends only when
+  none waits ahead of it (the fetcher's ``_round``). Why: the node whose request ends is woken
+  first, and it took what was left again each time, so a node that had once found the budget
+  short could wait for good (seen: a burst of the ``wide`` shape stuck at 1,752,000 of 2,000,000
+  records while two caught-up nodes took turns long-polling; docs/decisions/072-fetch-budget-turns.md).
 - ``gauge`` (the daemon's, mqd/consumer/memory_gauge.py): the RSS above the idle baseline that the
   charges above do not cover (the landing's encoder, Python objects, allocator slack) is counted
   too, so the limit bounds the process's memory, not only what the budget can name.
@@ -46,6 +51,7 @@ class ByteBudget:
         self.pinned_bodies = 0
         self.blocked = False
         self.waiting = False
+        self.queue: list[str] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         # called when bytes were freed: every node may be able to fetch again
         self.on_freed: Callable[[], None] = lambda: None
@@ -81,10 +87,26 @@ class ByteBudget:
         was_waiting, self.waiting = self.waiting, False
         return was_waiting
 
-    def wait(self) -> None:
-        """A fetcher found the budget used up and waits for a release or a free."""
+    def wait(self, node: str) -> None:
+        """``node``'s fetcher found the budget used up, or another node waiting ahead of it: it
+        waits for a release or a free, in line."""
         metrics.flow_control_events.labels("budget").inc()
         self.waiting = True
+        if node not in self.queue:
+            self.queue.append(node)
+
+    def ahead(self, node: str) -> bool:
+        """Another node waits for budget ahead of ``node``: it goes first."""
+        return bool(self.queue) and self.queue[0] != node
+
+    def leave(self, node: str) -> str | None:
+        """``node`` no longer waits (it sent, or has nothing to fetch); returns the node first in
+        line now if ``node`` was, to be woken: a turn is never left unannounced."""
+        if node not in self.queue:
+            return None
+        was_first = self.queue[0] == node
+        self.queue.remove(node)
+        return self.queue[0] if was_first and self.queue else None
 
     # -- buffered batches ------------------------------------------------------------------------
 

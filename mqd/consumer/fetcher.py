@@ -119,6 +119,7 @@ class NodeFetcher:
 
     async def stop(self) -> None:
         task, self._task = self._task, None
+        self._leave_queue()  # its turn passes on
         request = self._request
         if request is not None:
             request.cancel()  # its done-callback releases the partitions
@@ -177,15 +178,46 @@ class NodeFetcher:
         m = self._m
         now = m.clock()
         if now < self.backoff_until:
+            self._leave_queue()
             return self.backoff_until - now
         cluster = m.source.cluster
         if cluster is None or self.node_id not in cluster.nodes:
+            self._leave_queue()
             return None
-        state, budget, cfg = m.state, m.state.budget, m.config
-        if budget.exhausted():
-            budget.wait()
-            return None  # a drain, or a reservation or answer body released, wakes every fetcher
-        left = budget.left()
+        budget, cfg = m.state.budget, m.config
+        chosen, next_at = self._fetchable(now)
+        if not chosen:
+            self._leave_queue()
+        elif budget.exhausted() or budget.ahead(self.node_id):
+            # first come, first served (budget.py "queue"); a drain, or a reservation or answer
+            # body released, wakes every fetcher
+            budget.wait(self.node_id)
+            return None
+        else:
+            wait_ms = cfg.fetch_max_wait_ms
+            if next_at is not None:
+                # a held-back partition is due soon: do not let a long poll for the others keep
+                # it waiting, since only one request may be in flight to this node
+                wait_ms = min(wait_ms, max(0, int((next_at - now) * 1000)))
+            # a partition whose last answer reached the log end leaves its share to those with more
+            backlog = [op.log_end is None or op.position < op.log_end for op in chosen]
+            # reserve what the answer can really hold: its partitions' shares, not fetch_max_bytes
+            # (a long poll over caught-up partitions, one share: records that arrive meanwhile are
+            # usually far fewer, and more show a backlog the next request fetches); with a held
+            # budget the whole body is charged on arrival, so its head is reserved too
+            head = _HEAD_BYTES + _ENTRY_BYTES * len(chosen) if budget.held else 0
+            shares = len(chosen) if any(backlog) else 1
+            max_bytes = min(cfg.fetch_max_bytes, budget.left() - head, shares * cfg.partition_max_bytes)
+            if max_bytes <= 0:
+                budget.wait(self.node_id)
+                return None
+            self._send(chosen, backlog, max_bytes, max_bytes + head, wait_ms)
+            self._leave_queue()
+        return None if next_at is None else next_at - now
+
+    def _fetchable(self, now: float) -> tuple[list[OwnedPartition], float | None]:
+        """This node's partitions that may be fetched now, and when the first held-back one may."""
+        state = self._m.state
         chosen: list[OwnedPartition] = []
         next_at: float | None = None
         for op in state.partitions.values():
@@ -198,26 +230,19 @@ class NodeFetcher:
                 next_at = hold if next_at is None else min(next_at, hold)
                 continue
             chosen.append(op)
-        if chosen:
-            wait_ms = cfg.fetch_max_wait_ms
-            if next_at is not None:
-                # a held-back partition is due soon: do not let a long poll for the others keep
-                # it waiting, since only one request may be in flight to this node
-                wait_ms = min(wait_ms, max(0, int((next_at - now) * 1000)))
-            # reserve what the answer can really hold: its partitions' shares, not fetch_max_bytes;
-            # with a held budget the whole body is charged on arrival, so its head is reserved too
-            head = _HEAD_BYTES + _ENTRY_BYTES * len(chosen) if budget.held else 0
-            max_bytes = min(cfg.fetch_max_bytes, left - head, len(chosen) * cfg.partition_max_bytes)
-            if max_bytes <= 0:
-                budget.wait()
-                return None
-            self._send(chosen, max_bytes, max_bytes + head, wait_ms)
-        return None if next_at is None else next_at - now
+        return chosen, next_at
 
-    def _send(self, chosen: list[OwnedPartition], max_bytes: int, reserve: int, wait_ms: int) -> None:
+    def _leave_queue(self) -> None:
+        """Out of the budget's line; the node first in line after it is woken for its turn."""
+        first = self._m.state.budget.leave(self.node_id)
+        if first is not None:
+            self._m.wake(first)
+
+    def _send(
+        self, chosen: list[OwnedPartition], backlog: list[bool], max_bytes: int, reserve: int, wait_ms: int
+    ) -> None:
+        """``backlog[i]``: chosen[i] may have more than its last answer reached (unknown counts)."""
         m, cfg = self._m, self._m.config
-        # a partition whose last answer reached the log end leaves its share to those with more
-        backlog = [op.log_end is None or op.position < op.log_end for op in chosen]
         if not any(backlog):
             # an idle round: each keeps partition_max_bytes, in the chosen order; the last request is
             # sent again while nothing in it changed (fetch_request_cache)

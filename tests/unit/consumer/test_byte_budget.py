@@ -57,7 +57,7 @@ def test_block_until_freed_and_waiters_learn_of_releases() -> None:
     b.freed()
     assert not b.blocked and freed == [1]
     b.reserve(600)
-    b.wait()
+    b.wait("m")
     assert b.release(600) is True
     assert b.release(0) is False and b.reserved == -0
 

@@ -246,7 +246,7 @@ async def test_an_answer_for_an_offset_the_partition_left_is_never_applied() -> 
 
     def budget_waits(found: list[tuple[str, int, int]]) -> None:
         if ("m", 0, 10) in found:
-            state.budget.wait()  # a fetcher found no room meanwhile: this answer's release wakes all
+            state.budget.wait("m")  # a fetcher found no room meanwhile: this answer's release wakes all
 
     source.on_answer = budget_waits
     m = FetchManager(config=config, source=source, state=state, jitter=0.0)
