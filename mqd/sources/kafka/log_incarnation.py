@@ -32,15 +32,18 @@ from mqd.topic_partition import TopicPartition
 _MAX_EPOCHS = 16  # epoch changes kept per partition (a seek further back loses validation only)
 
 
+_UNSEEN = -1  # an epoch "transition" where records this process never fetched begin
+
+
 def epoch_before(transitions: list[tuple[int, int]], position: int) -> int | None:
     """The epoch of the record before ``position`` among (first offset, epoch) transitions in
-    offset order (None: before the first)."""
+    offset order (None: before the first, or in a stretch this process never fetched)."""
     epoch = None
     for first, e in transitions:
         if first >= position:
             break
         epoch = e
-    return epoch
+    return None if epoch == _UNSEEN else epoch
 
 
 def _h(text: str) -> str:
@@ -64,6 +67,7 @@ class _Partition:
     # old incarnation -> (the one that replaced it, the first offset where they differ)
     successors: dict[str, tuple[str, int]] = field(default_factory=dict)
     epochs: list[tuple[int, int]] = field(default_factory=list)  # (first offset, leader epoch)
+    seen_end: int | None = None  # the offset after the last fetched batch whose epoch is in epochs
 
 
 class LogIncarnations:
@@ -109,8 +113,9 @@ class LogIncarnations:
             return requested, None
         return part.current, 0  # another topic id: the topic was recreated
 
-    def saw_batches(self, tp: TopicPartition, transitions: list[tuple[int, int]]) -> None:
-        """Epoch changes of fetched batches (record_batch.leader_epochs), in offset order."""
+    def saw_batches(self, tp: TopicPartition, transitions: list[tuple[int, int]], end: int) -> None:
+        """Epoch changes of fetched batches (record_batch.leader_epochs), in offset order, and
+        ``end``, the offset after the last one."""
         part = self._parts.get(tp)
         if part is None or not transitions:
             return
@@ -119,6 +124,7 @@ class LogIncarnations:
             if not epochs or epochs[-1][1] != epoch:
                 epochs.append((first, epoch))
         part.epochs = epochs[-_MAX_EPOCHS:]
+        part.seen_end = end
 
     def epoch_at(self, tp: TopicPartition, position: int) -> int | None:
         """The leader epoch of the record before ``position`` (None: not seen)."""
@@ -148,8 +154,16 @@ class LogIncarnations:
             known = epoch_before(part.epochs, position)
             if known is None or known >= landed.leader_epoch:  # fetched here from the position on
                 return False
-        part.epochs = [e for e in part.epochs if e[0] < landed.offset and e[1] < landed.leader_epoch]
+        epochs = [e for e in part.epochs if e[0] < landed.offset and e[1] < landed.leader_epoch]
+        if epochs and (part.seen_end is None or part.seen_end < landed.offset):
+            # what this process fetched ends before the landed record: the records between were
+            # fetched elsewhere, in epochs it does not know (taken for its last epoch, a position
+            # moved back into them read the log as truncated there: chaos seed 349514 landed 2,020
+            # records twice)
+            epochs.append((part.seen_end if part.seen_end is not None else epochs[-1][0] + 1, _UNSEEN))
+        part.epochs = epochs
         part.epochs.append((landed.offset, landed.leader_epoch))
+        part.seen_end = landed.offset + 1
         self.pending.add(tp)
         return True
 
@@ -159,6 +173,7 @@ class LogIncarnations:
         part = self._parts.get(tp)
         if part is not None:
             part.epochs = []
+            part.seen_end = None
 
     def leader_epochs(self, epochs: dict[TopicPartition, int]) -> None:
         """Leader epochs from Metadata: a higher one means a leader change; check for truncation."""
@@ -194,5 +209,7 @@ class LogIncarnations:
         part.successors[part.current] = (new, end_offset)
         part.current = new
         part.epochs = [e for e in part.epochs if e[0] < end_offset]
+        if part.seen_end is not None:
+            part.seen_end = min(part.seen_end, end_offset)
         self.pending.discard(tp)
         return new

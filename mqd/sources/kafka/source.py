@@ -454,7 +454,7 @@ class KafkaSource:
                 _decode, records, tp=tp, aborted=aborted, epochs=transitions, broker=broker
             )
             if incarnation is not None:
-                self.incarnations.saw_batches(tp, transitions)
+                self.incarnations.saw_batches(tp, transitions, outcome.next_offset)
         suggested = None
         if on_replica:
             if not part.error_code:

@@ -16,7 +16,7 @@ def test_the_topic_id_until_a_truncation_then_a_derived_id_the_landing_accepts()
     the landing stores, and a request naming the old one is told where the logs diverged."""
     incs = LogIncarnations()
     assert incs.check(TP, None, A) == (A, None)
-    incs.saw_batches(TP, [(0, 0), (5, 1)])
+    incs.saw_batches(TP, [(0, 0), (5, 1)], 12)
     assert (incs.epoch_at(TP, 5), incs.epoch_at(TP, 6), incs.epoch_at(TP, 0)) == (0, 1, None)
     new = incs.truncated(TP, 1, 8)
     assert new == derived(A, A, 1, 8) and check_incarnation(new) == new
@@ -56,7 +56,7 @@ def test_divergence_from_an_epoch_answer() -> None:
     we first saw our epoch."""
     incs = LogIncarnations()
     incs.check(TP, None, A)
-    incs.saw_batches(TP, [(0, 0), (5, 2)])
+    incs.saw_batches(TP, [(0, 0), (5, 2)], 12)
     assert incs.divergence(TP, 2, 2, 7, 10) == 7
     assert incs.divergence(TP, 2, 2, 10, 10) is None
     assert incs.divergence(TP, 2, 1, 12, 10) == 5
@@ -77,7 +77,7 @@ def test_the_landed_epoch_seeds_a_restart_only_right_after_the_landed_record() -
     assert incs.epoch_at(TP, 10) == 3 and TP in incs.pending
     fetched = LogIncarnations()
     fetched.check(TP, A, A)
-    fetched.saw_batches(TP, [(10, 4)])
+    fetched.saw_batches(TP, [(10, 4)], 12)
     assert not fetched.landed(TP, 10, A, landed)
 
 
@@ -88,10 +88,31 @@ def test_a_partition_handed_back_takes_the_newer_landed_epoch() -> None:
     records twice when it asked about epoch 0)."""
     incs = LogIncarnations()
     incs.check(TP, A, A)
-    incs.saw_batches(TP, [(0, 0)])
+    incs.saw_batches(TP, [(0, 0)], 101)
     assert incs.epoch_at(TP, 200) == 0
     assert incs.landed(TP, 200, A, LandedEpoch(A, 199, 1))
     assert incs.epoch_at(TP, 200) == 1 and TP in incs.pending
-    assert incs.epoch_at(TP, 50) == 0  # positions before the landed record keep what was seen
+    assert incs.epoch_at(TP, 50) == 0  # positions in what this process fetched keep what it saw
+    assert incs.epoch_at(TP, 101) == 0
     assert incs.divergence(TP, 1, 1, 250, 200) is None  # the leader's epoch 1 ends past the position
     assert not incs.landed(TP, 200, A, LandedEpoch(A, 199, 1))  # known now: nothing more to do
+
+
+def test_a_position_moved_back_past_what_this_process_fetched_has_no_epoch() -> None:
+    """Handed back after another daemon landed up to 8599 in epoch 5, a partition this process had
+    read up to 6559 in epoch 3 knows no epoch for the records between: a position moved back into
+    them (an out-of-range answer from a lagging leader moved it to 8580) fetches without a last
+    epoch. Before, it took epoch 3 for them, the leader answered that epoch 3 ended at 6560, and
+    2,020 records still in the log were landed again as a new incarnation (chaos seed 349514)."""
+    incs = LogIncarnations()
+    incs.check(TP, A, A)
+    incs.saw_batches(TP, [(0, 0), (4000, 3)], 6560)
+    assert incs.landed(TP, 8600, A, LandedEpoch(A, 8599, 5))
+    assert incs.epoch_at(TP, 8600) == 5
+    assert incs.epoch_at(TP, 6560) == 3  # the record before it was fetched here
+    assert incs.epoch_at(TP, 6561) is None
+    assert incs.epoch_at(TP, 8580) is None
+    assert incs.epoch_at(TP, 5000) == 3
+    # fetched again from 8580: those records' epochs are known, the stretch before stays unknown
+    incs.saw_batches(TP, [(8580, 5)], 8700)
+    assert incs.epoch_at(TP, 8600) == 5 and incs.epoch_at(TP, 6561) is None
