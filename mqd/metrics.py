@@ -51,6 +51,12 @@ fetch_wakeups_lost = Counter(
     ["node"],
     registry=REGISTRY,
 )
+fetch_polls_cut = Counter(
+    "mqd_fetch_polls_cut",
+    "Long polls ended early because a partition with a backlog was routed to their node meanwhile",
+    ["node"],
+    registry=REGISTRY,
+)
 fetch_duration = Histogram(
     "mqd_fetch_duration_seconds",
     "Fetch request round trip, including the broker's long-poll wait (up to fetch_max_wait_ms)",

@@ -99,6 +99,9 @@ class NodeFetcher:
         self._task: asyncio.Task[None] | None = None
         self._request: asyncio.Task[FetchResult] | None = None
         self._sent: list[_Sent] = []  # the partitions of the request in flight
+        # the request in flight is a long poll over caught-up partitions: the partitions routed to
+        # this node when it was sent (None: not a poll, or the source cannot cut one short)
+        self._poll_routed: frozenset[TopicPartition] | None = None
         self._last: RequestCache[_Sent] = RequestCache()  # an idle round sends the same again
         self.backoff_until = 0.0
         self.failures = 0
@@ -150,6 +153,8 @@ class NodeFetcher:
                     timeout = 1.0
                 if not announced and self.requests != sent_before:
                     self._wakeup_lost()
+            elif self._poll_routed is not None:
+                self._cut_poll()
             idle = self._request is None and timeout is None
             if idle:
                 timeout = IDLE_RECHECK_S  # else a request's end wakes it, or the round's own timer
@@ -232,6 +237,21 @@ class NodeFetcher:
             chosen.append(op)
         return chosen, next_at
 
+    def _cut_poll(self) -> None:
+        """End the long poll in flight when a partition routed here since it was sent (a pull-node
+        switch, a failed node's partitions, an assignment) may be fetched and has a backlog: with
+        one request in flight per node it would wait up to fetch_max_wait_ms (decision 073). The
+        done-callback releases the poll's partitions and wakes this fetcher, whose next round
+        fetches them all."""
+        routed, request = self._poll_routed, self._request
+        if routed is None or request is None:
+            return
+        chosen, _ = self._fetchable(self._m.clock())
+        if any(op.tp not in routed and (op.log_end is None or op.position < op.log_end) for op in chosen):
+            self._poll_routed = None
+            metrics.fetch_polls_cut.labels(self.node_id).inc()
+            request.cancel()
+
     def _leave_queue(self) -> None:
         """Out of the budget's line; the node first in line after it is woken for its turn."""
         first = self._m.state.budget.leave(self.node_id)
@@ -268,6 +288,10 @@ class NodeFetcher:
         metrics.fetch_requests.labels(self.node_id).inc()
         metrics.fetch_partitions.labels(self.node_id).observe(len(sent))
         self._sent = sent
+        self._poll_routed = None
+        if wait_ms > 0 and not any(backlog) and m.source.cuts_long_polls:
+            node = self.node_id
+            self._poll_routed = frozenset(op.tp for op in m.state.partitions.values() if op.pull_node == node)
         self._request = asyncio.ensure_future(request)
         self._request.set_name(f"mqd-fetch-request-{self.node_id}")
         self._request.add_done_callback(
@@ -289,6 +313,7 @@ class NodeFetcher:
         m = self._m
         self._request = None
         self._sent = []
+        self._poll_routed = None
         budget = m.state.budget
         waiting = budget.release(reserved)
         for s in sent:
@@ -297,6 +322,7 @@ class NodeFetcher:
         if waiting:
             m.wake()
         if task.cancelled():
+            self._wake_routed_away(sent)
             return
         exc = task.exception()
         took = time.perf_counter() - t0
@@ -304,6 +330,7 @@ class NodeFetcher:
         metrics.fetch_latency.labels(self.node_id).observe(max(0.0, took - max_wait))
         if exc is not None:
             self._on_error(exc, sent)
+            self._wake_routed_away(sent)
             return
         self.failures = 0
         self.last_error = None
@@ -323,6 +350,7 @@ class NodeFetcher:
             m.handle_answer(self.node_id, result, sent)
         except Exception:
             log.exception("fetch answer handling failed", node=self.node_id)
+        self._wake_routed_away(sent)
         now = m.clock()
         for s in ahead:
             op = s.op
@@ -330,6 +358,14 @@ class NodeFetcher:
             # unpark, a move), or an error put the partition in backoff: never apply that answer
             if op.position != s.offset or op.parked or op.retry_at > now:
                 s.void = True
+
+    def _wake_routed_away(self, sent: list[_Sent]) -> None:
+        """Partitions routed to another node while in flight here are that node's to fetch now, from
+        where this answer left them (a long poll there may be cut for them: ``_cut_poll``)."""
+        for s in sent:
+            node = s.op.pull_node
+            if node is not None and node != self.node_id:
+                self._m.wake(node)
 
     def _fetch_ahead(self, result: FetchResult, sent: list[_Sent]) -> list[_Sent]:
         """Send the node's next request before this answer is decoded, each partition with data

@@ -267,6 +267,10 @@ class ConsumerGroup:
 class Source(Protocol):
     """Everything the engine needs from a queue (see the module docstring for the contracts)."""
 
+    # Cancelling a fetch in flight ends it at the node at once, so the engine may cut a long poll
+    # short for a partition that was routed to its node meanwhile (decision 073)
+    cuts_long_polls: bool
+
     async def start(self, timeout: float) -> None:
         """Connect and read the metadata once; raises ConsumerError (retriable) after ``timeout``."""
 

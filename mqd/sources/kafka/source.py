@@ -162,6 +162,10 @@ class _Settled(NamedTuple):
 class KafkaSource:
     """The Kafka cluster named by ``config.bootstrap`` (mqd.consumer.source.Source)."""
 
+    # a Kafka broker answers a connection's requests in order: a cancelled long poll would still
+    # hold the next fetch back, and its fetch session's epoch would be spent
+    cuts_long_polls = False
+
     def __init__(self, config: ConsumerConfig) -> None:
         self._config = config
         kc = config.kafka

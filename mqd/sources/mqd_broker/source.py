@@ -67,6 +67,10 @@ def source_error(exc: BrokerError | ProtocolError) -> SourceError:
 class MqdBrokerSource:
     """The mqd broker cluster named by ``config.bootstrap`` (mqd.consumer.source.Source)."""
 
+    # a cancelled fetch closes its connection, and the broker drops the fetch it held with it
+    # (handler_cancellation): the next request goes on another connection at once
+    cuts_long_polls = True
+
     def __init__(self, config: ConsumerConfig, *, client: BrokerClient | None = None) -> None:
         self._own_client = client is None
         self.client = client or BrokerClient(

@@ -11,18 +11,15 @@ when the test says so."""
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
+
+from support.held_source import HeldSource
 
 from mqd import metrics
 from mqd.config import ConsumerConfig
 from mqd.consumer import ByteBudget, FlowLimits, SubscriptionState, TopicPartition
 from mqd.consumer.fetcher import FetchManager
-from mqd.consumer.source import FetchRequest, FetchResult
-from mqd.sources.mqd_broker import MqdBrokerSource
 from mqd.waiting import wait_until
-from mqd.wire.metadata import ClusterMetadata
-from mqd.wire.protocol import Status, decode_fetch_answer, encode_fetch_answer
 
 CAUGHT_UP = TopicPartition("events", 0)  # on node a, at its log end
 BEHIND = TopicPartition("events", 1)  # on node b, 1,000 records behind
@@ -50,44 +47,9 @@ LAYOUT = {
 }
 
 
-class HeldSource(MqdBrokerSource):
-    """Every fetch is written down by node and answered only when the test says so (``answer``)."""
-
-    def __init__(self, config: ConsumerConfig) -> None:
-        super().__init__(config)
-        self.metadata.current = ClusterMetadata.parse(LAYOUT)
-        self.sent: list[tuple[str, int]] = []  # (node, the request's max_bytes)
-        self.pending: dict[str, asyncio.Future[FetchResult]] = {}
-
-    def fetch(
-        self, node_id: str, requests: list[FetchRequest], *, max_wait_ms: int, min_bytes: int, max_bytes: int
-    ) -> Any:
-        self.sent.append((node_id, max_bytes))
-        answer = self.pending[node_id] = asyncio.get_running_loop().create_future()
-        return self._wait(answer)
-
-    @staticmethod
-    async def _wait(answer: asyncio.Future[FetchResult]) -> FetchResult:
-        return await answer
-
-    def answer_caught_up(self, node_id: str, tp: TopicPartition, end: int) -> None:
-        """The long poll ends with nothing new: the partition is still at its log end."""
-        entry = {
-            "topic": tp.topic,
-            "partition": tp.partition,
-            "status": Status.OFFSET_OVERFLOW_ONE.value,
-            "next_offset": end,
-            "min_offset": 0,
-            "max_offset": end,
-            "suggest": None,
-        }
-        wire = b"".join(encode_fetch_answer(node_id, [entry], [b""]))
-        self.pending.pop(node_id).set_result(MqdBrokerSource._result(decode_fetch_answer(wire)))
-
-
 def _fetching(budget: ByteBudget) -> tuple[HeldSource, FetchManager]:
     config = ConsumerConfig(bootstrap=["http://127.0.0.1:1"], max_buffered_bytes=LIMIT)
-    source = HeldSource(config)
+    source = HeldSource(config, LAYOUT)
     state = SubscriptionState(FlowLimits(max_queued_records=10**6, max_offset_span=10**6), budget)
     return source, FetchManager(config=config, source=source, state=state, jitter=0.0)
 
