@@ -239,12 +239,17 @@ def hour_runs(table: pa.Table) -> list[tuple[int, int, int]]:
     return [(int(hours[s]), int(s), int(e - s)) for s, e in zip(starts, ends, strict=True)]
 
 
+def _constant_int32(n: int, value: int) -> pa.Array:
+    return records.fixed_width_array(np.full(n, value, dtype=np.int32), pa.int32())
+
+
 def _constant_string(n: int, value: str | None) -> pa.DictionaryArray:
     """A dictionary column holding ``value`` (or null) n times: one string per file, not per record."""
     if value is None:
         return pa.DictionaryArray.from_arrays(pa.nulls(n, pa.int32()), pa.array([], type=pa.string()))
     return pa.DictionaryArray.from_arrays(
-        pa.array(np.zeros(n, dtype=np.int32)), pa.array([value], type=pa.string())
+        _constant_int32(n, 0),
+        pa.array([value], type=pa.string()),
     )
 
 
@@ -252,7 +257,7 @@ def landing_table(topic: str, partition: int, records: pa.Table, incarnation: st
     """Records (RECORD_SCHEMA) plus the topic, partition and incarnation columns, without
     per-record objects."""
     n = records.num_rows
-    part_col = pa.array(np.full(n, partition, dtype=np.int32))
+    part_col = _constant_int32(n, partition)
     return pa.Table.from_arrays(
         [_constant_string(n, topic), part_col, _constant_string(n, incarnation), *records.columns],
         schema=schema.LANDING_SCHEMA,

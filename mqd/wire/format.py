@@ -19,7 +19,7 @@ import pyarrow as pa
 
 from mqd.errors import MqdError
 from mqd.record_size import RecordTooLarge, first_too_large
-from mqd.records import HEADERS_TYPE, RECORD_SCHEMA  # the decoded batch's schema: neutral ground
+from mqd.records import HEADERS_TYPE, RECORD_SCHEMA, fixed_width_array  # neutral ground
 
 try:  # ISA-L's CRC-32 is bit-identical to zlib's and ~7x faster (bench/profile/REPORT.md)
     from isal.isal_zlib import crc32 as _crc32
@@ -239,6 +239,25 @@ class _Layout:
     h_count: int
 
 
+_INT32 = struct.Struct("<i")
+
+
+def _offsets_end(
+    buf: bytes | bytearray | memoryview, at: int, count: int, deep: bool, info: BatchInfo
+) -> int:
+    """The last of the ``count + 1`` int32 offsets at ``at``, checked to start at 0 and not go
+    down; ``deep=False`` checks only both ends (two reads, no array: it runs per batch)."""
+    first = _INT32.unpack_from(buf, at)[0]
+    last = _INT32.unpack_from(buf, at + 4 * count)[0]
+    if first != 0 or last < 0:
+        raise BatchError(f"batch at {info.position}: offsets not monotonic from 0")
+    if deep and count:
+        arr = np.frombuffer(buf, dtype="<i4", count=count + 1, offset=at)
+        if np.any(arr[1:] < arr[:-1]):
+            raise BatchError(f"batch at {info.position}: offsets not monotonic from 0")
+    return int(last)
+
+
 def _layout(buf: bytes | bytearray | memoryview, info: BatchInfo, deep: bool = True) -> _Layout:
     """Section positions of a batch, checking every offsets array is consistent with its length.
 
@@ -264,23 +283,12 @@ def _layout(buf: bytes | bytearray | memoryview, info: BatchInfo, deep: bool = T
     if p > end:
         raise BatchError(f"batch at {info.position}: sections exceed its length")
 
-    def offsets(at: int, count: int) -> int:
-        arr = np.frombuffer(buf, dtype="<i4", count=count + 1, offset=at)
-        if not deep:
-            last = int(arr[-1])
-            if arr[0] != 0 or last < 0:
-                raise BatchError(f"batch at {info.position}: offsets not monotonic from 0")
-            return last
-        if arr[0] != 0 or (count and np.any(arr[1:] < arr[:-1])):
-            raise BatchError(f"batch at {info.position}: offsets not monotonic from 0")
-        return int(arr[-1])
-
-    k_len = offsets(k_off, n)
-    v_len = offsets(v_off, n)
-    if offsets(h_list, n) != h_count:
+    k_len = _offsets_end(buf, k_off, n, deep, info)
+    v_len = _offsets_end(buf, v_off, n, deep, info)
+    if _offsets_end(buf, h_list, n, deep, info) != h_count:
         raise BatchError(f"batch at {info.position}: header count mismatch")
-    hk_len = offsets(hk_off, h_count)
-    hv_len = offsets(hv_off, h_count)
+    hk_len = _offsets_end(buf, hk_off, h_count, deep, info)
+    hv_len = _offsets_end(buf, hv_off, h_count, deep, info)
     k_data = p
     p += _pad(k_len)
     v_data = p
@@ -329,6 +337,16 @@ def validate(buf: bytes | bytearray | memoryview) -> list[BatchInfo]:
 # decoding into Arrow (consumer hot path: per batch work only)
 
 
+_INT64 = pa.int64()
+_TIMESTAMP = pa.timestamp("ms", tz="UTC")
+_BINARY = pa.binary()
+_STRING = pa.string()
+_HEADER_FIELDS = list(HEADERS_TYPE.value_type)
+_NO_HEADER_ENTRIES = pa.StructArray.from_arrays(
+    [pa.array([], type=_STRING), pa.array([], type=_BINARY)], fields=_HEADER_FIELDS
+)
+
+
 def to_arrow(
     buf: pa.Buffer | bytes | memoryview,
     info: BatchInfo,
@@ -343,28 +361,24 @@ def to_arrow(
     pbuf = buf if isinstance(buf, pa.Buffer) else pa.py_buffer(buf)
     lay = _layout(memoryview(pbuf), info, deep=deep_check)
     n = info.count
-
-    def sl(at: int, size: int) -> pa.Buffer:
-        return pbuf.slice(at, size)
-
-    ts = pa.Array.from_buffers(pa.timestamp("ms", tz="UTC"), n, [None, sl(lay.ts, 8 * n)])
+    sl = pbuf.slice
+    ts = pa.Array.from_buffers(_TIMESTAMP, n, [None, sl(lay.ts, 8 * n)])
     kvalid = sl(lay.k_valid, (n + 7) // 8) if lay.k_valid >= 0 else None
-    key = pa.Array.from_buffers(
-        pa.binary(), n, [kvalid, sl(lay.k_off, 4 * (n + 1)), sl(lay.k_data, lay.k_len)]
-    )
-    value = pa.Array.from_buffers(
-        pa.binary(), n, [None, sl(lay.v_off, 4 * (n + 1)), sl(lay.v_data, lay.v_len)]
-    )
+    key = pa.Array.from_buffers(_BINARY, n, [kvalid, sl(lay.k_off, 4 * (n + 1)), sl(lay.k_data, lay.k_len)])
+    value = pa.Array.from_buffers(_BINARY, n, [None, sl(lay.v_off, 4 * (n + 1)), sl(lay.v_data, lay.v_len)])
     hc = lay.h_count
-    hkeys = pa.Array.from_buffers(
-        pa.string(), hc, [None, sl(lay.hk_off, 4 * (hc + 1)), sl(lay.hk_data, lay.hk_len)]
-    )
-    hvals = pa.Array.from_buffers(
-        pa.binary(), hc, [None, sl(lay.hv_off, 4 * (hc + 1)), sl(lay.hv_data, lay.hv_len)]
-    )
-    entries = pa.StructArray.from_arrays([hkeys, hvals], fields=list(HEADERS_TYPE.value_type))
+    if hc:
+        hkeys = pa.Array.from_buffers(
+            _STRING, hc, [None, sl(lay.hk_off, 4 * (hc + 1)), sl(lay.hk_data, lay.hk_len)]
+        )
+        hvals = pa.Array.from_buffers(
+            _BINARY, hc, [None, sl(lay.hv_off, 4 * (hc + 1)), sl(lay.hv_data, lay.hv_len)]
+        )
+        entries = pa.StructArray.from_arrays([hkeys, hvals], fields=_HEADER_FIELDS)
+    else:
+        entries = _NO_HEADER_ENTRIES  # most batches: every record's list is empty
     headers = pa.Array.from_buffers(HEADERS_TYPE, n, [None, sl(lay.h_list, 4 * (n + 1))], children=[entries])
-    offsets = pa.array(np.arange(info.base_offset, info.base_offset + n, dtype=np.int64))
+    offsets = fixed_width_array(np.arange(info.base_offset, info.base_offset + n, dtype=np.int64), _INT64)
     batch = pa.RecordBatch.from_arrays([offsets, ts, key, value, headers], schema=RECORD_SCHEMA)
     if start_offset is not None and start_offset > info.base_offset:
         batch = batch.slice(start_offset - info.base_offset)
