@@ -376,6 +376,10 @@ class Consumer:
         is buffered (SubscriptionState.caught_up)."""
         return self._state.caught_up()
 
+    def partition_caught_up(self, tp: TopicPartition) -> bool:
+        """``tp`` was fetched up to its log end and none of its records is buffered."""
+        return self._state.partition_caught_up(tp)
+
     # -- config ----------------------------------------------------------------------------------
 
     def update_config(self, config: ConsumerConfig) -> None:

@@ -215,6 +215,18 @@ class SubscriptionState:
                 return False
         return True
 
+    def partition_caught_up(self, tp: TopicPartition) -> bool:
+        """``tp`` is owned, not parked, fetched up to its log end, and none of its records is
+        buffered (``caught_up`` for one partition)."""
+        op = self.partitions.get(tp)
+        return (
+            op is not None
+            and not op.parked
+            and op.log_end is not None
+            and op.position == op.log_end
+            and not op.queue.records
+        )
+
     # -- buffering -------------------------------------------------------------------------------
 
     def _discard(self, op: OwnedPartition) -> None:

@@ -74,6 +74,7 @@ log = structlog.get_logger("mqd.daemon")
 _LOOP_WAIT = 0.5  # longest idle wait of the working loop (keeps last_loop_time fresh)
 _HOUSEKEEPING_INTERVAL = 2.0  # idle watermarks
 _MARKER_INTERVAL = 10.0  # completeness markers
+_BURST_LOOK_S = 0.05  # a burst: how often partitions at their log end are looked for (_publish_due)
 
 
 def _use_jemalloc_pool() -> None:
@@ -138,6 +139,8 @@ class Daemon:
         self._stop_task: asyncio.Task[None] | None = None
         self._errors: deque[dict[str, Any]] = deque(maxlen=20)
         self._next_housekeeping = 0.0
+        self._next_caught_up_look = 0.0  # a burst's look for partitions at their log end
+        self._finished_early: set[tuple[str, int]] = set()  # their files finished before the end
         self._next_markers = 0.0
         self._next_clean = 0.0  # landing.lifecycle.interval (mqd/landing/lifecycle.py)
         self._cleaner: Any = None
@@ -414,17 +417,35 @@ class Daemon:
                 return
             await self._publish(None)
             return
-        if self.burst and self.sink.pending_records and self.consumer.caught_up():
-            # nothing more is coming: do not wait for max_age, finish the open files
-            self._burst_ending()
-            self.sink.start_publications(list(self.sink.pending()), finish=True)
-            return
+        if self.burst and self.sink.pending_records:
+            if self.consumer.caught_up():
+                # nothing more is coming: do not wait for max_age, finish the open files
+                self._burst_ending()
+                self.sink.start_publications(list(self.sink.pending()), finish=True)
+                return
+            if now >= self._next_caught_up_look:
+                self._finish_caught_up(now)
         due = self.sink.due(now)  # by age or size, also under pressure: else the loop spins on them
         if self.sink.pending_records and (need := self.consumer.memory_shortfall()):
             # the budget is held by answers the sink's buffers pin: cut the biggest buffers, enough
             # to fetch again (not all of them: files stay large), else fetching waits for max_age
             due += [tp for tp in self.sink.pressure_cut(need) if tp not in due]
         self.sink.start_publications(due)
+
+    def _finish_caught_up(self, now: float) -> None:
+        """A burst: the files of partitions at their log end are finished while the others are
+        fetched, not with theirs at the end (nor do their records keep the answers they came in
+        pinned until then). Once per partition: one still written to (a producer during the
+        burst) would otherwise land a small file per look. Looked for at most every
+        _BURST_LOOK_S, since a look walks every partition the landing holds."""
+        self._next_caught_up_look = now + _BURST_LOOK_S
+        done = [
+            tp
+            for tp in self.sink.pending()
+            if tp not in self._finished_early and self.consumer.partition_caught_up(TopicPartition(*tp))
+        ]
+        self._finished_early.update(done)
+        self.sink.start_publications(done, finish=True)
 
     def _burst_ending(self) -> None:
         """A burst's last publications start: the process exits once they and the table's commit
