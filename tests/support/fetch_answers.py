@@ -18,23 +18,33 @@ from mqd.wire.metadata import ClusterMetadata
 from mqd.wire.protocol import Status, decode_fetch_answer, encode_fetch_answer
 
 TP = TopicPartition("events", 0)
-LAYOUT = {
-    "groups": [
-        {
-            "name": "broker-a",
-            "nodes": [
-                {"id": "m", "url": "http://127.0.0.1:1", "role": "master", "alive": True},
-                {"id": "s", "url": "http://127.0.0.1:2", "role": "slave", "alive": True},
-            ],
-        }
-    ],
-    "topics": [
-        {
-            "name": "events",
-            "partitions": [{"partition": 0, "group": "broker-a", "master": "m", "replicas": ["s"]}],
-        }
-    ],
-}
+
+
+def layout(partitions: int = 1) -> dict[str, Any]:
+    """One broker group (master ``m``, slave ``s``) serving ``events`` partitions 0 .. partitions-1."""
+    return {
+        "groups": [
+            {
+                "name": "broker-a",
+                "nodes": [
+                    {"id": "m", "url": "http://127.0.0.1:1", "role": "master", "alive": True},
+                    {"id": "s", "url": "http://127.0.0.1:2", "role": "slave", "alive": True},
+                ],
+            }
+        ],
+        "topics": [
+            {
+                "name": "events",
+                "partitions": [
+                    {"partition": p, "group": "broker-a", "master": "m", "replicas": ["s"]}
+                    for p in range(partitions)
+                ],
+            }
+        ],
+    }
+
+
+LAYOUT = layout()
 
 
 def batches(*ranges: tuple[int, int]) -> bytes:

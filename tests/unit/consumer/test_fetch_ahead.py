@@ -13,13 +13,14 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
+from support.fetch_answers import batches, layout
+
 from mqd.config import ConsumerConfig
 from mqd.consumer import ByteBudget, FlowLimits, SubscriptionState, TopicPartition
 from mqd.consumer.fetcher import FetchManager
 from mqd.consumer.source import Decoded, FetchRequest, FetchResult
 from mqd.sources.mqd_broker import MqdBrokerSource
 from mqd.waiting import cancel_and_wait, wait_event, wait_until
-from mqd.wire import format
 from mqd.wire.metadata import ClusterMetadata
 from mqd.wire.protocol import Status, decode_fetch_answer, encode_fetch_answer
 
@@ -32,13 +33,6 @@ LAYOUT = {
         {"name": "events", "partitions": [{"partition": 0, "group": "g", "master": "m", "replicas": []}]}
     ],
 }
-
-
-def batches(*ranges: tuple[int, int]) -> bytes:
-    return b"".join(
-        format.encode_batch([str(o).encode() for o in range(base, base + n)], base_offset=base)
-        for base, n in ranges
-    )
 
 
 def found_answer(node_id: str, parts: list[tuple[int, int, bytes, str | None]]) -> FetchResult:
@@ -175,23 +169,7 @@ async def test_an_answer_fetched_ahead_of_a_clipped_answer_is_dropped() -> None:
     assert offsets[:10] == list(range(10)) and offsets == list(range(len(offsets)))
 
 
-REPLICATED = {
-    "groups": [
-        {
-            "name": "g",
-            "nodes": [
-                {"id": "m", "url": "http://127.0.0.1:1", "role": "master", "alive": True},
-                {"id": "s", "url": "http://127.0.0.1:2", "role": "slave", "alive": True},
-            ],
-        }
-    ],
-    "topics": [
-        {
-            "name": "events",
-            "partitions": [{"partition": p, "group": "g", "master": "m", "replicas": ["s"]} for p in (0, 1)],
-        }
-    ],
-}
+REPLICATED = layout(partitions=2)
 TP1 = TopicPartition("events", 1)
 Script = dict[tuple[str, int, int], tuple[int, bytes, str | None]]
 

@@ -13,7 +13,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-from support.fetch_answers import batches
+from support.fetch_answers import batches, layout
 from support.held_source import HeldSource
 
 from mqd import metrics
@@ -25,25 +25,7 @@ from mqd.wire.protocol import Status
 
 HOT = TopicPartition("events", 0)  # read from the slave, behind
 QUIET = TopicPartition("events", 1)  # read from the master, at its log end
-LAYOUT: dict[str, Any] = {
-    "groups": [
-        {
-            "name": "broker-a",
-            "nodes": [
-                {"id": "m", "url": "http://127.0.0.1:1", "role": "master", "alive": True},
-                {"id": "s", "url": "http://127.0.0.1:2", "role": "slave", "alive": True},
-            ],
-        }
-    ],
-    "topics": [
-        {
-            "name": "events",
-            "partitions": [
-                {"partition": p, "group": "broker-a", "master": "m", "replicas": ["s"]} for p in range(2)
-            ],
-        }
-    ],
-}
+LAYOUT = layout(partitions=2)
 
 
 def _hot_asked_of_the_master(source: HeldSource) -> Callable[[], bool]:
