@@ -6,12 +6,20 @@ log incarnation in one hour of event time, at most ``max_records`` each) and pub
 through the store's two steps (store.py): ``open_stage`` (written a row group at a time) without
 a lock, then ``commit`` conditional on the previous end. The sink publishes through ``stream``;
 ``publish`` (one table as one file) is for tools that land prepared records (the benchmark).
+
+A full file is closed (its footer, the fsync that makes it durable, the commit) on the publisher's
+``closer`` threads while the stream writes the next file's row groups: the close mostly waits for
+the disk, and a partition's files are written one after another, so without this a hot partition's
+landing stood still for every fsync (decision 075). At most one close per ``stream`` call is in
+flight, and it is collected before the next close is sent and before the call returns, so a
+partition's commits stay in order and a call's outcome is whole when it returns.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -135,11 +143,15 @@ def incarnation_runs(incarnations: list[str | None]) -> list[tuple[str | None, i
 
 class Publisher:
     """Publishes partitions' records into one store. Thread-compatible: the store's commit
-    serialises publishers of one partition."""
+    serialises publishers of one partition. ``closer``: where full files are closed while the
+    next is written (None: on the calling thread, one after the other)."""
 
-    def __init__(self, store: LandingStore, *, compression: str = "snappy") -> None:
+    def __init__(
+        self, store: LandingStore, *, compression: str = "snappy", closer: Executor | None = None
+    ) -> None:
         self.store = store
         self.compression = compression
+        self.closer = closer
 
     def publish(
         self,
@@ -209,6 +221,7 @@ class Publisher:
             open_file.started = None
         call = _Stream(
             self.store,
+            self.closer,
             self.compression,
             topic,
             partition,
@@ -232,6 +245,7 @@ class _Stream:
     file committed after the previous end, and on a failure what was not published."""
 
     store: LandingStore
+    closer: Executor | None
     compression: str
     topic: str
     partition: int
@@ -248,28 +262,42 @@ class _Stream:
     out: PublishOutcome = field(default_factory=PublishOutcome)
     tables: list[pa.Table] = field(default_factory=list)  # one per run taken so far
     at: tuple[int, int] = (0, 0)  # (run, row) of the first record not yet in a file
+    closing: tuple[OpenFile, Future[FileRange]] | None = None  # the full file being closed
+    failed: OpenFile | None = None  # a file whose close failed: nothing from its first record landed
 
     def run(self, finish: bool) -> PublishOutcome:
         """Write every run, commit the last file when ``finish``; a conflict or a store error ends
-        the call with an outcome, anything else aborts the open file and raises."""
+        the call with an outcome, anything else aborts the open file and raises. The close in
+        flight is collected first whatever happened: it holds earlier records, so its failure is
+        the one the outcome reports."""
+        error: BaseException | None = None
         try:
             for run_no, (inc, lo, hi) in enumerate(self.runs):
                 self.write_run(run_no, inc, lo, hi)
             if finish and self.f is not None:
                 self.close(self.f)
-        except PublishConflict as exc:
-            if self.f is not None:
-                self.f.writer.abort()
-            self.out.conflict = exc
+        except BaseException as exc:
+            error = exc
+        try:
+            self.collect()
+        except BaseException as exc:
+            if error is None or isinstance(error, (PublishConflict, LandingError, LandingCorrupt)):
+                error = exc
+        if error is None:
+            self.out.open = self.f
             return self.out
-        except (LandingError, LandingCorrupt) as exc:
-            return self.keep_unpublished(exc)
-        except BaseException:
-            if self.f is not None:
-                self.f.writer.abort()
-            raise
-        self.out.open = self.f
-        return self.out
+        if isinstance(error, PublishConflict):
+            self.abort_open()
+            self.out.conflict = error
+            return self.out
+        if isinstance(error, (LandingError, LandingCorrupt)):
+            return self.keep_unpublished(error)
+        self.abort_open()
+        raise error
+
+    def abort_open(self) -> None:
+        if self.f is not None:
+            self.f.writer.abort()
 
     def write_run(self, run_no: int, inc: str | None, lo: int, hi: int) -> None:
         """Write the batches ``lo:hi`` (one incarnation) a piece at a time: each piece stays in one
@@ -319,28 +347,65 @@ class _Stream:
         return n
 
     def close(self, f: OpenFile) -> None:
-        """Commit the open file ``f`` after the expected end, which its end then becomes; until
-        the commit is done ``f`` stays the open file (aborted if it fails)."""
-        staged = f.writer.finish(f.range())
+        """Close the full file ``f`` on the closer, after the close before it landed (its end is
+        the end this commit expects); the caller goes on with the next file meanwhile."""
+        self.collect()
+        self.f = None
+        expected = self.expected_last, self.expected_incarnation
+        if self.closer is not None:
+            self.closing = f, self.closer.submit(self.finish_and_commit, f, *expected)
+            return
+        done: Future[FileRange] = Future()
         try:
-            rng = self.store.commit(staged, self.expected_last, self.expected_incarnation)
+            done.set_result(self.finish_and_commit(f, *expected))
+        except BaseException as exc:
+            done.set_exception(exc)
+        self.closing = f, done
+        self.collect()
+
+    def finish_and_commit(
+        self, f: OpenFile, expected_last: int | None, expected_incarnation: str | None
+    ) -> FileRange:
+        """Write ``f``'s footer, make it durable and commit it after ``expected_last``; on a
+        failure nothing of it is left staged."""
+        try:
+            staged = f.writer.finish(f.range())
+        except BaseException:
+            f.writer.abort()
+            raise
+        try:
+            return self.store.commit(staged, expected_last, expected_incarnation)
         finally:
             self.store.discard(staged)  # committed: already gone from the staging name
+
+    def collect(self) -> None:
+        """Wait for the close in flight; its file is published (its end the next one expects), or
+        its error is raised with the file remembered as ``failed``."""
+        if self.closing is None:
+            return
+        f, done = self.closing
+        self.closing = None
+        try:
+            rng = done.result()
+        except BaseException:
+            self.failed = f
+            raise
         self.out.published.append(rng)
         self.expected_last, self.expected_incarnation = rng.last_offset, rng.incarnation
-        self.f = None
 
     def keep_unpublished(self, exc: LandingError | LandingCorrupt) -> PublishOutcome:
-        """A store error: abort the open file; what it held of this call, and every record after
-        it, is ``remaining``; if it also held records of earlier calls, ``refetch`` instead."""
+        """A store error: abort the open file; what the first unpublished file (the one whose close
+        failed, else the open one) held of this call, and every record after it, is
+        ``remaining``; if it also held records of earlier calls, ``refetch`` instead."""
         self.out.error = exc
         at = self.at
-        if self.f is not None:
-            self.f.writer.abort()
-            if self.f.started is None:
-                self.out.refetch = (self.f.first_offset, self.f.incarnation)
+        self.abort_open()
+        first = self.failed if self.failed is not None else self.f
+        if first is not None:
+            if first.started is None:
+                self.out.refetch = (first.first_offset, first.incarnation)
                 return self.out
-            at = self.f.started
+            at = first.started
         run_no, row = at
         runs = self.runs
         if run_no < len(self.tables):

@@ -132,7 +132,9 @@ class LandingSink:
         )
         self.ahead_of_clock = AheadOfClock(ahead_ms)  # files the watermark ignores: counted, logged
         self._readers = DaemonThreadExecutor(_HEAD_READERS, thread_name_prefix="mqd-landing-head")
-        self.publisher = Publisher(self.store, compression=config.compression)
+        # full files are closed (fsync, commit) here while their partition's next file is written
+        self._closer = DaemonThreadExecutor(workers, thread_name_prefix="mqd-landing-close")
+        self.publisher = Publisher(self.store, compression=config.compression, closer=self._closer)
         self.batches = MicroBatches(config)
         self.workers = workers
         self.on_result = on_result
@@ -208,6 +210,7 @@ class LandingSink:
                 await self.run_blocking(f.writer.abort)
         self._open.clear()
         self._readers.shutdown(wait=False, cancel_futures=True)
+        self._closer.shutdown(wait=False, cancel_futures=True)
         if self._own_executor:
             self._executor.shutdown(wait=False, cancel_futures=True)
 

@@ -1,0 +1,149 @@
+"""A partition's full file is closed (footer, fsync, commit) on the publisher's closer while its next
+file is written (decision 075): the next file's row groups reach the disk before the first file's
+commit returns; the files still land in order; and when the close in flight fails, the outcome is
+the one of a failure of that file: nothing after it lands, the next file leaves nothing staged."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from support.streamed_files import records
+
+from mqd.daemon_threads import DaemonThreadExecutor
+from mqd.landing import layout
+from mqd.landing.errors import LandingError, PublishConflict
+from mqd.landing.local_objects import SCRATCH_DIR
+from mqd.landing.local_store import LocalStore
+from mqd.landing.publisher import Publisher, PublishOutcome
+from mqd.landing.stage_writer import StagedFile
+from mqd.waiting import wait_until_sync
+
+
+class HeldCommits:
+    """The store's commit, held until the test lets it go; then it lands or raises ``fail``."""
+
+    def __init__(self, store: LocalStore, fail: Exception | None = None) -> None:
+        self.store = store
+        self.real = store.commit
+        self.fail = fail
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        store.commit = self.commit  # type: ignore[method-assign]
+
+    def commit(
+        self, staged: StagedFile, expected_last: int | None, expected_incarnation: str | None = None
+    ) -> layout.FileRange:
+        self.entered.set()
+        assert self.release.wait(30), "the test never released the commit"
+        if self.fail is not None:
+            raise self.fail
+        return self.real(staged, expected_last, expected_incarnation)
+
+
+@pytest.fixture
+def closer() -> Iterator[DaemonThreadExecutor]:
+    ex = DaemonThreadExecutor(1, thread_name_prefix="test-close")
+    yield ex
+    ex.shutdown(wait=False)
+
+
+def in_thread(call: Callable[[], PublishOutcome]) -> tuple[threading.Thread, list[PublishOutcome]]:
+    out: list[PublishOutcome] = []
+    t = threading.Thread(target=lambda: out.append(call()), daemon=True)
+    t.start()
+    return t, out
+
+
+def scratch_bytes(root: Path) -> int:
+    folder = root / SCRATCH_DIR
+    return sum(p.stat().st_size for p in folder.iterdir()) if folder.is_dir() else 0
+
+
+def leftovers(root: Path) -> list[Path]:
+    """Scratch and staged files: what an aborted file must not leave behind."""
+    return [p for p in (root / "_staging").rglob("*.parquet") if p.is_file()]
+
+
+def test_the_next_file_is_written_while_the_full_one_commits(
+    tmp_path: Path, closer: DaemonThreadExecutor
+) -> None:
+    """600 records with max_records 300: while the first file's commit is held, the second file's
+    row group is written to its scratch file (inline, the stream would be stuck in that commit).
+    Released, both files land in offset order."""
+    store = LocalStore(tmp_path)
+    store.open()
+    held = HeldCommits(store)
+    pub = Publisher(store, closer=closer)
+    t, out = in_thread(lambda: pub.stream("t", 0, records(0, 600).to_batches(), None, 300, finish=True))
+    assert held.entered.wait(10)
+    wait_until_sync(lambda: scratch_bytes(tmp_path) > 4, 10, "the second file's row group on disk")
+    held.release.set()
+    t.join(30)
+    [outcome] = out
+    assert outcome.error is None and outcome.conflict is None
+    assert [(r.first_offset, r.last_offset) for r in outcome.published] == [(0, 299), (300, 599)]
+    offsets = [
+        o for r in outcome.published for o in pq.read_table(tmp_path / r.path).column("offset").to_pylist()
+    ]
+    assert offsets == list(range(600))
+    assert leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("fail", ["conflict", "error"])
+def test_a_failed_close_in_flight_stops_the_files_after_it(
+    tmp_path: Path, closer: DaemonThreadExecutor, fail: str
+) -> None:
+    """The first file's commit fails after the second file was written: nothing is published; a
+    conflict is reported as such, a disk error hands back every record from the failed file's
+    first (it began in this call); the second file is aborted, nothing is left staged."""
+    store = LocalStore(tmp_path)
+    store.open()
+    exc: Exception = (
+        PublishConflict("t", 0, None, 41) if fail == "conflict" else LandingError("disk on fire", errno=5)
+    )
+    held = HeldCommits(store, fail=exc)
+    pub = Publisher(store, closer=closer)
+    t, out = in_thread(lambda: pub.stream("t", 0, records(0, 600).to_batches(), None, 300, finish=True))
+    assert held.entered.wait(10)
+    wait_until_sync(lambda: scratch_bytes(tmp_path) > 4, 10, "the second file's row group on disk")
+    held.release.set()
+    t.join(30)
+    [outcome] = out
+    assert outcome.published == []
+    if fail == "conflict":
+        assert outcome.conflict is exc and outcome.remaining == []
+    else:
+        assert outcome.error is exc and outcome.refetch is None
+        remaining = [o for b in outcome.remaining for o in b.column("offset").to_pylist()]
+        assert remaining == list(range(600))
+    assert leftovers(tmp_path) == [] and scratch_bytes(tmp_path) == 0
+
+
+def test_a_failed_close_of_a_file_begun_earlier_asks_for_a_refetch(
+    tmp_path: Path, closer: DaemonThreadExecutor
+) -> None:
+    """The file being closed holds records of an earlier call (no longer in memory): its failure
+    makes the outcome name its first offset to fetch again, with nothing remaining, even though
+    the next file had taken this call's later records."""
+    store = LocalStore(tmp_path)
+    store.open()
+    pub = Publisher(store, closer=closer)
+    first = pub.stream("t", 0, records(0, 200).to_batches(), None, 300, finish=False)
+    assert first.open is not None and first.published == []
+    held = HeldCommits(store, fail=LandingError("disk on fire", errno=5))
+    t, out = in_thread(
+        lambda: pub.stream(
+            "t", 0, records(200, 300).to_batches(), None, 300, open_file=first.open, finish=True
+        )
+    )
+    assert held.entered.wait(10)
+    held.release.set()
+    t.join(30)
+    [outcome] = out
+    assert outcome.error is not None and outcome.refetch == (0, None)
+    assert outcome.published == [] and outcome.remaining == []
+    assert leftovers(tmp_path) == []
