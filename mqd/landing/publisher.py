@@ -10,9 +10,10 @@ a lock, then ``commit`` conditional on the previous end. The sink publishes thro
 A full file is closed (its footer, the fsync that makes it durable, the commit) on the publisher's
 ``closer`` threads while the stream writes the next file's row groups: the close mostly waits for
 the disk, and a partition's files are written one after another, so without this a hot partition's
-landing stood still for every fsync (decision 075). At most one close per ``stream`` call is in
-flight, and it is collected before the next close is sent and before the call returns, so a
-partition's commits stay in order and a call's outcome is whole when it returns.
+landing stood still for every fsync (decision 075). At most one close per call is in flight,
+collected before the next close is sent and before the call's outcome is given (``stream``, or
+``begin`` then ``StreamCall.end``, which lets the sink wait for the last close without holding a
+worker), so a partition's commits stay in order and an outcome is whole.
 """
 
 from __future__ import annotations
@@ -184,7 +185,7 @@ class Publisher:
         finally:
             self.store.discard(staged)  # committed: already gone from the staging name
 
-    def stream(
+    def begin(
         self,
         topic: str,
         partition: int,
@@ -199,7 +200,7 @@ class Publisher:
         open_file: OpenFile | None = None,
         finish: bool = True,
         since: float = 0.0,
-    ) -> PublishOutcome:
+    ) -> StreamCall:
         """Write drained batches of one partition into its open file (``open_file``, or a new one
         opened at ``since``) a row group at a time, committing each file that is complete: at
         ``max_records`` records or ``max_bytes`` bytes, at the end of an hour or a log incarnation
@@ -213,13 +214,16 @@ class Publisher:
         file is aborted: records of this call that it held are ``remaining``; if it also held
         records of earlier calls, which are no longer in memory, ``refetch`` says where the
         partition must be fetched again (and nothing is remaining).
+
+        Returns the call once its records are written: the last full file's close may still be in
+        flight (``StreamCall.closing_done``); ``StreamCall.end`` waits for it and gives the outcome.
         """
         incs: list[str | None] = list(incarnations) if incarnations is not None else [None] * len(batches)
         if len(incs) != len(batches):
             raise ValueError(f"{len(batches)} batches but {len(incs)} incarnations")
         if open_file is not None:
             open_file.started = None
-        call = _Stream(
+        call = StreamCall(
             self.store,
             self.closer,
             self.compression,
@@ -236,12 +240,46 @@ class Publisher:
             expected_incarnation,
             open_file,
         )
-        return call.run(finish)
+        call.write(finish)
+        return call
+
+    def stream(
+        self,
+        topic: str,
+        partition: int,
+        batches: list[pa.RecordBatch],
+        expected_last: int | None,
+        max_records: int | None = None,
+        max_bytes: int | None = None,
+        *,
+        incarnations: list[str | None] | None = None,
+        expected_incarnation: str | None = None,
+        leader_epochs: Mapping[str | None, int] | None = None,
+        open_file: OpenFile | None = None,
+        finish: bool = True,
+        since: float = 0.0,
+    ) -> PublishOutcome:
+        """``begin``, then its outcome once the last close landed (see ``begin``)."""
+        call = self.begin(
+            topic,
+            partition,
+            batches,
+            expected_last,
+            max_records,
+            max_bytes,
+            incarnations=incarnations,
+            expected_incarnation=expected_incarnation,
+            leader_epochs=leader_epochs,
+            open_file=open_file,
+            finish=finish,
+            since=since,
+        )
+        return call.end()
 
 
 @dataclass(slots=True)
-class _Stream:
-    """One ``Publisher.stream`` call: its batches cut into files a piece at a time, each complete
+class StreamCall:
+    """One ``Publisher.begin`` call: its batches cut into files a piece at a time, each complete
     file committed after the previous end, and on a failure what was not published."""
 
     store: LandingStore
@@ -264,20 +302,35 @@ class _Stream:
     at: tuple[int, int] = (0, 0)  # (run, row) of the first record not yet in a file
     closing: tuple[OpenFile, Future[FileRange]] | None = None  # the full file being closed
     failed: OpenFile | None = None  # a file whose close failed: nothing from its first record landed
+    error: BaseException | None = None  # what stopped ``write``
 
-    def run(self, finish: bool) -> PublishOutcome:
-        """Write every run, commit the last file when ``finish``; a conflict or a store error ends
-        the call with an outcome, anything else aborts the open file and raises. The close in
-        flight is collected first whatever happened: it holds earlier records, so its failure is
-        the one the outcome reports."""
-        error: BaseException | None = None
+    def write(self, finish: bool) -> None:
+        """Write every run, close the last file when ``finish``; an exception is kept for ``end``
+        (the close in flight decides first)."""
         try:
             for run_no, (inc, lo, hi) in enumerate(self.runs):
                 self.write_run(run_no, inc, lo, hi)
             if finish and self.f is not None:
                 self.close(self.f)
         except BaseException as exc:
-            error = exc
+            self.error = exc
+
+    @property
+    def closing_done(self) -> Future[FileRange] | None:
+        """The close still in flight (None: none)."""
+        return None if self.closing is None else self.closing[1]
+
+    @property
+    def quick_end(self) -> bool:
+        """``end`` neither waits nor touches the store: nothing failed, no close in flight."""
+        done = self.closing_done
+        return self.error is None and (done is None or (done.done() and done.exception() is None))
+
+    def end(self) -> PublishOutcome:
+        """Wait for the close in flight and give the outcome: a conflict or a store error ends the
+        call with an outcome, anything else aborts the open file and raises. The close in flight
+        holds earlier records, so its failure is the one the outcome reports."""
+        error = self.error
         try:
             self.collect()
         except BaseException as exc:

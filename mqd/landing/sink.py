@@ -8,8 +8,10 @@ the event loop keeps fetching while files are encoded and written.
 It owns everything about running publications:
 
 * per-partition order: publications of one partition run one at a time, in offset order (a
-  per-partition lock); those of different partitions run in parallel, at most ``workers`` at once
-  (the worker slots);
+  per-partition lock); those of different partitions run in parallel, at most ``workers`` encoding
+  at once (the worker slots). A publication gives its slot back once its records are encoded and
+  keeps its partition's lock until its last file's close (fsync, commit, on the closer threads)
+  has landed (decision 075);
 * *busy* partitions: from ``publish_partition()`` on (running or waiting for a worker) a partition
   is not cut again; records drained meanwhile go into its next micro-batch;
 * the background tasks (``start_publications``), at most one per partition, and the progress
@@ -47,7 +49,7 @@ from mqd.landing.backends import open_store
 from mqd.landing.errors import LandingCorrupt, LandingError, PreflightError, PublishConflict
 from mqd.landing.layout import FileRange
 from mqd.landing.micro_batches import TP, Drained, FileProgress, MicroBatch, MicroBatches
-from mqd.landing.publisher import OpenFile, Publisher, PublishOutcome
+from mqd.landing.publisher import OpenFile, Publisher, PublishOutcome, StreamCall
 from mqd.landing.store import PartitionHead
 from mqd.landing.watermark import AheadOfClock
 from mqd.memory_trim import trim_heap
@@ -67,6 +69,10 @@ _HEAD_READERS = 4
 # above its idle RSS for good (docs/decisions/042-kafka-row-of-make-bench.md). Not while records
 # flow: trimming after every publication lowered no peak and cost ~30 % more CPU.
 TRIM_AFTER_BYTES = 64 * 2**20
+# A close mostly waits for the disk (its fsync) and holds no worker slot: at the end of a burst every
+# partition's last file closes at once, and the filesystem joins concurrent fsyncs into one journal
+# commit, so closes run several per worker.
+_CLOSERS_PER_WORKER = 4
 
 
 @dataclass(slots=True)
@@ -97,6 +103,24 @@ class PublishStats:
     conflicts: int = 0
     dropped: int = 0  # records dropped unpublished: revoked, or following a lost conflict
     cut: int = 0  # records cut on arrival: already published or buffered (a replay of one log)
+
+
+class _Slot:
+    """A publication's worker slot (``LandingSink._slots``): taken before its buffer is, given back
+    once its records are encoded (its last close may still be landing) or when it ends."""
+
+    def __init__(self, slots: asyncio.Semaphore) -> None:
+        self._slots = slots
+        self._held = False
+
+    async def take(self) -> None:
+        await self._slots.acquire()
+        self._held = True
+
+    def give(self) -> None:
+        if self._held:
+            self._held = False
+            self._slots.release()
 
 
 def _ignore(res: PublishResult) -> None:
@@ -132,8 +156,11 @@ class LandingSink:
         )
         self.ahead_of_clock = AheadOfClock(ahead_ms)  # files the watermark ignores: counted, logged
         self._readers = DaemonThreadExecutor(_HEAD_READERS, thread_name_prefix="mqd-landing-head")
-        # full files are closed (fsync, commit) here while their partition's next file is written
-        self._closer = DaemonThreadExecutor(workers, thread_name_prefix="mqd-landing-close")
+        # full files are closed (fsync, commit) here while their partition's next file is written,
+        # and a publication's last close lands here after it gave its worker slot back
+        self._closer = DaemonThreadExecutor(
+            workers * _CLOSERS_PER_WORKER, thread_name_prefix="mqd-landing-close"
+        )
         self.publisher = Publisher(self.store, compression=config.compression, closer=self._closer)
         self.batches = MicroBatches(config)
         self.workers = workers
@@ -427,19 +454,24 @@ class LandingSink:
     async def _publish_partition(self, tp: TP, due_at: float, finish: bool | None) -> PublishResult | None:
         lock = self._locks.setdefault(tp, asyncio.Lock())
         try:
-            async with lock, self._slots:
-                if finish is None:
-                    finish = self.batches.age_due(tp)
-                buf = self.batches.take(tp)
-                if buf is None and (tp not in self._open or not finish):
-                    return None
-                nbytes = 0 if buf is None else buf.nbytes
-                self.batches.inflight_bytes += nbytes
-                self._progress.set()
+            async with lock:
+                slot = _Slot(self._slots)
+                await slot.take()
                 try:
-                    res = await self._publish(tp, buf, due_at, finish)
+                    if finish is None:
+                        finish = self.batches.age_due(tp)
+                    buf = self.batches.take(tp)
+                    if buf is None and (tp not in self._open or not finish):
+                        return None
+                    nbytes = 0 if buf is None else buf.nbytes
+                    self.batches.inflight_bytes += nbytes
+                    self._progress.set()
+                    try:
+                        res = await self._publish(tp, buf, due_at, finish, slot)
+                    finally:
+                        self.batches.inflight_bytes -= nbytes
                 finally:
-                    self.batches.inflight_bytes -= nbytes
+                    slot.give()
             self.on_result(res)
             return res
         finally:
@@ -449,7 +481,9 @@ class LandingSink:
                 self._locks.pop(tp, None)  # nobody holds or waits for it
             self._progress.set()
 
-    async def _publish(self, tp: TP, buf: MicroBatch | None, due_at: float, finish: bool) -> PublishResult:
+    async def _publish(
+        self, tp: TP, buf: MicroBatch | None, due_at: float, finish: bool, slot: _Slot
+    ) -> PublishResult:
         """One publication of ``tp``: its taken buffer (and its open file) streamed through the
         publisher on a worker thread, then the outcome settled: the file left open kept, what
         landed counted, a lost conflict or an error handled. ``owned``: the partition was not
@@ -461,7 +495,7 @@ class LandingSink:
         since = f.since if f is not None else (buf.since if buf is not None else time.monotonic())
         lead = self.batches.publish_lead  # the age cut's lead when this one was cut
         t0 = time.monotonic()
-        outcome = await self._stream(tp, buf, f, finish, since, epoch)
+        outcome = await self._stream(tp, buf, f, finish, since, epoch, slot)
         end = time.monotonic()
         owned = self._epoch.get(tp, 0) == epoch
         await self._keep_open_file(tp, outcome, owned)
@@ -481,14 +515,23 @@ class LandingSink:
         return PublishResult(tp, outcome.published, conflict, outcome.error, owned)
 
     async def _stream(
-        self, tp: TP, buf: MicroBatch | None, f: OpenFile | None, finish: bool, since: float, epoch: int
+        self,
+        tp: TP,
+        buf: MicroBatch | None,
+        f: OpenFile | None,
+        finish: bool,
+        since: float,
+        epoch: int,
+        slot: _Slot,
     ) -> PublishOutcome:
-        """``Publisher.stream`` on a worker thread; if it raises (it turns store errors into an
-        outcome), what it held is given up, unless the partition was dropped meanwhile."""
+        """``Publisher.begin`` on a worker thread, then its last close awaited without the worker
+        slot (it waits for the disk: another publication may encode meanwhile), then the outcome;
+        if it raises (store errors are an outcome), what it held is given up, unless the partition
+        was dropped meanwhile."""
         try:
-            outcome: PublishOutcome = await self.run_blocking(
+            call: StreamCall = await self.run_blocking(
                 functools.partial(
-                    self.publisher.stream,
+                    self.publisher.begin,
                     tp[0],
                     tp[1],
                     [] if buf is None else buf.batches,
@@ -503,6 +546,11 @@ class LandingSink:
                     since=since,
                 )
             )
+            slot.give()
+            closing = call.closing_done
+            if closing is not None and not closing.done():
+                await asyncio.wait([asyncio.wrap_future(closing)])
+            outcome = call.end() if call.quick_end else await self.run_blocking(call.end)
         except BaseException:
             # unexpected (the publisher turns store errors into an outcome): it aborted the file
             if self._epoch.get(tp, 0) == epoch:

@@ -1,10 +1,12 @@
 """A partition's full file is closed (footer, fsync, commit) on the publisher's closer while its next
 file is written (decision 075): the next file's row groups reach the disk before the first file's
 commit returns; the files still land in order; and when the close in flight fails, the outcome is
-the one of a failure of that file: nothing after it lands, the next file leaves nothing staged."""
+the one of a failure of that file: nothing after it lands, the next file leaves nothing staged. In
+the sink, a publication whose last close is landing holds its partition but not a worker slot."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -13,23 +15,29 @@ import pyarrow.parquet as pq
 import pytest
 from support.streamed_files import records
 
+from mqd.config import LandingConfig
+from mqd.consumer import TopicPartition
 from mqd.daemon_threads import DaemonThreadExecutor
 from mqd.landing import layout
 from mqd.landing.errors import LandingError, PublishConflict
 from mqd.landing.local_objects import SCRATCH_DIR
 from mqd.landing.local_store import LocalStore
 from mqd.landing.publisher import Publisher, PublishOutcome
+from mqd.landing.sink import LandingSink
 from mqd.landing.stage_writer import StagedFile
-from mqd.waiting import wait_until_sync
+from mqd.waiting import wait_until, wait_until_sync
 
 
 class HeldCommits:
     """The store's commit, held until the test lets it go; then it lands or raises ``fail``."""
 
-    def __init__(self, store: LocalStore, fail: Exception | None = None) -> None:
+    def __init__(
+        self, store: LocalStore, fail: Exception | None = None, partition: int | None = None
+    ) -> None:
         self.store = store
         self.real = store.commit
         self.fail = fail
+        self.partition = partition  # None: every partition's commits
         self.entered = threading.Event()
         self.release = threading.Event()
         store.commit = self.commit  # type: ignore[method-assign]
@@ -37,6 +45,8 @@ class HeldCommits:
     def commit(
         self, staged: StagedFile, expected_last: int | None, expected_incarnation: str | None = None
     ) -> layout.FileRange:
+        if self.partition is not None and staged.range.partition != self.partition:
+            return self.real(staged, expected_last, expected_incarnation)
         self.entered.set()
         assert self.release.wait(30), "the test never released the commit"
         if self.fail is not None:
@@ -147,3 +157,40 @@ def test_a_failed_close_of_a_file_begun_earlier_asks_for_a_refetch(
     assert outcome.error is not None and outcome.refetch == (0, None)
     assert outcome.published == [] and outcome.remaining == []
     assert leftovers(tmp_path) == []
+
+
+class Drained:
+    """A drained batch as the sink takes it (micro_batches.Drained)."""
+
+    def __init__(self, partition: int, first: int, count: int) -> None:
+        self.tp = ("t", partition)
+        self.records = records(first, count).to_batches()[0]
+        self.first_offset = first
+        self.next_offset = first + count
+        self.nbytes = self.records.nbytes
+        self.fetched_at = 0.0
+        self.incarnation: str | None = None
+
+
+async def test_a_publication_landing_its_last_close_lets_another_encode(tmp_path: Path) -> None:
+    """One worker slot; partition 0's last close is held in its commit. Partition 1's publication
+    takes the slot and lands meanwhile (before: it waited for partition 0's commit), while
+    partition 0 stays busy, so its next publication still comes after this one."""
+    sink = LandingSink(LandingConfig(dir=tmp_path / "landing"), workers=1)
+    await sink.start()
+    held = HeldCommits(sink.store, partition=0)  # type: ignore[arg-type]
+    p0, p1 = TopicPartition("t", 0), TopicPartition("t", 1)
+    for tp in (p0, p1):
+        await sink.resume_head(tp)
+    sink.add(Drained(0, 0, 100))
+    first = asyncio.create_task(sink.publish_partition(p0))
+    await wait_until(held.entered.is_set, 10, "partition 0's commit")
+    sink.add(Drained(1, 0, 50))
+    other = await asyncio.wait_for(sink.publish_partition(p1), 10)
+    assert other is not None and [(r.first_offset, r.last_offset) for r in other.published] == [(0, 49)]
+    assert sink.busy(p0) and not first.done()
+    held.release.set()
+    res = await asyncio.wait_for(first, 10)
+    assert res is not None and [(r.first_offset, r.last_offset) for r in res.published] == [(0, 99)]
+    assert not sink.busy(p0) and sink.expected(p0) == 99
+    await sink.close()
