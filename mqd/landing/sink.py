@@ -35,7 +35,7 @@ import functools
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
-from concurrent.futures import Executor
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -121,6 +121,20 @@ class _Slot:
         if self._held:
             self._held = False
             self._slots.release()
+
+
+async def _landed(closing: Future[Any]) -> None:
+    """Until the close ``closing`` ended, however: ``StreamCall.end`` reads its outcome. The loop's
+    copy of it is read as it ends (even after this wait was cancelled), else a failed close is
+    logged as an exception never retrieved."""
+    waiter = asyncio.wrap_future(closing)
+    waiter.add_done_callback(_read)
+    await asyncio.wait([waiter])
+
+
+def _read(f: asyncio.Future[Any]) -> None:
+    if not f.cancelled():
+        f.exception()
 
 
 def _ignore(res: PublishResult) -> None:
@@ -549,7 +563,7 @@ class LandingSink:
             slot.give()
             closing = call.closing_done
             if closing is not None and not closing.done():
-                await asyncio.wait([asyncio.wrap_future(closing)])
+                await _landed(closing)
             outcome = call.end() if call.quick_end else await self.run_blocking(call.end)
         except BaseException:
             # unexpected (the publisher turns store errors into an outcome): it aborted the file
