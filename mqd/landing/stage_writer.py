@@ -103,11 +103,7 @@ class ParquetStage:
             {layout.META_VERSION: str(layout.SCHEMA_VERSION).encode()}
         )
         self._writer: pq.ParquetWriter | None = pq.ParquetWriter(
-            where,
-            self._schema,
-            compression=None if compression == "none" else compression,
-            use_dictionary=["topic", "key"],  # values are mostly unique: a dictionary only costs CPU
-            write_statistics=["partition", "offset", "timestamp"],
+            where, self._schema, **layout.parquet_options(compression)
         )
         self.rows = 0
 

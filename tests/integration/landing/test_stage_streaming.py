@@ -259,3 +259,25 @@ def test_the_sink_turns_a_lost_open_file_into_a_reseek(tmp_path: Path) -> None:
             await sink.close()
 
     asyncio.run(run())
+
+
+def test_offsets_are_delta_encoded_and_every_reader_reads_them(tmp_path: Path) -> None:
+    """A landing file's offsets are DELTA_BINARY_PACKED (a few bytes a page, not 8 a record) and its
+    topic and incarnation dictionary-encoded; pyarrow, DuckDB and Polars read the same offsets."""
+    import duckdb
+    import polars
+
+    store = LocalStore(tmp_path)
+    store.open()
+    batches = records(0, 3000).to_batches()
+    out = Publisher(store).stream("t", 0, batches, None, incarnations=["0123456789abcdef" * 2] * len(batches))
+    [rng] = out.published
+    path = tmp_path / rng.path
+    meta = pq.ParquetFile(path).metadata.row_group(0)
+    encodings = {meta.column(i).path_in_schema: meta.column(i).encodings for i in range(meta.num_columns)}
+    assert "DELTA_BINARY_PACKED" in encodings["offset"]
+    assert "RLE_DICTIONARY" in encodings["topic"] and "RLE_DICTIONARY" in encodings["incarnation"]
+    expected = list(range(3000))
+    assert pq.read_table(path).column("offset").to_pylist() == expected
+    assert [r[0] for r in duckdb.sql(f"SELECT \"offset\" FROM '{path}' ORDER BY 1").fetchall()] == expected
+    assert polars.read_parquet(path)["offset"].sort().to_list() == expected
