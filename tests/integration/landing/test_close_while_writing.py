@@ -79,15 +79,15 @@ def leftovers(root: Path) -> list[Path]:
     return [p for p in (root / "_staging").rglob("*.parquet") if p.is_file()]
 
 
-def test_the_next_file_is_written_while_the_full_one_commits(
-    tmp_path: Path, closer: DaemonThreadExecutor
-) -> None:
-    """600 records with max_records 300: while the first file's commit is held, the second file's
-    row group is written to its scratch file (inline, the stream would be stuck in that commit).
-    Released, both files land in offset order."""
+def stream_600_past_a_held_commit(
+    tmp_path: Path, closer: DaemonThreadExecutor, fail: Exception | None = None
+) -> PublishOutcome:
+    """600 records at max_records 300 through a publisher whose commits are held until the second
+    file's row group is on disk (inline, the stream would be stuck in the first commit and this
+    times out); then released, to land or to raise ``fail``."""
     store = LocalStore(tmp_path)
     store.open()
-    held = HeldCommits(store)
+    held = HeldCommits(store, fail=fail)
     pub = Publisher(store, closer=closer)
     t, out = in_thread(lambda: pub.stream("t", 0, records(0, 600).to_batches(), None, 300, finish=True))
     assert held.entered.wait(10)
@@ -95,6 +95,16 @@ def test_the_next_file_is_written_while_the_full_one_commits(
     held.release.set()
     t.join(30)
     [outcome] = out
+    return outcome
+
+
+def test_the_next_file_is_written_while_the_full_one_commits(
+    tmp_path: Path, closer: DaemonThreadExecutor
+) -> None:
+    """600 records with max_records 300: while the first file's commit is held, the second file's
+    row group is written to its scratch file (inline, the stream would be stuck in that commit).
+    Released, both files land in offset order."""
+    outcome = stream_600_past_a_held_commit(tmp_path, closer)
     assert outcome.error is None and outcome.conflict is None
     assert [(r.first_offset, r.last_offset) for r in outcome.published] == [(0, 299), (300, 599)]
     offsets = [
@@ -111,19 +121,10 @@ def test_a_failed_close_in_flight_stops_the_files_after_it(
     """The first file's commit fails after the second file was written: nothing is published; a
     conflict is reported as such, a disk error hands back every record from the failed file's
     first (it began in this call); the second file is aborted, nothing is left staged."""
-    store = LocalStore(tmp_path)
-    store.open()
     exc: Exception = (
         PublishConflict("t", 0, None, 41) if fail == "conflict" else LandingError("disk on fire", errno=5)
     )
-    held = HeldCommits(store, fail=exc)
-    pub = Publisher(store, closer=closer)
-    t, out = in_thread(lambda: pub.stream("t", 0, records(0, 600).to_batches(), None, 300, finish=True))
-    assert held.entered.wait(10)
-    wait_until_sync(lambda: scratch_bytes(tmp_path) > 4, 10, "the second file's row group on disk")
-    held.release.set()
-    t.join(30)
-    [outcome] = out
+    outcome = stream_600_past_a_held_commit(tmp_path, closer, exc)
     assert outcome.published == []
     if fail == "conflict":
         assert outcome.conflict is exc and outcome.remaining == []
