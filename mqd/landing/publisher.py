@@ -142,6 +142,26 @@ def incarnation_runs(incarnations: list[str | None]) -> list[tuple[str | None, i
     return runs
 
 
+def finish_and_commit(
+    store: LandingStore,
+    writer: ParquetStage,
+    rng: FileRange,
+    expected_last: int | None,
+    expected_incarnation: str | None,
+) -> FileRange:
+    """Close a written stage as ``rng`` (footer, durable) and commit it after ``expected_last``:
+    the second half of every publication. On a failure nothing of it is left staged."""
+    try:
+        staged = writer.finish(rng)
+    except BaseException:
+        writer.abort()
+        raise
+    try:
+        return store.commit(staged, expected_last, expected_incarnation)
+    finally:
+        store.discard(staged)  # committed: already gone from the staging name
+
+
 class Publisher:
     """Publishes partitions' records into one store. Thread-compatible: the store's commit
     serialises publishers of one partition. ``closer``: where full files are closed while the
@@ -176,14 +196,10 @@ class Publisher:
         writer = self.store.open_stage(rng, self.compression)
         try:
             writer.write(layout.landing_table(topic, partition, records, incarnation))
-            staged = writer.finish(rng)
         except BaseException:
             writer.abort()
             raise
-        try:
-            return self.store.commit(staged, expected_last, expected_incarnation)
-        finally:
-            self.store.discard(staged)  # committed: already gone from the staging name
+        return finish_and_commit(self.store, writer, rng, expected_last, expected_incarnation)
 
     def begin(
         self,
@@ -404,32 +420,17 @@ class StreamCall:
         the end this commit expects); the caller goes on with the next file meanwhile."""
         self.collect()
         self.f = None
-        expected = self.expected_last, self.expected_incarnation
+        job = (self.store, f.writer, f.range(), self.expected_last, self.expected_incarnation)
         if self.closer is not None:
-            self.closing = f, self.closer.submit(self.finish_and_commit, f, *expected)
+            self.closing = f, self.closer.submit(finish_and_commit, *job)
             return
         done: Future[FileRange] = Future()
         try:
-            done.set_result(self.finish_and_commit(f, *expected))
+            done.set_result(finish_and_commit(*job))
         except BaseException as exc:
             done.set_exception(exc)
         self.closing = f, done
         self.collect()
-
-    def finish_and_commit(
-        self, f: OpenFile, expected_last: int | None, expected_incarnation: str | None
-    ) -> FileRange:
-        """Write ``f``'s footer, make it durable and commit it after ``expected_last``; on a
-        failure nothing of it is left staged."""
-        try:
-            staged = f.writer.finish(f.range())
-        except BaseException:
-            f.writer.abort()
-            raise
-        try:
-            return self.store.commit(staged, expected_last, expected_incarnation)
-        finally:
-            self.store.discard(staged)  # committed: already gone from the staging name
 
     def collect(self) -> None:
         """Wait for the close in flight; its file is published (its end the next one expects), or

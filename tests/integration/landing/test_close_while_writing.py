@@ -24,7 +24,7 @@ from mqd.landing.errors import LandingError, PublishConflict
 from mqd.landing.local_objects import SCRATCH_DIR
 from mqd.landing.local_store import LocalStore
 from mqd.landing.publisher import Publisher, PublishOutcome
-from mqd.landing.sink import LandingSink
+from mqd.landing.sink import LandingSink, PublishResult
 from mqd.landing.stage_writer import StagedFile
 from mqd.waiting import wait_until, wait_until_sync
 
@@ -161,6 +161,9 @@ def test_a_failed_close_of_a_file_begun_earlier_asks_for_a_refetch(
     assert leftovers(tmp_path) == []
 
 
+P0, P1 = TopicPartition("t", 0), TopicPartition("t", 1)
+
+
 class Drained:
     """A drained batch as the sink takes it (micro_batches.Drained)."""
 
@@ -174,27 +177,35 @@ class Drained:
         self.incarnation: str | None = None
 
 
+async def p0_closing_in_a_one_slot_sink(
+    tmp_path: Path, fail: Exception | None = None
+) -> tuple[LandingSink, HeldCommits, asyncio.Task[PublishResult | None]]:
+    """A sink with one worker slot whose partition 0 publishes 100 records, its last close held in
+    the commit (then landing, or raising ``fail``); partition 1's head is read too."""
+    sink = LandingSink(LandingConfig(dir=tmp_path / "landing"), workers=1)
+    await sink.start()
+    held = HeldCommits(sink.store, fail=fail, partition=0)  # type: ignore[arg-type]
+    for tp in (P0, P1):
+        await sink.resume_head(tp)
+    sink.add(Drained(0, 0, 100))
+    first = asyncio.create_task(sink.publish_partition(P0))
+    await wait_until(held.entered.is_set, 10, "partition 0's commit")
+    return sink, held, first
+
+
 async def test_a_publication_landing_its_last_close_lets_another_encode(tmp_path: Path) -> None:
     """One worker slot; partition 0's last close is held in its commit. Partition 1's publication
     takes the slot and lands meanwhile (before: it waited for partition 0's commit), while
     partition 0 stays busy, so its next publication still comes after this one."""
-    sink = LandingSink(LandingConfig(dir=tmp_path / "landing"), workers=1)
-    await sink.start()
-    held = HeldCommits(sink.store, partition=0)  # type: ignore[arg-type]
-    p0, p1 = TopicPartition("t", 0), TopicPartition("t", 1)
-    for tp in (p0, p1):
-        await sink.resume_head(tp)
-    sink.add(Drained(0, 0, 100))
-    first = asyncio.create_task(sink.publish_partition(p0))
-    await wait_until(held.entered.is_set, 10, "partition 0's commit")
+    sink, held, first = await p0_closing_in_a_one_slot_sink(tmp_path)
     sink.add(Drained(1, 0, 50))
-    other = await asyncio.wait_for(sink.publish_partition(p1), 10)
+    other = await asyncio.wait_for(sink.publish_partition(P1), 10)
     assert other is not None and [(r.first_offset, r.last_offset) for r in other.published] == [(0, 49)]
-    assert sink.busy(p0) and not first.done()
+    assert sink.busy(P0) and not first.done()
     held.release.set()
     res = await asyncio.wait_for(first, 10)
     assert res is not None and [(r.first_offset, r.last_offset) for r in res.published] == [(0, 99)]
-    assert not sink.busy(p0) and sink.expected(p0) == 99
+    assert not sink.busy(P0) and sink.expected(P0) == 99
     await sink.close()
 
 
@@ -205,26 +216,14 @@ async def test_a_failed_last_close_is_reported_once_not_as_an_unretrieved_future
     loop = asyncio.get_running_loop()
     reported: list[dict[str, object]] = []
     loop.set_exception_handler(lambda _loop, context: reported.append(context))
-    sink = LandingSink(LandingConfig(dir=tmp_path / "landing"), workers=1)
-    await sink.start()
-    held = HeldCommits(sink.store, fail=PublishConflict("t", 0, None, 41), partition=0)  # type: ignore[arg-type]
-    p0, p1 = TopicPartition("t", 0), TopicPartition("t", 1)
-    for tp in (p0, p1):
-        await sink.resume_head(tp)
-    sink.add(Drained(0, 0, 100))
-    first = asyncio.create_task(sink.publish_partition(p0))
-    await wait_until(held.entered.is_set, 10, "partition 0's commit")
+    sink, held, first = await p0_closing_in_a_one_slot_sink(tmp_path, PublishConflict("t", 0, None, 41))
     sink.add(Drained(1, 0, 10))  # its publication needs the one slot: partition 0's waits for the close
-    assert await asyncio.wait_for(sink.publish_partition(p1), 10) is not None
+    assert await asyncio.wait_for(sink.publish_partition(P1), 10) is not None
     held.release.set()
     res = await asyncio.wait_for(first, 10)
     assert res is not None and res.conflict is not None and res.published == []
     await sink.close()
-    del (
-        first,
-        res,
-        held,
-        sink,
-    )  # the conflict (held) refers to the close's future, which refers to the loop's copy
+    # the conflict (held) refers to the close's future, which refers to the loop's copy
+    del first, res, held, sink
     gc.collect()
     assert [c.get("message") for c in reported] == []
