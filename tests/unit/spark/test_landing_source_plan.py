@@ -1,6 +1,7 @@
 """The planning of the s3:// landing's Spark source (mqd.spark.landing_source), pure logic: how far a
-micro-batch goes on each partition chain under maxFilesPerTrigger, which files it reads, and the
-Arrow batches a landed file becomes (the job's source schema)."""
+micro-batch goes on each partition chain under maxFilesPerTrigger, which files it reads, how they are
+packed into Spark input partitions and fetched ahead, and the Arrow batches a landed file becomes
+(the job's source schema)."""
 
 from __future__ import annotations
 
@@ -18,13 +19,18 @@ from mqd.config import load_daemon_config
 from mqd.landing import layout
 from mqd.landing.layout import FileRange
 from mqd.landing.publisher import file_range
+from mqd.spark import landing_source
 from mqd.spark.landing_source import (
     SOURCE_ARROW_SCHEMA,
+    LandedFile,
     LandingSource,
     LandingSourceError,
+    Split,
+    fetched,
     file_batches,
     hive_values,
     new_files,
+    pack,
     plan_end,
 )
 from mqd.spark.source_schema import SOURCE_FILE_COLUMN
@@ -138,3 +144,93 @@ def test_the_reader_pickles_without_its_driver_state() -> None:
     reader._chains = {"t/0": [FileRange("x", "t", 0, 0, 0, 1, 0, 0)]}
     copy = pickle.loads(pickle.dumps(reader))
     assert copy.options == reader.options and copy.max_files == 7 and copy._chains == {}
+
+
+def _files(sizes: list[int]) -> list[FileRange]:
+    return [FileRange(f"f{i}", "t", 0, i, i, 1, 0, 0, bytes=b) for i, b in enumerate(sizes)]
+
+
+@given(
+    st.lists(st.integers(0, 300), max_size=60),
+    st.integers(1, 400),
+    st.integers(0, 50),
+    st.integers(1, 8),
+)
+def test_packing_keeps_every_file_once_in_order_within_spark_s_split_size(
+    sizes: list[int], max_bytes: int, open_cost: int, min_partitions: int
+) -> None:
+    """Every file lands in exactly one input partition, in the given order; a partition holds more
+    than one file only within Spark's split size (min(max, max(open cost, total / min partitions)))."""
+    split = Split(max_bytes, open_cost, min_partitions)
+    files = _files(sizes)
+    packed = pack(files, split)
+    assert [f for part in packed for f in part] == files and all(packed)
+    total = sum(b + open_cost for b in sizes)
+    target = min(max_bytes, max(open_cost, total // min_partitions))
+    for part in packed:
+        assert len(part) == 1 or sum(f.bytes + open_cost for f in part) <= target
+
+
+def test_many_small_files_share_a_task_and_big_ones_spread() -> None:
+    """Spark's defaults: 5,600 files of 9 KB (a slow S3 landing) make tasks of 31 files (a split of
+    128 MiB, a file costing its 4 MiB open cost and its bytes), not 5,600 tasks; files of 100 MB
+    make one partition each."""
+    small = pack(_files([9_000] * 5_600), Split(min_partitions=2))
+    assert [len(p) for p in small] == [31] * 180 + [20]
+    assert len(pack(_files([100_000_000] * 3), Split(min_partitions=2))) == 3
+    assert pack([], Split()) == []
+
+
+def test_split_options_round_trip() -> None:
+    split = Split(64 << 20, 1 << 20, 3)
+    assert Split.from_options({"uri": "s3://b/p", **split.to_options()}) == split
+    assert Split.from_options({}) == Split()
+
+
+def test_fetching_ahead_keeps_the_order_and_a_bounded_window() -> None:
+    """Files come back in the partition's order with their own bodies, however the fetches finish,
+    never more than FETCH_AHEAD_FILES in flight; a file the store lacks comes back as None."""
+    import random
+    import threading
+    import time
+
+    lock = threading.Lock()
+    in_flight = peak = 0
+
+    def get(path: str) -> tuple[bytes, str] | None:
+        nonlocal in_flight, peak
+        with lock:
+            in_flight += 1
+            peak = max(peak, in_flight)
+        time.sleep(random.random() / 500)
+        with lock:
+            in_flight -= 1
+        return None if path == "gone" else (path.encode(), "etag")
+
+    files = [LandedFile(f"f{i}", 10) for i in range(40)] + [LandedFile("gone", 0)]
+    got = list(fetched(files, get))
+    assert [f for f, _ in got] == files
+    assert [b for _, b in got] == [(f.path.encode(), "etag") for f in files[:-1]] + [None]
+    assert 1 <= peak <= landing_source.FETCH_AHEAD_FILES
+
+
+def test_fetching_ahead_stops_at_the_byte_window_and_when_the_reader_stops() -> None:
+    """Files over FETCH_AHEAD_BYTES are fetched one at a time; closing the iterator early (a
+    failed decode) starts no further fetch."""
+    started: list[str] = []
+
+    def get(path: str) -> tuple[bytes, str] | None:
+        started.append(path)
+        return b"", ""
+
+    big = landing_source.FETCH_AHEAD_BYTES
+    it = fetched([LandedFile(f"b{i}", big) for i in range(5)], get)
+    next(it)
+    assert len(started) <= 2  # the one read, and at most the next once the first was taken
+    it.close()
+    n = len(started)
+    assert n < 5
+    small = fetched([LandedFile(f"s{i}", 1) for i in range(100)], get)
+    next(small)
+    small.close()
+    assert len(started) - n <= landing_source.FETCH_AHEAD_FILES + 1
