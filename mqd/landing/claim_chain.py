@@ -22,7 +22,9 @@ Publishing a staged object (``commit``):
    read the key back: our nonce means we won (our first attempt landed), another means we lost.
 3. floor check: a claim at or below the floor landed on a key that retention had deleted (a
    publisher that slept through compaction): it is not in the chain; delete it, PublishConflict.
-4. promote: server-side copy of the staged object to the file's visible name, then delete the
+4. link check: the claim before ours, read again, is still what step 1 read; ChainBroken otherwise
+   (ours stays unpromoted: a claim broken while ours was being written, decision 076).
+5. promote: server-side copy of the staged object to the file's visible name, then delete the
    staged object. A crash anywhere after 2 is completed by whoever resolves the head next.
 
 Resolving the head claim (every reader of the head does it): its visible file exists -> done;
@@ -38,15 +40,17 @@ marker) and the object is deleted. Anyone about to copy a staged object first re
 turns ``pending`` into ``keep``; ``delete`` means do not copy. So no copy is ever in flight while
 its source is deleted, and a void never meets a late copy: the age decides cost, never correctness.
 
-Every reader checks the links it reads (``link_problem``): claims numbered without a hole above
-the floor, each claim's own ``seq`` that of its key, its ``prev`` the state after the claim before
-(the floor's for the first), its state what its range makes of it, and its range after the previous
-end in the same incarnation or anywhere in another known one (the commit condition ``follows``: a new
-log incarnation or a deliberate replay id restarts offsets; a gap inside one incarnation is a source's
-own, e.g. a forward reset or Kafka's compaction). A publisher re-reads the head claim it last saw
-before each commit, so it never writes past a claim deleted or overwritten since (it used to trust
-its cached copy). A broken link raises ``ChainBroken`` naming the object: nothing of the partition is
-read or published past it. ``check_chain`` lists every broken link (``mqd landing check``).
+Every reader checks the links it reads (``link_problem``): claims numbered without a hole above the
+floor, each claim's own ``seq`` that of its key, its ``prev`` the state after the claim before (the
+floor's for the first), its state what its range makes of it, and its range after the previous end
+in the same incarnation or anywhere in another known one (the commit condition ``follows``: a new
+log incarnation or a deliberate replay id restarts offsets; a gap inside one incarnation is a
+source's own, e.g. a forward reset or Kafka's compaction). A publisher re-reads the head claim it
+last saw before each commit, so it never writes past a claim deleted or overwritten since (it used
+to trust its cached copy), and once more after its claim landed and before promoting it, so a claim
+broken while the next one was being written is found too (decision 076). A broken link raises
+``ChainBroken`` naming the object: nothing of the partition is read or published past it.
+``check_chain`` lists every broken link (``mqd landing check``).
 
 ``unsafe_skip`` (tests only) removes one step of the protocol, so the race test can show that each
 step is needed: ``head_check``, ``claim_condition`` (claims overwrite), ``readback`` (a lost
@@ -356,12 +360,17 @@ class PartitionChain:
     def head(self) -> tuple[int, ChainState]:
         """(seq, state) of the resolved head: its file is visible, or it was voided and the head
         went back (the void record is the head then)."""
+        seq, st, _claim = self._head()
+        return seq, st
+
+    def _head(self) -> tuple[int, ChainState, Claim | None]:
+        """``head`` and the claim at it (None: the floor is the head)."""
         for _ in range(_ATTEMPTS):
             floor, claim = self.latest()
             if claim is None:
-                return floor.seq, floor.state
+                return floor.seq, floor.state, None
             if claim.range is None or self.resolve(claim):
-                return claim.seq, claim.state
+                return claim.seq, claim.state, claim
         raise ObjectStoreError(f"{self.base}: the head kept moving under the reader")
 
     # -- resolving a claim ------------------------------------------------------------------------
@@ -452,7 +461,7 @@ class PartitionChain:
     ) -> FileRange:
         """Publish the staged object ``staged`` as ``rng`` (of log ``incarnation``) if the head is
         (``expected_incarnation``, ``expected_last``); see the module docstring."""
-        seq, st = self.head()
+        seq, st, before = self._head()
         if "head_check" not in self.unsafe_skip:
             self._check_head(rng, incarnation, st, expected_last, expected_incarnation)
         wm = watermark.watermark_after(st.watermark_ms, rng, self.max_event_ahead_ms)
@@ -473,11 +482,27 @@ class PartitionChain:
             # our key had been archived and deleted: what we wrote is outside the chain
             self.objects.delete(self.claim_key(claim.seq))
             raise self._conflict(expected_last, self.head()[1])
+        if before is not None:
+            self._check_unchanged(before)
         if claim.seq > self._hint:
             self._hint, self._hint_claim = claim.seq, claim
         if not self.resolve(claim):
             raise self._conflict(expected_last, claim.prev)
         return rng
+
+    def _check_unchanged(self, before: Claim) -> None:
+        """Claim ``before``, which our new claim links to, read again once ours is in its slot:
+        broken between our head read and our claim's creation, it would stay behind every later
+        head read of ours (each re-reads only the newest claim), so we would write past the break
+        (decision 076). ChainBroken then, and our claim is never promoted: its file stays staged,
+        for whoever resolves the head once the chain is repaired."""
+        now = self.read_claim(before.seq)  # ChainBroken when it is no claim, or another slot's
+        if now == before or self._compacted(before.seq):
+            return
+        why = "gone" if now is None else "changed"
+        raise self.broken(
+            self.claim_key(before.seq), f"the claim was {why} while the claim after it was being written"
+        )
 
     def _check_head(
         self,

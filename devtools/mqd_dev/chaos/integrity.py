@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mqd.landing.chain_check import check_landing
-from mqd.landing.claim_chain import chain_prefix
-from mqd.landing.errors import PreconditionFailed
+from mqd.landing.claim_chain import Claim, chain_prefix
+from mqd.landing.errors import LandingCorrupt, PreconditionFailed
 from mqd.landing.objects import Objects
 from mqd.testing import ManagedProcess
 
@@ -82,8 +82,27 @@ def tamper_head(objects: Objects, topic: str, partition: int, how: str) -> Tampe
 
 
 def published_past(objects: Objects, topic: str, t: Tamper) -> list[int]:
-    """Claims after the tampered one that were not there right after the tamper."""
-    return [s for s in claim_seqs(objects, topic, t.partition) if s > t.seq and s not in t.raced]
+    """Claims after the tampered one that were not there right after the tamper, but the one an
+    owner had in flight and never promoted: it finds the break once its claim is in the slot
+    (claim_chain's link check, decision 076), so that claim may exist, its file not visible."""
+    past = [s for s in claim_seqs(objects, topic, t.partition) if s > t.seq and s not in t.raced]
+    next_key = f"{chain_prefix(topic, t.partition)}claims/{t.seq + 1:020d}.json"
+    if past[:1] == [t.seq + 1] and not _promoted(objects, next_key):
+        past = past[1:]
+    return past
+
+
+def _promoted(objects: Objects, claim_key: str) -> bool:
+    """Whether the claim at ``claim_key`` names a file that is visible (a void or an unreadable
+    claim counts as promoted: it is no in-flight file claim)."""
+    got = objects.get(claim_key)
+    if got is None:
+        return False
+    try:
+        claim = Claim.from_bytes(got[0], claim_key)
+    except LandingCorrupt:
+        return True
+    return claim.range is None or objects.head(claim.range.path) is not None
 
 
 def restore(objects: Objects, t: Tamper) -> str | None:

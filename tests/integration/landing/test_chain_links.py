@@ -11,6 +11,7 @@ import json
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from support.chain_tamper import HOW, claim_key, publish_files, tamper
@@ -21,6 +22,7 @@ from mqd.landing import Publisher
 from mqd.landing.chain_reader import ChainReader
 from mqd.landing.errors import ChainBroken
 from mqd.landing.local_store import LocalStore
+from mqd.landing.objects import Objects
 from mqd.landing.store import LandingStore
 from mqd.testing.seaweedfs import SeaweedFS
 
@@ -161,3 +163,53 @@ def test_landing_check_bad_usage_exits_2() -> None:
         res = mqd("landing", "check", "--dir", empty)
         assert res.returncode == 2 and "not a landing" in res.stderr
     assert mqd("landing", "check", "--bogus").returncode == 2
+
+
+class TamperAfterClaim:
+    """Objects that break claim ``seq - 1`` right after claim ``seq`` is created: the break lands
+    between the publisher's head read and its promotion, the window an S3 chaos run drew (seed
+    385922: a junk claim 29 while claim 30 was in flight)."""
+
+    def __init__(self, objects: Objects, seq: int, how: str) -> None:
+        self._objects = objects
+        self._key = claim_key("events", 0, seq)
+        self._seq, self._how = seq, how
+        self.tampered: str | None = None
+
+    def put(self, key: str, data: bytes, **kw: Any) -> Any:
+        got = self._objects.put(key, data, **kw)
+        if key == self._key and self.tampered is None:
+            self.tampered = tamper(self._objects, "events", 0, self._seq - 1, self._how)
+        return got
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._objects, name)
+
+
+@pytest.mark.parametrize("how", HOW)
+def test_a_head_broken_while_the_next_claim_is_written_stops_the_publisher(
+    make_store: object, how: str
+) -> None:
+    """Claim 2 broken after the publisher read it and while it created claim 3: the commit raises
+    ChainBroken naming claim 2 and claim 3's file never becomes visible (the publisher used to
+    promote claim 3 and, its hint at 3, go on publishing past the break); once claim 2 is put back,
+    a fresh publisher resolves claim 3 and the chain is whole, each record once."""
+    store = make_store()  # type: ignore[operator]
+    publish_files(Publisher(store), "events", 0, 3, PER_FILE)
+    original = store.objects.get(claim_key("events", 0, 2))
+    assert original is not None
+    faulty = TamperAfterClaim(store.objects, 3, how)
+    with pytest.raises(ChainBroken, match=claim_key("events", 0, 2)):
+        publish_files(Publisher(LandingStore(faulty)), "events", 0, 1, PER_FILE, start_file=3)
+    assert faulty.tampered == claim_key("events", 0, 2)
+    got = store.objects.get(claim_key("events", 0, 3))
+    assert got is not None
+    assert store.objects.head(json.loads(got[0])["range"]["path"]) is None, "claim 3 was promoted"
+
+    store.objects.put(claim_key("events", 0, 2), original[0])
+    fresh = make_store()  # type: ignore[operator]
+    assert fresh.head("events", 0).last_offset == 4 * PER_FILE - 1
+    ranges = ChainReader(fresh.objects).refresh()[("events", 0)].files
+    assert [(r.first_offset, r.last_offset) for r in ranges] == [
+        (f * PER_FILE, (f + 1) * PER_FILE - 1) for f in range(4)
+    ]
