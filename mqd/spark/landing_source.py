@@ -1,11 +1,10 @@
 """The Spark job's source for an object-storage landing (``landing.dir = "s3://bucket/prefix"``).
 
-Spark's file source would list the prefix (S3A, from the job's packages, could): a listing also shows
-objects no claim names and files past a broken link, and knows no order. This is a Spark 4 Python
-streaming data source
-(``pyspark.sql.datasource``) that reads the landing through mqd's own store code (store.py over
-s3_objects.py, boto3: the same endpoint, region and credentials as the daemon), so what Spark reads
-is decided by the claim chain, never by a listing:
+Spark's file source would list the prefix (S3A, from the job's packages, could): a listing also
+shows objects no claim names and files past a broken link, and knows no order. This is a Spark 4
+Python streaming data source (``pyspark.sql.datasource``) that reads the landing through mqd's own
+store code (store.py over s3_objects.py, boto3: the same endpoint, region and credentials as the
+daemon), so what Spark reads is decided by the claim chain, never by a listing:
 
 - The offset is one number per partition chain: ``{"<topic>/<partition>": n}``, the first ``n``
   files of the chain's manifest (``LandingStore.manifest()``: archived claims, then live claims, void

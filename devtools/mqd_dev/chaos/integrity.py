@@ -45,6 +45,10 @@ class Tamper:
     raced: list[int]  # claims after it seen right after the tamper (published meanwhile: not the head)
 
 
+def claim_key(topic: str, partition: int, seq: int) -> str:
+    return f"{chain_prefix(topic, partition)}claims/{seq:020d}.json"
+
+
 def claim_seqs(objects: Objects, topic: str, partition: int) -> list[int]:
     out = []
     for info in objects.list_objects(f"{chain_prefix(topic, partition)}claims/"):
@@ -60,7 +64,7 @@ def tamper_head(objects: Objects, topic: str, partition: int, how: str) -> Tampe
     if not seqs or (how == "older" and len(seqs) < 2):
         return None
     seq = seqs[-1]
-    key = f"{chain_prefix(topic, partition)}claims/{seq:020d}.json"
+    key = claim_key(topic, partition, seq)
     got = objects.get(key)
     if got is None:
         return None
@@ -69,7 +73,7 @@ def tamper_head(objects: Objects, topic: str, partition: int, how: str) -> Tampe
         objects.delete(key)
         written = None
     elif how == "older":
-        older = objects.get(f"{chain_prefix(topic, partition)}claims/{seqs[-2]:020d}.json")
+        older = objects.get(claim_key(topic, partition, seqs[-2]))
         if older is None:
             return None
         written = older[0]
@@ -86,8 +90,7 @@ def published_past(objects: Objects, topic: str, t: Tamper) -> list[int]:
     owner had in flight and never promoted: it finds the break once its claim is in the slot
     (claim_chain's link check, decision 076), so that claim may exist, its file not visible."""
     past = [s for s in claim_seqs(objects, topic, t.partition) if s > t.seq and s not in t.raced]
-    next_key = f"{chain_prefix(topic, t.partition)}claims/{t.seq + 1:020d}.json"
-    if past[:1] == [t.seq + 1] and not _promoted(objects, next_key):
+    if past[:1] == [t.seq + 1] and not _promoted(objects, claim_key(topic, t.partition, t.seq + 1)):
         past = past[1:]
     return past
 
