@@ -44,8 +44,8 @@ TOPIC = "events"
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 
 
-def land(objects: Any, files: int, records: int) -> None:
-    """``files`` files of ``records`` records, round-robin over the partitions, offsets dense."""
+def land(objects: Any, files: int, records: int, partitions: int = PARTITIONS) -> None:
+    """``files`` files of ``records`` records, round-robin over ``partitions``, offsets dense."""
     from mqd.landing import Publisher
     from mqd.landing.store import LandingStore
     from mqd.wire import format as fmt
@@ -55,7 +55,7 @@ def land(objects: Any, files: int, records: int) -> None:
     pub = Publisher(store)
     value = b"x" * 100
     for i in range(files):
-        p, first = i % PARTITIONS, (i // PARTITIONS) * records
+        p, first = i % partitions, (i // partitions) * records
         raw = fmt.encode_batch([value] * records, timestamps=[T0] * records, base_offset=first)
         batch = fmt.to_arrow(raw, fmt.scan(raw)[0])
         pub.publish(TOPIC, p, pa.Table.from_batches([batch]), store.head(TOPIC, p).last_offset)

@@ -59,10 +59,12 @@ response to the claim counts as a win, a 412 as a loss).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import secrets
 from collections.abc import Callable, Iterable
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -78,6 +80,7 @@ from mqd.landing.errors import (
 )
 from mqd.landing.layout import FileRange
 from mqd.landing.objects import Objects
+from mqd.landing.read_ahead import read_ahead
 from mqd.topic_name import check_topic_name
 
 log = structlog.get_logger("mqd.landing")
@@ -86,6 +89,7 @@ CLAIM_VERSION = 1
 UNSAFE_STEPS = frozenset({"head_check", "claim_condition", "readback"})
 _ATTEMPTS = 8  # bounded retries of a read-modify cycle that lost a race (each loss means progress)
 _SEQ = re.compile(r"^(\d{20})\.json$")
+CLAIMS_AHEAD = 8  # a reader's claim GETs in flight per chain (linked_after)
 REAP_SUFFIX = ".reap"
 
 
@@ -236,8 +240,11 @@ class PartitionChain:
     def read_claim(self, seq: int) -> Claim | None:
         """Claim ``seq`` (None: no such key, or one compaction has since put below the floor);
         ChainBroken when the object is not that claim."""
+        return self._claim_from(seq, self.objects.get(self.claim_key(seq)))
+
+    def _claim_from(self, seq: int, got: tuple[bytes, str] | None) -> Claim | None:
+        """``read_claim`` of what a GET of claim ``seq``'s key returned."""
         key = self.claim_key(seq)
-        got = self.objects.get(key)
         if got is None:
             return None
         try:
@@ -584,28 +591,37 @@ class PartitionChain:
         raise ObjectStoreError(f"{self.base}: the chain kept moving under the reader")
 
     def linked_after(
-        self, base: int, base_state: ChainState, base_claim: Claim | None, floor_seq: int
+        self,
+        base: int,
+        base_state: ChainState,
+        base_claim: Claim | None,
+        floor_seq: int,
+        pool: Executor | None = None,
     ) -> list[Claim] | None:
         """The claims after slot ``base`` (whose state is ``base_state``; ``base_claim`` when it is
         a claim, not the floor), each checked as a link of the chain; None when compaction moved
-        the floor past them meanwhile (read again); ChainBroken at the first broken link."""
+        the floor past them meanwhile (read again); ChainBroken at the first broken link. With a
+        ``pool``, up to CLAIMS_AHEAD claims are read ahead on it; the links are checked in order."""
         out: list[Claim] = []
         before_state, before = base_state, base_claim
-        for i, seq in enumerate(self._listed_seqs(base)):
-            want = base + 1 + i
-            if seq != want:
-                if self._gap(want, floor_seq):
-                    raise self.broken(self.claim_key(want), f"missing, but claim {seq} exists")
-                return None
-            claim = self.read_claim(seq)
-            if claim is None:
-                if self._gap(seq, floor_seq):
-                    raise self.broken(self.claim_key(seq), "listed, then gone (deleted?)")
-                return None
-            if not self._linked(seq, claim, before_state, before):
-                return None
-            out.append(claim)
-            before_state, before = claim.state, claim
+        seqs = self._listed_seqs(base)
+        get = read_ahead(seqs, lambda s: self.objects.get(self.claim_key(s)), pool, window=CLAIMS_AHEAD)
+        with contextlib.closing(get):
+            for i, (seq, got) in enumerate(get):
+                want = base + 1 + i
+                if seq != want:
+                    if self._gap(want, floor_seq):
+                        raise self.broken(self.claim_key(want), f"missing, but claim {seq} exists")
+                    return None
+                claim = self._claim_from(seq, got)
+                if claim is None:
+                    if self._gap(seq, floor_seq):
+                        raise self.broken(self.claim_key(seq), "listed, then gone (deleted?)")
+                    return None
+                if not self._linked(seq, claim, before_state, before):
+                    return None
+                out.append(claim)
+                before_state, before = claim.state, claim
         return out
 
     def compact(self, keep: int) -> int:

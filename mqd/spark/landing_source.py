@@ -42,9 +42,7 @@ from __future__ import annotations
 
 import io
 import threading
-from collections import deque
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,6 +61,7 @@ from pyspark.sql.types import StructType
 from mqd.landing.chain_reader import ChainReader
 from mqd.landing.layout import FileRange
 from mqd.landing.objects import Objects
+from mqd.landing.read_ahead import SharedPool, read_ahead
 from mqd.landing.s3_objects import S3Objects
 from mqd.landing.schema import LANDING_SCHEMA
 from mqd.spark.source_schema import SOURCE_FILE_COLUMN, source_ddl
@@ -277,6 +276,7 @@ class LandingFiles(InputPartition):
 # a partition's bytes in memory
 FETCH_AHEAD_FILES = 8
 FETCH_AHEAD_BYTES = 64 * 1024 * 1024
+_GET_POOL = SharedPool(FETCH_AHEAD_FILES, "mqd-landing-get")
 
 
 def fetched(
@@ -284,24 +284,14 @@ def fetched(
 ) -> Generator[tuple[LandedFile, tuple[bytes, str] | None], None, None]:
     """Each file with ``get(path)``, in order, with up to FETCH_AHEAD_FILES (and FETCH_AHEAD_BYTES,
     at least one file) fetched ahead on threads; stopping early cancels what was not started."""
-    pool = ThreadPoolExecutor(FETCH_AHEAD_FILES, thread_name_prefix="mqd-landing-get")
-    pending: deque[tuple[LandedFile, Future[tuple[bytes, str] | None]]] = deque()
-    ahead = 0
-    todo = iter(files)
-    try:
-        nxt = next(todo, None)
-        while nxt is not None or pending:
-            while nxt is not None and (
-                not pending or (len(pending) < FETCH_AHEAD_FILES and ahead + nxt.bytes <= FETCH_AHEAD_BYTES)
-            ):
-                pending.append((nxt, pool.submit(get, nxt.path)))
-                ahead += nxt.bytes
-                nxt = next(todo, None)
-            f, fut = pending.popleft()
-            ahead -= f.bytes
-            yield f, fut.result()
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+    return read_ahead(
+        files,
+        lambda f: get(f.path),
+        _GET_POOL.get(),
+        window=FETCH_AHEAD_FILES,
+        cost=lambda f: f.bytes,
+        budget=FETCH_AHEAD_BYTES,
+    )
 
 
 class LandingStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):

@@ -7,6 +7,7 @@ reading the manifest costs O(claims) (counted through the Objects layer)."""
 from __future__ import annotations
 
 import tempfile
+import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -66,46 +67,52 @@ class CountingObjects:
     def __init__(self, inner: Objects) -> None:
         self.inner = inner
         self.calls: Counter[str] = Counter()
+        self._lock = threading.Lock()  # a reader's pass makes requests from several threads
+
+    def _count(self, op: str) -> None:
+        with self._lock:
+            self.calls[op] += 1
 
     @property
     def location(self) -> str:
         return self.inner.location
 
     def put(self, key: str, data: bytes, *, if_absent: bool = False, if_match: str | None = None) -> str:
-        self.calls["put"] += 1
+        self._count("put")
         return self.inner.put(key, data, if_absent=if_absent, if_match=if_match)
 
     def upload(self, key: str, path: Path) -> None:
-        self.calls["upload"] += 1
+        self._count("upload")
         self.inner.upload(key, path)
 
     def get(self, key: str) -> tuple[bytes, str] | None:
-        self.calls["get"] += 1
+        self._count("get")
         return self.inner.get(key)
 
     def head(self, key: str) -> ObjectInfo | None:
-        self.calls["head"] += 1
+        self._count("head")
         return self.inner.head(key)
 
     def copy(self, src: str, dst: str) -> bool:
-        self.calls["copy"] += 1
+        self._count("copy")
         return self.inner.copy(src, dst)
 
     def list_objects(self, prefix: str, start_after: str = "") -> Iterator[ObjectInfo]:
-        self.calls["list"] += 1  # listings here stay below one page (1,000 keys)
+        self._count("list")  # listings here stay below one page (1,000 keys)
         return self.inner.list_objects(prefix, start_after)
 
     def list_dirs(self, prefix: str) -> list[str]:
-        self.calls["list"] += 1
+        self._count("list")
         return self.inner.list_dirs(prefix)
 
     def delete(self, key: str) -> None:
-        self.calls["delete"] += 1
+        self._count("delete")
         self.inner.delete(key)
 
     def take(self) -> int:
-        n = sum(self.calls.values())
-        self.calls.clear()
+        with self._lock:
+            n = sum(self.calls.values())
+            self.calls.clear()
         return n
 
 
@@ -233,6 +240,77 @@ def test_a_pass_costs_requests_for_new_claims_only(store: LandingStore) -> None:
     # 13: the chains' reads, and one LIST of _delta_log/ (the cleaner finds a landing table by its
     # log, issue 35, so `mqd landing clean` keeps one it was not told about whole)
     assert first_clean > 46 and second_clean <= 13, (first_clean, second_clean)
+
+
+class MeetingObjects(ReadOnlyObjects):
+    """Read-only Objects where chosen GETs wait at a barrier for one another: a pass that made them
+    one at a time would break the barrier (its timeout) instead of passing it."""
+
+    def __init__(self, inner: Objects, meet: dict[str, threading.Barrier]) -> None:
+        super().__init__(inner)
+        self.meet = meet
+
+    def get(self, key: str) -> tuple[bytes, str] | None:
+        barrier = self.meet.pop(key, None)
+        if barrier is not None:
+            barrier.wait()
+        return self.inner.get(key)
+
+
+def test_a_pass_reads_chains_side_by_side_and_claims_ahead(store: LandingStore) -> None:
+    """Chains 0 and 1's floors are read at the same moment, and so are claims 1 and 2 of chain 2
+    (each pair meets at a barrier with a 20 s timeout); the pass shows every chain's files in
+    chain order, as the manifest does, and a later pass the new ones."""
+    from mqd.landing.claim_chain import PartitionChain
+
+    for partition in range(4):
+        publish(store, partition, 3)
+    chains = {p: PartitionChain(store.objects, "t", p) for p in range(4)}
+    floors, claims = threading.Barrier(2, timeout=20), threading.Barrier(2, timeout=20)
+    meet = {
+        f"{chains[0].base}floor.json": floors,
+        f"{chains[1].base}floor.json": floors,
+        chains[2].claim_key(1): claims,
+        chains[2].claim_key(2): claims,
+    }
+    reader = ChainReader(MeetingObjects(store.objects, meet))
+    assert reader.files() == by_chain(store)
+    assert meet == {}  # every meeting took place
+    publish(store, 3, 2)
+    assert reader.files() == by_chain(store)
+
+
+def test_a_broken_chain_fails_the_pass_once_no_chain_is_read_any_more(store: LandingStore) -> None:
+    """Chain 1 is broken (a claim deleted) while chain 2's reading is slow: the pass raises
+    ChainBroken naming chain 1's claim, and no request of the pass is still running when it does
+    (a pass that returned early would leave a worker moving a view under the next pass)."""
+    from mqd.landing.claim_chain import PartitionChain
+    from mqd.landing.errors import ChainBroken
+
+    for partition in range(3):
+        publish(store, partition, 3)
+    store.objects.delete(PartitionChain(store.objects, "t", 1).claim_key(1))
+    slow_key = PartitionChain(store.objects, "t", 2).claim_key(2)
+    running = 0
+    lock = threading.Lock()
+
+    class Slow(ReadOnlyObjects):
+        def get(self, key: str) -> tuple[bytes, str] | None:
+            nonlocal running
+            with lock:
+                running += 1
+            try:
+                if key == slow_key:
+                    threading.Event().wait(0.3)  # a slow store: the break is found meanwhile
+                return self.inner.get(key)
+            finally:
+                with lock:
+                    running -= 1
+
+    reader = ChainReader(Slow(store.objects))
+    with pytest.raises(ChainBroken, match=r"claims/00000000000000000001\.json"):
+        reader.refresh()
+    assert running == 0
 
 
 def test_the_s3_source_reads_through_the_reader(store: LandingStore) -> None:
