@@ -38,19 +38,20 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import structlog
 
 from mqd.landing.claim_chain import (
-    CLAIMS_AHEAD,
+    CLAIM_GETS,
     ChainState,
     Claim,
     PartitionChain,
     archive_prefix,
     log_partitions,
 )
-from mqd.landing.errors import LandingCorrupt, ObjectStoreError
+from mqd.landing.errors import ChainBroken, LandingCorrupt, ObjectStoreError
 from mqd.landing.layout import FileRange
 from mqd.landing.objects import Objects
 from mqd.landing.read_ahead import SharedPool, read_ahead
@@ -63,7 +64,6 @@ _ATTEMPTS = 8  # bounded retries of a pass that met compaction between its floor
 # CLAIMS_AHEAD) on one pool of GETs; together within an S3 client's 16 connections (s3_objects.py)
 CHAINS_AT_ONCE = 4
 _CHAIN_POOL = SharedPool(CHAINS_AT_ONCE, "mqd-chain-read")
-_GET_POOL = SharedPool(CLAIMS_AHEAD, "mqd-claim-get")
 _ARCHIVE = re.compile(r"^(\d{20})-(\d{20})\.jsonl$")
 
 
@@ -112,20 +112,38 @@ class ChainReader:
     # -- reading ----------------------------------------------------------------------------------
 
     def refresh(self, topic: str | None = None) -> dict[tuple[str, int], ChainView]:
-        """Bring every chain (of ``topic``) up to date, CHAINS_AT_ONCE side by side; the views by
-        (topic, partition). A chain that fails raises once those before it are read, and no chain's
-        reading is still under way when this returns or raises."""
+        """Bring every chain (of ``topic``) up to date; the views by (topic, partition). The first
+        broken chain (in chain order) raises its ChainBroken once the pass is over."""
         keys = [
             (t, p)
             for t in ([check_topic_name(topic)] if topic is not None else self.topics())
             for p in self.partitions(t)
         ]
+        out: dict[tuple[str, int], ChainView] = {}
+        for key, got in self.refresh_chains(keys):
+            if isinstance(got, ChainBroken):
+                raise got
+            out[key] = got
+        return out
+
+    def refresh_chains(
+        self, keys: Sequence[tuple[str, int]]
+    ) -> list[tuple[tuple[str, int], ChainView | ChainBroken]]:
+        """Bring the chains ``keys`` up to date, CHAINS_AT_ONCE side by side: each one's view, or
+        its ChainBroken (its view stays where it was). Any other error raises once no chain's
+        reading is under way any more: a worker still moving a view would race the next pass."""
         for t, p in keys:
             self._view(t, p)  # made here: the workers only touch their own view
-        pool = _CHAIN_POOL.get()
-        got = read_ahead(keys, lambda k: self.refresh_chain(*k), pool, window=CHAINS_AT_ONCE, settle=True)
+
+        def one(key: tuple[str, int]) -> ChainView | ChainBroken:
+            try:
+                return self.refresh_chain(*key)
+            except ChainBroken as exc:
+                return exc
+
+        got = read_ahead(keys, one, _CHAIN_POOL.get(), window=CHAINS_AT_ONCE, settle=True)
         with contextlib.closing(got):
-            return dict(got)
+            return list(got)
 
     def files(self, topic: str | None = None) -> dict[tuple[str, int], list[FileRange]]:
         """Every chain's visible files in chain order, after a pass (``refresh``)."""
@@ -148,7 +166,7 @@ class ChainReader:
                 # compaction archived claims this reader had not consumed: their live ranges
                 archived = self._archived(topic, partition, view.seq, floor.seq)
                 base, base_state, base_claim = floor.seq, floor.state, None
-            claims = chain.linked_after(base, base_state, base_claim, floor.seq, _GET_POOL.get())
+            claims = chain.linked_after(base, base_state, base_claim, floor.seq, CLAIM_GETS.get())
             if claims is None:
                 continue  # compaction ran between our floor read and the listing
             self._consume(view, chain, floor.seq, base, base_state, base_claim, archived, claims)

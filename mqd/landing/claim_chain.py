@@ -80,7 +80,7 @@ from mqd.landing.errors import (
 )
 from mqd.landing.layout import FileRange
 from mqd.landing.objects import Objects
-from mqd.landing.read_ahead import read_ahead
+from mqd.landing.read_ahead import SharedPool, read_ahead
 from mqd.topic_name import check_topic_name
 
 log = structlog.get_logger("mqd.landing")
@@ -89,7 +89,8 @@ CLAIM_VERSION = 1
 UNSAFE_STEPS = frozenset({"head_check", "claim_condition", "readback"})
 _ATTEMPTS = 8  # bounded retries of a read-modify cycle that lost a race (each loss means progress)
 _SEQ = re.compile(r"^(\d{20})\.json$")
-CLAIMS_AHEAD = 8  # a reader's claim GETs in flight per chain (linked_after)
+CLAIMS_AHEAD = 8  # a reader's claim GETs in flight per chain (linked_after, check_chain)
+CLAIM_GETS = SharedPool(CLAIMS_AHEAD, "mqd-claim-get")  # the readers' claim GETs, every chain's
 REAP_SUFFIX = ".reap"
 
 
@@ -764,11 +765,22 @@ def check_chain(objects: Objects, topic: str, partition: int) -> tuple[list[Brok
 
 
 def _check_claims(chain: PartitionChain, floor: Floor) -> tuple[list[BrokenLink], list[FileRange]] | None:
+    seqs = chain._listed_seqs(floor.seq)
+    get = read_ahead(
+        seqs, lambda s: chain.objects.get(chain.claim_key(s)), CLAIM_GETS.get(), window=CLAIMS_AHEAD
+    )
+    with contextlib.closing(get):
+        return _check_links(chain, floor, get)
+
+
+def _check_links(
+    chain: PartitionChain, floor: Floor, got: Iterable[tuple[int, tuple[bytes, str] | None]]
+) -> tuple[list[BrokenLink], list[FileRange]] | None:
     out: list[BrokenLink] = []
     ranges: list[FileRange] = []
     before_state, before, known = floor.state, None, True  # known: the slot before was read
     want = floor.seq + 1
-    for seq in chain._listed_seqs(floor.seq):
+    for seq, body in got:
         for missing in range(want, seq):
             if not chain._gap(missing, floor.seq):
                 return None  # compaction since the floor read: check again
@@ -776,7 +788,7 @@ def _check_claims(chain: PartitionChain, floor: Floor) -> tuple[list[BrokenLink]
             known = False
         want = seq + 1
         try:
-            claim = chain.read_claim(seq)
+            claim = chain._claim_from(seq, body)
         except ChainBroken as exc:
             out.append(BrokenLink(exc.key, exc.problem))
             known = False

@@ -252,15 +252,13 @@ class TableCommitter:
         """New files of the ``dirty`` chains into the candidates; True when a chain's newest
         file is not visible yet."""
         pending = False
-        for tp in sorted(dirty):
-            try:
-                view = self.reader.refresh_chain(tp[0], tp[1])
-            except ChainBroken as exc:
+        for tp, view in self.reader.refresh_chains(sorted(dirty)):
+            if isinstance(view, ChainBroken):
                 # the daemon stops the partition and says so; nothing past the break is added
                 log.warning(
                     "landing table: chain broken, partition not committed",
                     tp=f"{tp[0]}/{tp[1]}",
-                    error=str(exc),
+                    error=str(view),
                 )
                 continue
             if view.files:

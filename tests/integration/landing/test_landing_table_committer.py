@@ -3,7 +3,8 @@ local landing published by the real publisher: a stale commit is refused by the 
 racing over the same chains add every file once, the cleaner takes a file out of the table before
 it deletes it (and keeps a file the table does not hold yet), and a table switched on over a
 landing the cleaner already thinned skips the deleted files with a count; expired log entries go at
-the commits that write a checkpoint, not at every commit, and a commit returns its own version."""
+the commits that write a checkpoint, not at every commit, and a commit returns its own version; a
+broken chain is left out of a round while the others are committed."""
 
 from __future__ import annotations
 
@@ -202,3 +203,29 @@ def test_a_table_switched_on_over_a_thinned_landing_skips_deleted_files(store: L
     res = c.round({("events", 0)})
     assert res.error is None and res.files == 3 and c.stats.gone == 1
     assert table_offsets(store) == [("events", 0, o) for o in range(10, 40)]
+
+
+def test_a_broken_chain_is_left_out_and_the_others_are_committed(store: LocalStore) -> None:
+    """Partition 1's chain is broken (its first claim deleted) while partition 0's is whole: a
+    round commits partition 0's files and none of partition 1's, without an error; once the claim
+    is back, the next round commits partition 1's too, each record once (the reader's view of a
+    broken chain did not move)."""
+    from mqd.landing.claim_chain import PartitionChain
+
+    publish(store, 0, 3)
+    publish(store, 1, 2)
+    chain = PartitionChain(store.objects, "events", 1)
+    key = chain.claim_key(0)
+    kept = store.objects.get(key)
+    assert kept is not None
+    store.objects.delete(key)
+    c = committer(store, "a")
+    res = c.round(all_tps())
+    assert res.error is None and res.files == 3
+    assert table_offsets(store) == [("events", 0, o) for o in range(30)]
+    store.objects.put(key, kept[0], if_absent=True)
+    res = c.round({("events", 1)})
+    assert res.error is None and res.files == 2
+    assert table_offsets(store) == [("events", 0, o) for o in range(30)] + [
+        ("events", 1, o) for o in range(20)
+    ]
