@@ -25,7 +25,7 @@ from types import TracebackType
 from typing import IO, Any
 
 
-def _is_mqd_command() -> bool:
+def is_mqd_command() -> bool:
     """This process is the `mqd` command (its console script, or ``python -m mqd.operator.cli``),
     not an application or a test that imports mqd: only the process's owner hides what it does not
     use, as `mqd run` alone freezes its start-up (decision 061). ``sys.argv[0]`` is "-m" while
@@ -36,7 +36,7 @@ def _is_mqd_command() -> bool:
     return any(a == "-m" and b == "mqd.operator.cli" for a, b in itertools.pairwise(argv))
 
 
-if _is_mqd_command() and "structlog" not in sys.modules and "rich" not in sys.modules:
+if is_mqd_command() and "structlog" not in sys.modules and "rich" not in sys.modules:
     # structlog imports rich (and pygments) at its own import for its console tracebacks, ~0.1 s of
     # CPU before the first fetch on the 2.0 GHz Xeon (issue 34); the console output imports it at
     # its first traceback instead (_RichTraceback), `mqd top` when it starts
