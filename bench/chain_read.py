@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import RESULTS, machine_facts, write_json
+from bench.common import RESULTS, machine_facts, variant_trees, write_json
 from bench.spark_s3_files import land, machine
 
 RECORDS = 10
@@ -122,9 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
     latencies = [float(x) for x in args.latency_ms.split(",")]
-    here = Path(__file__).resolve().parent.parent
-    variants = dict(v.split("=", 1) for v in args.variant) if args.variant else {"this": str(here)}
-    trees = {k: Path(v).resolve() for k, v in variants.items()}
+    trees = variant_trees(args.variant)
     names = list(trees)
 
     from mqd.landing.s3_objects import S3Objects

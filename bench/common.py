@@ -511,6 +511,13 @@ def sink_ceiling(
 # output
 
 
+def variant_trees(specs: list[str] | None) -> dict[str, Path]:
+    """``--variant name=tree`` arguments as {name: tree}, in order; none: this checkout as "this"."""
+    if not specs:
+        return {"this": Path(__file__).resolve().parent.parent}
+    return {name: Path(tree).resolve() for name, _, tree in (s.partition("=") for s in specs)}
+
+
 def write_json(path: Path, data: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, (json.dumps(data, indent=2, sort_keys=False) + "\n").encode())

@@ -36,7 +36,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from bench.common import RESULTS, become_subreaper, machine_facts, write_json
+from bench.common import RESULTS, become_subreaper, machine_facts, variant_trees, write_json
 from bench.spark_once import table_rows, timed_run
 
 PARTITIONS = 4
@@ -128,9 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=RESULTS / "spark_s3_files.json")
     args = ap.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",")]
-    here = Path(__file__).resolve().parent.parent
-    variants = dict(v.split("=", 1) for v in args.variant) if args.variant else {"this": str(here)}
-    trees = {k: Path(v).resolve() for k, v in variants.items()}
+    trees = variant_trees(args.variant)
     names = list(trees)
     become_subreaper()
 
