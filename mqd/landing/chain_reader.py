@@ -63,7 +63,7 @@ _ATTEMPTS = 8  # bounded retries of a pass that met compaction between its floor
 # requests in flight: chains read side by side, each with its claims read ahead (claim_chain
 # CLAIMS_AHEAD) on one pool of GETs; together within an S3 client's 16 connections (s3_objects.py)
 CHAINS_AT_ONCE = 4
-_CHAIN_POOL = SharedPool(CHAINS_AT_ONCE, "mqd-chain-read")
+CHAIN_READS = SharedPool(CHAINS_AT_ONCE, "mqd-chain-read")
 _ARCHIVE = re.compile(r"^(\d{20})-(\d{20})\.jsonl$")
 
 
@@ -141,7 +141,7 @@ class ChainReader:
             except ChainBroken as exc:
                 return exc
 
-        got = read_ahead(keys, one, _CHAIN_POOL.get(), window=CHAINS_AT_ONCE, settle=True)
+        got = read_ahead(keys, one, CHAIN_READS.get(), window=CHAINS_AT_ONCE, settle=True)
         with contextlib.closing(got):
             return list(got)
 

@@ -280,6 +280,35 @@ def test_a_pass_reads_chains_side_by_side_and_claims_ahead(store: LandingStore) 
     assert reader.files() == by_chain(store)
 
 
+def test_landing_check_reads_chains_side_by_side_and_claims_ahead(store: LandingStore) -> None:
+    """`mqd landing check` (chain_check.check_landing) reads as a reader does: chains 0 and 1's
+    floors at one moment, claims 1 and 2 of chain 2 at one moment (barriers), and its findings are
+    what a check one chain at a time finds: chain 3's deleted claim, and the file it named."""
+    from mqd.landing.chain_check import check_landing
+    from mqd.landing.claim_chain import PartitionChain
+
+    for partition in range(4):
+        publish(store, partition, 3)
+    chains = {p: PartitionChain(store.objects, "t", p) for p in range(4)}
+    deleted = chains[3].read_claim(1)
+    assert deleted is not None and deleted.range is not None
+    store.objects.delete(chains[3].claim_key(1))
+    floors, claims = threading.Barrier(2, timeout=20), threading.Barrier(2, timeout=20)
+    meet = {
+        f"{chains[0].base}floor.json": floors,
+        f"{chains[1].base}floor.json": floors,
+        chains[2].claim_key(1): claims,
+        chains[2].claim_key(2): claims,
+    }
+    found = check_landing(MeetingObjects(store.objects, meet))
+    assert meet == {}
+    assert found.chains == 4
+    assert [(b.key, b.problem) for b in found.broken] == [
+        (chains[3].claim_key(1), "missing, but claim 2 exists"),
+        (deleted.range.path, "a visible data file that no claim names (its claim deleted?)"),
+    ]
+
+
 def test_a_broken_chain_fails_the_pass_once_no_chain_is_read_any_more(store: LandingStore) -> None:
     """Chain 1 is broken (a claim deleted) while chain 2's reading is slow: the pass raises
     ChainBroken naming chain 1's claim, and no request of the pass is still running when it does
