@@ -257,6 +257,17 @@ class MeetingObjects(ReadOnlyObjects):
         return self.inner.get(key)
 
 
+def side_by_side_meetings(chains: dict[int, Any]) -> dict[str, threading.Barrier]:
+    """Chains 0 and 1's floors meet, and claims 1 and 2 of chain 2 (barriers, 20 s timeout)."""
+    floors, claims = threading.Barrier(2, timeout=20), threading.Barrier(2, timeout=20)
+    return {
+        f"{chains[0].base}floor.json": floors,
+        f"{chains[1].base}floor.json": floors,
+        chains[2].claim_key(1): claims,
+        chains[2].claim_key(2): claims,
+    }
+
+
 def test_a_pass_reads_chains_side_by_side_and_claims_ahead(store: LandingStore) -> None:
     """Chains 0 and 1's floors are read at the same moment, and so are claims 1 and 2 of chain 2
     (each pair meets at a barrier with a 20 s timeout); the pass shows every chain's files in
@@ -266,13 +277,7 @@ def test_a_pass_reads_chains_side_by_side_and_claims_ahead(store: LandingStore) 
     for partition in range(4):
         publish(store, partition, 3)
     chains = {p: PartitionChain(store.objects, "t", p) for p in range(4)}
-    floors, claims = threading.Barrier(2, timeout=20), threading.Barrier(2, timeout=20)
-    meet = {
-        f"{chains[0].base}floor.json": floors,
-        f"{chains[1].base}floor.json": floors,
-        chains[2].claim_key(1): claims,
-        chains[2].claim_key(2): claims,
-    }
+    meet = side_by_side_meetings(chains)
     reader = ChainReader(MeetingObjects(store.objects, meet))
     assert reader.files() == by_chain(store)
     assert meet == {}  # every meeting took place
@@ -293,13 +298,7 @@ def test_landing_check_reads_chains_side_by_side_and_claims_ahead(store: Landing
     deleted = chains[3].read_claim(1)
     assert deleted is not None and deleted.range is not None
     store.objects.delete(chains[3].claim_key(1))
-    floors, claims = threading.Barrier(2, timeout=20), threading.Barrier(2, timeout=20)
-    meet = {
-        f"{chains[0].base}floor.json": floors,
-        f"{chains[1].base}floor.json": floors,
-        chains[2].claim_key(1): claims,
-        chains[2].claim_key(2): claims,
-    }
+    meet = side_by_side_meetings(chains)
     found = check_landing(MeetingObjects(store.objects, meet))
     assert meet == {}
     assert found.chains == 4
