@@ -63,7 +63,7 @@ import contextlib
 import json
 import re
 import secrets
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Generator, Iterable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any
@@ -186,6 +186,11 @@ def chain_prefix(topic: str, partition: int) -> str:
     return f"_log/{check_topic_name(topic)}/{partition:05d}/"
 
 
+def claim_key(chain: str, seq: int) -> str:
+    """Claim ``seq``'s key in the chain at prefix ``chain`` (``chain_prefix``)."""
+    return f"{chain}claims/{seq:020d}.json"
+
+
 def staging_prefix(topic: str, partition: int) -> str:
     return f"_staging/{check_topic_name(topic)}/{partition:05d}/"
 
@@ -236,7 +241,14 @@ class PartitionChain:
     # -- reading ----------------------------------------------------------------------------------
 
     def claim_key(self, seq: int) -> str:
-        return f"{self.base}claims/{seq:020d}.json"
+        return claim_key(self.base, seq)
+
+    def claims_ahead(
+        self, seqs: list[int], pool: Executor | None
+    ) -> Generator[tuple[int, tuple[bytes, str] | None], None, None]:
+        """Each claim slot of ``seqs`` with what a GET of its key returned, in order, up to
+        CLAIMS_AHEAD read ahead on ``pool`` (None: one at a time); parsed by ``_claim_from``."""
+        return read_ahead(seqs, lambda s: self.objects.get(self.claim_key(s)), pool, window=CLAIMS_AHEAD)
 
     def read_claim(self, seq: int) -> Claim | None:
         """Claim ``seq`` (None: no such key, or one compaction has since put below the floor);
@@ -605,8 +617,7 @@ class PartitionChain:
         ``pool``, up to CLAIMS_AHEAD claims are read ahead on it; the links are checked in order."""
         out: list[Claim] = []
         before_state, before = base_state, base_claim
-        seqs = self._listed_seqs(base)
-        get = read_ahead(seqs, lambda s: self.objects.get(self.claim_key(s)), pool, window=CLAIMS_AHEAD)
+        get = self.claims_ahead(self._listed_seqs(base), pool)
         with contextlib.closing(get):
             for i, (seq, got) in enumerate(get):
                 want = base + 1 + i
@@ -765,10 +776,7 @@ def check_chain(objects: Objects, topic: str, partition: int) -> tuple[list[Brok
 
 
 def _check_claims(chain: PartitionChain, floor: Floor) -> tuple[list[BrokenLink], list[FileRange]] | None:
-    seqs = chain._listed_seqs(floor.seq)
-    get = read_ahead(
-        seqs, lambda s: chain.objects.get(chain.claim_key(s)), CLAIM_GETS.get(), window=CLAIMS_AHEAD
-    )
+    get = chain.claims_ahead(chain._listed_seqs(floor.seq), CLAIM_GETS.get())
     with contextlib.closing(get):
         return _check_links(chain, floor, get)
 

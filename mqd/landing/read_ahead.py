@@ -45,26 +45,32 @@ def read_ahead(
         for item in items:
             yield item, fetch(item)
         return
-    pending: deque[tuple[_T, Future[_R]]] = deque()
+    weigh = cost if cost is not None else _free
+    pending: deque[tuple[_T, Future[_R], int]] = deque()
     ahead = 0
     todo = iter(items)
     try:
         nxt = next(todo, None)
         while nxt is not None or pending:
             while nxt is not None and (
-                not pending or (len(pending) < window and (cost is None or ahead + cost(nxt) <= budget))
+                not pending or (len(pending) < window and ahead + weigh(nxt) <= budget)
             ):
-                pending.append((nxt, pool.submit(fetch, nxt)))
-                ahead += cost(nxt) if cost is not None else 0
+                weight = weigh(nxt)
+                pending.append((nxt, pool.submit(fetch, nxt), weight))
+                ahead += weight
                 nxt = next(todo, None)
-            item, fut = pending.popleft()
-            ahead -= cost(item) if cost is not None else 0
+            item, fut, weight = pending.popleft()
+            ahead -= weight
             yield item, fut.result()
     finally:
-        for _item, fut in pending:
+        for _item, fut, _weight in pending:
             fut.cancel()
         if settle:
-            wait([fut for _item, fut in pending])
+            wait([fut for _item, fut, _weight in pending])
+
+
+def _free(_item: object) -> int:
+    return 0  # no cost given: only the window bounds what is ahead
 
 
 class SharedPool:

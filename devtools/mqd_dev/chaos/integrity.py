@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mqd.landing.chain_check import check_landing
-from mqd.landing.claim_chain import Claim, chain_prefix
+from mqd.landing.claim_chain import Claim, chain_prefix, claim_key
 from mqd.landing.errors import LandingCorrupt, PreconditionFailed
 from mqd.landing.objects import Objects
 from mqd.testing import ManagedProcess
@@ -45,10 +45,6 @@ class Tamper:
     raced: list[int]  # claims after it seen right after the tamper (published meanwhile: not the head)
 
 
-def claim_key(topic: str, partition: int, seq: int) -> str:
-    return f"{chain_prefix(topic, partition)}claims/{seq:020d}.json"
-
-
 def claim_seqs(objects: Objects, topic: str, partition: int) -> list[int]:
     out = []
     for info in objects.list_objects(f"{chain_prefix(topic, partition)}claims/"):
@@ -64,7 +60,7 @@ def tamper_head(objects: Objects, topic: str, partition: int, how: str) -> Tampe
     if not seqs or (how == "older" and len(seqs) < 2):
         return None
     seq = seqs[-1]
-    key = claim_key(topic, partition, seq)
+    key = claim_key(chain_prefix(topic, partition), seq)
     got = objects.get(key)
     if got is None:
         return None
@@ -73,7 +69,7 @@ def tamper_head(objects: Objects, topic: str, partition: int, how: str) -> Tampe
         objects.delete(key)
         written = None
     elif how == "older":
-        older = objects.get(claim_key(topic, partition, seqs[-2]))
+        older = objects.get(claim_key(chain_prefix(topic, partition), seqs[-2]))
         if older is None:
             return None
         written = older[0]
@@ -90,19 +86,21 @@ def published_past(objects: Objects, topic: str, t: Tamper) -> list[int]:
     owner had in flight and never promoted: it finds the break once its claim is in the slot
     (claim_chain's link check, decision 076), so that claim may exist, its file not visible."""
     past = [s for s in claim_seqs(objects, topic, t.partition) if s > t.seq and s not in t.raced]
-    if past[:1] == [t.seq + 1] and not _promoted(objects, claim_key(topic, t.partition, t.seq + 1)):
+    if past[:1] == [t.seq + 1] and not _promoted(
+        objects, claim_key(chain_prefix(topic, t.partition), t.seq + 1)
+    ):
         past = past[1:]
     return past
 
 
-def _promoted(objects: Objects, claim_key: str) -> bool:
-    """Whether the claim at ``claim_key`` names a file that is visible (a void or an unreadable
+def _promoted(objects: Objects, key: str) -> bool:
+    """Whether the claim at ``key`` names a file that is visible (a void or an unreadable
     claim counts as promoted: it is no in-flight file claim)."""
-    got = objects.get(claim_key)
+    got = objects.get(key)
     if got is None:
         return False
     try:
-        claim = Claim.from_bytes(got[0], claim_key)
+        claim = Claim.from_bytes(got[0], key)
     except LandingCorrupt:
         return True
     return claim.range is None or objects.head(claim.range.path) is not None
