@@ -120,7 +120,13 @@ def consume(
     ]
     broker_pid = broker.process.pid
     broker_cpu0 = process_cpu_seconds([broker_pid] if broker_pid else [])
-    proc = WatchedProcess(argv, log_path=workdir / f"{name}.log", cwd=Path(__file__).resolve().parent.parent)
+    # at its best: numpy's OpenBLAS without its thread pool, as the mqd command loads it (mqd/blas_threads.py)
+    proc = WatchedProcess(
+        argv,
+        log_path=workdir / f"{name}.log",
+        cwd=Path(__file__).resolve().parent.parent,
+        env={"OPENBLAS_NUM_THREADS": "1"},
+    )
     proc.start()
     stats = proc.finish(timeout + 30)
     broker_cpu = process_cpu_seconds([broker_pid] if broker_pid else []) - broker_cpu0

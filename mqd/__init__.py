@@ -1,5 +1,6 @@
 """mqd: pull a partitioned message queue and land it, exactly once, as Parquet for Spark."""
 
+from mqd.blas_threads import one_thread_in_record_commands
 from mqd.log import library_default
 
 # The one place the version is written (pyproject.toml reads it): a lookup through
@@ -7,5 +8,6 @@ from mqd.log import library_default
 __version__ = "0.1.0"
 
 library_default()  # quiet unless the application configures logging (mqd/log.py)
+one_thread_in_record_commands()  # before anything loads numpy (mqd/blas_threads.py)
 
 __all__ = ["__version__"]
