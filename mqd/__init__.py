@@ -2,6 +2,7 @@
 
 from mqd.blas_threads import one_thread_in_record_commands
 from mqd.log import library_default
+from mqd.package_without_init import register_without_init
 
 # The one place the version is written (pyproject.toml reads it): a lookup through
 # importlib.metadata cost every process ~35 ms of CPU before its first fetch (issue 34).
@@ -9,5 +10,7 @@ __version__ = "0.1.0"
 
 library_default()  # quiet unless the application configures logging (mqd/log.py)
 one_thread_in_record_commands()  # before anything loads numpy (mqd/blas_threads.py)
+# its __init__ imports its HTTP servers and push gateway (~14 ms of CPU), which mqd does not use
+register_without_init("prometheus_client")
 
 __all__ = ["__version__"]

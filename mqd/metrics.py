@@ -16,14 +16,11 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-from prometheus_client import (
-    CollectorRegistry,
-    Counter,
-    Gauge,
-    Histogram,
-    ProcessCollector,
-    disable_created_metrics,
-)
+# from their submodules: in the mqd command the package's __init__ (its HTTP servers, push gateway)
+# is not run (mqd/package_without_init.py)
+from prometheus_client.metrics import Counter, Gauge, Histogram, disable_created_metrics
+from prometheus_client.process_collector import ProcessCollector
+from prometheus_client.registry import CollectorRegistry
 
 from mqd import __version__
 

@@ -45,20 +45,23 @@ from typing import TYPE_CHECKING, Any, Protocol
 import structlog
 from aiohttp import web
 from aiohttp.typedefs import Handler
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import CollectorRegistry
 
 from mqd import __version__, metrics
 from mqd.broker.rejected_requests import ParserErrorLog, RejectedRequests
 from mqd.config import AdminConfig
 from mqd.errors import MqdError
 from mqd.header_deadline import BoundedAppRunner
+from mqd.lazy_import import lazy_import
 from mqd.operator import admin_listener, status_page
 from mqd.topic_name import topic_name_problem
 from mqd.waiting import cancel_and_wait
 
 if TYPE_CHECKING:
+    import prometheus_client.exposition as exposition
     import psutil
+else:
+    exposition = lazy_import("prometheus_client.exposition")  # its HTTP servers: at the first scrape
 
 log = structlog.get_logger(__name__)
 
@@ -381,8 +384,8 @@ class AdminServer:
         return web.json_response({"ready": ok, "reasons": reasons}, status=200 if ok else 503)
 
     async def _metrics(self, request: web.Request) -> web.Response:
-        body = generate_latest(self._registry)
-        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+        body = exposition.generate_latest(self._registry)
+        return web.Response(body=body, headers={"Content-Type": exposition.CONTENT_TYPE_LATEST})
 
     async def _status(self, request: web.Request) -> web.Response:
         status = self._target.status()

@@ -28,7 +28,7 @@ import crc32c
 import numpy as np
 import pyarrow as pa
 import structlog
-from prometheus_client import Counter
+from prometheus_client.metrics import Counter
 
 from mqd import metrics
 from mqd.consumer.source import Decoded, DecodedBatch

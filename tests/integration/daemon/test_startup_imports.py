@@ -48,6 +48,10 @@ NOT_FOR_JSON_LOGS = ("rich",)
 # never imported by the Kafka source: aiokafka's own clients, which its package's __init__ imports
 # (~50 ms) and the command skips (mqd/sources/kafka/aiokafka_import.py, issue 34)
 AIOKAFKA_CLIENTS = ("aiokafka.consumer", "aiokafka.producer")
+# never imported by a burst: prometheus_client's HTTP servers, WSGI/ASGI apps and push gateway, which
+# its package's __init__ imports (~14 ms) and the command skips (mqd/package_without_init.py); the
+# admin endpoint imports its text format at the first scrape
+METRICS_SERVERS = ("prometheus_client.exposition", "http.server")
 # config models whose validators `mqd run` does not build (pydantic's defer_build): the broker's
 BROKER_MODELS = (
     "ClusterConfig",
@@ -148,17 +152,16 @@ def test_first_fetch_is_sent_before_pyarrow_numpy_and_admin_are_imported(
     """`mqd run --burst` (admin endpoint on, JSON logs) logs ``first fetch sent`` while none of
     pyarrow, numpy and difflib is in ``sys.modules`` (nor ever the admin endpoint's aiohttp and
     psutil, which only a request to it needs, nor rich, which JSON logs do not, nor
-    pyarrow.compute and numpy.ma) and none of the broker's config models is built, pydantic looked for no
-    plugins, the garbage collector is on
-    again with the start-up's objects frozen (gc.freeze: no full collection walks them again; the
-    warm-up's are frozen once the landing encoded), imports pyarrow and numpy afterwards, and
-    lands every record exactly once: the deferral changes when the cost is paid, not what the
-    daemon does."""
+    pyarrow.compute and numpy.ma, nor prometheus_client's HTTP servers) and none of the broker's
+    config models is built, pydantic looked for no plugins, the garbage collector is on again with
+    the start-up's objects frozen (gc.freeze: no full collection walks them again; the warm-up's
+    are frozen once the landing encoded), imports pyarrow and numpy afterwards, and lands every
+    record exactly once: the deferral changes when the cost is paid, not what the daemon does."""
     cluster = cluster_factory(topics={"events": 2})
     cfg = write_config(tmp_path, cluster)
     produce(cluster, 2000)
 
-    never = (*ONLY_FOR_STATUS, *NOT_FOR_JSON_LOGS, *NOT_FOR_LANDING, *NOT_FOR_COLUMNS)
+    never = (*ONLY_FOR_STATUS, *NOT_FOR_JSON_LOGS, *NOT_FOR_LANDING, *NOT_FOR_COLUMNS, *METRICS_SERVERS)
     entries = _run_watched(tmp_path, cfg, (*DEFERRED, *OFF_THE_START_PATH, *never))
     assert_exactly_once(tmp_path, partitions=2, per_partition=1000)
     assert not set(never) & _imported(entries), entries
@@ -181,8 +184,8 @@ def test_the_kafka_source_starts_without_the_mqd_brokers_http_client(tmp_path: P
     (mqd.wire.client): the daemon no longer builds that client, its source does (issue 34:
     aiohttp's import alone was ~0.2 CPU-s of the Kafka source's start), and the admin endpoint, on
     here, is built only if something connects to it; nor aiokafka's producer and consumer, which its
-    package's own import brought (~50 ms: mqd/sources/kafka/aiokafka_import.py); every record
-    lands."""
+    package's own import brought (~50 ms: mqd/sources/kafka/aiokafka_import.py), nor
+    prometheus_client's HTTP servers (mqd/package_without_init.py); every record lands."""
     produce_kafka(tansu.bootstrap, [(p, None, b"v%d" % i, []) for p in range(2) for i in range(500)])
     cfg = tmp_path / "mqd.toml"
     cfg.write_text(
@@ -203,7 +206,7 @@ def test_the_kafka_source_starts_without_the_mqd_brokers_http_client(tmp_path: P
             }
         )
     )
-    never = ("aiohttp", "mqd.operator.admin", "mqd.wire.client", *AIOKAFKA_CLIENTS)
+    never = ("aiohttp", "mqd.operator.admin", "mqd.wire.client", *AIOKAFKA_CLIENTS, *METRICS_SERVERS)
     entries = _run_watched(tmp_path, cfg, (*DEFERRED, *never))
     assert {p: len(rows) for p, rows in landed_rows(tmp_path / "landing").items()} == {0: 500, 1: 500}
     assert not set(never) & _imported(entries), entries
