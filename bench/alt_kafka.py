@@ -120,7 +120,7 @@ def consume(
     ]
     broker_pid = broker.process.pid
     broker_cpu0 = process_cpu_seconds([broker_pid] if broker_pid else [])
-    # at its best: numpy's OpenBLAS without its thread pool, as the mqd command loads it (mqd/blas_threads.py)
+    # at its best: numpy's OpenBLAS without its thread pool, as the mqd command loads it (mqd/operator/cli.py)
     proc = WatchedProcess(
         argv,
         log_path=workdir / f"{name}.log",

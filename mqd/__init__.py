@@ -1,6 +1,5 @@
 """mqd: pull a partitioned message queue and land it, exactly once, as Parquet for Spark."""
 
-from mqd.blas_threads import one_thread_in_record_commands
 from mqd.log import library_default
 from mqd.package_without_init import register_without_init
 
@@ -9,7 +8,6 @@ from mqd.package_without_init import register_without_init
 __version__ = "0.1.0"
 
 library_default()  # quiet unless the application configures logging (mqd/log.py)
-one_thread_in_record_commands()  # before anything loads numpy (mqd/blas_threads.py)
 # its __init__ imports its HTTP servers and push gateway (~14 ms of CPU), which mqd does not use
 register_without_init("prometheus_client")
 

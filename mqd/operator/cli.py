@@ -41,6 +41,12 @@ os.environ.setdefault("JE_ARROW_MALLOC_CONF", "narenas:1")
 # builds its validator: 5-13 ms of CPU before the first fetch, for plugins no mqd command uses
 # (issue 34). An operator's setting wins, an empty one included.
 os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
+# numpy's OpenBLAS starts a thread per core when numpy loads, and they spin before they sleep: ~0.1
+# CPU-s of a run's start on 2 cores (a 1,000-record burst: 0.50 -> 0.39 CPU-s), for BLAS routines mqd
+# never calls (its arrays are offsets, lengths and masks; issue 34). An operator's count wins, set in
+# any variable OpenBLAS reads.
+if not any(name in os.environ for name in ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS")):
+    os.environ["OPENBLAS_NUM_THREADS"] = "1"
 
 EXIT_OK = 0
 EXIT_FAIL = 1  # also "degraded" for status
