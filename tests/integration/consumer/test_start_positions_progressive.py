@@ -15,6 +15,7 @@ from support.consumer import config, new_consumer
 from support.harness import Cluster
 
 from mqd.consumer import StartPosition, TopicPartition
+from mqd.consumer.rebalance import GATHER_ANSWERS_S
 from mqd.waiting import wait_until
 
 P0, P1, P2 = (TopicPartition("events", p) for p in range(3))
@@ -47,4 +48,44 @@ async def test_fast_start_positions_are_assigned_while_a_slow_one_waits(
         release.set()
         if not start.done():
             start.cancel()
+        await consumer.stop()
+
+
+class _Assignments:
+    """The listener: each round's newly assigned partitions, in order."""
+
+    def __init__(self) -> None:
+        self.rounds: list[set[TopicPartition]] = []
+
+    def on_partitions_assigned(self, tps: set[TopicPartition]) -> None:
+        self.rounds.append(set(tps))
+
+    def on_partitions_revoked(self, tps: set[TopicPartition]) -> None:
+        pass
+
+
+async def test_answers_that_follow_the_first_closely_are_assigned_with_it(
+    cluster_factory: Callable[..., Cluster],
+) -> None:
+    """Partition 0's answer comes first, partitions 1 and 2 answer a fifth of ``GATHER_ANSWERS_S``
+    later (a timer on the same loop, due before the gathering's own): the three are assigned in
+    one round, so they share one offset lookup and the first fetch, instead of partition 0 first
+    and the others after its first answers were decoded."""
+    cluster = cluster_factory(topics={"events": 3}, groups=1)
+    later = asyncio.Event()
+
+    async def hook(tp: TopicPartition) -> StartPosition | None:
+        if tp == P0:
+            asyncio.get_running_loop().call_later(GATHER_ANSWERS_S / 5, later.set)
+        else:
+            await later.wait()
+        return StartPosition(0)
+
+    seen = _Assignments()
+    consumer = new_consumer(config(cluster, consume_from="first"), start_position=hook, listener=seen)
+    try:
+        await asyncio.wait_for(consumer.start(), 30)
+        await wait_until(lambda: {P0, P1, P2} <= set(consumer.assignment()), 20, "all three assigned")
+        assert seen.rounds == [{P0, P1, P2}]
+    finally:
         await consumer.stop()
