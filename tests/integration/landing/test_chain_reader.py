@@ -22,7 +22,10 @@ from support.half_claims import claim_unpromoted
 from support.landing import stage
 
 from mqd.landing import layout, lifecycle
+from mqd.landing.chain_check import check_landing
 from mqd.landing.chain_reader import ChainReader
+from mqd.landing.claim_chain import PartitionChain
+from mqd.landing.errors import ChainBroken
 from mqd.landing.layout import FileRange
 from mqd.landing.local_store import LocalStore
 from mqd.landing.objects import ObjectInfo, Objects
@@ -272,7 +275,6 @@ def test_a_pass_reads_chains_side_by_side_and_claims_ahead(store: LandingStore) 
     """Chains 0 and 1's floors are read at the same moment, and so are claims 1 and 2 of chain 2
     (each pair meets at a barrier with a 20 s timeout); the pass shows every chain's files in
     chain order, as the manifest does, and a later pass the new ones."""
-    from mqd.landing.claim_chain import PartitionChain
 
     for partition in range(4):
         publish(store, partition, 3)
@@ -289,8 +291,6 @@ def test_landing_check_reads_chains_side_by_side_and_claims_ahead(store: Landing
     """`mqd landing check` (chain_check.check_landing) reads as a reader does: chains 0 and 1's
     floors at one moment, claims 1 and 2 of chain 2 at one moment (barriers), and its findings are
     what a check one chain at a time finds: chain 3's deleted claim, and the file it named."""
-    from mqd.landing.chain_check import check_landing
-    from mqd.landing.claim_chain import PartitionChain
 
     for partition in range(4):
         publish(store, partition, 3)
@@ -312,8 +312,6 @@ def test_a_broken_chain_fails_the_pass_once_no_chain_is_read_any_more(store: Lan
     """Chain 1 is broken (a claim deleted) while chain 2's reading is slow: the pass raises
     ChainBroken naming chain 1's claim, and no request of the pass is still running when it does
     (a pass that returned early would leave a worker moving a view under the next pass)."""
-    from mqd.landing.claim_chain import PartitionChain
-    from mqd.landing.errors import ChainBroken
 
     for partition in range(3):
         publish(store, partition, 3)
