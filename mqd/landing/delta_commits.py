@@ -224,6 +224,15 @@ class DeltaCommits:
                 )
         raise TableError(f"{self.objects.location}: no free version after {self.max_retries} tries")
 
+    def create(self, actions: Iterable[dict[str, Any]], commit_info: dict[str, Any]) -> bool:
+        """Write ``actions`` (after a commitInfo of ``commit_info``) as version 0, create-only:
+        True when this call made the table, False when another writer had (``refresh`` reads it)."""
+        nonce = secrets.token_hex(12)
+        lines = [{"commitInfo": {**commit_info, "mqd.commit": nonce}}, *actions]
+        body = "\n".join(json.dumps(a, separators=(",", ":")) for a in lines).encode() + b"\n"
+        theirs = self._put(0, body)
+        return theirs is None or theirs.nonce == nonce
+
     def _put(self, version: int, body: bytes) -> Commit | None:
         """Put ``body`` as ``version`` create-only: None when it took the name, else the commit
         found there (which may be this one, when the answer to a put that took effect was lost)."""

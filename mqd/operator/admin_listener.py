@@ -54,7 +54,10 @@ def bind(host: str, port: int) -> list[socket.socket]:
     (SO_REUSEADDR; an IPv6 socket only IPv6). With port 0 the first address picks the port and the
     others take the same one, so the one URL reaches all of them."""
     try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        # an ASCII host goes as bytes: for a str, CPython's socket module loads the idna codec
+        # (stringprep's tables: ~17 ms of CPU at every start), even for an address literal
+        query: str | bytes = host.encode("ascii") if host.isascii() else host
+        infos = socket.getaddrinfo(query, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except OSError as exc:
         raise AdminListenError(f"admin endpoint cannot listen on {host}:{port}: {exc}") from exc
     sockets: list[socket.socket] = []

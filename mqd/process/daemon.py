@@ -35,10 +35,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import importlib
 import os
 import sys
-import threading
 import time
 from collections import deque
 from collections.abc import Awaitable, Iterable
@@ -97,12 +95,6 @@ def _use_jemalloc_pool() -> None:
     if pa.default_memory_pool().backend_name != "jemalloc":
         with contextlib.suppress(NotImplementedError):  # a pyarrow built without it
             pa.set_memory_pool(pa.jemalloc_memory_pool())
-
-
-def _import_delta() -> None:
-    # what the landing table's first commit imports (delta_log.py); an import error shows there
-    with contextlib.suppress(Exception):
-        importlib.import_module("deltalake.transaction")
 
 
 class Daemon:
@@ -449,15 +441,9 @@ class Daemon:
 
     def _burst_ending(self) -> None:
         """A burst's last publications start: the process exits once they and the table's commit
-        are done (issue 34). Giving the heap back after them would be work for nothing, and the
-        landing table's first commit imports deltalake (~30 ms), which a thread does now, while the
-        last files are encoded and fsynced, instead of after them. More records after this (the log
-        grew) only mean a burst that ends later without a trim."""
-        if not self.sink.trim_when_idle:  # said once: the sink's flag is the record
-            return
+        are done (issue 34), and giving the heap back after them would be work for nothing. More
+        records after this (the log grew) only mean a burst that ends later without a trim."""
         self.sink.trim_when_idle = False
-        if self.table is not None and "deltalake.transaction" not in sys.modules:
-            threading.Thread(target=_import_delta, name="mqd-table-import", daemon=True).start()
 
     async def _publish(self, tps: list[tuple[str, int]] | None) -> None:
         """Publish now and wait (final publication, retries after a disk error)."""

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -151,3 +153,55 @@ def test_a_table_upgraded_past_writer_2_is_read_but_not_written(tmp_path: Path) 
     with pytest.raises(TableError, match="writer 4"):
         t.add([rng(0, 10)])
     assert not (tmp_path / commit_key(3)).exists()
+
+
+def _actions(root: Path, version: int) -> dict[str, Any]:
+    lines = (root / commit_key(version)).read_text().splitlines()
+    return {k: v for line in lines for k, v in json.loads(line).items()}
+
+
+def test_the_table_mqd_creates_is_the_one_delta_rs_created(tmp_path: Path) -> None:
+    """The landing table's version 0, written by mqd's own writer, holds the protocol and the
+    metadata (schema, partition columns, properties, name) that delta-rs's create wrote for the
+    same table before; delta-rs reads it as that table, and files committed to it are read."""
+    mine, theirs = tmp_path / "mine", tmp_path / "theirs"
+    t = table(mine, checkpoint_interval=7, log_retention_s=120)
+    assert t.version == 0
+    deltalake.DeltaTable.create(
+        str(theirs),
+        delta_log.table_schema(),
+        partition_by=list(delta_log.PARTITION_BY),
+        name="mqd_landing",
+        description="mqd's landing: the files the claim chains published (mqd/landing/delta_log.py)",
+        configuration=t.properties(),
+    )
+    a, b = _actions(mine, 0), _actions(theirs, 0)
+    assert a["protocol"] == b["protocol"] == {"minReaderVersion": 1, "minWriterVersion": 2}
+    volatile = ("id", "createdTime", "schemaString")
+    assert {k: v for k, v in a["metaData"].items() if k not in volatile} == {
+        k: v for k, v in b["metaData"].items() if k not in volatile
+    }
+    assert json.loads(a["metaData"]["schemaString"]) == json.loads(b["metaData"]["schemaString"])
+    assert a["metaData"]["configuration"]["delta.checkpointInterval"] == "7"
+    read = deltalake.DeltaTable(str(mine))
+    assert read.version() == 0 and read.metadata().partition_columns == list(delta_log.PARTITION_BY)
+    assert read.schema() == deltalake.DeltaTable(str(theirs)).schema()
+    t.add([rng(0, 0), rng(1, 0)])
+    assert delta_files(mine) == sorted(str(mine / rng(p, 0).path) for p in (0, 1))
+
+
+def test_daemons_that_create_the_table_at_once_make_one_table(tmp_path: Path) -> None:
+    """Eight committers load a landing with no table at the same moment: version 0 is written once
+    (create-only), the others read that table; no second table id over the first, no version 1."""
+    tables = [LandingTable(str(tmp_path), LocalObjects(tmp_path)) for _ in range(8)]
+    barrier = threading.Barrier(len(tables))
+
+    def load(t: LandingTable) -> bool:
+        barrier.wait(timeout=30)
+        return t.load()
+
+    with ThreadPoolExecutor(len(tables)) as pool:
+        assert list(pool.map(load, tables, timeout=60)) == [True] * len(tables)
+    assert sorted(p.name for p in (tmp_path / "_delta_log").iterdir()) == [commit_key(0).split("/")[-1]]
+    assert {t.version for t in tables} == {0}
+    assert deltalake.DeltaTable(str(tmp_path)).version() == 0

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import subprocess
+import sys
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -167,3 +169,20 @@ def test_port_zero_binds_every_address_of_a_name_on_one_port() -> None:
     finally:
         for s in sockets:
             s.close()
+
+
+def test_an_address_literal_is_bound_without_the_idna_codec() -> None:
+    """Binding 127.0.0.1 and localhost loads no ``encodings.idna``: socket.getaddrinfo loads that
+    codec (stringprep's tables, ~17 ms of CPU at every daemon start) for a str host, so an ASCII
+    host goes to it as bytes. A fresh interpreter, as the daemon's start is."""
+    script = (
+        "import sys\n"
+        "from mqd.operator.admin_listener import bind\n"
+        "for host in ('127.0.0.1', 'localhost'):\n"
+        "    for s in bind(host, 0):\n"
+        "        s.close()\n"
+        "print('encodings.idna' in sys.modules)\n"
+    )
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["False"], res.stdout
