@@ -218,6 +218,7 @@ class TreeProcess:
         self.marks: dict[str, float] = {}
         self.broker_pids = broker_pids or []
         self._seen: dict[int, psutil.Process] = {}
+        self._cpu: dict[int, float] = {}  # pid -> its own CPU seconds at the last sample
         self._peak = 0.0
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -262,13 +263,32 @@ class TreeProcess:
                     self._seen.setdefault(child.pid, child)
             except psutil.Error:
                 pass
-            total = 0.0
-            for p in list(self._seen.values()):
-                try:
-                    total += p.memory_info().rss / 2**20
-                except psutil.Error:
-                    continue
-            self._peak = max(self._peak, total)
+            self._sample_tree()
+
+    def _sample_tree(self) -> None:
+        total = 0.0
+        for p in list(self._seen.values()):
+            try:
+                total += p.memory_info().rss / 2**20
+                times = p.cpu_times()
+                with self._lock:
+                    self._cpu[p.pid] = times.user + times.system
+            except psutil.Error:
+                continue
+        self._peak = max(self._peak, total)
+
+    def cpu_mark(self) -> dict[int, float]:
+        """The tree's CPU seconds per process now (for ``cpu_since``)."""
+        self._sample_tree()
+        with self._lock:
+            return dict(self._cpu)
+
+    def cpu_since(self, mark: dict[int, float]) -> float:
+        """CPU seconds the tree used since ``mark``: per process, its last sample (every 0.1 s; a
+        process that exited keeps its last one) less its CPU at the mark (0 if born since)."""
+        self._sample_tree()
+        with self._lock:
+            return sum(max(0.0, cpu - mark.get(pid, 0.0)) for pid, cpu in self._cpu.items())
 
     def wait_mark(self, key: str, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -636,6 +656,10 @@ class Bench:
             poller = TablePoller(d / "table")
             poller.start()
             load = round(os.getloadavg()[0], 2)
+            # the steady part's CPU: from the producer's start until the table holds its records
+            # (start-up and warm-ups left out: the issue's CPU per million records at 50k/s)
+            marks = [p.cpu_mark() for p in procs]
+            broker_mark = process_cpu_seconds(self.broker_pids)
             produced = produce_steady(
                 self.kafka.bootstrap, topic, a.partitions, a.latency_rate, a.latency_seconds
             )
@@ -644,6 +668,8 @@ class Bench:
             deadline = time.monotonic() + 600
             while poller.records < produced["records"] and time.monotonic() < deadline:
                 time.sleep(0.2)
+            steady = {p.name: round(p.cpu_since(m), 2) for p, m in zip(procs, marks, strict=True)}
+            steady_broker = process_cpu_seconds(self.broker_pids) - broker_mark
             time.sleep(0.5)
             poller.stop()
         finally:
@@ -664,6 +690,10 @@ class Bench:
             **summary,
             "cpu_s": round(sum(r.cpu_s for r in finished), 2),
             "broker_cpu_s": round(broker_cpu, 2),
+            "steady_cpu_s": round(sum(steady.values()), 2),
+            "steady_cpu_s_by_process": steady,
+            "steady_cpu_s_per_m": round(sum(steady.values()) / max(1, produced["records"]) * 1e6, 2),
+            "steady_broker_cpu_s": round(steady_broker, 2),
             "peak_rss_mb": round(sum(r.peak_rss_mb for r in finished), 1),
             "exits": {r.name: r.exit_code for r in finished},
             "poll_s": POLL_S,
@@ -891,8 +921,9 @@ def render_md(result: dict[str, Any]) -> str:
             f"{POLL_S * 1000:.0f} ms, that sees its commit; the commit file's time beside it):",
             "",
             "| pipeline | rate (achieved) | records seen / produced | commits | p50 ms | p99 ms | max ms | "
-            "commit-file p50 / p99 ms | CPU s (+ broker) | peak RSS MB | load |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+            "commit-file p50 / p99 ms | CPU s (+ broker) | steady CPU s per M records (+ broker) | "
+            "peak RSS MB | load |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for r in lat:
             if "error" in r:
@@ -904,9 +935,18 @@ def render_md(result: dict[str, Any]) -> str:
                 f"{r['records']:,} / {r['expected']:,} | {r['commits']} | {r.get('queryable_p50_ms', '-')} | "
                 f"{r.get('queryable_p99_ms', '-')} | {r.get('queryable_max_ms', '-')} | "
                 f"{r.get('commit_p50_ms', '-')} / {r.get('commit_p99_ms', '-')} | "
-                f"{r['cpu_s']} ({r['broker_cpu_s']}) | "
+                f"{r['cpu_s']} ({r['broker_cpu_s']}) | {_steady(r)} | "
                 f"{r['peak_rss_mb']:.0f} | {r['load']} |"
             )
+        by_name = {r["pipeline"]: r for r in lat if "steady_cpu_s" in r}
+        if {"mqd", "spark"} <= by_name.keys() and by_name["spark"]["steady_cpu_s"] > 0:
+            ratio = by_name["mqd"]["steady_cpu_s_per_m"] / by_name["spark"]["steady_cpu_s_per_m"]
+            lines += [
+                "",
+                f"Steady CPU per million records, mqd's pipeline (daemon and job) / Spark's Kafka source: "
+                f"**{ratio:.2f}** (the CPU of each process tree from the producer's start until the "
+                "table held its records; start-up and warm-ups left out).",
+            ]
     lines += [
         "",
         "Spark's Kafka source tuning: session "
@@ -918,6 +958,13 @@ def render_md(result: dict[str, Any]) -> str:
     if a.get("note"):
         lines += ["", a["note"]]
     return "\n".join(lines) + "\n"
+
+
+def _steady(r: dict[str, Any]) -> str:
+    if "steady_cpu_s_per_m" not in r:  # a result written before the steady figures
+        return "-"
+    m = max(1, r["produced"]["records"]) / 1e6
+    return f"{r['steady_cpu_s_per_m']} ({(r['steady_cpu_s'] + r['steady_broker_cpu_s']) / m:.2f})"
 
 
 def update_readme(md: str) -> None:
