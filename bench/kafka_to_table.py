@@ -49,6 +49,7 @@ import sys
 import tempfile
 import threading
 import time
+import tomllib
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -370,10 +371,17 @@ _BARE_ROWS = re.compile(r"bare_done rows=(\d+)")
 
 
 def mqd_config(
-    path: Path, bootstrap: str, topic: str, run_dir: Path, *, max_age: float | None, trigger: str | None
+    path: Path,
+    bootstrap: str,
+    topic: str,
+    run_dir: Path,
+    *,
+    max_age: float | None,
+    trigger: str | None,
+    options: dict[str, str] | None = None,
 ) -> Path:
     """One config for both commands: the daemon's (broadcast mode, its own offset file) and the
-    job's; every other setting the defaults."""
+    job's; every other setting the defaults, but ``options`` (``section.key`` -> a TOML value)."""
     from mqd.testing import daemon_section, to_toml
 
     state = run_dir / "state"
@@ -387,28 +395,31 @@ def mqd_config(
     }
     if trigger is not None:
         spark["trigger_interval"] = trigger
-    path.write_text(
-        to_toml(
-            {
-                "consumer": {
-                    "source": "kafka",
-                    "group": f"bench-{run_dir.name}",
-                    "client_id": f"bench-{run_dir.name}",
-                    "bootstrap": [bootstrap],
-                    "topics": [topic],
-                    "consume_from": "first",
-                    "mode": "broadcast",
-                    "offset_file": str(state / "offsets.json"),
-                },
-                "landing": landing,
-                "spark": spark,
-                # port 0: the default port may be another daemon's on a shared machine
-                "admin": {"enabled": True, "host": "127.0.0.1", "port": 0},
-                "log": {"level": "info", "format": "json"},
-                "daemon": daemon_section(state),
-            }
-        )
-    )
+    doc: dict[str, Any] = {
+        "consumer": {
+            "source": "kafka",
+            "group": f"bench-{run_dir.name}",
+            "client_id": f"bench-{run_dir.name}",
+            "bootstrap": [bootstrap],
+            "topics": [topic],
+            "consume_from": "first",
+            "mode": "broadcast",
+            "offset_file": str(state / "offsets.json"),
+        },
+        "landing": landing,
+        "spark": spark,
+        # port 0: the default port may be another daemon's on a shared machine
+        "admin": {"enabled": True, "host": "127.0.0.1", "port": 0},
+        "log": {"level": "info", "format": "json"},
+        "daemon": daemon_section(state),
+    }
+    for dotted, value in (options or {}).items():
+        *sections, key = dotted.split(".")
+        at = doc
+        for section in sections:
+            at = at.setdefault(section, {})
+        at[key] = tomllib.loads(f"v = {value}")["v"]
+    path.write_text(to_toml(doc))
     return path
 
 
@@ -489,7 +500,15 @@ class Bench:
 
     def run_mqd(self, topic: str, work: Workload, tag: str) -> dict[str, Any]:
         d = self._fresh(f"mqd-{tag}")
-        cfg = mqd_config(d / "mqd.toml", self.kafka.bootstrap, topic, d, max_age=None, trigger=None)
+        cfg = mqd_config(
+            d / "mqd.toml",
+            self.kafka.bootstrap,
+            topic,
+            d,
+            max_age=None,
+            trigger=None,
+            options=self.args.mqd_options,
+        )
         runs = []
         for step, argv in (
             ("run", mqd_argv("run", cfg, "--burst")),
@@ -603,7 +622,15 @@ class Bench:
         d = self._fresh(f"latency-{pipeline}")
         procs: list[TreeProcess] = []
         if pipeline == "mqd":
-            cfg = mqd_config(d / "mqd.toml", self.kafka.bootstrap, topic, d, max_age=1.0, trigger="1s")
+            cfg = mqd_config(
+                d / "mqd.toml",
+                self.kafka.bootstrap,
+                topic,
+                d,
+                max_age=1.0,
+                trigger="1s",
+                options=a.mqd_options,
+            )
             procs.append(
                 TreeProcess(
                     "mqd-run",
@@ -995,6 +1022,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument(
         "--source-option", action="append", default=[], help="key=value over the Kafka source's options"
     )
+    ap.add_argument(
+        "--mqd-option",
+        action="append",
+        default=[],
+        help="section.key=TOML value over mqd's config (e.g. consumer.fetch_min_bytes=65536)",
+    )
     ap.add_argument("--quick", action="store_true", help="100k records, 1 round, 5 s of latency")
     ap.add_argument("--note", default="", help="a sentence for the results (why this run differs)")
     ap.add_argument("--workdir", type=Path, default=None)
@@ -1009,6 +1042,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.latency_pipelines = [p for p in str(args.latency_pipelines).split(",") if p]
     args.spark_tuning = {**SPARK_TUNING, **_kv(args.spark_tuning)}
     args.source_options = {**SPARK_SOURCE_OPTIONS, **_kv(args.source_option)}
+    args.mqd_options = _kv(args.mqd_option)
     return args
 
 
@@ -1047,6 +1081,7 @@ def main(argv: list[str] | None = None) -> int:
             "latency_seconds": args.latency_seconds,
             "spark_tuning": args.spark_tuning,
             "source_options": args.source_options,
+            "mqd_options": args.mqd_options,
             "broker_jvm_flags": list(BROKER_JVM_FLAGS),
             "note": args.note,
         },

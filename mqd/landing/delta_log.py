@@ -19,10 +19,12 @@ the committer (table_committer.py) asks the claim chains and this module writes 
   an incarnation of a chain). A commit is refused when a commit that landed after the version it
   read holds a ``txn`` of the same ``appId`` (delta_commits.py): two committers that computed the
   same missing files from one version cannot both add them (``StaleCommit``).
-- **Who writes what.** The committer's reads and adds go through delta_commits.py (its own reader
-  and create-only writer: a round costs what it adds, not what the table lists, decision 062); the
-  table's creation, its checkpoints and the expiry of old entries, and the cleaner's file list and
-  removes go through delta-rs, which needs the whole table for each.
+- **Who writes what.** The table's creation (version 0: the protocol and the metadata, the schema
+  as delta-rs writes it) and the committer's reads and adds go through delta_commits.py (its own
+  reader and create-only writer: a round costs what it adds, not what the table lists, decision
+  062; a burst into a new landing imports no delta-rs, decision 061); its checkpoints and the
+  expiry of old entries, and the cleaner's file list and removes go through delta-rs, which needs
+  the whole table for each.
 - **Removes.** The lifecycle's cleaner removes a file from the table (``remove``,
   ``dataChange=false``: a streaming reader sees no change) before it deletes it.
 - **Log.** Table properties at creation: a checkpoint every ``checkpoint_interval`` commits, log
@@ -232,7 +234,7 @@ class LandingTable:
 
     The committer's side (``load``, ``committed``, ``add``) reads and writes the log itself
     (delta_commits.py: one new commit at a time, whatever the table's size); the cleaner's side
-    (``listed``, ``remove``), the table's creation and its checkpoints go through delta-rs."""
+    (``listed``, ``remove``) and the checkpoints go through delta-rs."""
 
     def __init__(
         self,
