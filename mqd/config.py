@@ -448,6 +448,14 @@ class ConsumerConfig(_Model):
     max_buffered_bytes: Bytes = Field(default=80 * MiB, ge=1)
     fetch_max_wait_ms: Millis = Field(default=500, ge=0)
     fetch_min_bytes: Bytes = Field(default=1, ge=0)
+    # records flowing (the node's last answer held records, every partition of the next request at
+    # its log end): that long poll asks the broker to wait up to flow_wait_ms for flow_min_bytes,
+    # so a steady rate comes in fewer, fuller answers (decision 078: half the daemon's CPU at 50k
+    # records/s); the landing counts the age of its records from the poll's send, so max_age still
+    # bounds their latency. 0 turns it off; never longer than fetch_max_wait_ms, and the daemon
+    # keeps it at most a tenth of landing.max_age
+    flow_wait_ms: Millis = Field(default=100, ge=0)
+    flow_min_bytes: Bytes = Field(default=1 * MiB, ge=1)
     fetch_max_bytes: Bytes = Field(default=32 * MiB, ge=1)
     partition_max_bytes: Bytes = Field(default=4 * MiB, ge=1)
     request_timeout: Seconds = Field(default=30.0, gt=0)

@@ -54,6 +54,12 @@ fetch_polls_cut = Counter(
     ["node"],
     registry=REGISTRY,
 )
+fetch_flow_polls = Counter(
+    "mqd_fetch_flow_polls",
+    "Long polls that asked the broker to wait for flow_min_bytes while records were flowing",
+    ["node"],
+    registry=REGISTRY,
+)
 fetch_duration = Histogram(
     "mqd_fetch_duration_seconds",
     "Fetch request round trip, including the broker's long-poll wait (up to fetch_max_wait_ms)",

@@ -109,6 +109,7 @@ class NodeFetcher:
         self.errors = 0
         self.last_error: str | None = None
         self._turn = 0  # rotates the request order of the partitions with a backlog (fetch_shares)
+        self._flowing = False  # the last answer held records: a poll at the log end waits for more
         self.wakeups_lost = 0  # fetches only the idle re-check sent (_wakeup_lost)
         self._lost_logged_at = float("-inf")
 
@@ -216,7 +217,12 @@ class NodeFetcher:
             if max_bytes <= 0:
                 budget.wait(self.node_id)
                 return None
-            self._send(chosen, backlog, max_bytes, max_bytes + head, wait_ms)
+            min_bytes = cfg.fetch_min_bytes
+            flow = self._flowing and cfg.flow_wait_ms > 0 and not any(backlog)
+            if flow:
+                wait_ms = min(wait_ms, cfg.flow_wait_ms)
+                min_bytes = max(min_bytes, cfg.flow_min_bytes)
+            self._send(chosen, backlog, max_bytes, max_bytes + head, wait_ms, min_bytes, flow)
             self._leave_queue()
         return None if next_at is None else next_at - now
 
@@ -259,9 +265,17 @@ class NodeFetcher:
             self._m.wake(first)
 
     def _send(
-        self, chosen: list[OwnedPartition], backlog: list[bool], max_bytes: int, reserve: int, wait_ms: int
+        self,
+        chosen: list[OwnedPartition],
+        backlog: list[bool],
+        max_bytes: int,
+        reserve: int,
+        wait_ms: int,
+        min_bytes: int,
+        flow: bool,
     ) -> None:
-        """``backlog[i]``: chosen[i] may have more than its last answer reached (unknown counts)."""
+        """``backlog[i]``: chosen[i] may have more than its last answer reached (unknown counts).
+        ``flow``: a poll that waits for records (``flow_wait_ms``): its records' age counts from now."""
         m, cfg = self._m, self._m.config
         if not any(backlog):
             # an idle round: each keeps partition_max_bytes, in the chosen order; the last request is
@@ -276,8 +290,12 @@ class NodeFetcher:
             self._turn += 1
             sent, requests = self._build([chosen[i] for i in shares.order], shares.max_bytes)
         request = m.source.fetch(
-            self.node_id, requests, max_wait_ms=wait_ms, min_bytes=cfg.fetch_min_bytes, max_bytes=max_bytes
+            self.node_id, requests, max_wait_ms=wait_ms, min_bytes=min_bytes, max_bytes=max_bytes
         )
+        # records the broker held for the poll may have waited there since it was sent
+        counted_from = time.monotonic() if flow else None
+        if flow:
+            metrics.fetch_flow_polls.labels(self.node_id).inc()
         for op in chosen:
             op.in_flight = True
         m.state.budget.reserve(reserve)
@@ -295,7 +313,7 @@ class NodeFetcher:
         self._request = asyncio.ensure_future(request)
         self._request.set_name(f"mqd-fetch-request-{self.node_id}")
         self._request.add_done_callback(
-            functools.partial(self._on_done, sent, reserve, time.perf_counter(), wait_ms / 1000)
+            functools.partial(self._on_done, sent, reserve, time.perf_counter(), wait_ms / 1000, counted_from)
         )
 
     @staticmethod
@@ -308,7 +326,13 @@ class NodeFetcher:
         return sent, requests
 
     def _on_done(
-        self, sent: list[_Sent], reserved: int, t0: float, max_wait: float, task: asyncio.Task[FetchResult]
+        self,
+        sent: list[_Sent],
+        reserved: int,
+        t0: float,
+        max_wait: float,
+        counted_from: float | None,
+        task: asyncio.Task[FetchResult],
     ) -> None:
         m = self._m
         self._request = None
@@ -321,6 +345,7 @@ class NodeFetcher:
         self.wake()
         if waiting:
             m.wake()
+        self._flowing = False
         if task.cancelled():
             self._wake_routed_away(sent)
             return
@@ -336,18 +361,21 @@ class NodeFetcher:
         self.last_error = None
         result = task.result()
         budget.pin(result.body, result.nbytes)  # replaces the reservation just returned
+        self._flowing = any(res.status is FetchStatus.FOUND for res in result.partitions)
         ahead = self._fetch_ahead(result, sent)
         if ahead:
             # the next request's task was scheduled first: it writes the request before this
             # answer is decoded, so the node works on it meanwhile (docs/architecture.md)
-            asyncio.get_running_loop().call_soon(self._handle, result, sent, ahead)
+            asyncio.get_running_loop().call_soon(self._handle, result, sent, ahead, counted_from)
         else:
-            self._handle(result, sent, [])
+            self._handle(result, sent, [], counted_from)
 
-    def _handle(self, result: FetchResult, sent: list[_Sent], ahead: list[_Sent]) -> None:
+    def _handle(
+        self, result: FetchResult, sent: list[_Sent], ahead: list[_Sent], counted_from: float | None
+    ) -> None:
         m = self._m
         try:
-            m.handle_answer(self.node_id, result, sent)
+            m.handle_answer(self.node_id, result, sent, counted_from)
         except Exception:
             log.exception("fetch answer handling failed", node=self.node_id)
         self._wake_routed_away(sent)
@@ -377,7 +405,7 @@ class NodeFetcher:
         if self._task is None:
             return []  # stopping
         by_tp = {s.op.tp: s for s in sent}
-        moved: list[tuple[OwnedPartition, int]] = []
+        moved: list[tuple[OwnedPartition, PartitionResult]] = []
         state = self._m.state
         for res in result.partitions:
             s = by_tp.get(res.tp)
@@ -390,20 +418,22 @@ class NodeFetcher:
             op = s.op
             if state.is_current(op, s.epoch) and not op.paused and op.position == s.offset:
                 if res.next_offset > s.offset and op.parked is None:
-                    moved.append((op, res.next_offset))
+                    moved.append((op, res))
         if not moved:
             return []
-        # the positions the answer leaves when every batch decodes, for the one round that builds
-        # the next request; handling the answer sets them for real (and voids what differs)
-        for op, nxt in moved:
-            op.position = nxt
+        # the positions (and log ends: whether a backlog is left) the answer leaves when every
+        # batch decodes, for the one round that builds the next request; handling the answer sets
+        # them for real (and voids what differs)
+        before = [(op, op.position, op.log_end) for op, _ in moved]
+        for op, res in moved:
+            op.position, op.log_end = res.next_offset, res.log_end
         try:
             self._round()
         except Exception:
             log.exception("fetch round failed", node=self.node_id)
         finally:
-            for op, _ in moved:
-                op.position = by_tp[op.tp].offset
+            for op, position, log_end in before:
+                op.position, op.log_end = position, log_end
         return list(self._sent)  # [] when nothing was sent
 
     def _on_error(self, exc: BaseException, sent: list[_Sent]) -> None:
@@ -587,7 +617,11 @@ class FetchManager:
 
     # -- answers ---------------------------------------------------------------------------------
 
-    def handle_answer(self, node_id: str, result: FetchResult, sent: list[_Sent]) -> None:
+    def handle_answer(
+        self, node_id: str, result: FetchResult, sent: list[_Sent], counted_from: float | None = None
+    ) -> None:
+        """Apply each partition's answer. ``counted_from``: the age of the records counts from then
+        (a flow poll's send), not from now."""
         by_tp = {s.op.tp: s for s in sent}
         for res in result.partitions:
             tp = res.tp
@@ -628,14 +662,16 @@ class FetchManager:
                     pull_node=op.pull_node,
                 )
                 continue
-            self._apply(node_id, op, s.offset, res)
+            self._apply(node_id, op, s.offset, res, counted_from)
         # left out of the answer: nothing new at the offset asked for, still ours (docs/protocol.md)
         for s in by_tp.values():
             if not s.void:
                 self.state.no_news(s.op, s.epoch)
         metrics.fetch_partitions_unchanged.labels(node_id).inc(len(by_tp))
 
-    def _apply(self, node_id: str, op: OwnedPartition, offset: int, res: PartitionResult) -> None:
+    def _apply(
+        self, node_id: str, op: OwnedPartition, offset: int, res: PartitionResult, counted_from: float | None
+    ) -> None:
         tp = op.tp
         status = res.status
         if status is FetchStatus.NOT_SERVED:
@@ -669,7 +705,7 @@ class FetchManager:
         if status is FetchStatus.DATA_LOST:
             self._data_lost(node_id, op, offset, res)
         elif status is FetchStatus.FOUND:
-            self._append_found(node_id, op, offset, res)
+            self._append_found(node_id, op, offset, res, counted_from)
         elif status is FetchStatus.CAUGHT_UP:
             op.errors = 0  # caught up: the node long-polled already
             if op.parked is None:
@@ -798,8 +834,11 @@ class FetchManager:
         op.last_error = message
         op.retry_at = self.clock() + self.backoff(op.errors)
 
-    def _append_found(self, node_id: str, op: OwnedPartition, offset: int, res: PartitionResult) -> None:
+    def _append_found(
+        self, node_id: str, op: OwnedPartition, offset: int, res: PartitionResult, counted_from: float | None
+    ) -> None:
         tp, state, budget = op.tp, self.state, self.state.budget
+        fetched_at = time.monotonic() if counted_from is None else counted_from
         decoded = res.decode(offset, self.config.check_crc)
         for owner, size in decoded.held:
             budget.pin(owner, size)
@@ -825,6 +864,7 @@ class FetchManager:
                     d.first_offset,
                     d.next_offset,
                     d.nbytes,
+                    fetched_at,
                     incarnation=op.incarnation,
                     leader_epoch=d.leader_epoch,
                 ),

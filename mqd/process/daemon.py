@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from mqd import metrics
-from mqd.config import MqdConfig
+from mqd.config import ConsumerConfig, MqdConfig
 from mqd.consumer import (
     Consumer,
     ConsumerError,
@@ -97,6 +97,16 @@ def _use_jemalloc_pool() -> None:
             pa.set_memory_pool(pa.jemalloc_memory_pool())
 
 
+def _consumer_config(config: MqdConfig) -> ConsumerConfig:
+    """The consumer's settings, its flow polls' wait at most a tenth of the landing's max_age: the
+    landing counts their records' age from the poll's send, so a longer wait would only make files
+    younger (decision 078)."""
+    cap_ms = int(config.landing.max_age * 100)
+    if config.consumer.flow_wait_ms <= cap_ms:
+        return config.consumer
+    return config.consumer.model_copy(update={"flow_wait_ms": cap_ms})
+
+
 class Daemon:
     """Pulls the configured topics and lands them exactly once. See the module docstring."""
 
@@ -109,11 +119,12 @@ class Daemon:
         self.sink = LandingSink(config.landing, on_result=self._apply, on_warm=self._take_memory_baseline)
         # landing.table = "delta": what is published is also committed to the landing's Delta table
         self.table: TableCommitter | None = self._table_committer(config)
+        consumer_config = _consumer_config(config)
         self.consumer = Consumer(
-            config.consumer,
+            consumer_config,
             start_position=self._start_position,
             listener=self,
-            source=open_source(config.consumer),  # the source builds its own connections
+            source=open_source(consumer_config),  # the source builds its own connections
             budget_held=True,  # the budget bounds answers until published, not only until drained
             memory_gauge=self.memory,
         )
@@ -766,7 +777,7 @@ class Daemon:
         ):
             raise ValueError("landing.table and [landing.delta] cannot change on reload; restart the daemon")
         self.sink.reconfigure(config.landing)  # refuses a new landing dir before anything changes
-        self.consumer.update_config(config.consumer)
+        self.consumer.update_config(_consumer_config(config))
         self._config = config
         log.info("config reloaded")
 

@@ -1,6 +1,7 @@
 """A source whose fetches wait until the test answers them, for tests that run the real node
-fetchers on the loop (tests/unit/consumer/test_fetch_budget_starvation.py, test_fetch_poll_cut.py):
-the mqd broker source on a given layout, every request written down by node."""
+fetchers on the loop (tests/unit/consumer/test_fetch_budget_starvation.py, test_fetch_poll_cut.py,
+test_fetch_flow_polls.py): the mqd broker source on a given layout, every request written down by
+node."""
 
 from __future__ import annotations
 
@@ -23,12 +24,14 @@ class HeldSource(MqdBrokerSource):
         self.metadata.current = ClusterMetadata.parse(layout)
         self.sent: list[tuple[str, int]] = []  # (node, the request's max_bytes)
         self.asked: list[tuple[str, list[TopicPartition]]] = []  # (node, its partitions in order)
+        self.waits: list[tuple[str, int, int]] = []  # (node, max_wait_ms, min_bytes)
         self.pending: dict[str, asyncio.Future[FetchResult]] = {}
 
     def fetch(
         self, node_id: str, requests: list[FetchRequest], *, max_wait_ms: int, min_bytes: int, max_bytes: int
     ) -> Any:
         self.sent.append((node_id, max_bytes))
+        self.waits.append((node_id, max_wait_ms, min_bytes))
         self.asked.append((node_id, [r.tp for r in requests]))
         answer = self.pending[node_id] = asyncio.get_running_loop().create_future()
         return self._wait(answer)
