@@ -94,43 +94,6 @@ def table_schema() -> pa.Schema:
     return pa.schema([*fields, pa.field("dt", pa.string()), pa.field("hour", pa.int32())])
 
 
-def delta_type(t: pa.DataType) -> str | dict[str, Any]:
-    """The Delta schema type of an Arrow type the landing table uses (the JSON delta-rs writes for
-    it); ValueError for any other (a new column needs its mapping here, not a guess)."""
-    if pa.types.is_dictionary(t):
-        return delta_type(t.value_type)
-    if pa.types.is_string(t):
-        return "string"
-    if pa.types.is_binary(t):
-        return "binary"
-    if pa.types.is_int32(t):
-        return "integer"
-    if pa.types.is_int64(t):
-        return "long"
-    if pa.types.is_timestamp(t) and t.tz is not None:
-        return "timestamp"  # an instant; a zoneless one would be timestamp_ntz, a writer-7 feature
-    if pa.types.is_list(t):
-        return {
-            "type": "array",
-            "elementType": delta_type(t.value_type),
-            "containsNull": t.value_field.nullable,
-        }
-    if pa.types.is_struct(t):
-        return delta_struct([t.field(i) for i in range(t.num_fields)])
-    raise ValueError(f"no Delta type for the landing table's Arrow type {t}")
-
-
-def delta_struct(fields: Iterable[pa.Field]) -> dict[str, Any]:
-    """A Delta struct type (a table's schema is one) of Arrow fields."""
-    return {
-        "type": "struct",
-        "fields": [
-            {"name": f.name, "type": delta_type(f.type), "nullable": f.nullable, "metadata": {}}
-            for f in fields
-        ],
-    }
-
-
 def partition_values(path: str) -> dict[str, str | None]:
     """The partition values of a landed file, read from its folders (layout.hour_dir):
     ``topic=t/dt=YYYY-MM-DD/hour=HH/...`` -> {topic: t, dt: YYYY-MM-DD, hour: "H"}."""
@@ -283,16 +246,16 @@ class LandingTable:
 
     def _create(self) -> None:
         """Version 0, written create-only by mqd's own writer (delta-rs's create imported ~30 ms of
-        deltalake into every burst of a new landing): the protocol, the table's metadata (the
-        schema delta-rs would write, tests/unit/landing/test_delta_log.py), no files. A create that
-        lost the race to another daemon's reads theirs."""
+        deltalake into every burst of a new landing): the protocol and the table's metadata, the
+        schema as delta-rs writes it (tests/integration/landing/test_delta_commits.py), no files.
+        A create that lost the race to another daemon's reads theirs."""
         now = int(time.time() * 1000)
         metadata = {
             "id": str(uuid.uuid4()),
             "name": "mqd_landing",
             "description": "mqd's landing: the files the claim chains published (mqd/landing/delta_log.py)",
             "format": {"provider": "parquet", "options": {}},
-            "schemaString": json.dumps(delta_struct(table_schema()), separators=(",", ":")),
+            "schemaString": json.dumps(schema.spark_json_struct(table_schema()), separators=(",", ":")),
             "partitionColumns": list(PARTITION_BY),
             "createdTime": now,
             "configuration": self.properties(),

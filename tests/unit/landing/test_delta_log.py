@@ -82,20 +82,3 @@ def test_storage_options_for_s3_only() -> None:
         "AWS_ALLOW_HTTP": "true",
         "AWS_REGION": "us-east-1",
     }
-
-
-def test_delta_types_of_the_landing_columns_and_no_guess_for_others() -> None:
-    """Each landing column has its Delta type (dictionaries as their values, the headers an array of
-    structs); a zoneless timestamp (Delta's timestamp_ntz, a writer-7 feature) or any type the
-    landing does not use is refused, not mapped to something near it."""
-    import pyarrow as pa
-
-    schema = delta_log.delta_struct(delta_log.table_schema())
-    types = {f["name"]: f["type"] for f in schema["fields"]}
-    assert types["topic"] == "string" and types["partition"] == "integer" and types["offset"] == "long"
-    assert types["timestamp"] == "timestamp" and types["hour"] == "integer"
-    assert types["headers"]["type"] == "array"
-    assert [f["name"] for f in types["headers"]["elementType"]["fields"]] == ["key", "value"]
-    for t in (pa.timestamp("ms"), pa.float64(), pa.large_string()):
-        with pytest.raises(ValueError, match="no Delta type"):
-            delta_log.delta_type(t)

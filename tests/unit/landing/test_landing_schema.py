@@ -7,7 +7,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from mqd.landing import layout, schema
+from mqd.landing import delta_log, layout, schema
 from mqd.records import RECORD_SCHEMA
 from mqd.spark import job
 
@@ -62,3 +62,18 @@ def test_an_unmapped_arrow_type_is_refused() -> None:
     with pytest.raises(ValueError, match="no Spark type"):
         schema.spark_type(pa.float16())
     assert schema.spark_type(pa.dictionary(pa.int32(), pa.string())) == "STRING"
+
+
+def test_delta_types_of_the_landing_table_columns_and_no_guess_for_others() -> None:
+    """Each landing column has its Delta type (dictionaries as their values, the headers an array of
+    structs); a zoneless timestamp (Delta's timestamp_ntz, a writer-7 feature) or any type the
+    landing does not use is refused, not mapped to something near it."""
+    delta_schema = schema.spark_json_struct(delta_log.table_schema())
+    types = {f["name"]: f["type"] for f in delta_schema["fields"]}
+    assert types["topic"] == "string" and types["partition"] == "integer" and types["offset"] == "long"
+    assert types["timestamp"] == "timestamp" and types["hour"] == "integer"
+    assert types["headers"]["type"] == "array"
+    assert [f["name"] for f in types["headers"]["elementType"]["fields"]] == ["key", "value"]
+    for t in (pa.timestamp("ms"), pa.float64(), pa.large_string()):
+        with pytest.raises(ValueError, match="no Delta type"):
+            schema.spark_json_type(t)
