@@ -421,12 +421,16 @@ class NodeFetcher:
                     moved.append((op, res))
         if not moved:
             return []
-        # the positions (and log ends: whether a backlog is left) the answer leaves when every
-        # batch decodes, for the one round that builds the next request; handling the answer sets
-        # them for real (and voids what differs)
+        # the positions the answer leaves when every batch decodes, and the log ends it reports
+        # (a backlog left must not be polled with a wait for bytes), for the one round that builds
+        # the next request; handling the answer sets them for real (and voids what differs). A log
+        # end still unknown stays so for the round, as for the request before it: the partition's
+        # share of the request, and so what a Kafka fetch session lists again, does not change
         before = [(op, op.position, op.log_end) for op, _ in moved]
         for op, res in moved:
-            op.position, op.log_end = res.next_offset, res.log_end
+            op.position = res.next_offset
+            if op.log_end is not None:
+                op.log_end = res.log_end
         try:
             self._round()
         except Exception:
