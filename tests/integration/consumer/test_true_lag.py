@@ -128,12 +128,15 @@ def test_paused_partitions_show_growing_lag_and_status_exits_stuck(
         landed = gauges(state, "mqd_landed_offset")
         assert all(ends[p] > before[p] and landed[p] == before[p] for p in PAUSED), (ends, landed, before)
 
-        wait_until_sync(
-            lambda: cli("status", "-c", str(cfg)).returncode == EXIT_STUCK,
-            timeout=30,
-            what="mqd status exits stuck",
-        )
+        # each partition is judged at its own log-end polls: the first stuck one already makes the
+        # command exit 4, so wait until the answer names both
+        def both_stuck() -> bool:
+            res = cli("status", "-c", str(cfg))
+            return res.returncode == EXIT_STUCK and "2 partitions stuck" in res.stdout
+
+        wait_until_sync(both_stuck, timeout=30, what="mqd status exits stuck, naming both")
         res = cli("status", "-c", str(cfg))
+        assert res.returncode == EXIT_STUCK, res.stdout
         assert "2 partitions stuck" in res.stdout and "events/1, events/2" in res.stdout, res.stdout
         assert "COMMITTED" in res.stdout and "LOG-END" in res.stdout and "TIME-LAG" in res.stdout
         st = status(state)["consumer"]
