@@ -206,10 +206,9 @@ class DeltaCommits:
             )
         if self.version < 0:
             raise TableError(f"{self.objects.location}: no Delta log read; refresh() first")
-        nonce = secrets.token_hex(12)
-        lines = [{"commitInfo": {**commit_info, "mqd.commit": nonce}}, *actions]
-        mine = {str(a["txn"]["appId"]): int(a["txn"]["version"]) for a in lines if "txn" in a}
-        body = "\n".join(json.dumps(a, separators=(",", ":")) for a in lines).encode() + b"\n"
+        actions = list(actions)
+        mine = {str(a["txn"]["appId"]): int(a["txn"]["version"]) for a in actions if "txn" in a}
+        nonce, body = _entry(actions, commit_info)
         for _ in range(self.max_retries + 1):
             version = self.version + 1
             theirs = self._put(version, body)
@@ -227,9 +226,7 @@ class DeltaCommits:
     def create(self, actions: Iterable[dict[str, Any]], commit_info: dict[str, Any]) -> bool:
         """Write ``actions`` (after a commitInfo of ``commit_info``) as version 0, create-only:
         True when this call made the table, False when another writer had (``refresh`` reads it)."""
-        nonce = secrets.token_hex(12)
-        lines = [{"commitInfo": {**commit_info, "mqd.commit": nonce}}, *actions]
-        body = "\n".join(json.dumps(a, separators=(",", ":")) for a in lines).encode() + b"\n"
+        nonce, body = _entry(actions, commit_info)
         theirs = self._put(0, body)
         return theirs is None or theirs.nonce == nonce
 
@@ -248,3 +245,11 @@ class DeltaCommits:
         if found is None:
             raise TableError(f"{key}: the put failed and nothing is there; retried next round")
         return parse_commit(version, found)
+
+
+def _entry(actions: Iterable[dict[str, Any]], commit_info: dict[str, Any]) -> tuple[str, bytes]:
+    """A log entry of ``actions`` after a commitInfo of ``commit_info`` with a fresh nonce (how a
+    writer knows its own entry when the answer to its put was lost); the nonce and the entry."""
+    nonce = secrets.token_hex(12)
+    lines = [{"commitInfo": {**commit_info, "mqd.commit": nonce}}, *actions]
+    return nonce, "\n".join(json.dumps(a, separators=(",", ":")) for a in lines).encode() + b"\n"

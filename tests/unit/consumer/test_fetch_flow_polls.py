@@ -42,6 +42,13 @@ async def _next_request(source: HeldSource, count: int) -> tuple[str, int, int]:
     return source.waits[count]
 
 
+async def _request_after_records(source: HeldSource) -> tuple[str, int, int]:
+    """The first request answered with records up to the log end; what the next one asks for."""
+    await _next_request(source, 0)
+    source.answer("m", TP, Status.FOUND, 100, 100, batches((0, 100)))
+    return await _next_request(source, 1)
+
+
 def _flow_polls() -> float:
     return metrics.REGISTRY.get_sample_value("mqd_fetch_flow_polls_total", {"node": "m"}) or 0.0
 
@@ -109,9 +116,7 @@ async def test_flow_wait_zero_keeps_every_poll_plain() -> None:
     """``flow_wait_ms = 0`` turns flow polls off: the poll after records asks for one byte."""
     source, manager = _running(flow_wait_ms=0)
     try:
-        await _next_request(source, 0)
-        source.answer("m", TP, Status.FOUND, 100, 100, batches((0, 100)))
-        assert await _next_request(source, 1) == ("m", 500, 1)
+        assert await _request_after_records(source) == ("m", 500, 1)
     finally:
         await manager.stop()
 
@@ -120,9 +125,7 @@ async def test_a_flow_poll_never_waits_longer_than_fetch_max_wait_ms() -> None:
     """A fetch_max_wait_ms below flow_wait_ms bounds the flow poll too."""
     source, manager = _running(fetch_max_wait_ms=40)
     try:
-        await _next_request(source, 0)
-        source.answer("m", TP, Status.FOUND, 100, 100, batches((0, 100)))
-        assert await _next_request(source, 1) == ("m", 40, MIB)
+        assert await _request_after_records(source) == ("m", 40, MIB)
     finally:
         await manager.stop()
 
